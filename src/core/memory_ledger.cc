@@ -1,0 +1,62 @@
+#include "core/memory_ledger.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace epmoe {
+
+void MemoryLedger::on_allocate(const std::string& name, std::int64_t bytes) {
+  EPMOE_CHECK_GE(bytes, 0);
+  std::lock_guard<std::mutex> lock(mutex_);
+  LedgerEntry& entry = entries_[name];
+  entry.live_bytes += bytes;
+  entry.peak_bytes = std::max(entry.peak_bytes, entry.live_bytes);
+  entry.num_allocations += 1;
+  total_live_bytes_ += bytes;
+  total_peak_bytes_ = std::max(total_peak_bytes_, total_live_bytes_);
+}
+
+void MemoryLedger::on_release(const std::string& name, std::int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(name);
+  EPMOE_CHECK(it != entries_.end());
+  EPMOE_CHECK_LE(bytes, it->second.live_bytes);
+  it->second.live_bytes -= bytes;
+  total_live_bytes_ -= bytes;
+}
+
+std::int64_t MemoryLedger::live_bytes(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(name);
+  return it == entries_.end() ? 0 : it->second.live_bytes;
+}
+
+std::int64_t MemoryLedger::peak_bytes(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(name);
+  return it == entries_.end() ? 0 : it->second.peak_bytes;
+}
+
+std::int64_t MemoryLedger::total_live_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return total_live_bytes_;
+}
+
+std::int64_t MemoryLedger::total_peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return total_peak_bytes_;
+}
+
+LedgerSnapshot MemoryLedger::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return LedgerSnapshot{entries_, total_live_bytes_, total_peak_bytes_};
+}
+
+void MemoryLedger::reset_peaks() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [name, entry] : entries_) entry.peak_bytes = entry.live_bytes;
+  total_peak_bytes_ = total_live_bytes_;
+}
+
+}  // namespace epmoe

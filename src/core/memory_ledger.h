@@ -1,0 +1,50 @@
+// MemoryLedger: live and peak bytes by name (e.g. "saved/x_sorted",
+// "buffer/dispatch"), plus the total. Every buffer whose size matters for the
+// memory story (saved activations, communication buffers, replica slots) is
+// allocated through one, so peaks are measured rather than guessed
+// (DESIGN.md §4.7). Thread-safe: one ledger per rank is the usual set-up, but
+// helper threads of that rank may allocate too.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace epmoe {
+
+struct LedgerEntry {
+  std::int64_t live_bytes = 0;
+  std::int64_t peak_bytes = 0;
+  std::int64_t num_allocations = 0;
+};
+
+struct LedgerSnapshot {
+  std::map<std::string, LedgerEntry> by_name;
+  std::int64_t total_live_bytes = 0;
+  std::int64_t total_peak_bytes = 0;
+};
+
+class MemoryLedger {
+ public:
+  void on_allocate(const std::string& name, std::int64_t bytes);
+  // Throws InternalError when more is released under `name` than is live.
+  void on_release(const std::string& name, std::int64_t bytes);
+
+  std::int64_t live_bytes(const std::string& name) const;
+  std::int64_t peak_bytes(const std::string& name) const;
+  std::int64_t total_live_bytes() const;
+  std::int64_t total_peak_bytes() const;
+  LedgerSnapshot snapshot() const;
+
+  // Peaks restart from the current live values (e.g. at the start of a step).
+  void reset_peaks();
+
+ private:
+  mutable std::mutex mutex_;  // guards everything below
+  std::map<std::string, LedgerEntry> entries_;
+  std::int64_t total_live_bytes_ = 0;
+  std::int64_t total_peak_bytes_ = 0;
+};
+
+}  // namespace epmoe

@@ -1,0 +1,128 @@
+#include "core/tensor.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+#include <utility>
+
+#include "core/memory_ledger.h"
+
+namespace epmoe {
+namespace {
+
+constexpr std::size_t kAlignment = 64;
+constexpr std::size_t kHugePageAdviceBytes = std::size_t{2} << 20;
+
+void* allocate_aligned(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  // Large buffers are aligned to the huge-page size so the advice can apply.
+  const std::size_t alignment = rounded >= kHugePageAdviceBytes ? kHugePageAdviceBytes : kAlignment;
+  const std::size_t padded = (rounded + alignment - 1) / alignment * alignment;
+  void* data = std::aligned_alloc(alignment, padded);
+  if (data == nullptr) throw std::bad_alloc();
+  if (padded >= kHugePageAdviceBytes) madvise(data, padded, MADV_HUGEPAGE);  // advice only
+  return data;
+}
+
+}  // namespace
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t numel = 1;
+  for (std::int64_t d : shape) {
+    EPMOE_CHECK_GE(d, 0);
+    numel *= d;
+  }
+  return numel;
+}
+
+std::string shape_to_string(const Shape& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+Tensor::Tensor(DType dtype, Shape shape, MemoryLedger* ledger, std::string ledger_name)
+    : dtype_(dtype),
+      shape_(std::move(shape)),
+      numel_(shape_numel(shape_)),
+      ledger_(ledger),
+      ledger_name_(std::move(ledger_name)) {
+  data_ = allocate_aligned(static_cast<std::size_t>(size_bytes()));
+  if (ledger_ != nullptr) ledger_->on_allocate(ledger_name_, size_bytes());
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape, MemoryLedger* ledger, std::string ledger_name) {
+  Tensor tensor(dtype, std::move(shape), ledger, std::move(ledger_name));
+  tensor.fill_zero();
+  return tensor;
+}
+
+Tensor::Tensor(Tensor&& other) noexcept
+    : dtype_(other.dtype_),
+      shape_(std::move(other.shape_)),
+      numel_(std::exchange(other.numel_, 0)),
+      data_(std::exchange(other.data_, nullptr)),
+      ledger_(std::exchange(other.ledger_, nullptr)),
+      ledger_name_(std::move(other.ledger_name_)) {
+  other.shape_.clear();
+}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this != &other) {
+    release();
+    dtype_ = other.dtype_;
+    shape_ = std::move(other.shape_);
+    other.shape_.clear();
+    numel_ = std::exchange(other.numel_, 0);
+    data_ = std::exchange(other.data_, nullptr);
+    ledger_ = std::exchange(other.ledger_, nullptr);
+    ledger_name_ = std::move(other.ledger_name_);
+  }
+  return *this;
+}
+
+Tensor::~Tensor() { release(); }
+
+void Tensor::release() noexcept {
+  if (ledger_ != nullptr) {
+    try {
+      ledger_->on_release(ledger_name_, size_bytes());
+    } catch (...) {
+      // Destructors never throw; a ledger mismatch is caught by ledger tests.
+    }
+    ledger_ = nullptr;
+  }
+  std::free(data_);
+  data_ = nullptr;
+  numel_ = 0;
+}
+
+Tensor Tensor::clone() const {
+  Tensor copy(dtype_, shape_);
+  if (size_bytes() > 0) std::memcpy(copy.data_, data_, static_cast<std::size_t>(size_bytes()));
+  return copy;
+}
+
+void Tensor::fill_zero() {
+  if (size_bytes() > 0) std::memset(data_, 0, static_cast<std::size_t>(size_bytes()));
+}
+
+std::int64_t Tensor::dim(int i) const {
+  const int n = rank();
+  const int index = i < 0 ? i + n : i;
+  EPMOE_CHECK(index >= 0 && index < n);
+  return shape_[static_cast<std::size_t>(index)];
+}
+
+void Tensor::reshape(Shape shape) {
+  EPMOE_CHECK_EQ(shape_numel(shape), numel_);
+  shape_ = std::move(shape);
+}
+
+}  // namespace epmoe

@@ -1,0 +1,92 @@
+// Tensor: an owning, 64-byte aligned, C-order buffer with a shape and a dtype.
+// Move-only (copies are explicit: clone()), so a big buffer is never copied by
+// accident. A tensor may be attributed to a MemoryLedger under a name; the
+// ledger then sees its bytes from construction to destruction.
+//
+// Why 64 bytes: one cache line and one AVX-512 register, which oneDNN and our
+// own loops load fastest. Buffers of 2 MiB and more are advised as huge pages:
+// a first touch costs ~11 us per 4 KiB page on this machine (DESIGN.md §7).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace epmoe {
+
+class MemoryLedger;
+
+using Shape = std::vector<std::int64_t>;
+
+std::int64_t shape_numel(const Shape& shape);
+std::string shape_to_string(const Shape& shape);  // "[2, 3, 4]"
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Uninitialised contents. `ledger` (optional, not owned, must outlive the
+  // tensor) records the bytes under `ledger_name`.
+  Tensor(DType dtype, Shape shape, MemoryLedger* ledger = nullptr, std::string ledger_name = {});
+  static Tensor zeros(DType dtype, Shape shape, MemoryLedger* ledger = nullptr,
+                      std::string ledger_name = {});
+
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  ~Tensor();
+
+  Tensor clone() const;  // same dtype/shape/bytes; not attributed to a ledger
+  void fill_zero();
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t dim(int i) const;  // negative i counts from the end
+  int rank() const { return static_cast<int>(shape_.size()); }
+  std::int64_t numel() const { return numel_; }
+  std::int64_t size_bytes() const { return numel_ * static_cast<std::int64_t>(dtype_size_bytes(dtype_)); }
+  bool empty() const { return numel_ == 0; }
+
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+
+  // Typed access; throws InternalError on a dtype mismatch.
+  template <typename T>
+  T* data() {
+    EPMOE_CHECK(dtype_of<T>() == dtype_);
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* data() const {
+    EPMOE_CHECK(dtype_of<T>() == dtype_);
+    return static_cast<const T*>(data_);
+  }
+  template <typename T>
+  std::span<T> span() {
+    return {data<T>(), static_cast<std::size_t>(numel_)};
+  }
+  template <typename T>
+  std::span<const T> span() const {
+    return {data<T>(), static_cast<std::size_t>(numel_)};
+  }
+
+  // Same bytes, new shape with the same element count.
+  void reshape(Shape shape);
+
+ private:
+  void release() noexcept;
+
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  std::int64_t numel_ = 0;
+  void* data_ = nullptr;                // owned; std::free
+  MemoryLedger* ledger_ = nullptr;      // not owned
+  std::string ledger_name_;
+};
+
+}  // namespace epmoe

@@ -1,0 +1,32 @@
+// Grouped GEMM: the rows of a matrix are sorted by group (expert), each group
+// multiplies its own weight matrix. With G groups, group g owning rows
+// [offset_g, offset_g + group_sizes[g]) of the M rows:
+//   forward: out_g  = x_g    W_g      x [M, K], W [G, K, N], out [M, N]
+//   dlhs:    dx_g   = dout_g W_g^T    dout [M, N], dx [M, K]
+//   drhs:    dW_g   = x_g^T  dout_g   dW [G, K, N]; zero for an empty group
+// Accumulation in fp32; compute_dtype selects f32 or bf16 operands.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kernels/compute_dtype.h"
+
+namespace epmoe {
+
+struct GroupedGemmShape {
+  std::span<const std::int64_t> group_sizes;  // G entries, each >= 0, summing to M
+  std::int64_t k = 0;                         // inner size of the forward product
+  std::int64_t n = 0;                         // output columns of the forward product
+  ComputeDType compute_dtype = ComputeDType::f32;
+};
+
+void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w,
+                          float* out);
+// `accumulate` adds into dx (used to sum the two SwiGLU input branches).
+void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, const float* w,
+                       float* dx, bool accumulate = false);
+void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const float* dout,
+                       float* dw);
+
+}  // namespace epmoe

@@ -1,0 +1,79 @@
+// Routers (DESIGN.md §4.1): from token activations x [N, H] and the gate
+// [H, E] to, per token, K expert ids and K combine weights. Ties in a score
+// are broken toward the lower expert id, everywhere.
+//
+//  * softmax_topk (Mixtral / Qwen): logits = x gate. norm_topk_prob=true
+//    (default): top-K of the logits, softmax over those K (Mixtral).
+//    norm_topk_prob=false: softmax over all E, the top-K probabilities kept
+//    un-normalised (Qwen's norm_topk_prob=false).
+//  * sigmoid_grouped (DeepSeek-V3): s = sigmoid(logits); selection uses
+//    s + bias (bias [E] only selects, never weighs); experts form n_groups
+//    contiguous groups, a group's score is the sum of its top-2 selection
+//    scores, the best topk_groups groups are kept and the top-K experts are
+//    chosen among them. Weights come from the pre-bias s of the chosen
+//    experts, divided by their sum when norm_topk_prob, times
+//    routed_scaling_factor.
+//  * random: logits drawn uniformly from a seeded generator (a performance
+//    mode), then softmax_topk. The gate is not used, so its gradient is
+//    exactly zero by construction; no other router has a zero dgate.
+//
+// The backward maps d(topk_weights) [N, K] to d(logits) [N, E]; the layer
+// turns that into dgate = x^T dlogits and adds dlogits gate^T into dx, so the
+// router is trained through the combine weights (never a silent zero).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "kernels/compute_dtype.h"
+
+namespace epmoe {
+
+enum class RouterKind { softmax_topk, sigmoid_grouped, random };
+
+RouterKind parse_router_kind(std::string_view key, std::string_view value);  // ConfigError
+std::string to_string(RouterKind kind);
+
+struct RouterConfig {
+  RouterKind kind = RouterKind::softmax_topk;
+  int num_experts = 0;
+  int top_k = 2;
+  bool norm_topk_prob = true;
+  int n_groups = 1;       // sigmoid_grouped only
+  int topk_groups = 1;    // sigmoid_grouped only
+  float routed_scaling_factor = 1.0f;  // sigmoid_grouped only
+  std::uint64_t seed = 0;              // random only
+
+  // Throws ConfigError naming the key and the rule: top_k in [1, E],
+  // n_groups divides E, topk_groups in [1, n_groups], K <= topk_groups * E/n_groups,
+  // at least 2 experts per group when group scores are top-2 sums, ...
+  void validate() const;
+};
+
+struct RouterOutput {
+  Tensor logits;        // [N, E] f32, pre-activation scores
+  Tensor topk_ids;      // [N, K] i32
+  Tensor topk_weights;  // [N, K] f32
+};
+
+class Router {
+ public:
+  explicit Router(RouterConfig config);
+  const RouterConfig& config() const { return config_; }
+
+  // x [N, H], gate [H, E], bias [E] (sigmoid_grouped; may be null = zeros).
+  RouterOutput forward(const Tensor& x, const Tensor& gate, const Tensor* bias,
+                       ComputeDType compute_dtype);
+
+  // d(topk_weights) [N, K] -> d(logits) [N, E], given the forward's output.
+  Tensor backward(const RouterOutput& forward_output, const Tensor& d_topk_weights) const;
+
+ private:
+  RouterConfig config_;
+  Rng rng_;  // random router only; advanced by every forward
+};
+
+}  // namespace epmoe
