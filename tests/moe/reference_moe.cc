@@ -1,0 +1,239 @@
+#include "reference_moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace epmoe::testing {
+namespace {
+
+Tensor random_tensor(Shape shape, Rng& rng, double scale) {
+  Tensor t(DType::f32, std::move(shape));
+  for (float& v : t.span<float>()) v = static_cast<float>(rng.normal() * scale);
+  return t;
+}
+
+std::vector<double> to_double(const Tensor& t) {
+  const auto s = t.span<float>();
+  return {s.begin(), s.end()};
+}
+
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+
+std::vector<int> top_indices(const std::vector<double>& score, std::vector<int> candidates, int count) {
+  std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
+    return score[a] > score[b] || (score[a] == score[b] && a < b);
+  });
+  candidates.resize(static_cast<std::size_t>(count));
+  return candidates;
+}
+
+// Experts chosen for one token from its logits (double).
+std::vector<int> choose_experts(const RouterConfig& cfg, const std::vector<double>& logits,
+                                const std::vector<double>& bias) {
+  const int num_experts = cfg.num_experts;
+  std::vector<int> all(static_cast<std::size_t>(num_experts));
+  std::iota(all.begin(), all.end(), 0);
+  if (cfg.kind != RouterKind::sigmoid_grouped) return top_indices(logits, all, cfg.top_k);
+  std::vector<double> selection(static_cast<std::size_t>(num_experts));
+  for (int e = 0; e < num_experts; ++e) selection[e] = sigmoid(logits[e]) + bias[e];
+  const int group_size = num_experts / cfg.n_groups;
+  std::vector<double> group_score(static_cast<std::size_t>(cfg.n_groups));
+  for (int g = 0; g < cfg.n_groups; ++g) {
+    std::vector<int> members(static_cast<std::size_t>(group_size));
+    std::iota(members.begin(), members.end(), g * group_size);
+    for (int e : top_indices(selection, members, std::min(2, group_size))) group_score[g] += selection[e];
+  }
+  std::vector<int> groups(static_cast<std::size_t>(cfg.n_groups));
+  std::iota(groups.begin(), groups.end(), 0);
+  std::vector<int> candidates;
+  for (int g : top_indices(group_score, groups, cfg.topk_groups))
+    for (int e = g * group_size; e < (g + 1) * group_size; ++e) candidates.push_back(e);
+  return top_indices(selection, candidates, cfg.top_k);
+}
+
+// Routing weights of one token from its logits and chosen ids; and the
+// Jacobian-vector product back to the logits.
+std::vector<double> routing_weights(const RouterConfig& cfg, const std::vector<double>& logits,
+                                    const std::vector<int>& ids) {
+  const int top_k = cfg.top_k;
+  std::vector<double> w(static_cast<std::size_t>(top_k));
+  if (cfg.kind == RouterKind::sigmoid_grouped) {
+    double sum = 0;
+    for (int k = 0; k < top_k; ++k) sum += sigmoid(logits[ids[k]]);
+    for (int k = 0; k < top_k; ++k)
+      w[k] = (cfg.norm_topk_prob ? sigmoid(logits[ids[k]]) / sum : sigmoid(logits[ids[k]])) *
+             cfg.routed_scaling_factor;
+    return w;
+  }
+  double denominator = 0;
+  if (cfg.norm_topk_prob) {
+    for (int k = 0; k < top_k; ++k) denominator += std::exp(logits[ids[k]]);
+  } else {
+    for (double l : logits) denominator += std::exp(l);
+  }
+  for (int k = 0; k < top_k; ++k) w[k] = std::exp(logits[ids[k]]) / denominator;
+  return w;
+}
+
+std::vector<double> routing_weights_backward(const RouterConfig& cfg, const std::vector<double>& logits,
+                                             const std::vector<int>& ids, const std::vector<double>& w,
+                                             const std::vector<double>& dw) {
+  const int top_k = cfg.top_k;
+  std::vector<double> dl(logits.size(), 0.0);
+  double weighted = 0;
+  for (int k = 0; k < top_k; ++k) weighted += w[k] * dw[k];
+  if (cfg.kind == RouterKind::sigmoid_grouped) {
+    const double c = cfg.routed_scaling_factor;
+    double sum = 0;
+    for (int k = 0; k < top_k; ++k) sum += sigmoid(logits[ids[k]]);
+    for (int k = 0; k < top_k; ++k) {
+      const double s = sigmoid(logits[ids[k]]);
+      const double ds = cfg.norm_topk_prob ? c / sum * (dw[k] - weighted / c) : c * dw[k];
+      dl[ids[k]] = ds * s * (1 - s);
+    }
+  } else if (cfg.norm_topk_prob) {
+    for (int k = 0; k < top_k; ++k) dl[ids[k]] = w[k] * (dw[k] - weighted);
+  } else {
+    double denominator = 0;
+    for (double l : logits) denominator += std::exp(l);
+    for (std::size_t e = 0; e < logits.size(); ++e) dl[e] = -std::exp(logits[e]) / denominator * weighted;
+    for (int k = 0; k < top_k; ++k) dl[ids[k]] += w[k] * dw[k];
+  }
+  return dl;
+}
+
+}  // namespace
+
+MoeProblem make_problem(std::int64_t num_tokens, std::int64_t hidden, std::int64_t ffn,
+                        RouterConfig router, std::uint64_t seed, double bias_scale) {
+  Rng rng(seed);
+  const std::int64_t e = router.num_experts;
+  MoeProblem p;
+  p.num_tokens = num_tokens;
+  p.hidden = hidden;
+  p.ffn = ffn;
+  p.router = router;
+  p.x = random_tensor({num_tokens, hidden}, rng, 1.0);
+  p.gate = random_tensor({hidden, e}, rng, 1.0 / std::sqrt(double(hidden)));
+  p.wi0 = random_tensor({e, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
+  p.wi1 = random_tensor({e, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
+  p.wo = random_tensor({e, ffn, hidden}, rng, 1.0 / std::sqrt(double(ffn)));
+  p.bias = random_tensor({e}, rng, bias_scale);
+  p.dy = random_tensor({num_tokens, hidden}, rng, 1.0);
+  return p;
+}
+
+ReferenceResult reference_moe(const MoeProblem& p, const std::vector<std::int32_t>& given_ids,
+                              const Tensor* given_logits) {
+  const std::int64_t N = p.num_tokens, H = p.hidden, F = p.ffn;
+  const int E = p.router.num_experts, K = p.router.top_k;
+  const auto x = to_double(p.x), gate = to_double(p.gate), wi0 = to_double(p.wi0),
+             wi1 = to_double(p.wi1), wo = to_double(p.wo), bias = to_double(p.bias),
+             dy = to_double(p.dy);
+  const bool uses_gate = p.router.kind != RouterKind::random;
+  EPMOE_CHECK(uses_gate || given_logits != nullptr);
+
+  ReferenceResult r;
+  r.topk_ids.resize(static_cast<std::size_t>(N * K));
+  r.topk_weights.resize(static_cast<std::size_t>(N * K));
+  r.y.assign(static_cast<std::size_t>(N * H), 0.0);
+  r.dx.assign(static_cast<std::size_t>(N * H), 0.0);
+  r.dgate.assign(static_cast<std::size_t>(H * E), 0.0);
+  r.dwi0.assign(static_cast<std::size_t>(E * H * F), 0.0);
+  r.dwi1.assign(static_cast<std::size_t>(E * H * F), 0.0);
+  r.dwo.assign(static_cast<std::size_t>(E * F * H), 0.0);
+
+  std::vector<double> logits(static_cast<std::size_t>(E));
+  std::vector<double> h0(F), h1(F), act(F), out(H), dact(F), dh0(F), dh1(F);
+  for (std::int64_t t = 0; t < N; ++t) {
+    const double* xt = &x[t * H];
+    for (int e = 0; e < E; ++e) {
+      double l = 0;
+      if (uses_gate) {
+        for (std::int64_t j = 0; j < H; ++j) l += xt[j] * gate[j * E + e];
+      } else {
+        l = given_logits->data<float>()[t * E + e];
+      }
+      logits[e] = l;
+    }
+    std::vector<int> ids = choose_experts(p.router, logits, bias);
+    if (!given_ids.empty()) ids.assign(given_ids.begin() + t * K, given_ids.begin() + (t + 1) * K);
+    const std::vector<double> w = routing_weights(p.router, logits, ids);
+    std::vector<double> dw(static_cast<std::size_t>(K), 0.0);
+    for (int k = 0; k < K; ++k) {
+      const int e = ids[k];
+      r.topk_ids[t * K + k] = e;
+      r.topk_weights[t * K + k] = w[k];
+      const double* w0 = &wi0[e * H * F];
+      const double* w1 = &wi1[e * H * F];
+      const double* w2 = &wo[e * F * H];
+      for (std::int64_t f = 0; f < F; ++f) {
+        h0[f] = h1[f] = 0;
+        for (std::int64_t j = 0; j < H; ++j) {
+          h0[f] += xt[j] * w0[j * F + f];
+          h1[f] += xt[j] * w1[j * F + f];
+        }
+        act[f] = h0[f] * sigmoid(h0[f]) * h1[f];
+      }
+      for (std::int64_t j = 0; j < H; ++j) {
+        out[j] = 0;
+        for (std::int64_t f = 0; f < F; ++f) out[j] += act[f] * w2[f * H + j];
+        r.y[t * H + j] += w[k] * out[j];
+      }
+      // Backward of this (token, expert) pair.
+      const double* dyt = &dy[t * H];
+      for (std::int64_t j = 0; j < H; ++j) dw[k] += dyt[j] * out[j];
+      for (std::int64_t f = 0; f < F; ++f) {
+        dact[f] = 0;
+        for (std::int64_t j = 0; j < H; ++j) {
+          dact[f] += w[k] * dyt[j] * w2[f * H + j];
+          r.dwo[e * F * H + f * H + j] += act[f] * w[k] * dyt[j];
+        }
+        const double s = sigmoid(h0[f]);
+        const double silu = h0[f] * s;
+        dh0[f] = dact[f] * h1[f] * (s + h0[f] * s * (1 - s));
+        dh1[f] = dact[f] * silu;
+      }
+      for (std::int64_t j = 0; j < H; ++j)
+        for (std::int64_t f = 0; f < F; ++f) {
+          r.dwi0[e * H * F + j * F + f] += xt[j] * dh0[f];
+          r.dwi1[e * H * F + j * F + f] += xt[j] * dh1[f];
+          r.dx[t * H + j] += dh0[f] * w0[j * F + f] + dh1[f] * w1[j * F + f];
+        }
+    }
+    if (uses_gate) {
+      const std::vector<double> dl = routing_weights_backward(p.router, logits, ids, w, dw);
+      for (std::int64_t j = 0; j < H; ++j)
+        for (int e = 0; e < E; ++e) {
+          r.dgate[j * E + e] += xt[j] * dl[e];
+          r.dx[t * H + j] += dl[e] * gate[j * E + e];
+        }
+    }
+  }
+  return r;
+}
+
+double relative_error(const Tensor& got, const std::vector<double>& ref) {
+  EPMOE_CHECK_EQ(static_cast<std::size_t>(got.numel()), ref.size());
+  const float* g = got.data<float>();
+  double max_diff = 0, max_ref = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(double(g[i]) - ref[i]));
+    max_ref = std::max(max_ref, std::abs(ref[i]));
+  }
+  if (max_ref == 0) return max_diff;
+  return max_diff / max_ref;
+}
+
+double reference_loss(const MoeProblem& problem) {
+  const ReferenceResult r = reference_moe(problem);
+  const float* dy = problem.dy.data<float>();
+  double loss = 0;
+  for (std::size_t i = 0; i < r.y.size(); ++i) loss += double(dy[i]) * r.y[i];
+  return loss;
+}
+
+}  // namespace epmoe::testing

@@ -1,0 +1,47 @@
+// A plain double-precision MoE layer: a loop over tokens and their K experts,
+// the definition every optimised path is held to (DESIGN.md §3). Forward and
+// hand-derived backward; no kernels, no permutation, no threads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "moe/router.h"
+
+namespace epmoe::testing {
+
+struct MoeProblem {
+  std::int64_t num_tokens = 0, hidden = 0, ffn = 0;
+  RouterConfig router;
+  Tensor x, gate, wi0, wi1, wo, bias, dy;  // f32, bias [E] (zeros unless set)
+};
+
+// Random problem with O(1) activations: x, dy ~ N(0, 1), weights ~ N(0, 1/fan_in),
+// bias ~ N(0, bias_scale) (selection-only; 0 leaves it zero).
+MoeProblem make_problem(std::int64_t num_tokens, std::int64_t hidden, std::int64_t ffn,
+                        RouterConfig router, std::uint64_t seed, double bias_scale = 0.0);
+
+struct ReferenceResult {
+  std::vector<std::int32_t> topk_ids;  // [N, K], as chosen in double
+  std::vector<double> topk_weights;    // [N, K]
+  std::vector<double> y;               // [N, H]
+  std::vector<double> dx, dgate, dwi0, dwi1, dwo;
+};
+
+// Routing and forward in double; when `ids` is non-empty those expert ids are
+// used instead of the double-precision choice (so a near-tie that float and
+// double order differently cannot make the comparison meaningless; the test
+// checks the choices agree separately). For the random router `logits` must
+// be given (the layer's draw). Backward uses problem.dy.
+ReferenceResult reference_moe(const MoeProblem& problem, const std::vector<std::int32_t>& ids = {},
+                              const Tensor* logits = nullptr);
+
+// max|got - ref| / max|ref| (0 when both are all zero).
+double relative_error(const Tensor& got, const std::vector<double>& ref);
+
+// Loss sum(dy * y) in double for the given problem (used by finite differences).
+double reference_loss(const MoeProblem& problem);
+
+}  // namespace epmoe::testing
