@@ -72,7 +72,7 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights) {
   s.weights = weights;
   {
     ScopedPhase phase(times, "route");
-    s.routing = router_.forward(x, *weights.gate, weights.bias, dtype);
+    s.routing = router_.forward(x, *weights.gate, weights.bias);
   }
   {
     ScopedPhase phase(times, "permute");
@@ -219,13 +219,12 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
       grads.dgate.fill_zero();
     } else {
       const Tensor d_logits = router_.backward(s.routing, d_topk_weights);
-      // dgate = x^T d_logits; dx += d_logits gate^T.
+      // dgate = x^T d_logits; dx += d_logits gate^T. fp32 like the router's forward.
       gemm({.a = x.data<float>(), .b = d_logits.data<float>(), .c = grads.dgate.data<float>(),
-            .m = hidden, .n = num_experts, .k = num_tokens, .transpose_a = true,
-            .compute_dtype = dtype});
+            .m = hidden, .n = num_experts, .k = num_tokens, .transpose_a = true});
       gemm({.a = d_logits.data<float>(), .b = s.weights.gate->data<float>(),
             .c = grads.dx.data<float>(), .m = num_tokens, .n = hidden, .k = num_experts,
-            .transpose_b = true, .accumulate = true, .compute_dtype = dtype});
+            .transpose_b = true, .accumulate = true});
     }
   }
   return grads;

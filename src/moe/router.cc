@@ -78,8 +78,7 @@ Router::Router(RouterConfig config) : config_(std::move(config)), rng_(config_.s
   config_.validate();
 }
 
-RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* bias,
-                             ComputeDType compute_dtype) {
+RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* bias) {
   const std::int64_t num_tokens = x.dim(0);
   const std::int64_t hidden = x.dim(1);
   const int num_experts = config_.num_experts;
@@ -96,8 +95,12 @@ RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* 
     // Drawn sequentially so the ids depend only on the seed and the call count.
     for (float& value : out.logits.span<float>()) value = static_cast<float>(rng_.normal());
   } else {
+    // Always fp32, whatever compute_dtype says: a bf16 router flips expert
+    // choices at near-ties (logit error ~ 2^-7 sqrt(H) here), and the gate
+    // GEMM is E columns wide, a small share of the layer's FLOPs
+    // (DeepSeek-V3 and Megatron's moe_router_dtype=fp32 make the same call).
     gemm({.a = x.data<float>(), .b = gate.data<float>(), .c = logits, .m = num_tokens,
-          .n = num_experts, .k = hidden, .compute_dtype = compute_dtype});
+          .n = num_experts, .k = hidden, .compute_dtype = ComputeDType::f32});
   }
 
   const float* bias_data = bias != nullptr ? bias->data<float>() : nullptr;

@@ -28,7 +28,6 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "kernels/compute_dtype.h"
 
 namespace epmoe {
 
@@ -65,8 +64,8 @@ class Router {
   const RouterConfig& config() const { return config_; }
 
   // x [N, H], gate [H, E], bias [E] (sigmoid_grouped; may be null = zeros).
-  RouterOutput forward(const Tensor& x, const Tensor& gate, const Tensor* bias,
-                       ComputeDType compute_dtype);
+  // The router computes in fp32 whatever the layer's compute_dtype.
+  RouterOutput forward(const Tensor& x, const Tensor& gate, const Tensor* bias);
 
   // d(topk_weights) [N, K] -> d(logits) [N, E], given the forward's output.
   Tensor backward(const RouterOutput& forward_output, const Tensor& d_topk_weights) const;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
+#include "bounded_value.h"
 #include "core/error.h"
 
 namespace epmoe::testing {
@@ -21,8 +23,10 @@ std::vector<double> to_double(const Tensor& t) {
 }
 
 double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+using std::exp;
 
-std::vector<int> top_indices(const std::vector<double>& score, std::vector<int> candidates, int count) {
+template <typename T>
+std::vector<int> top_indices(const std::vector<T>& score, std::vector<int> candidates, int count) {
   std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
     return score[a] > score[b] || (score[a] == score[b] && a < b);
   });
@@ -31,14 +35,15 @@ std::vector<int> top_indices(const std::vector<double>& score, std::vector<int> 
 }
 
 // Experts chosen for one token from its logits (double).
-std::vector<int> choose_experts(const RouterConfig& cfg, const std::vector<double>& logits,
+template <typename T>
+std::vector<int> choose_experts(const RouterConfig& cfg, const std::vector<T>& logits,
                                 const std::vector<double>& bias) {
   const int num_experts = cfg.num_experts;
   std::vector<int> all(static_cast<std::size_t>(num_experts));
   std::iota(all.begin(), all.end(), 0);
-  if (cfg.kind != RouterKind::sigmoid_grouped) return top_indices(logits, all, cfg.top_k);
+  if (cfg.kind != RouterKind::sigmoid_grouped) return top_indices<T>(logits, all, cfg.top_k);
   std::vector<double> selection(static_cast<std::size_t>(num_experts));
-  for (int e = 0; e < num_experts; ++e) selection[e] = sigmoid(logits[e]) + bias[e];
+  for (int e = 0; e < num_experts; ++e) selection[e] = magnitude(sigmoid(logits[e])) + bias[e];
   const int group_size = num_experts / cfg.n_groups;
   std::vector<double> group_score(static_cast<std::size_t>(cfg.n_groups));
   for (int g = 0; g < cfg.n_groups; ++g) {
@@ -56,50 +61,52 @@ std::vector<int> choose_experts(const RouterConfig& cfg, const std::vector<doubl
 
 // Routing weights of one token from its logits and chosen ids; and the
 // Jacobian-vector product back to the logits.
-std::vector<double> routing_weights(const RouterConfig& cfg, const std::vector<double>& logits,
-                                    const std::vector<int>& ids) {
+template <typename T>
+std::vector<T> routing_weights(const RouterConfig& cfg, const std::vector<T>& logits,
+                               const std::vector<int>& ids) {
   const int top_k = cfg.top_k;
-  std::vector<double> w(static_cast<std::size_t>(top_k));
+  std::vector<T> w(static_cast<std::size_t>(top_k));
   if (cfg.kind == RouterKind::sigmoid_grouped) {
-    double sum = 0;
+    T sum = 0;
     for (int k = 0; k < top_k; ++k) sum += sigmoid(logits[ids[k]]);
     for (int k = 0; k < top_k; ++k)
       w[k] = (cfg.norm_topk_prob ? sigmoid(logits[ids[k]]) / sum : sigmoid(logits[ids[k]])) *
-             cfg.routed_scaling_factor;
+             T(cfg.routed_scaling_factor);
     return w;
   }
-  double denominator = 0;
+  T denominator = 0;
   if (cfg.norm_topk_prob) {
-    for (int k = 0; k < top_k; ++k) denominator += std::exp(logits[ids[k]]);
+    for (int k = 0; k < top_k; ++k) denominator += exp(logits[ids[k]]);
   } else {
-    for (double l : logits) denominator += std::exp(l);
+    for (const T& l : logits) denominator += exp(l);
   }
-  for (int k = 0; k < top_k; ++k) w[k] = std::exp(logits[ids[k]]) / denominator;
+  for (int k = 0; k < top_k; ++k) w[k] = exp(logits[ids[k]]) / denominator;
   return w;
 }
 
-std::vector<double> routing_weights_backward(const RouterConfig& cfg, const std::vector<double>& logits,
-                                             const std::vector<int>& ids, const std::vector<double>& w,
-                                             const std::vector<double>& dw) {
+template <typename T>
+std::vector<T> routing_weights_backward(const RouterConfig& cfg, const std::vector<T>& logits,
+                                        const std::vector<int>& ids, const std::vector<T>& w,
+                                        const std::vector<T>& dw) {
   const int top_k = cfg.top_k;
-  std::vector<double> dl(logits.size(), 0.0);
-  double weighted = 0;
+  std::vector<T> dl(logits.size(), T(0.0));
+  T weighted = 0;
   for (int k = 0; k < top_k; ++k) weighted += w[k] * dw[k];
   if (cfg.kind == RouterKind::sigmoid_grouped) {
-    const double c = cfg.routed_scaling_factor;
-    double sum = 0;
+    const T c = cfg.routed_scaling_factor;
+    T sum = 0;
     for (int k = 0; k < top_k; ++k) sum += sigmoid(logits[ids[k]]);
     for (int k = 0; k < top_k; ++k) {
-      const double s = sigmoid(logits[ids[k]]);
-      const double ds = cfg.norm_topk_prob ? c / sum * (dw[k] - weighted / c) : c * dw[k];
-      dl[ids[k]] = ds * s * (1 - s);
+      const T s = sigmoid(logits[ids[k]]);
+      const T ds = cfg.norm_topk_prob ? c / sum * (dw[k] - weighted / c) : c * dw[k];
+      dl[ids[k]] = ds * s * (T(1) - s);
     }
   } else if (cfg.norm_topk_prob) {
     for (int k = 0; k < top_k; ++k) dl[ids[k]] = w[k] * (dw[k] - weighted);
   } else {
-    double denominator = 0;
-    for (double l : logits) denominator += std::exp(l);
-    for (std::size_t e = 0; e < logits.size(); ++e) dl[e] = -std::exp(logits[e]) / denominator * weighted;
+    T denominator = 0;
+    for (const T& l : logits) denominator += exp(l);
+    for (std::size_t e = 0; e < logits.size(); ++e) dl[e] = -(exp(logits[e]) / denominator * weighted);
     for (int k = 0; k < top_k; ++k) dl[ids[k]] += w[k] * dw[k];
   }
   return dl;
@@ -126,32 +133,44 @@ MoeProblem make_problem(std::int64_t num_tokens, std::int64_t hidden, std::int64
   return p;
 }
 
-ReferenceResult reference_moe(const MoeProblem& p, const std::vector<std::int32_t>& given_ids,
-                              const Tensor* given_logits) {
+namespace {
+
+// The reference loop over tokens and their K experts, on scalar type T
+// (double, or BoundedValue to carry error bounds). `u` is the unit roundoff
+// of the expert GEMMs' operands (0 for fp32 compute); the router is fp32, so
+// its products are not rounded.
+template <typename T>
+BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<std::int32_t>& given_ids,
+                                       const Tensor* given_logits, double u) {
   const std::int64_t N = p.num_tokens, H = p.hidden, F = p.ffn;
   const int E = p.router.num_experts, K = p.router.top_k;
-  const auto x = to_double(p.x), gate = to_double(p.gate), wi0 = to_double(p.wi0),
-             wi1 = to_double(p.wi1), wo = to_double(p.wo), bias = to_double(p.bias),
-             dy = to_double(p.dy);
+  auto to_scalars = [](const Tensor& t) {
+    const auto s = t.span<float>();
+    return std::vector<T>(s.begin(), s.end());
+  };
+  const auto x = to_scalars(p.x), gate = to_scalars(p.gate), wi0 = to_scalars(p.wi0),
+             wi1 = to_scalars(p.wi1), wo = to_scalars(p.wo), dy = to_scalars(p.dy);
+  const std::vector<double> bias = to_double(p.bias);
   const bool uses_gate = p.router.kind != RouterKind::random;
   EPMOE_CHECK(uses_gate || given_logits != nullptr);
+  auto q = [u](const T& v) { return round_operand(v, u); };
 
-  ReferenceResult r;
+  BasicReferenceResult<T> r;
   r.topk_ids.resize(static_cast<std::size_t>(N * K));
   r.topk_weights.resize(static_cast<std::size_t>(N * K));
-  r.y.assign(static_cast<std::size_t>(N * H), 0.0);
-  r.dx.assign(static_cast<std::size_t>(N * H), 0.0);
-  r.dgate.assign(static_cast<std::size_t>(H * E), 0.0);
-  r.dwi0.assign(static_cast<std::size_t>(E * H * F), 0.0);
-  r.dwi1.assign(static_cast<std::size_t>(E * H * F), 0.0);
-  r.dwo.assign(static_cast<std::size_t>(E * F * H), 0.0);
+  r.y.assign(static_cast<std::size_t>(N * H), T(0.0));
+  r.dx.assign(static_cast<std::size_t>(N * H), T(0.0));
+  r.dgate.assign(static_cast<std::size_t>(H * E), T(0.0));
+  r.dwi0.assign(static_cast<std::size_t>(E * H * F), T(0.0));
+  r.dwi1.assign(static_cast<std::size_t>(E * H * F), T(0.0));
+  r.dwo.assign(static_cast<std::size_t>(E * F * H), T(0.0));
 
-  std::vector<double> logits(static_cast<std::size_t>(E));
-  std::vector<double> h0(F), h1(F), act(F), out(H), dact(F), dh0(F), dh1(F);
+  std::vector<T> logits(static_cast<std::size_t>(E));
+  std::vector<T> h0(F), h1(F), act(F), out(H), dact(F), dh0(F), dh1(F), d_out(H);
   for (std::int64_t t = 0; t < N; ++t) {
-    const double* xt = &x[t * H];
+    const T* xt = &x[t * H];
     for (int e = 0; e < E; ++e) {
-      double l = 0;
+      T l = 0;
       if (uses_gate) {
         for (std::int64_t j = 0; j < H; ++j) l += xt[j] * gate[j * E + e];
       } else {
@@ -159,53 +178,55 @@ ReferenceResult reference_moe(const MoeProblem& p, const std::vector<std::int32_
       }
       logits[e] = l;
     }
-    std::vector<int> ids = choose_experts(p.router, logits, bias);
+    std::vector<int> ids = choose_experts<T>(p.router, logits, bias);
     if (!given_ids.empty()) ids.assign(given_ids.begin() + t * K, given_ids.begin() + (t + 1) * K);
-    const std::vector<double> w = routing_weights(p.router, logits, ids);
-    std::vector<double> dw(static_cast<std::size_t>(K), 0.0);
+    const std::vector<T> w = routing_weights<T>(p.router, logits, ids);
+    std::vector<T> dw(static_cast<std::size_t>(K), T(0.0));
+    const T* dyt = &dy[t * H];
     for (int k = 0; k < K; ++k) {
       const int e = ids[k];
       r.topk_ids[t * K + k] = e;
       r.topk_weights[t * K + k] = w[k];
-      const double* w0 = &wi0[e * H * F];
-      const double* w1 = &wi1[e * H * F];
-      const double* w2 = &wo[e * F * H];
+      const T* w0 = &wi0[e * H * F];
+      const T* w1 = &wi1[e * H * F];
+      const T* w2 = &wo[e * F * H];
       for (std::int64_t f = 0; f < F; ++f) {
         h0[f] = h1[f] = 0;
         for (std::int64_t j = 0; j < H; ++j) {
-          h0[f] += xt[j] * w0[j * F + f];
-          h1[f] += xt[j] * w1[j * F + f];
+          h0[f] += q(xt[j]) * q(w0[j * F + f]);
+          h1[f] += q(xt[j]) * q(w1[j * F + f]);
         }
         act[f] = h0[f] * sigmoid(h0[f]) * h1[f];
       }
       for (std::int64_t j = 0; j < H; ++j) {
         out[j] = 0;
-        for (std::int64_t f = 0; f < F; ++f) out[j] += act[f] * w2[f * H + j];
+        for (std::int64_t f = 0; f < F; ++f) out[j] += q(act[f]) * q(w2[f * H + j]);
         r.y[t * H + j] += w[k] * out[j];
       }
       // Backward of this (token, expert) pair.
-      const double* dyt = &dy[t * H];
-      for (std::int64_t j = 0; j < H; ++j) dw[k] += dyt[j] * out[j];
+      for (std::int64_t j = 0; j < H; ++j) {
+        dw[k] += dyt[j] * out[j];
+        d_out[j] = w[k] * dyt[j];
+      }
       for (std::int64_t f = 0; f < F; ++f) {
         dact[f] = 0;
         for (std::int64_t j = 0; j < H; ++j) {
-          dact[f] += w[k] * dyt[j] * w2[f * H + j];
-          r.dwo[e * F * H + f * H + j] += act[f] * w[k] * dyt[j];
+          dact[f] += q(d_out[j]) * q(w2[f * H + j]);
+          r.dwo[e * F * H + f * H + j] += q(act[f]) * q(d_out[j]);
         }
-        const double s = sigmoid(h0[f]);
-        const double silu = h0[f] * s;
-        dh0[f] = dact[f] * h1[f] * (s + h0[f] * s * (1 - s));
-        dh1[f] = dact[f] * silu;
+        const T s = sigmoid(h0[f]);
+        dh0[f] = dact[f] * h1[f] * (s + h0[f] * s * (T(1) - s));
+        dh1[f] = dact[f] * h0[f] * s;
       }
       for (std::int64_t j = 0; j < H; ++j)
         for (std::int64_t f = 0; f < F; ++f) {
-          r.dwi0[e * H * F + j * F + f] += xt[j] * dh0[f];
-          r.dwi1[e * H * F + j * F + f] += xt[j] * dh1[f];
-          r.dx[t * H + j] += dh0[f] * w0[j * F + f] + dh1[f] * w1[j * F + f];
+          r.dwi0[e * H * F + j * F + f] += q(xt[j]) * q(dh0[f]);
+          r.dwi1[e * H * F + j * F + f] += q(xt[j]) * q(dh1[f]);
+          r.dx[t * H + j] += q(dh0[f]) * q(w0[j * F + f]) + q(dh1[f]) * q(w1[j * F + f]);
         }
     }
     if (uses_gate) {
-      const std::vector<double> dl = routing_weights_backward(p.router, logits, ids, w, dw);
+      const std::vector<T> dl = routing_weights_backward<T>(p.router, logits, ids, w, dw);
       for (std::int64_t j = 0; j < H; ++j)
         for (int e = 0; e < E; ++e) {
           r.dgate[j * E + e] += xt[j] * dl[e];
@@ -214,6 +235,35 @@ ReferenceResult reference_moe(const MoeProblem& p, const std::vector<std::int32_
     }
   }
   return r;
+}
+
+}  // namespace
+
+double round_to_bf16(double a) {
+  const float f = static_cast<float>(a);
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if (std::isnan(f)) return a;
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even at bit 16
+  bits &= 0xffff0000u;
+  float rounded;
+  std::memcpy(&rounded, &bits, sizeof rounded);
+  return rounded;
+}
+
+ReferenceResult reference_moe(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
+                              const Tensor* logits) {
+  return reference_loop<double>(problem, ids, logits, 0.0);
+}
+
+ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem,
+                                            const std::vector<std::int32_t>& ids) {
+  return reference_loop<double>(problem, ids, nullptr, 1.0 / 256);
+}
+
+BoundedReferenceResult reference_moe_bounded(const MoeProblem& problem, double operand_roundoff,
+                                             const std::vector<std::int32_t>& ids, const Tensor* logits) {
+  return reference_loop<BoundedValue>(problem, ids, logits, operand_roundoff);
 }
 
 double relative_error(const Tensor& got, const std::vector<double>& ref) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "bounded_value.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "moe/router.h"
@@ -23,12 +24,15 @@ struct MoeProblem {
 MoeProblem make_problem(std::int64_t num_tokens, std::int64_t hidden, std::int64_t ffn,
                         RouterConfig router, std::uint64_t seed, double bias_scale = 0.0);
 
-struct ReferenceResult {
+template <typename T>
+struct BasicReferenceResult {
   std::vector<std::int32_t> topk_ids;  // [N, K], as chosen in double
-  std::vector<double> topk_weights;    // [N, K]
-  std::vector<double> y;               // [N, H]
-  std::vector<double> dx, dgate, dwi0, dwi1, dwo;
+  std::vector<T> topk_weights;         // [N, K]
+  std::vector<T> y;                    // [N, H]
+  std::vector<T> dx, dgate, dwi0, dwi1, dwo;
 };
+using ReferenceResult = BasicReferenceResult<double>;
+using BoundedReferenceResult = BasicReferenceResult<BoundedValue>;
 
 // Routing and forward in double; when `ids` is non-empty those expert ids are
 // used instead of the double-precision choice (so a near-tie that float and
@@ -37,6 +41,18 @@ struct ReferenceResult {
 // be given (the layer's draw). Backward uses problem.dy.
 ReferenceResult reference_moe(const MoeProblem& problem, const std::vector<std::int32_t>& ids = {},
                               const Tensor* logits = nullptr);
+
+// The same loop carrying first-order error bounds (bounded_value.h) for an
+// implementation whose expert-GEMM operands are rounded with unit roundoff
+// `operand_roundoff` (bf16: 2^-8) and whose router runs in fp32.
+BoundedReferenceResult reference_moe_bounded(const MoeProblem& problem, double operand_roundoff,
+                                             const std::vector<std::int32_t>& ids = {},
+                                             const Tensor* logits = nullptr);
+
+// The double loop with every expert-GEMM operand rounded to bf16 as the bf16
+// path does: what that path computes, up to fp32 accumulation order.
+ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem,
+                                            const std::vector<std::int32_t>& ids);
 
 // max|got - ref| / max|ref| (0 when both are all zero).
 double relative_error(const Tensor& got, const std::vector<double>& ref);
