@@ -1,34 +1,13 @@
 #include "core/tensor.h"
 
-#include <sys/mman.h>
-
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <sstream>
 #include <utility>
 
+#include "core/buffer_cache.h"
 #include "core/memory_ledger.h"
 
 namespace epmoe {
-namespace {
-
-constexpr std::size_t kAlignment = 64;
-constexpr std::size_t kHugePageAdviceBytes = std::size_t{2} << 20;
-
-void* allocate_aligned(std::size_t bytes) {
-  if (bytes == 0) return nullptr;
-  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  // Large buffers are aligned to the huge-page size so the advice can apply.
-  const std::size_t alignment = rounded >= kHugePageAdviceBytes ? kHugePageAdviceBytes : kAlignment;
-  const std::size_t padded = (rounded + alignment - 1) / alignment * alignment;
-  void* data = std::aligned_alloc(alignment, padded);
-  if (data == nullptr) throw std::bad_alloc();
-  if (padded >= kHugePageAdviceBytes) madvise(data, padded, MADV_HUGEPAGE);  // advice only
-  return data;
-}
-
-}  // namespace
 
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t numel = 1;
@@ -53,7 +32,7 @@ Tensor::Tensor(DType dtype, Shape shape, MemoryLedger* ledger, std::string ledge
       numel_(shape_numel(shape_)),
       ledger_(ledger),
       ledger_name_(std::move(ledger_name)) {
-  data_ = allocate_aligned(static_cast<std::size_t>(size_bytes()));
+  data_ = acquire_buffer(static_cast<std::size_t>(size_bytes()));
   if (ledger_ != nullptr) ledger_->on_allocate(ledger_name_, size_bytes());
 }
 
@@ -98,7 +77,7 @@ void Tensor::release() noexcept {
     }
     ledger_ = nullptr;
   }
-  std::free(data_);
+  release_buffer(data_, static_cast<std::size_t>(size_bytes()));
   data_ = nullptr;
   numel_ = 0;
 }

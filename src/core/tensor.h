@@ -4,8 +4,9 @@
 // ledger then sees its bytes from construction to destruction.
 //
 // Why 64 bytes: one cache line and one AVX-512 register, which oneDNN and our
-// own loops load fastest. Buffers of 2 MiB and more are advised as huge pages:
-// a first touch costs ~11 us per 4 KiB page on this machine (DESIGN.md §7).
+// own loops load fastest. Memory comes from core/buffer_cache.h, which reuses
+// large blocks per thread: a first touch costs ~11 us per 4 KiB page on this
+// machine (DESIGN.md §7).
 #pragma once
 
 #include <cstdint>
@@ -84,7 +85,7 @@ class Tensor {
   DType dtype_ = DType::f32;
   Shape shape_;
   std::int64_t numel_ = 0;
-  void* data_ = nullptr;                // owned; std::free
+  void* data_ = nullptr;                // owned; release_buffer
   MemoryLedger* ledger_ = nullptr;      // not owned
   std::string ledger_name_;
 };

@@ -1,0 +1,129 @@
+// Single-rank MoE layer, forward + backward, against one large matmul of the
+// same total FLOPs measured in the same run (the machine's practical GEMM
+// peak for this thread count). Prints a table, or one JSON object per line
+// with --json (bench/peers/compare_layer_with_torch.sh reads that).
+//
+//   bench_moe_layer [tokens=2048 hidden=1024 ffn=512 experts=16 top_k=2
+//                    compute_dtype=f32|bf16|both threads=N seconds=0.3 json=false]
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench_harness.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "core/threading.h"
+#include "kernels/gemm.h"
+#include "moe/moe_layer.h"
+
+namespace epmoe::bench {
+namespace {
+
+struct LayerBenchArgs {
+  std::int64_t tokens = 2048, hidden = 1024, ffn = 512;
+  int experts = 16, top_k = 2, threads = 0;
+  std::string compute_dtype = "both";
+  double seconds = 0.3;
+  bool json = false;
+};
+
+LayerBenchArgs parse_args(int argc, char** argv) {
+  LayerBenchArgs args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto eq = arg.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "bench_moe_layer: expected key=value, got '%s'\n", arg.c_str());
+      std::exit(2);
+    }
+    const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
+    if (key == "tokens") args.tokens = std::stoll(value);
+    else if (key == "hidden") args.hidden = std::stoll(value);
+    else if (key == "ffn") args.ffn = std::stoll(value);
+    else if (key == "experts") args.experts = std::stoi(value);
+    else if (key == "top_k") args.top_k = std::stoi(value);
+    else if (key == "threads") args.threads = std::stoi(value);
+    else if (key == "compute_dtype") args.compute_dtype = value;
+    else if (key == "seconds") args.seconds = std::stod(value);
+    else if (key == "json") args.json = value == "true" || value == "1";
+    else {
+      std::fprintf(stderr, "bench_moe_layer: unknown key '%s'\n", key.c_str());
+      std::exit(2);
+    }
+  }
+  return args;
+}
+
+Tensor random_tensor(Shape shape, Rng& rng, double scale) {
+  Tensor t(DType::f32, std::move(shape));
+  for (float& v : t.span<float>()) v = static_cast<float>(rng.normal() * scale);
+  return t;
+}
+
+void run(const LayerBenchArgs& args, ComputeDType dtype) {
+  Rng rng(1);
+  const std::int64_t n = args.tokens, h = args.hidden, f = args.ffn, e = args.experts;
+  Tensor x = random_tensor({n, h}, rng, 1.0), dy = random_tensor({n, h}, rng, 1.0);
+  Tensor gate = random_tensor({h, e}, rng, 1.0 / std::sqrt(double(h)));
+  Tensor wi0 = random_tensor({e, h, f}, rng, 1.0 / std::sqrt(double(h)));
+  Tensor wi1 = random_tensor({e, h, f}, rng, 1.0 / std::sqrt(double(h)));
+  Tensor wo = random_tensor({e, f, h}, rng, 1.0 / std::sqrt(double(f)));
+  MoeLayer layer({.hidden = h, .ffn = f,
+                  .router = {.num_experts = args.experts, .top_k = args.top_k},
+                  .compute_dtype = dtype});
+  const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
+
+  const BenchOptions options{.warmup_calls = 1, .min_repetition_seconds = args.seconds, .repetitions = 5};
+  const BenchStats forward = measure([&] { layer.forward(x, weights); layer.backward(dy); }, options);
+  // Expert GEMMs: 3 forward products of 2*M*H*F FLOPs, 6 backward (dlhs and
+  // drhs of each); router: 2*N*H*E forward, 4*N*H*E backward.
+  const double rows = double(n) * args.top_k;
+  const double flops = 18.0 * rows * h * f + 6.0 * n * h * e;
+
+  // One large matmul of the same FLOPs: [rows, h] x [h, cols].
+  const std::int64_t cols = std::max<std::int64_t>(1, std::llround(flops / (2.0 * rows * h)));
+  Tensor a = random_tensor({std::int64_t(rows), h}, rng, 1.0), b = random_tensor({h, cols}, rng, 1.0);
+  Tensor c(DType::f32, {std::int64_t(rows), cols});
+  const BenchStats big = measure([&] {
+    gemm({.a = a.data<float>(), .b = b.data<float>(), .c = c.data<float>(), .m = std::int64_t(rows),
+          .n = cols, .k = h, .compute_dtype = dtype});
+  }, options);
+  const double big_flops = 2.0 * rows * h * cols;
+
+  const double layer_gflops = flops / forward.median_seconds * 1e-9;
+  const double big_gflops = big_flops / big.median_seconds * 1e-9;
+  const std::string name = to_string(dtype);
+  if (args.json) {
+    std::printf("{\"impl\": \"epmoe\", \"compute_dtype\": \"%s\", \"tokens\": %lld, \"hidden\": %lld, "
+                "\"ffn\": %lld, \"experts\": %d, \"top_k\": %d, \"threads\": %d, "
+                "\"fwd_bwd_seconds\": %.6g, \"spread\": %.3f, \"gflops\": %.2f, "
+                "\"large_matmul_gflops\": %.2f}\n",
+                name.c_str(), (long long)n, (long long)h, (long long)f, args.experts, args.top_k,
+                compute_threads(), forward.median_seconds, forward.relative_spread(), layer_gflops,
+                big_gflops);
+  } else {
+    std::printf("%-6s  fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   large matmul %7.1f GFLOP/s   ratio %.2f\n",
+                name.c_str(), forward.median_seconds * 1e3, 100 * forward.relative_spread(),
+                layer_gflops, big_gflops, layer_gflops / big_gflops);
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::bench
+
+int main(int argc, char** argv) {
+  using namespace epmoe;
+  const bench::LayerBenchArgs args = bench::parse_args(argc, argv);
+  set_compute_threads(args.threads > 0 ? args.threads : hardware_cores());
+  if (!args.json) {
+    std::printf("MoE layer forward+backward, N=%lld H=%lld F=%lld E=%d K=%d, %d threads\n",
+                (long long)args.tokens, (long long)args.hidden, (long long)args.ffn, args.experts,
+                args.top_k, compute_threads());
+  }
+  if (args.compute_dtype == "f32" || args.compute_dtype == "both") bench::run(args, ComputeDType::f32);
+  if (args.compute_dtype == "bf16" || args.compute_dtype == "both") bench::run(args, ComputeDType::bf16);
+  return 0;
+}
