@@ -1,0 +1,132 @@
+// epmoe gen-inputs: random inputs for `epmoe layer`, reproducible from a seed.
+// Every array comes from its own stream of one seeded epmoe::Rng (never a
+// global generator), so adding an array later does not change the others.
+// Scaling keeps activations O(1): x and dy ~ N(0, 1), each weight matrix
+// ~ N(0, scale^2 / fan_in), so x wi0, x wi1 and the expert outputs have unit
+// variance at scale=1.
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/config_keys.h"
+#include "cli/json_output.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "data/npy.h"
+#include "data/staged_output_dir.h"
+
+namespace epmoe::cli {
+namespace {
+
+constexpr char kCommand[] = "gen-inputs";
+constexpr char kManifestFile[] = "inputs.json";
+// Selection bias of the sigmoid_grouped router: small next to the sigmoid
+// scores in (0, 1), as an aux-loss-free balancer leaves it.
+constexpr double kBiasStddev = 0.1;
+
+KeyGroup gen_inputs_keys() {
+  return {
+      "gen-inputs",
+      {
+          {.name = "num_tokens", .type = KeyType::integer, .default_value = "64", .help = "tokens (N)", .min_value = 0},
+          {.name = "hidden", .type = KeyType::integer, .default_value = "32", .help = "hidden size (H)", .min_value = 1},
+          {.name = "ffn", .type = KeyType::integer, .default_value = "48", .help = "expert FFN size (F)", .min_value = 1},
+          {.name = "num_experts", .type = KeyType::integer, .default_value = "8", .help = "routed experts (E)", .min_value = 1},
+          {.name = "seed", .type = KeyType::integer, .default_value = "0", .help = "seed of every array", .min_value = 0},
+          {.name = "with_dy", .type = KeyType::boolean, .default_value = "true",
+           .help = "also write dy.npy [N,H], so `epmoe layer` runs the backward"},
+          {.name = "with_bias", .type = KeyType::boolean, .default_value = "false",
+           .help = "also write bias.npy [E] (for router=sigmoid_grouped)"},
+          {.name = "scale", .type = KeyType::real, .default_value = "1.0",
+           .help = "weight stddev as a multiple of 1/sqrt(fan_in)", .min_value = 0, .min_exclusive = true},
+      },
+  };
+}
+
+const KeyRegistry& gen_inputs_key_registry() {
+  static const KeyRegistry registry(kCommand, {gen_inputs_keys()});
+  return registry;
+}
+
+// Streams of the root generator, one per array; fixed forever so that a seed
+// keeps producing the same files.
+enum class InputStream : std::uint64_t { x = 0, gate = 1, wi0 = 2, wi1 = 3, wo = 4, dy = 5, bias = 6 };
+
+Tensor normal_tensor(Shape shape, double stddev, const Rng& root, InputStream stream) {
+  Rng rng = root.fork(static_cast<std::uint64_t>(stream));
+  Tensor tensor(DType::f32, std::move(shape));
+  for (float& value : tensor.span<float>()) value = static_cast<float>(stddev * rng.normal());
+  return tensor;
+}
+
+struct GenInputsArguments {
+  std::string out_dir;
+  std::vector<std::string> assignments;
+};
+
+void run_gen_inputs_command(const GenInputsArguments& arguments) {
+  const ConfigValues values =
+      gen_inputs_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  StagedOutputDir::check_usable(arguments.out_dir);
+  const std::int64_t n = values.get_int("num_tokens"), h = values.get_int("hidden"),
+                     f = values.get_int("ffn"), e = values.get_int("num_experts");
+  const double scale = values.get_float("scale");
+  const Rng root(static_cast<std::uint64_t>(values.get_int("seed")));
+  const double hidden_fan_in = scale / std::sqrt(static_cast<double>(h));
+  const double ffn_fan_in = scale / std::sqrt(static_cast<double>(f));
+
+  struct NamedInput {
+    std::string file_name;
+    Tensor tensor;
+  };
+  std::vector<NamedInput> inputs;
+  inputs.push_back({"x.npy", normal_tensor({n, h}, 1.0, root, InputStream::x)});
+  inputs.push_back({"gate.npy", normal_tensor({h, e}, hidden_fan_in, root, InputStream::gate)});
+  inputs.push_back({"wi0.npy", normal_tensor({e, h, f}, hidden_fan_in, root, InputStream::wi0)});
+  inputs.push_back({"wi1.npy", normal_tensor({e, h, f}, hidden_fan_in, root, InputStream::wi1)});
+  inputs.push_back({"wo.npy", normal_tensor({e, f, h}, ffn_fan_in, root, InputStream::wo)});
+  std::vector<std::string> obsolete_files;  // optional files of an earlier run not made now
+  if (values.get_bool("with_dy")) {
+    inputs.push_back({"dy.npy", normal_tensor({n, h}, 1.0, root, InputStream::dy)});
+  } else {
+    obsolete_files.push_back("dy.npy");
+  }
+  if (values.get_bool("with_bias")) {
+    inputs.push_back({"bias.npy", normal_tensor({e}, kBiasStddev, root, InputStream::bias)});
+  } else {
+    obsolete_files.push_back("bias.npy");
+  }
+
+  StagedOutputDir staged(arguments.out_dir);
+  std::vector<std::string> file_names;
+  nlohmann::json shapes;
+  for (const NamedInput& input : inputs) {
+    write_npy(staged.staged_path(input.file_name), input.tensor);
+    file_names.push_back(input.file_name);
+    shapes[std::filesystem::path(input.file_name).stem().string()] = shape_to_json(input.tensor.shape());
+  }
+  // The manifest records how the files were made and marks the set complete.
+  const nlohmann::json manifest = {
+      {"command", kCommand}, {"config", config_to_json(values)}, {"shapes", shapes}};
+  write_json_file(staged.staged_path(kManifestFile), manifest);
+  staged.commit(file_names, kManifestFile, obsolete_files);
+}
+
+}  // namespace
+
+void add_gen_inputs_command(CLI::App& app) {
+  auto arguments = std::make_shared<GenInputsArguments>();
+  CLI::App* command = app.add_subcommand(
+      kCommand, "Write seeded random inputs (x, gate, wi0, wi1, wo, dy, bias .npy) for `epmoe layer`");
+  command->add_option("--out", arguments->out_dir,
+                      "Directory for the .npy files and inputs.json (written last); created if missing")
+      ->required();
+  command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
+  command->footer(gen_inputs_key_registry().help_text());
+  command->callback([arguments] { run_gen_inputs_command(*arguments); });
+}
+
+}  // namespace epmoe::cli

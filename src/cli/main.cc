@@ -1,0 +1,47 @@
+// The epmoe executable: dispatches to the subcommands (cli/commands.h) and
+// maps failures to one line on stderr and an exit code:
+//   0 success, 2 bad input (keys, files, command line), 1 internal error.
+#include <cstdio>
+#include <exception>
+#include <new>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+constexpr int kExitInternalError = 1;
+
+int report(const std::string& kind, const std::string& message, int exit_code) {
+  std::fprintf(stderr, "epmoe: %s: %s\n", kind.c_str(), message.c_str());
+  return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("epmoe: expert-parallel Mixture-of-Experts layers, forward and backward", "epmoe");
+  app.require_subcommand(1);
+  epmoe::cli::add_layer_command(app);
+  epmoe::cli::add_gen_inputs_command(app);
+
+  try {
+    app.parse(argc, argv);  // runs the chosen subcommand's callback
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help: prints help to stdout
+    return report("error", e.what(), kExitBadInput);
+  } catch (const epmoe::Error& e) {
+    return report("error", e.what(), kExitBadInput);
+  } catch (const epmoe::InternalError& e) {
+    return report("internal error", e.what(), kExitInternalError);
+  } catch (const std::bad_alloc&) {
+    return report("error", "out of memory", kExitInternalError);
+  } catch (const std::exception& e) {
+    return report("internal error", e.what(), kExitInternalError);
+  }
+}

@@ -1,0 +1,26 @@
+// Config files: a YAML map of keys to scalar values, read as the same
+// key=value assignments the command line gives, so both go through one
+// validation (cli/config_keys.h). Nested maps flatten to dotted keys:
+//
+//   top_k: 2                 -> top_k=2
+//   remat:
+//     x_sorted: remat        -> remat.x_sorted=remat
+//
+// Each assignment's origin is "file.yaml:LINE", so a bad value is reported
+// where it was written.
+#pragma once
+
+#include <filesystem>
+#include <vector>
+
+#include "cli/config_keys.h"
+
+namespace epmoe::cli {
+
+// FileError (naming the file, and the line when known) for a missing or
+// unreadable file, malformed YAML, a top level that is not a map, a list
+// value or a key without a value. Keys are not checked here; the command's
+// KeyRegistry does that. An empty file gives no assignments.
+std::vector<KeyAssignment> load_yaml_overrides(const std::filesystem::path& path);
+
+}  // namespace epmoe::cli
