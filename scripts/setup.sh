@@ -30,6 +30,7 @@ fi
 
 build_dir=${1:-build}
 shift || true
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@" > "$build_dir.configure.log" 2>&1 \
-  || { cat "$build_dir.configure.log"; exit 1; }
+mkdir -p "$build_dir"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@" > "$build_dir/configure.log" 2>&1 \
+  || { cat "$build_dir/configure.log"; exit 1; }
 cmake --build "$build_dir" -j "$(nproc)"

@@ -135,8 +135,9 @@ const std::vector<std::string> kGradientFiles = {"dx.npy", "dgate.npy", "dwi0.np
 nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, const MoeLayer& layer,
                              const LayerRun& run, const std::vector<NamedOutput>& outputs) {
   const MoeLayerStats& stats = layer.stats();
+  const std::vector<std::int64_t>& tokens_per_expert = layer.dispatch_stats().rows_per_local_expert;
   const std::int64_t routed_pairs =
-      std::accumulate(stats.tokens_per_expert.begin(), stats.tokens_per_expert.end(), std::int64_t{0});
+      std::accumulate(tokens_per_expert.begin(), tokens_per_expert.end(), std::int64_t{0});
   // Per routed (token, expert) pair the SwiGLU expert runs three [1, H] x
   // [H, F]-sized GEMMs (wi0, wi1, wo) of 2*H*F flops each; the backward runs
   // two per forward GEMM (dlhs and drhs).
@@ -170,7 +171,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   nlohmann::json output_files = nlohmann::json::array();
   for (const NamedOutput& output : outputs) output_files.push_back(output.file_name);
   metrics["output_files"] = output_files;
-  metrics["tokens_per_expert"] = stats.tokens_per_expert;
+  metrics["tokens_per_expert"] = tokens_per_expert;
   metrics["phase_seconds"] = phases;
   metrics["forward_seconds"] = run.forward_seconds;
   metrics["backward_seconds"] = run.backward_seconds;

@@ -1,12 +1,16 @@
 // MoeLayer: the routed MoE block, y = sum_k w_k * expert_{id_k}(x), forward
 // and backward. An expert is SwiGLU: expert_e(x) = (silu(x wi0_e) * (x wi1_e)) wo_e.
 //
-// Steps (single rank; later the dispatch step becomes a pluggable
-// dispatcher over R ranks):
-//   route -> sort (token, k) pairs by expert -> grouped GEMMs + SwiGLU
-//   -> combine with the routing weights.
+// Steps, per chunk of this rank's tokens (ep/dispatcher.h):
+//   route -> dispatch (an ep::Dispatcher: local, all-to-all or ring of
+//   experts) -> local experts (grouped GEMMs + SwiGLU, weighted into slots,
+//   moe/local_experts.h) -> combine.
 // The backward returns dx (through the experts and through the router),
 // dgate (through the routing weights), dwi0, dwi1, dwo.
+//
+// Under expert parallelism each rank runs one MoeLayer on its own tokens with
+// its own experts' weights (wi0/wi1/wo hold E_l = E / R experts); the gate is
+// replicated, so dgate is this rank's contribution, to be summed over ranks.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +23,7 @@
 #include "core/memory_ledger.h"
 #include "core/tensor.h"
 #include "core/timer.h"
+#include "ep/dispatcher.h"
 #include "kernels/compute_dtype.h"
 #include "moe/router.h"
 
@@ -36,9 +41,9 @@ struct MoeLayerConfig {
 // Views of the layer's parameters (not owned).
 struct MoeWeights {
   const Tensor* gate = nullptr;  // [H, E]
-  const Tensor* wi0 = nullptr;   // [E, H, F]
-  const Tensor* wi1 = nullptr;   // [E, H, F]
-  const Tensor* wo = nullptr;    // [E, F, H]
+  const Tensor* wi0 = nullptr;   // [E_l, H, F], this rank's experts
+  const Tensor* wi1 = nullptr;   // [E_l, H, F]
+  const Tensor* wo = nullptr;    // [E_l, F, H]
   const Tensor* bias = nullptr;  // [E] or null (sigmoid_grouped selection bias)
 };
 
@@ -50,22 +55,26 @@ struct MoeForwardOutput {
 
 struct MoeGradients {
   Tensor dx;     // [N, H]
-  Tensor dgate;  // [H, E]
-  Tensor dwi0;   // [E, H, F]
-  Tensor dwi1;   // [E, H, F]
-  Tensor dwo;    // [E, F, H]
+  Tensor dgate;  // [H, E], this rank's tokens' contribution
+  Tensor dwi0;   // [E_l, H, F]
+  Tensor dwi1;   // [E_l, H, F]
+  Tensor dwo;    // [E_l, F, H]
 };
 
 struct MoeLayerStats {
-  std::vector<std::int64_t> tokens_per_expert;  // pairs routed to each expert, last forward
-  PhaseTimes phase_seconds;                     // route, permute, experts, combine, backward_*
-  std::int64_t saved_activation_peak_bytes = 0;
+  PhaseTimes phase_seconds;  // route, dispatch, experts, combine, backward_* (accumulated)
+  std::int64_t saved_activation_peak_bytes = 0;  // last forward, with a ledger
 };
 
 class MoeLayer {
  public:
-  // `ledger` (optional, not owned) sees every activation saved for backward.
+  // Single rank: every expert is local. `ledger` (optional, not owned) sees
+  // every activation saved for backward.
   explicit MoeLayer(MoeLayerConfig config, MemoryLedger* ledger = nullptr);
+  // Expert parallel: `dispatcher` decides which experts are local and moves
+  // the tokens.
+  MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispatcher,
+           MemoryLedger* ledger = nullptr);
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
@@ -79,12 +88,15 @@ class MoeLayer {
   MoeGradients backward(const Tensor& dy);
 
   const MoeLayerStats& stats() const { return stats_; }
+  const ep::DispatchStats& dispatch_stats() const { return dispatcher_->stats(); }
+  int num_local_experts() const { return dispatcher_->num_local_experts(); }
 
  private:
   struct Saved;
   MoeLayerConfig config_;
   MemoryLedger* ledger_;
   Router router_;
+  std::unique_ptr<ep::Dispatcher> dispatcher_;
   std::unique_ptr<Saved> saved_;
   MoeLayerStats stats_;
 };

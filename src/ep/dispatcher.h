@@ -1,0 +1,89 @@
+// Dispatcher: moves tokens from the rank that holds them to the ranks whose
+// experts they are routed to, and the experts' outputs back (DESIGN.md §4.5,
+// §4.6). MoeLayer drives it; the expert math stays in moe/.
+//
+// A step is split into num_chunks() chunks of this rank's tokens (chunk c
+// covers local tokens [c * N_l / n, (c + 1) * N_l / n)), so that a
+// dispatcher can move chunk c + 1 while the experts compute chunk c. The call
+// order is fixed, forward then backward:
+//
+//   start_forward(x, routing)
+//   for c: rows_c = receive_rows(c); ...experts...; send_outputs(c, slot_outputs_c)
+//   y = finish_forward()
+//   start_backward(dy)
+//   for c: dy_slots_c = receive_cotangents(c); ...experts backward...;
+//          send_gradients(c, slot_dx_c, row_dweights_c)
+//   {dx, d_topk_weights} = finish_backward()
+//
+// x, the routing and dy are the caller's and must stay alive and unchanged
+// until the matching finish_*() returned.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/timer.h"
+#include "ep/expert_rows.h"
+
+namespace epmoe::ep {
+
+// This rank's routing decisions: for each local token, K expert ids (global)
+// and K weights.
+struct RoutingView {
+  const std::int32_t* topk_ids = nullptr;  // [num_tokens, top_k]
+  const float* topk_weights = nullptr;     // [num_tokens, top_k]
+  std::int64_t num_tokens = 0;
+  int top_k = 0;
+};
+
+struct DispatchGradients {
+  Tensor dx;              // [N_l, H] through the experts
+  Tensor d_topk_weights;  // [N_l, K]
+};
+
+// What a dispatcher measured over the last forward + backward.
+struct DispatchStats {
+  // Bytes this rank sent, by collective ("forward/all_to_all_v tokens", ...).
+  std::map<std::string, std::int64_t> bytes_sent;
+  // Rows this rank's experts computed, per local expert (all chunks).
+  std::vector<std::int64_t> rows_per_local_expert;
+  // (token, expert) pairs this rank's tokens lost to a capacity limit.
+  std::int64_t dropped_pairs = 0;
+  PhaseTimes phase_seconds;  // dispatch, combine, backward_* (waits included)
+
+  void reset(int num_local_experts);
+};
+
+class Dispatcher {
+ public:
+  virtual ~Dispatcher() = default;
+
+  virtual int num_chunks() const = 0;
+  virtual int num_local_experts() const = 0;
+  virtual int first_local_expert() const = 0;
+
+  virtual void start_forward(const Tensor& x, const RoutingView& routing) = 0;
+  virtual ExpertRows receive_rows(int chunk) = 0;
+  virtual void send_outputs(int chunk, Tensor slot_outputs) = 0;  // [num_slots, H]
+  virtual Tensor finish_forward() = 0;                            // y [N_l, H]
+
+  virtual void start_backward(const Tensor& dy) = 0;
+  virtual Tensor receive_cotangents(int chunk) = 0;  // [num_slots, H]
+  // slot_dx [num_slots, H]; row_dweights [num_rows] in the rows' order.
+  virtual void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) = 0;
+  virtual DispatchGradients finish_backward() = 0;
+
+  virtual const DispatchStats& stats() const = 0;
+};
+
+// Local token range of chunk c: [begin, end).
+struct ChunkRange {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const { return end - begin; }
+};
+ChunkRange chunk_range(std::int64_t num_tokens, int num_chunks, int chunk);
+
+}  // namespace epmoe::ep

@@ -1,0 +1,47 @@
+// LocalDispatcher: one rank holds every expert (R = 1, or no expert
+// parallelism). No communication: a chunk's slots are its tokens.
+#pragma once
+
+#include "ep/dispatcher.h"
+
+namespace epmoe {
+class MemoryLedger;
+}
+
+namespace epmoe::ep {
+
+class LocalDispatcher final : public Dispatcher {
+ public:
+  LocalDispatcher(int num_experts, int num_chunks, MemoryLedger* ledger = nullptr);
+
+  int num_chunks() const override { return num_chunks_; }
+  int num_local_experts() const override { return num_experts_; }
+  int first_local_expert() const override { return 0; }
+
+  void start_forward(const Tensor& x, const RoutingView& routing) override;
+  ExpertRows receive_rows(int chunk) override;
+  void send_outputs(int chunk, Tensor slot_outputs) override;
+  Tensor finish_forward() override;
+
+  void start_backward(const Tensor& dy) override;
+  Tensor receive_cotangents(int chunk) override;
+  void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
+  DispatchGradients finish_backward() override;
+
+  const DispatchStats& stats() const override { return stats_; }
+
+ private:
+  int num_experts_;
+  int num_chunks_;
+  MemoryLedger* ledger_;  // not owned
+  const Tensor* x_ = nullptr;
+  const Tensor* dy_ = nullptr;
+  RoutingView routing_;
+  Tensor y_;
+  DispatchGradients grads_;
+  // Per chunk: the (token, k) pair index of each expert row.
+  std::vector<std::vector<std::int64_t>> pair_of_row_;
+  DispatchStats stats_;
+};
+
+}  // namespace epmoe::ep
