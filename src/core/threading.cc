@@ -30,9 +30,12 @@ void parallel_for(std::int64_t n, std::int64_t min_grain,
   }
 #pragma omp parallel num_threads(num_threads)
   {
+    // The team may be smaller than asked for (inside another parallel
+    // region it is one thread), so slice by the team actually running.
+    const std::int64_t team = omp_get_num_threads();
     const std::int64_t t = omp_get_thread_num();
-    const std::int64_t begin = n * t / num_threads;
-    const std::int64_t end = n * (t + 1) / num_threads;
+    const std::int64_t begin = n * t / team;
+    const std::int64_t end = n * (t + 1) / team;
     if (begin < end) body(begin, end);
   }
 }

@@ -3,8 +3,11 @@
 // op(a) = a ([m, k]) or a^T (a stored [k, m]); op(b) = b ([k, n]) or b^T
 // (b stored [n, k]). `accumulate` adds into c instead of overwriting it.
 // Why oneDNN and not OpenBLAS: DESIGN.md §4.3 (~2x on this machine's cores).
-// Primitives are cached per (shape, transposes, dtype, accumulate), so a
-// repeated shape costs one lookup, not a primitive creation.
+// Primitives are cached per (shape, transposes, dtype, accumulate, threads),
+// so a repeated shape costs one lookup, not a primitive creation.
+// Thread-safe: every calling thread (rank threads, OpenMP workers) owns its
+// primitive cache, oneDNN stream and bf16 operand scratch, so calls never
+// lock. Runs on the calling thread's compute budget (core/threading.h).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,14 @@
 #include "kernels/compute_dtype.h"
 
 namespace epmoe {
+
+// Which dimension, if any, changes from call to call (the ragged groups of a
+// grouped GEMM). oneDNN then builds one primitive with that dimension given at
+// run time instead of one per shape; see gemm.cc for the measured trade.
+// Honoured when the operand strides do not depend on it (m: a not transposed;
+// k: a transposed, b not) and not for f32 with b transposed, where the
+// runtime-dimension kernel measured slower; otherwise the exact shape is cached.
+enum class GemmDynamicDim { none, m, k };
 
 struct GemmArgs {
   const float* a = nullptr;
@@ -24,6 +35,7 @@ struct GemmArgs {
   bool transpose_b = false;
   bool accumulate = false;
   ComputeDType compute_dtype = ComputeDType::f32;
+  GemmDynamicDim dynamic_dim = GemmDynamicDim::none;
 };
 
 // m, n or k may be zero: then c is left alone (accumulate) or zero-filled.

@@ -14,11 +14,20 @@
 
 namespace epmoe {
 
+// How groups share the caller's threads.
+//  * balanced (default): a group with more than its fair share of the rows
+//    (M / threads) runs on all threads, one such group after another; all
+//    other groups run side by side, one thread each, largest first.
+//  * one_group_at_a_time: every group on all threads in turn, the naive
+//    schedule; kept so that benchmarks can measure what balanced buys.
+enum class GroupSchedule { balanced, one_group_at_a_time };
+
 struct GroupedGemmShape {
   std::span<const std::int64_t> group_sizes;  // G entries, each >= 0, summing to M
   std::int64_t k = 0;                         // inner size of the forward product
   std::int64_t n = 0;                         // output columns of the forward product
   ComputeDType compute_dtype = ComputeDType::f32;
+  GroupSchedule schedule = GroupSchedule::balanced;
 };
 
 void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w,

@@ -68,3 +68,34 @@ TEST(Tensor, LedgerSeesLifetime) {
 
 }  // namespace
 }  // namespace epmoe
+
+#include <omp.h>
+
+#include <atomic>
+
+#include "core/threading.h"
+
+namespace epmoe {
+namespace {
+
+TEST(ParallelFor, CoversEveryIndexEvenInsideAParallelRegion) {
+  set_compute_threads(2);
+  for (bool nested : {false, true}) {
+    std::vector<std::atomic<int>> hits(1000);
+    auto run = [&] {
+      parallel_for(1000, 1, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t i = begin; i < end; ++i) hits[i] += 1;
+      });
+    };
+    if (nested) {
+#pragma omp parallel num_threads(1)
+      run();
+    } else {
+      run();
+    }
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[i].load(), 1) << "index " << i << (nested ? " nested" : "");
+  }
+}
+
+}  // namespace
+}  // namespace epmoe

@@ -1,0 +1,171 @@
+// Topology: single caller thread (oneDNN on the default OpenMP team), plus a
+// test with 4 concurrent caller threads to exercise the per-thread primitive
+// cache. Sizes sweep 1, 7, 33, 65 per dimension (odd, across SIMD widths) in
+// all four transpose combinations against a double loop.
+#include "kernels/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/convert.h"
+#include "reference.h"
+
+namespace epmoe {
+namespace {
+
+using testing::kF32RelativeTolerance;
+using testing::random_vector;
+using testing::reference_gemm;
+using testing::relative_error;
+
+constexpr std::int64_t kSizes[] = {1, 7, 33, 65};
+
+TEST(Gemm, F32MatchesDoubleForAllTransposesAndOddSizes) {
+  for (bool transpose_a : {false, true})
+    for (bool transpose_b : {false, true})
+      for (std::int64_t m : kSizes)
+        for (std::int64_t n : kSizes)
+          for (std::int64_t k : kSizes) {
+            const auto a = random_vector(m * k, 1);
+            const auto b = random_vector(k * n, 2);
+            std::vector<float> c(m * n, NAN);  // overwritten, never read
+            gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
+                  .transpose_a = transpose_a, .transpose_b = transpose_b});
+            const auto ref = reference_gemm(a.data(), b.data(), nullptr, m, n, k, transpose_a,
+                                            transpose_b);
+            ASSERT_LE(relative_error(c, ref.c), kF32RelativeTolerance)
+                << "m=" << m << " n=" << n << " k=" << k << " ta=" << transpose_a
+                << " tb=" << transpose_b;
+          }
+}
+
+TEST(Gemm, AccumulateAddsIntoC) {
+  for (bool transpose_a : {false, true})
+    for (bool transpose_b : {false, true}) {
+      const std::int64_t m = 33, n = 65, k = 7;
+      const auto a = random_vector(m * k, 3);
+      const auto b = random_vector(k * n, 4);
+      const auto c_in = random_vector(m * n, 5);
+      auto c = c_in;
+      gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
+            .transpose_a = transpose_a, .transpose_b = transpose_b, .accumulate = true});
+      const auto ref =
+          reference_gemm(a.data(), b.data(), c_in.data(), m, n, k, transpose_a, transpose_b);
+      EXPECT_LE(relative_error(c, ref.c), kF32RelativeTolerance);
+    }
+}
+
+// One runtime-dimension primitive serves every m (or k): the strides and
+// sizes of each call must still be its own.
+TEST(Gemm, DynamicDimensionsMatchDoubleAcrossShapes) {
+  for (ComputeDType dtype : {ComputeDType::f32, ComputeDType::bf16})
+    for (bool transpose_a : {false, true})
+      for (bool transpose_b : {false, true})
+        for (GemmDynamicDim dynamic_dim : {GemmDynamicDim::m, GemmDynamicDim::k})
+          for (std::int64_t ragged : {65, 1, 33, 7, 0, 33}) {
+            const std::int64_t m = dynamic_dim == GemmDynamicDim::m ? ragged : 19;
+            const std::int64_t k = dynamic_dim == GemmDynamicDim::k ? ragged : 23;
+            const std::int64_t n = 17;
+            const auto a = random_vector(m * k, 30 + ragged);
+            const auto b = random_vector(k * n, 40 + ragged);
+            const auto c_in = random_vector(m * n, 50);
+            auto c = c_in;
+            gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
+                  .transpose_a = transpose_a, .transpose_b = transpose_b, .accumulate = true,
+                  .compute_dtype = dtype, .dynamic_dim = dynamic_dim});
+            const auto ref = reference_gemm(a.data(), b.data(), c_in.data(), m, n, k, transpose_a,
+                                            transpose_b);
+            ASSERT_LE(relative_error(c, ref.c), dtype == ComputeDType::f32 ? kF32RelativeTolerance : 2e-2)
+                << "m=" << m << " k=" << k << " ta=" << transpose_a << " tb=" << transpose_b;
+          }
+}
+
+TEST(Gemm, ZeroSizes) {
+  const std::vector<float> a(64, 1.0f), b(64, 1.0f);
+  std::vector<float> c(16, 7.0f);
+  gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = 0, .n = 4, .k = 4});
+  gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = 4, .n = 0, .k = 4});
+  for (float v : c) ASSERT_EQ(v, 7.0f);  // empty output: nothing written
+  gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = 4, .n = 4, .k = 0, .accumulate = true});
+  for (float v : c) ASSERT_EQ(v, 7.0f);  // empty sum added: c kept
+  gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = 4, .n = 4, .k = 0});
+  for (float v : c) ASSERT_EQ(v, 0.0f);  // empty sum assigned: zero
+}
+
+// bf16 error bound. Rounding an operand to bf16 (8 significant bits, RNE)
+// gives x(1 + d), |d| <= u = 2^-8. The product of two bf16 values is exact in
+// fp32, so each term carries |d_a + d_b + d_a d_b| <= 2u + u^2. Summing k terms
+// in fp32 adds at most about k u32 sum|terms| (u32 = 2^-24; a factor 2 covers
+// oneDNN's blocked summation order). Hence, per element:
+//   |c - c_exact| <= (2u + u^2 + 2 k u32) * sum_p |a_ip| |b_pj|.
+TEST(Gemm, Bf16WithinDerivedBoundAndReallyRoundsOperands) {
+  constexpr double kU = 0x1p-8, kU32 = 0x1p-24;
+  for (bool transpose_a : {false, true})
+    for (bool transpose_b : {false, true}) {
+      const std::int64_t m = 33, n = 65, k = 129;
+      const auto a = random_vector(m * k, 6);
+      const auto b = random_vector(k * n, 7);
+      std::vector<float> c(m * n);
+      gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
+            .transpose_a = transpose_a, .transpose_b = transpose_b,
+            .compute_dtype = ComputeDType::bf16});
+      const auto exact = reference_gemm(a.data(), b.data(), nullptr, m, n, k, transpose_a,
+                                        transpose_b);
+      const double bound_factor = 2 * kU + kU * kU + 2 * k * kU32;
+      for (std::int64_t i = 0; i < m * n; ++i)
+        ASSERT_LE(std::abs(c[i] - exact.c[i]), bound_factor * exact.abs_sum[i]) << i;
+
+      // The result is the fp32 product of the bf16-rounded operands, and visibly
+      // not the fp32 product of the originals: bf16 really is what was fed.
+      std::vector<float> a_rounded(a.size()), b_rounded(b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) a_rounded[i] = bf16_to_float(float_to_bf16(a[i]));
+      for (std::size_t i = 0; i < b.size(); ++i) b_rounded[i] = bf16_to_float(float_to_bf16(b[i]));
+      const auto rounded = reference_gemm(a_rounded.data(), b_rounded.data(), nullptr, m, n, k,
+                                          transpose_a, transpose_b);
+      EXPECT_LE(relative_error(c, rounded.c), kF32RelativeTolerance);
+      EXPECT_GT(relative_error(c, exact.c), 10 * kF32RelativeTolerance);
+    }
+}
+
+TEST(Gemm, ConcurrentCallersGetCorrectResults) {
+  constexpr int kCallers = 4;
+  std::vector<std::thread> callers;
+  std::vector<double> errors(kCallers);
+  for (int t = 0; t < kCallers; ++t) {
+    callers.emplace_back([t, &errors] {
+      const std::int64_t m = 17 + t, n = 33, k = 65;  // distinct and shared shapes
+      const auto a = random_vector(m * k, 10 + t);
+      const auto b = random_vector(k * n, 20 + t);
+      std::vector<float> c(m * n);
+      double worst = 0.0;
+      for (int rep = 0; rep < 20; ++rep) {
+        gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
+              .compute_dtype = rep % 2 ? ComputeDType::bf16 : ComputeDType::f32});
+        const auto ref = reference_gemm(a.data(), b.data(), nullptr, m, n, k, false, false);
+        worst = std::max(worst, relative_error(c, ref.c));
+      }
+      errors[t] = worst;
+    });
+  }
+  for (auto& caller : callers) caller.join();
+  for (double error : errors) EXPECT_LE(error, 1e-2);  // bf16 runs included
+}
+
+TEST(ComputeDType, ParsesAndNamesTheKey) {
+  EXPECT_EQ(parse_compute_dtype("compute_dtype", "f32"), ComputeDType::f32);
+  EXPECT_EQ(parse_compute_dtype("compute_dtype", "bf16"), ComputeDType::bf16);
+  EXPECT_EQ(to_string(ComputeDType::bf16), "bf16");
+  try {
+    parse_compute_dtype("compute_dtype", "fp16");
+    FAIL() << "fp16 accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_STREQ(error.what(), "compute_dtype=fp16: must be one of f32, bf16");
+  }
+}
+
+}  // namespace
+}  // namespace epmoe
