@@ -141,7 +141,8 @@ namespace {
 // its products are not rounded.
 template <typename T>
 BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<std::int32_t>& given_ids,
-                                       const Tensor* given_logits, double u) {
+                                       const Tensor* given_logits, double u,
+                                       const std::vector<bool>& dropped = {}) {
   const std::int64_t N = p.num_tokens, H = p.hidden, F = p.ffn;
   const int E = p.router.num_experts, K = p.router.top_k;
   auto to_scalars = [](const Tensor& t) {
@@ -187,6 +188,7 @@ BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<st
       const int e = ids[k];
       r.topk_ids[t * K + k] = e;
       r.topk_weights[t * K + k] = w[k];
+      if (!dropped.empty() && dropped[t * K + k]) continue;
       const T* w0 = &wi0[e * H * F];
       const T* w1 = &wi1[e * H * F];
       const T* w2 = &wo[e * F * H];
@@ -254,6 +256,11 @@ double round_to_bf16(double a) {
 ReferenceResult reference_moe(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
                               const Tensor* logits) {
   return reference_loop<double>(problem, ids, logits, 0.0);
+}
+
+ReferenceResult reference_moe_with_drops(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
+                                         const std::vector<bool>& dropped) {
+  return reference_loop<double>(problem, ids, nullptr, 0.0, dropped);
 }
 
 ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem,

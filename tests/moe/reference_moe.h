@@ -42,6 +42,12 @@ using BoundedReferenceResult = BasicReferenceResult<BoundedValue>;
 ReferenceResult reference_moe(const MoeProblem& problem, const std::vector<std::int32_t>& ids = {},
                               const Tensor* logits = nullptr);
 
+// The reference when some (token, k) pairs were dropped by a capacity limit:
+// dropped[t * K + k] pairs add nothing to y and get a zero weight gradient
+// (the routing weights themselves are unchanged).
+ReferenceResult reference_moe_with_drops(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
+                                         const std::vector<bool>& dropped);
+
 // The same loop carrying first-order error bounds (bounded_value.h) for an
 // implementation whose expert-GEMM operands are rounded with unit roundoff
 // `operand_roundoff` (bf16: 2^-8) and whose router runs in fp32.

@@ -1,0 +1,344 @@
+#include "ep/alltoall_dispatcher.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "comm/all_gather.h"
+#include "comm/all_to_all_v.h"
+#include "core/error.h"
+#include "ep/collective_tags.h"
+
+namespace epmoe::ep {
+
+// One chunk's exchange state. "Send" is this rank's tokens going out (and
+// their results coming back); "recv" is other ranks' tokens arriving here.
+struct AllToAllDispatcher::Chunk {
+  ChunkRange range;
+  // Send side, grouped by destination rank.
+  std::vector<std::int64_t> send_row_token;         // local token of each row
+  std::vector<std::int64_t> send_rows_per_rank;     // [R]
+  std::vector<std::int64_t> send_entry_pair;        // pair (t * K + k) of each entry
+  std::vector<std::int64_t> send_words_per_rank;    // [R] metadata words
+  std::vector<std::byte> send_tokens;
+  std::vector<std::int32_t> send_metadata;
+  float tensor_scale = 1.0f;
+  // Receive side, grouped by source rank.
+  std::vector<std::byte> recv_tokens, recv_metadata;
+  std::vector<std::int64_t> recv_token_counts, recv_metadata_counts;
+  std::vector<std::int64_t> recv_rows_per_rank, recv_entries_per_rank;
+  std::vector<std::int64_t> entry_of_row;  // expert row -> received entry
+  comm::CollectiveHandle tokens_in_flight, metadata_in_flight;
+  bool dispatch_started = false;
+  // Combine: outputs go back to their sources.
+  Tensor slot_outputs;
+  std::vector<std::byte> combined;
+  std::vector<std::int64_t> combined_counts;
+  comm::CollectiveHandle combine_in_flight;
+  // Backward.
+  std::vector<float> send_dy;
+  std::vector<std::byte> recv_dy;
+  std::vector<std::int64_t> recv_dy_counts;
+  comm::CollectiveHandle cotangent_in_flight;
+  bool cotangent_started = false;
+  Tensor slot_dx;
+  std::vector<float> entry_dweights;
+  std::vector<std::byte> dx_back, dweights_back;
+  std::vector<std::int64_t> dx_back_counts, dweights_back_counts;
+  comm::CollectiveHandle dx_in_flight, dweights_in_flight;
+};
+
+AllToAllDispatcher::AllToAllDispatcher(transport::Communicator& comm, EpConfig config,
+                                       MemoryLedger* ledger)
+    : comm_(comm),
+      config_(std::move(config)),
+      ledger_(ledger),
+      num_local_experts_((config_.validate(comm.size()), config_.num_experts / comm.size())),
+      codec_(config_.token_format, config_.hidden) {
+  stats_.reset(num_local_experts_);
+}
+
+AllToAllDispatcher::~AllToAllDispatcher() = default;
+
+void AllToAllDispatcher::count_bytes(const char* name, const std::vector<std::int64_t>& counts,
+                                     std::int64_t element_bytes) {
+  std::int64_t bytes = 0;
+  for (int r = 0; r < comm_.size(); ++r)
+    if (r != comm_.rank()) bytes += counts[r] * element_bytes;
+  stats_.bytes_sent[name] += bytes;
+}
+
+void AllToAllDispatcher::start_forward(const Tensor& x, const RoutingView& routing) {
+  EPMOE_CHECK_EQ(routing.top_k, config_.top_k);
+  EPMOE_CHECK_EQ(x.dim(1), config_.hidden);
+  x_ = &x;
+  routing_ = routing;
+  y_ = Tensor::zeros(DType::f32, {x.dim(0), x.dim(1)});
+  stats_.reset(num_local_experts_);
+  chunks_.clear();
+  for (int c = 0; c < config_.num_chunks; ++c) {
+    chunks_.push_back(std::make_unique<Chunk>());
+    chunks_.back()->range = chunk_range(routing.num_tokens, config_.num_chunks, c);
+  }
+  start_dispatch(0);
+}
+
+void AllToAllDispatcher::start_dispatch(int c) {
+  Chunk& chunk = *chunks_[c];
+  chunk.dispatch_started = true;
+  const int num_ranks = comm_.size(), top_k = config_.top_k;
+  const std::int64_t hidden = config_.hidden;
+
+  // Which pairs go where, in (token, k) order; capacity drops later tokens.
+  std::vector<std::vector<std::int64_t>> rows_to(num_ranks);     // token per row
+  std::vector<std::vector<std::int64_t>> entries_to(num_ranks);  // pair per entry
+  std::vector<std::vector<std::int32_t>> words_to(num_ranks);
+  std::vector<std::int64_t> pairs_per_expert(static_cast<std::size_t>(config_.num_experts), 0);
+  const std::int64_t capacity =
+      config_.capacity_factor > 0
+          ? static_cast<std::int64_t>(std::ceil(config_.capacity_factor * double(chunk.range.size()) *
+                                                top_k / config_.num_experts))
+          : -1;
+  std::vector<std::int32_t> row_words;
+  for (std::int64_t t = chunk.range.begin; t < chunk.range.end; ++t) {
+    // With dedup, one row per destination, entries in k order; without, one
+    // row per pair.
+    std::vector<std::pair<int, std::int64_t>> kept;  // (dest, pair)
+    for (int k = 0; k < top_k; ++k) {
+      const std::int64_t pair = t * top_k + k;
+      const int expert = routing_.topk_ids[pair];
+      EPMOE_CHECK(expert >= 0 && expert < config_.num_experts);
+      if (capacity >= 0 && pairs_per_expert[expert] >= capacity) {
+        stats_.dropped_pairs += 1;
+        continue;
+      }
+      pairs_per_expert[expert] += 1;
+      kept.emplace_back(expert / num_local_experts_, pair);
+    }
+    if (config_.dedup) std::stable_sort(kept.begin(), kept.end(),
+                                        [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (std::size_t i = 0; i < kept.size();) {
+      const int dest = kept[i].first;
+      std::size_t j = i + 1;
+      if (config_.dedup)
+        while (j < kept.size() && kept[j].first == dest) ++j;
+      rows_to[dest].push_back(t);
+      words_to[dest].push_back(static_cast<std::int32_t>(j - i));
+      for (std::size_t e = i; e < j; ++e) {
+        const std::int64_t pair = kept[e].second;
+        entries_to[dest].push_back(pair);
+        std::int32_t weight_bits;
+        std::memcpy(&weight_bits, &routing_.topk_weights[pair], sizeof weight_bits);
+        words_to[dest].push_back(routing_.topk_ids[pair] - dest * num_local_experts_);
+        words_to[dest].push_back(weight_bits);
+      }
+      i = j;
+    }
+  }
+  chunk.send_rows_per_rank.assign(num_ranks, 0);
+  chunk.send_words_per_rank.assign(num_ranks, 0);
+  for (int d = 0; d < num_ranks; ++d) {
+    chunk.send_rows_per_rank[d] = static_cast<std::int64_t>(rows_to[d].size());
+    chunk.send_words_per_rank[d] = static_cast<std::int64_t>(words_to[d].size());
+    chunk.send_row_token.insert(chunk.send_row_token.end(), rows_to[d].begin(), rows_to[d].end());
+    chunk.send_entry_pair.insert(chunk.send_entry_pair.end(), entries_to[d].begin(), entries_to[d].end());
+    chunk.send_metadata.insert(chunk.send_metadata.end(), words_to[d].begin(), words_to[d].end());
+  }
+
+  // fp8 with one scale: every rank's absmax, gathered (tiny, blocking).
+  if (config_.token_format == TokenFormat::fp8_tensor) {
+    float local_max = absmax(x_->data<float>() + chunk.range.begin * hidden, chunk.range.size() * hidden);
+    std::vector<float> all_max(static_cast<std::size_t>(num_ranks));
+    comm::ring_all_gather(comm_, {.input = &local_max, .output = all_max.data(), .num_elements_per_rank = 1,
+                                  .tag = ep_tag(config_.tag_base, c, EpOp::forward_scale),
+                                  .timeout = config_.timeout})
+        .wait();
+    float global_max = 0;
+    for (float m : all_max) global_max = std::max(global_max, m);
+    chunk.tensor_scale = fp8_scale_for(global_max);
+  }
+  const std::int64_t row_bytes = codec_.row_bytes();
+  chunk.send_tokens.resize(static_cast<std::size_t>(chunk.send_row_token.size() * row_bytes));
+  codec_.encode(x_->data<float>(), chunk.send_row_token.data(),
+                static_cast<std::int64_t>(chunk.send_row_token.size()), chunk.tensor_scale,
+                chunk.send_tokens.data());
+
+  std::vector<std::int64_t> token_counts(num_ranks);
+  for (int d = 0; d < num_ranks; ++d) token_counts[d] = chunk.send_rows_per_rank[d] * row_bytes;
+  count_bytes("forward/all_to_all_v tokens", token_counts, 1);
+  count_bytes("forward/all_to_all_v routing", chunk.send_words_per_rank, 4);
+  chunk.tokens_in_flight = comm::all_to_all_v(
+      comm_, {.input = chunk.send_tokens.data(), .send_counts = token_counts, .dtype = DType::fp8_e4m3,
+              .output = &chunk.recv_tokens, .recv_counts = &chunk.recv_token_counts,
+              .tag = ep_tag(config_.tag_base, c, EpOp::forward_tokens), .timeout = config_.timeout});
+  chunk.metadata_in_flight = comm::all_to_all_v(
+      comm_, {.input = chunk.send_metadata.data(), .send_counts = chunk.send_words_per_rank,
+              .dtype = DType::i32, .output = &chunk.recv_metadata,
+              .recv_counts = &chunk.recv_metadata_counts,
+              .tag = ep_tag(config_.tag_base, c, EpOp::forward_metadata), .timeout = config_.timeout});
+}
+
+ExpertRows AllToAllDispatcher::receive_rows(int c) {
+  Chunk& chunk = *chunks_[c];
+  if (!chunk.dispatch_started) start_dispatch(c);
+  chunk.tokens_in_flight.wait();
+  chunk.metadata_in_flight.wait();
+  // Prefetch: the next chunk's exchange runs while the experts compute this one.
+  if (c + 1 < config_.num_chunks && !chunks_[c + 1]->dispatch_started) start_dispatch(c + 1);
+
+  const int num_ranks = comm_.size();
+  const std::int64_t row_bytes = codec_.row_bytes();
+  const std::int64_t num_rows = static_cast<std::int64_t>(chunk.recv_tokens.size()) / row_bytes;
+  Tensor x_recv(DType::f32, {num_rows, config_.hidden});
+  codec_.decode(chunk.recv_tokens.data(), num_rows, chunk.tensor_scale, x_recv.data<float>());
+
+  // Parse the routing words: per row [n, (local expert, weight bits) x n].
+  RowEntries entries;
+  const auto* words = reinterpret_cast<const std::int32_t*>(chunk.recv_metadata.data());
+  chunk.recv_rows_per_rank.assign(num_ranks, 0);
+  chunk.recv_entries_per_rank.assign(num_ranks, 0);
+  std::int64_t word = 0, row = 0;
+  for (int s = 0; s < num_ranks; ++s) {
+    const std::int64_t end_word = word + chunk.recv_metadata_counts[s];
+    while (word < end_word) {
+      const std::int32_t n = words[word++];
+      EPMOE_CHECK(n >= 1 && word + 2 * n <= end_word);
+      for (std::int32_t i = 0; i < n; ++i) {
+        const std::int32_t expert = words[word++];
+        EPMOE_CHECK(expert >= 0 && expert < num_local_experts_);
+        float weight;
+        std::memcpy(&weight, &words[word++], sizeof weight);
+        entries.add(expert, weight, row, row);
+      }
+      chunk.recv_entries_per_rank[s] += n;
+      chunk.recv_rows_per_rank[s] += 1;
+      ++row;
+    }
+    EPMOE_CHECK_EQ(chunk.recv_rows_per_rank[s] * row_bytes, chunk.recv_token_counts[s]);
+  }
+  EPMOE_CHECK_EQ(row, num_rows);
+  ExpertRows rows = build_expert_rows(x_recv.data<float>(), config_.hidden, entries, num_local_experts_,
+                                      num_rows, &chunk.entry_of_row, ledger_);
+  for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+  chunk.recv_tokens = {};
+  chunk.recv_metadata = {};
+  return rows;
+}
+
+void AllToAllDispatcher::send_outputs(int c, Tensor slot_outputs) {
+  Chunk& chunk = *chunks_[c];
+  const std::int64_t hidden = config_.hidden;
+  std::vector<std::int64_t> counts(chunk.recv_rows_per_rank.size());
+  std::int64_t total = 0;
+  for (std::size_t s = 0; s < counts.size(); ++s) {
+    counts[s] = chunk.recv_rows_per_rank[s] * hidden;
+    total += counts[s];
+  }
+  EPMOE_CHECK_EQ(slot_outputs.numel(), total);
+  chunk.slot_outputs = std::move(slot_outputs);
+  count_bytes("forward/all_to_all_v combine", counts, 4);
+  chunk.combine_in_flight = comm::all_to_all_v(
+      comm_, {.input = chunk.slot_outputs.raw(), .send_counts = counts, .dtype = DType::f32,
+              .output = &chunk.combined, .recv_counts = &chunk.combined_counts,
+              .tag = ep_tag(config_.tag_base, c, EpOp::forward_combine), .timeout = config_.timeout});
+}
+
+namespace {
+
+// dst[token[i]] += rows[i] for i in order: the home side of a combine.
+void add_rows_to_tokens(const float* rows, const std::vector<std::int64_t>& token, std::int64_t hidden,
+                        float* dst) {
+  for (std::size_t i = 0; i < token.size(); ++i) {
+    const float* src = rows + static_cast<std::int64_t>(i) * hidden;
+    float* out = dst + token[i] * hidden;
+    for (std::int64_t j = 0; j < hidden; ++j) out[j] += src[j];
+  }
+}
+
+}  // namespace
+
+Tensor AllToAllDispatcher::finish_forward() {
+  for (auto& chunk : chunks_) {
+    chunk->combine_in_flight.wait();
+    EPMOE_CHECK_EQ(chunk->combined.size(), chunk->send_row_token.size() * config_.hidden * sizeof(float));
+    add_rows_to_tokens(reinterpret_cast<const float*>(chunk->combined.data()), chunk->send_row_token,
+                       config_.hidden, y_.data<float>());
+    chunk->combined = {};
+    chunk->slot_outputs = Tensor();
+  }
+  return std::move(y_);
+}
+
+void AllToAllDispatcher::start_backward(const Tensor& dy) {
+  dy_ = &dy;
+  grads_ = {Tensor::zeros(DType::f32, {dy.dim(0), dy.dim(1)}),
+            Tensor::zeros(DType::f32, {routing_.num_tokens, routing_.top_k})};
+  start_cotangents(0);
+}
+
+void AllToAllDispatcher::start_cotangents(int c) {
+  Chunk& chunk = *chunks_[c];
+  chunk.cotangent_started = true;
+  const std::int64_t hidden = config_.hidden;
+  chunk.send_dy.resize(chunk.send_row_token.size() * hidden);
+  for (std::size_t i = 0; i < chunk.send_row_token.size(); ++i)
+    std::memcpy(&chunk.send_dy[i * hidden], dy_->data<float>() + chunk.send_row_token[i] * hidden,
+                hidden * sizeof(float));
+  std::vector<std::int64_t> counts(chunk.send_rows_per_rank.size());
+  for (std::size_t d = 0; d < counts.size(); ++d) counts[d] = chunk.send_rows_per_rank[d] * hidden;
+  count_bytes("backward/all_to_all_v cotangent", counts, 4);
+  chunk.cotangent_in_flight = comm::all_to_all_v(
+      comm_, {.input = chunk.send_dy.data(), .send_counts = counts, .dtype = DType::f32,
+              .output = &chunk.recv_dy, .recv_counts = &chunk.recv_dy_counts,
+              .tag = ep_tag(config_.tag_base, c, EpOp::backward_cotangent), .timeout = config_.timeout});
+}
+
+Tensor AllToAllDispatcher::receive_cotangents(int c) {
+  Chunk& chunk = *chunks_[c];
+  if (!chunk.cotangent_started) start_cotangents(c);
+  chunk.cotangent_in_flight.wait();
+  if (c + 1 < config_.num_chunks && !chunks_[c + 1]->cotangent_started) start_cotangents(c + 1);
+  const std::int64_t num_rows = static_cast<std::int64_t>(chunk.recv_dy.size() / (config_.hidden * sizeof(float)));
+  Tensor slots(DType::f32, {num_rows, config_.hidden});
+  if (slots.size_bytes() > 0) std::memcpy(slots.raw(), chunk.recv_dy.data(), chunk.recv_dy.size());
+  chunk.recv_dy = {};
+  chunk.send_dy = {};
+  return slots;
+}
+
+void AllToAllDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float> row_dweights) {
+  Chunk& chunk = *chunks_[c];
+  const std::int64_t hidden = config_.hidden;
+  EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size());
+  chunk.entry_dweights.assign(row_dweights.size(), 0.0f);
+  for (std::size_t r = 0; r < row_dweights.size(); ++r) chunk.entry_dweights[chunk.entry_of_row[r]] = row_dweights[r];
+  std::vector<std::int64_t> row_counts(chunk.recv_rows_per_rank.size());
+  for (std::size_t s = 0; s < row_counts.size(); ++s) row_counts[s] = chunk.recv_rows_per_rank[s] * hidden;
+  chunk.slot_dx = std::move(slot_dx);
+  count_bytes("backward/all_to_all_v dx", row_counts, 4);
+  count_bytes("backward/all_to_all_v dweights", chunk.recv_entries_per_rank, 4);
+  chunk.dx_in_flight = comm::all_to_all_v(
+      comm_, {.input = chunk.slot_dx.raw(), .send_counts = row_counts, .dtype = DType::f32,
+              .output = &chunk.dx_back, .recv_counts = &chunk.dx_back_counts,
+              .tag = ep_tag(config_.tag_base, c, EpOp::backward_dx), .timeout = config_.timeout});
+  chunk.dweights_in_flight = comm::all_to_all_v(
+      comm_, {.input = chunk.entry_dweights.data(), .send_counts = chunk.recv_entries_per_rank,
+              .dtype = DType::f32, .output = &chunk.dweights_back, .recv_counts = &chunk.dweights_back_counts,
+              .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights), .timeout = config_.timeout});
+}
+
+DispatchGradients AllToAllDispatcher::finish_backward() {
+  for (auto& chunk : chunks_) {
+    chunk->dx_in_flight.wait();
+    chunk->dweights_in_flight.wait();
+    add_rows_to_tokens(reinterpret_cast<const float*>(chunk->dx_back.data()), chunk->send_row_token,
+                       config_.hidden, grads_.dx.data<float>());
+    const auto* dweights = reinterpret_cast<const float*>(chunk->dweights_back.data());
+    EPMOE_CHECK_EQ(chunk->dweights_back.size(), chunk->send_entry_pair.size() * sizeof(float));
+    for (std::size_t j = 0; j < chunk->send_entry_pair.size(); ++j)
+      grads_.d_topk_weights.data<float>()[chunk->send_entry_pair[j]] = dweights[j];
+  }
+  chunks_.clear();
+  return std::move(grads_);
+}
+
+}  // namespace epmoe::ep

@@ -1,0 +1,77 @@
+// AllToAllDispatcher (DESIGN.md §4.5): ragged all-to-all of token rows.
+//
+// Forward, per chunk: every (token, k) pair goes to the rank homing its
+// expert. Counts travel first (inside comm::all_to_all_v), so buffers are
+// sized exactly and no pair is ever dropped, unless capacity_factor > 0
+// caps each expert at ceil(capacity_factor * chunk_tokens * K / E) pairs per
+// source rank: pairs beyond it (later tokens first) are counted in
+// stats().dropped_pairs, contribute exactly zero to y and get a zero
+// weight gradient. With dedup, a token travels once to each rank that homes
+// any of its experts, with its (local expert, weight) list; the receiver
+// expands it to one row per expert and returns one row per (token, rank):
+// the weighted sum of its local experts' outputs.
+//
+// Wire format of one destination's message: token rows (TokenCodec), and
+// routing metadata as 32-bit words: per row [n, (local expert, weight
+// bits) x n]. The combine returns one f32 row per received row; the backward
+// sends dy rows the forward way and returns dx rows and one f32 weight
+// gradient per entry the reverse way. Gradients always travel in f32.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/collective_handle.h"
+#include "ep/dispatcher.h"
+#include "ep/ep_config.h"
+#include "ep/token_codec.h"
+#include "transport/communicator.h"
+
+namespace epmoe {
+class MemoryLedger;
+}
+
+namespace epmoe::ep {
+
+class AllToAllDispatcher final : public Dispatcher {
+ public:
+  AllToAllDispatcher(transport::Communicator& comm, EpConfig config, MemoryLedger* ledger = nullptr);
+  ~AllToAllDispatcher() override;
+
+  int num_chunks() const override { return config_.num_chunks; }
+  int num_local_experts() const override { return num_local_experts_; }
+  int first_local_expert() const override { return comm_.rank() * num_local_experts_; }
+
+  void start_forward(const Tensor& x, const RoutingView& routing) override;
+  ExpertRows receive_rows(int chunk) override;
+  void send_outputs(int chunk, Tensor slot_outputs) override;
+  Tensor finish_forward() override;
+
+  void start_backward(const Tensor& dy) override;
+  Tensor receive_cotangents(int chunk) override;
+  void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
+  DispatchGradients finish_backward() override;
+
+  const DispatchStats& stats() const override { return stats_; }
+
+ private:
+  struct Chunk;
+  void start_dispatch(int chunk);
+  void start_cotangents(int chunk);
+  void count_bytes(const char* name, const std::vector<std::int64_t>& counts, std::int64_t element_bytes);
+
+  transport::Communicator& comm_;  // not owned
+  EpConfig config_;
+  MemoryLedger* ledger_;           // not owned
+  int num_local_experts_;
+  TokenCodec codec_;
+  const Tensor* x_ = nullptr;
+  const Tensor* dy_ = nullptr;
+  RoutingView routing_;
+  Tensor y_;
+  DispatchGradients grads_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  DispatchStats stats_;
+};
+
+}  // namespace epmoe::ep

@@ -1,0 +1,71 @@
+#include "ep/ep_config.h"
+
+#include "core/error.h"
+#include "ep/alltoall_dispatcher.h"
+#include "ep/ring_dispatcher.h"
+#include "transport/communicator.h"
+
+namespace epmoe::ep {
+namespace {
+
+[[noreturn]] void bad_choice(std::string_view key, std::string_view value, const char* choices) {
+  throw ConfigError(std::string(key) + "=" + std::string(value) + ": must be one of " + choices);
+}
+
+}  // namespace
+
+DispatchKind parse_dispatch_kind(std::string_view key, std::string_view value) {
+  if (value == "alltoall") return DispatchKind::alltoall;
+  if (value == "ring") return DispatchKind::ring;
+  bad_choice(key, value, "alltoall, ring");
+}
+
+TokenFormat parse_token_format(std::string_view key, std::string_view value) {
+  if (value == "off" || value == "f32") return TokenFormat::f32;
+  if (value == "tensor") return TokenFormat::fp8_tensor;
+  if (value == "token") return TokenFormat::fp8_token;
+  bad_choice(key, value, "off, tensor, token");
+}
+
+CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_view value) {
+  if (value == "ring") return CotangentAllGather::ring;
+  if (value == "plain") return CotangentAllGather::plain;
+  bad_choice(key, value, "ring, plain");
+}
+
+std::string to_string(DispatchKind kind) { return kind == DispatchKind::ring ? "ring" : "alltoall"; }
+
+std::string to_string(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::f32: return "off";
+    case TokenFormat::fp8_tensor: return "tensor";
+    case TokenFormat::fp8_token: return "token";
+  }
+  return "?";
+}
+
+void EpConfig::validate(int num_ranks) const {
+  if (num_ranks < 1) throw ConfigError("ranks=" + std::to_string(num_ranks) + ": must be at least 1");
+  if (num_experts < 1 || num_experts % num_ranks != 0)
+    throw ConfigError("ranks=" + std::to_string(num_ranks) + ": must divide num_experts=" +
+                      std::to_string(num_experts) + " (every rank homes E / ranks experts)");
+  if (top_k < 1 || top_k > num_experts)
+    throw ConfigError("top_k=" + std::to_string(top_k) + ": must be in [1, num_experts=" +
+                      std::to_string(num_experts) + "]");
+  if (hidden < 1) throw ConfigError("hidden=" + std::to_string(hidden) + ": must be at least 1");
+  if (num_chunks < 1 || num_chunks > 64)
+    throw ConfigError("token_chunks=" + std::to_string(num_chunks) + ": must be in [1, 64]");
+  if (capacity_factor < 0)
+    throw ConfigError("capacity_factor=" + std::to_string(capacity_factor) +
+                      ": must be >= 0 (0 = exact buffers, no token dropped)");
+  if (tag_base % 1024 != 0) throw ConfigError("tag_base must be a multiple of 1024");
+}
+
+std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm,
+                                            const EpConfig& config, MemoryLedger* ledger) {
+  config.validate(comm.size());
+  if (kind == DispatchKind::ring) return std::make_unique<RingDispatcher>(comm, config, ledger);
+  return std::make_unique<AllToAllDispatcher>(comm, config, ledger);
+}
+
+}  // namespace epmoe::ep

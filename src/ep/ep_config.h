@@ -1,0 +1,56 @@
+// Configuration shared by the expert-parallel dispatchers: a validated value
+// type (STYLE.md) whose errors name the key and the rule.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ep/dispatcher.h"
+
+namespace epmoe {
+class MemoryLedger;
+namespace transport {
+class Communicator;
+}
+}  // namespace epmoe
+
+namespace epmoe::ep {
+
+enum class DispatchKind { alltoall, ring };
+// How tokens travel: f32, or fp8 e4m3 with one scale per tensor (from the
+// global absmax) or per token. Gradients always travel in f32.
+enum class TokenFormat { f32, fp8_tensor, fp8_token };
+// Ring of experts, backward: the output cotangent's all-gather is started
+// ahead and overlapped with compute (ring), or issued blocking where it is
+// needed (plain). Same bits either way.
+enum class CotangentAllGather { ring, plain };
+
+DispatchKind parse_dispatch_kind(std::string_view key, std::string_view value);
+TokenFormat parse_token_format(std::string_view key, std::string_view value);
+CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_view value);
+std::string to_string(DispatchKind kind);
+std::string to_string(TokenFormat format);
+
+struct EpConfig {
+  int num_experts = 0;
+  int top_k = 0;
+  std::int64_t hidden = 0;
+  int num_chunks = 1;                  // key token_chunks
+  bool dedup = false;                  // alltoall: one row per (token, destination rank)
+  double capacity_factor = 0.0;        // alltoall: 0 = exact buffers, never drop
+  TokenFormat token_format = TokenFormat::f32;
+  CotangentAllGather cotangent_all_gather = CotangentAllGather::ring;
+  std::uint32_t tag_base = 0;          // separates layers' collectives; a multiple of 1024
+  std::chrono::milliseconds timeout{60'000};
+
+  // Throws ConfigError: num_experts divisible by ranks, chunks >= 1, ...
+  void validate(int num_ranks) const;
+};
+
+std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm,
+                                            const EpConfig& config, MemoryLedger* ledger = nullptr);
+
+}  // namespace epmoe::ep

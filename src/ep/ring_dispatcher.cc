@@ -1,0 +1,230 @@
+#include "ep/ring_dispatcher.h"
+
+#include <cstring>
+
+#include "comm/all_gather.h"
+#include "comm/reduce_scatter.h"
+#include "core/error.h"
+#include "ep/collective_tags.h"
+
+namespace epmoe::ep {
+
+struct RingDispatcher::Chunk {
+  ChunkRange range;
+  float tensor_scale = 1.0f;
+  std::vector<std::byte> local_tokens, gathered_tokens;
+  std::vector<std::int32_t> local_routing, gathered_routing;  // per token: K ids, K weight bits
+  comm::CollectiveHandle tokens_in_flight, routing_in_flight;
+  bool gather_started = false;
+  std::vector<std::int64_t> entry_of_row;
+  std::vector<std::int64_t> entry_slot_k;  // per entry: slot * K + k
+  Tensor slot_outputs, y_chunk;
+  comm::CollectiveHandle combine_in_flight;
+  Tensor gathered_dy;
+  comm::CollectiveHandle cotangent_in_flight;
+  bool cotangent_started = false;
+  Tensor slot_dx, dx_chunk, slot_dweights, dweights_chunk;
+  comm::CollectiveHandle dx_in_flight, dweights_in_flight;
+};
+
+RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config, MemoryLedger* ledger)
+    : comm_(comm),
+      config_(std::move(config)),
+      ledger_(ledger),
+      num_local_experts_((config_.validate(comm.size()), config_.num_experts / comm.size())),
+      codec_(config_.token_format, config_.hidden) {
+  EPMOE_CHECK(config_.capacity_factor == 0.0);  // the ring moves every token; nothing to cap
+  stats_.reset(num_local_experts_);
+}
+
+RingDispatcher::~RingDispatcher() = default;
+
+void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) {
+  EPMOE_CHECK_EQ(routing.top_k, config_.top_k);
+  EPMOE_CHECK_EQ(x.dim(1), config_.hidden);
+  x_ = &x;
+  routing_ = routing;
+  stats_.reset(num_local_experts_);
+  chunks_.clear();
+  for (int c = 0; c < config_.num_chunks; ++c) {
+    chunks_.push_back(std::make_unique<Chunk>());
+    chunks_.back()->range = chunk_range(routing.num_tokens, config_.num_chunks, c);
+  }
+  start_gather(0);
+}
+
+void RingDispatcher::start_gather(int c) {
+  Chunk& chunk = *chunks_[c];
+  chunk.gather_started = true;
+  const int num_ranks = comm_.size(), top_k = config_.top_k;
+  const std::int64_t hidden = config_.hidden, n = chunk.range.size();
+  if (config_.token_format == TokenFormat::fp8_tensor) {
+    float local_max = absmax(x_->data<float>() + chunk.range.begin * hidden, n * hidden);
+    std::vector<float> all_max(static_cast<std::size_t>(num_ranks));
+    comm::ring_all_gather(comm_, {.input = &local_max, .output = all_max.data(), .num_elements_per_rank = 1,
+                                  .tag = ep_tag(config_.tag_base, c, EpOp::forward_scale),
+                                  .timeout = config_.timeout})
+        .wait();
+    float global_max = 0;
+    for (float m : all_max) global_max = std::max(global_max, m);
+    chunk.tensor_scale = fp8_scale_for(global_max);
+  }
+  const std::int64_t row_bytes = codec_.row_bytes();
+  chunk.local_tokens.resize(static_cast<std::size_t>(n * row_bytes));
+  codec_.encode(x_->data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
+                chunk.local_tokens.data());
+  chunk.gathered_tokens.resize(static_cast<std::size_t>(num_ranks * n * row_bytes));
+  chunk.local_routing.resize(static_cast<std::size_t>(n * 2 * top_k));
+  for (std::int64_t t = 0; t < n; ++t)
+    for (int k = 0; k < top_k; ++k) {
+      const std::int64_t pair = (chunk.range.begin + t) * top_k + k;
+      chunk.local_routing[(t * 2) * top_k + k] = routing_.topk_ids[pair];
+      std::memcpy(&chunk.local_routing[(t * 2 + 1) * top_k + k], &routing_.topk_weights[pair], 4);
+    }
+  chunk.gathered_routing.resize(static_cast<std::size_t>(num_ranks * n * 2 * top_k));
+  // A ring all-gather sends R-1 blocks of this size from every rank.
+  stats_.bytes_sent["forward/ring_all_gather tokens"] += (num_ranks - 1) * n * row_bytes;
+  stats_.bytes_sent["forward/ring_all_gather routing"] += (num_ranks - 1) * n * 2 * top_k * 4;
+  chunk.tokens_in_flight = comm::ring_all_gather(
+      comm_, {.input = chunk.local_tokens.data(), .output = chunk.gathered_tokens.data(),
+              .num_elements_per_rank = n * row_bytes, .dtype = DType::fp8_e4m3,
+              .tag = ep_tag(config_.tag_base, c, EpOp::forward_tokens), .timeout = config_.timeout});
+  chunk.routing_in_flight = comm::ring_all_gather(
+      comm_, {.input = chunk.local_routing.data(), .output = chunk.gathered_routing.data(),
+              .num_elements_per_rank = n * 2 * top_k, .dtype = DType::i32,
+              .tag = ep_tag(config_.tag_base, c, EpOp::forward_metadata), .timeout = config_.timeout});
+}
+
+ExpertRows RingDispatcher::receive_rows(int c) {
+  Chunk& chunk = *chunks_[c];
+  if (!chunk.gather_started) start_gather(c);
+  chunk.tokens_in_flight.wait();
+  chunk.routing_in_flight.wait();
+  if (c + 1 < config_.num_chunks && !chunks_[c + 1]->gather_started) start_gather(c + 1);
+
+  const int top_k = config_.top_k;
+  const std::int64_t num_slots = comm_.size() * chunk.range.size();
+  Tensor x_all(DType::f32, {num_slots, config_.hidden});
+  codec_.decode(chunk.gathered_tokens.data(), num_slots, chunk.tensor_scale, x_all.data<float>());
+  chunk.gathered_tokens = {};
+  chunk.local_tokens = {};
+
+  RowEntries entries;
+  chunk.entry_slot_k.clear();
+  const int first = first_local_expert();
+  for (std::int64_t g = 0; g < num_slots; ++g)
+    for (int k = 0; k < top_k; ++k) {
+      const std::int32_t expert = chunk.gathered_routing[(g * 2) * top_k + k];
+      const int local = expert - first;
+      if (local < 0 || local >= num_local_experts_) continue;
+      float weight;
+      std::memcpy(&weight, &chunk.gathered_routing[(g * 2 + 1) * top_k + k], sizeof weight);
+      entries.add(local, weight, g, g);
+      chunk.entry_slot_k.push_back(g * top_k + k);
+    }
+  ExpertRows rows = build_expert_rows(x_all.data<float>(), config_.hidden, entries, num_local_experts_,
+                                      num_slots, &chunk.entry_of_row, ledger_);
+  for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+  return rows;
+}
+
+void RingDispatcher::send_outputs(int c, Tensor slot_outputs) {
+  Chunk& chunk = *chunks_[c];
+  const std::int64_t n = chunk.range.size(), hidden = config_.hidden;
+  EPMOE_CHECK_EQ(slot_outputs.numel(), comm_.size() * n * hidden);
+  chunk.slot_outputs = std::move(slot_outputs);
+  chunk.y_chunk = Tensor(DType::f32, {n, hidden});
+  stats_.bytes_sent["forward/reduce_scatter combine"] += (comm_.size() - 1) * n * hidden * 4;
+  chunk.combine_in_flight = comm::reduce_scatter(
+      comm_, {.input = chunk.slot_outputs.raw(), .output = chunk.y_chunk.raw(),
+              .num_elements_per_rank = std::vector<std::int64_t>(comm_.size(), n * hidden),
+              .tag = ep_tag(config_.tag_base, c, EpOp::forward_combine), .timeout = config_.timeout});
+}
+
+Tensor RingDispatcher::finish_forward() {
+  const std::int64_t hidden = config_.hidden;
+  Tensor y(DType::f32, {routing_.num_tokens, hidden});
+  for (auto& chunk : chunks_) {
+    chunk->combine_in_flight.wait();
+    if (chunk->y_chunk.size_bytes() > 0)
+      std::memcpy(y.data<float>() + chunk->range.begin * hidden, chunk->y_chunk.raw(),
+                  static_cast<std::size_t>(chunk->y_chunk.size_bytes()));
+    chunk->slot_outputs = Tensor();
+    chunk->y_chunk = Tensor();
+  }
+  return y;
+}
+
+void RingDispatcher::start_backward(const Tensor& dy) {
+  dy_ = &dy;
+  if (config_.cotangent_all_gather == CotangentAllGather::ring) start_cotangent_gather(0);
+}
+
+void RingDispatcher::start_cotangent_gather(int c) {
+  Chunk& chunk = *chunks_[c];
+  chunk.cotangent_started = true;
+  const std::int64_t n = chunk.range.size(), hidden = config_.hidden;
+  chunk.gathered_dy = Tensor(DType::f32, {comm_.size() * n, hidden});
+  stats_.bytes_sent["backward/ring_all_gather cotangent"] += (comm_.size() - 1) * n * hidden * 4;
+  chunk.cotangent_in_flight = comm::ring_all_gather(
+      comm_, {.input = dy_->data<float>() + chunk.range.begin * hidden, .output = chunk.gathered_dy.raw(),
+              .num_elements_per_rank = n * hidden, .dtype = DType::f32,
+              .tag = ep_tag(config_.tag_base, c, EpOp::backward_cotangent), .timeout = config_.timeout});
+}
+
+Tensor RingDispatcher::receive_cotangents(int c) {
+  Chunk& chunk = *chunks_[c];
+  if (!chunk.cotangent_started) start_cotangent_gather(c);
+  chunk.cotangent_in_flight.wait();
+  // Overlap: the next chunk's cotangent travels while this one's backward runs.
+  if (config_.cotangent_all_gather == CotangentAllGather::ring && c + 1 < config_.num_chunks &&
+      !chunks_[c + 1]->cotangent_started)
+    start_cotangent_gather(c + 1);
+  return std::move(chunk.gathered_dy);
+}
+
+void RingDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float> row_dweights) {
+  Chunk& chunk = *chunks_[c];
+  const int num_ranks = comm_.size(), top_k = config_.top_k;
+  const std::int64_t n = chunk.range.size(), hidden = config_.hidden;
+  EPMOE_CHECK_EQ(slot_dx.numel(), num_ranks * n * hidden);
+  EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size());
+  chunk.slot_dx = std::move(slot_dx);
+  chunk.dx_chunk = Tensor(DType::f32, {n, hidden});
+  chunk.slot_dweights = Tensor::zeros(DType::f32, {num_ranks * n, top_k});
+  for (std::size_t r = 0; r < row_dweights.size(); ++r)
+    chunk.slot_dweights.data<float>()[chunk.entry_slot_k[chunk.entry_of_row[r]]] = row_dweights[r];
+  chunk.dweights_chunk = Tensor(DType::f32, {n, top_k});
+  stats_.bytes_sent["backward/reduce_scatter dx"] += (num_ranks - 1) * n * hidden * 4;
+  stats_.bytes_sent["backward/reduce_scatter dweights"] += (num_ranks - 1) * n * top_k * 4;
+  chunk.dx_in_flight = comm::reduce_scatter(
+      comm_, {.input = chunk.slot_dx.raw(), .output = chunk.dx_chunk.raw(),
+              .num_elements_per_rank = std::vector<std::int64_t>(num_ranks, n * hidden),
+              .tag = ep_tag(config_.tag_base, c, EpOp::backward_dx), .timeout = config_.timeout});
+  chunk.dweights_in_flight = comm::reduce_scatter(
+      comm_, {.input = chunk.slot_dweights.raw(), .output = chunk.dweights_chunk.raw(),
+              .num_elements_per_rank = std::vector<std::int64_t>(num_ranks, n * top_k),
+              .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights), .timeout = config_.timeout});
+}
+
+DispatchGradients RingDispatcher::finish_backward() {
+  const std::int64_t hidden = config_.hidden;
+  const int top_k = config_.top_k;
+  DispatchGradients grads{Tensor(DType::f32, {routing_.num_tokens, hidden}),
+                          Tensor(DType::f32, {routing_.num_tokens, top_k})};
+  for (auto& chunk : chunks_) {
+    chunk->dx_in_flight.wait();
+    chunk->dweights_in_flight.wait();
+    const std::int64_t begin = chunk->range.begin;
+    if (chunk->dx_chunk.size_bytes() > 0) {
+      std::memcpy(grads.dx.data<float>() + begin * hidden, chunk->dx_chunk.raw(),
+                  static_cast<std::size_t>(chunk->dx_chunk.size_bytes()));
+      std::memcpy(grads.d_topk_weights.data<float>() + begin * top_k, chunk->dweights_chunk.raw(),
+                  static_cast<std::size_t>(chunk->dweights_chunk.size_bytes()));
+    }
+  }
+  chunks_.clear();
+  return grads;
+}
+
+}  // namespace epmoe::ep

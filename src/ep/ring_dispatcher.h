@@ -1,0 +1,71 @@
+// RingDispatcher: ring of experts (DESIGN.md §4.6). Per chunk, every rank
+// all-gathers the chunk's tokens and their routing (ids + weights) over the
+// EP group with the bidirectional ring, computes the rows routed to its own
+// experts, and reduce-scatters the weighted partial outputs back to the
+// tokens' owners: a chunk's slots are the R * chunk_tokens gathered tokens.
+//
+// Backward: the output cotangent dy is all-gathered (started a chunk ahead
+// and overlapped with the experts' backward, or with
+// cotangent_all_gather=plain issued blocking where it is needed — the same
+// bits), and dx and the routing-weight gradients are reduce-scattered home.
+// Each (token, k) weight gradient is computed on exactly one rank and is zero
+// on the others, so its reduce-scatter sum is exact.
+//
+// Per rank and chunk of n tokens it receives ·n·row_bytes of tokens,
+// against ≈ K·n·row_bytes·(R-1)/R for the all-to-all: the ring wins when R < K.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/collective_handle.h"
+#include "ep/dispatcher.h"
+#include "ep/ep_config.h"
+#include "ep/token_codec.h"
+#include "transport/communicator.h"
+
+namespace epmoe {
+class MemoryLedger;
+}
+
+namespace epmoe::ep {
+
+class RingDispatcher final : public Dispatcher {
+ public:
+  RingDispatcher(transport::Communicator& comm, EpConfig config, MemoryLedger* ledger = nullptr);
+  ~RingDispatcher() override;
+
+  int num_chunks() const override { return config_.num_chunks; }
+  int num_local_experts() const override { return num_local_experts_; }
+  int first_local_expert() const override { return comm_.rank() * num_local_experts_; }
+
+  void start_forward(const Tensor& x, const RoutingView& routing) override;
+  ExpertRows receive_rows(int chunk) override;
+  void send_outputs(int chunk, Tensor slot_outputs) override;
+  Tensor finish_forward() override;
+
+  void start_backward(const Tensor& dy) override;
+  Tensor receive_cotangents(int chunk) override;
+  void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
+  DispatchGradients finish_backward() override;
+
+  const DispatchStats& stats() const override { return stats_; }
+
+ private:
+  struct Chunk;
+  void start_gather(int chunk);
+  void start_cotangent_gather(int chunk);
+
+  transport::Communicator& comm_;  // not owned
+  EpConfig config_;
+  MemoryLedger* ledger_;           // not owned
+  int num_local_experts_;
+  TokenCodec codec_;
+  const Tensor* x_ = nullptr;
+  const Tensor* dy_ = nullptr;
+  RoutingView routing_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  DispatchStats stats_;
+};
+
+}  // namespace epmoe::ep

@@ -1,0 +1,68 @@
+#include "ep/token_codec.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/threading.h"
+#include "kernels/convert.h"
+
+namespace epmoe::ep {
+
+TokenCodec::TokenCodec(TokenFormat format, std::int64_t hidden) : format_(format), hidden_(hidden) {}
+
+std::int64_t TokenCodec::row_bytes() const {
+  switch (format_) {
+    case TokenFormat::f32: return hidden_ * 4;
+    case TokenFormat::fp8_tensor: return hidden_;
+    case TokenFormat::fp8_token: return hidden_ + 4;
+  }
+  return 0;
+}
+
+float absmax(const float* values, std::int64_t n) {
+  float m = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(values[i]));
+  return m;
+}
+
+float fp8_scale_for(float max_magnitude) { return max_magnitude > 0 ? max_magnitude / kFp8E4m3Max : 1.0f; }
+
+void TokenCodec::encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows,
+                        float tensor_scale, std::byte* out) const {
+  const std::int64_t row_size = row_bytes(), hidden = hidden_;
+  parallel_for(num_rows, 64, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float* src = rows + (row_index ? row_index[i] : i) * hidden;
+      std::byte* dst = out + i * row_size;
+      if (format_ == TokenFormat::f32) {
+        std::memcpy(dst, src, static_cast<std::size_t>(row_size));
+        continue;
+      }
+      const float scale = format_ == TokenFormat::fp8_token ? fp8_scale_for(absmax(src, hidden)) : tensor_scale;
+      const float inverse = 1.0f / scale;
+      auto* bytes = reinterpret_cast<fp8_e4m3_t*>(dst);
+      for (std::int64_t j = 0; j < hidden; ++j) bytes[j] = float_to_fp8_e4m3(src[j] * inverse);
+      if (format_ == TokenFormat::fp8_token) std::memcpy(dst + hidden, &scale, sizeof scale);
+    }
+  });
+}
+
+void TokenCodec::decode(const std::byte* in, std::int64_t num_rows, float tensor_scale, float* out) const {
+  const std::int64_t row_size = row_bytes(), hidden = hidden_;
+  parallel_for(num_rows, 64, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      const std::byte* src = in + i * row_size;
+      float* dst = out + i * hidden;
+      if (format_ == TokenFormat::f32) {
+        std::memcpy(dst, src, static_cast<std::size_t>(row_size));
+        continue;
+      }
+      float scale = tensor_scale;
+      if (format_ == TokenFormat::fp8_token) std::memcpy(&scale, src + hidden, sizeof scale);
+      const auto* bytes = reinterpret_cast<const fp8_e4m3_t*>(src);
+      for (std::int64_t j = 0; j < hidden; ++j) dst[j] = fp8_e4m3_to_float(bytes[j]) * scale;
+    }
+  });
+}
+
+}  // namespace epmoe::ep

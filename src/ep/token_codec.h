@@ -1,0 +1,43 @@
+// TokenCodec: how token rows travel (key fp8_tokens). f32 rows go as they
+// are; fp8 rows are e4m3 bytes with a scale, so that the largest magnitude
+// maps to 448 (e4m3's max): one scale per tensor (the global absmax, which
+// the dispatcher agrees on with its peers) or one per token (stored as 4
+// bytes after the row's H bytes). A row of all zeros gets scale 1.
+//
+// Error of an fp8 round trip (derived in docs/NUMERICS.md): with scale
+// s = absmax / 448, |decode(encode(v)) - v| <= 2^-4 |v| + 2^-10 s
+// (relative rounding of a normal e4m3 value, plus half the subnormal step
+// 2^-9 s for values below 2^-6 s).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ep/ep_config.h"
+
+namespace epmoe::ep {
+
+class TokenCodec {
+ public:
+  TokenCodec(TokenFormat format, std::int64_t hidden);
+
+  TokenFormat format() const { return format_; }
+  bool is_fp8() const { return format_ != TokenFormat::f32; }
+  std::int64_t row_bytes() const;
+
+  // Encodes rows[row_index[i]] (or rows[i] when row_index is null) into
+  // out[i * row_bytes()]. tensor_scale is used by fp8_tensor only.
+  void encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows,
+              float tensor_scale, std::byte* out) const;
+  void decode(const std::byte* in, std::int64_t num_rows, float tensor_scale, float* out) const;
+
+ private:
+  TokenFormat format_;
+  std::int64_t hidden_;
+};
+
+float absmax(const float* values, std::int64_t n);
+// The scale that maps `max_magnitude` to e4m3's largest value (1 for zero).
+float fp8_scale_for(float max_magnitude);
+
+}  // namespace epmoe::ep

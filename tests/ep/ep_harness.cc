@@ -1,0 +1,76 @@
+#include "ep_harness.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "transport/threads/launcher.h"
+
+namespace epmoe::testing {
+
+Tensor slice_rows(const Tensor& t, std::int64_t begin, std::int64_t end) {
+  Shape shape = t.shape();
+  const std::int64_t row_elements = t.numel() / std::max<std::int64_t>(1, shape[0]);
+  shape[0] = end - begin;
+  Tensor out(t.dtype(), shape);
+  const std::size_t row_bytes = static_cast<std::size_t>(row_elements) * dtype_size_bytes(t.dtype());
+  if (out.size_bytes() > 0)
+    std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + begin * row_bytes, (end - begin) * row_bytes);
+  return out;
+}
+
+namespace {
+
+void copy_rows_into(Tensor& dst, std::int64_t begin, const Tensor& src) {
+  const std::size_t row_bytes =
+      static_cast<std::size_t>(dst.numel() / std::max<std::int64_t>(1, dst.dim(0))) * dtype_size_bytes(dst.dtype());
+  if (src.size_bytes() > 0)
+    std::memcpy(static_cast<char*>(dst.raw()) + begin * row_bytes, src.raw(), static_cast<std::size_t>(src.size_bytes()));
+}
+
+}  // namespace
+
+EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
+  const int num_ranks = options.num_ranks;
+  const std::int64_t n = p.num_tokens, h = p.hidden, f = p.ffn;
+  const int e = p.router.num_experts, k = p.router.top_k;
+  EpRunResult result{Tensor(DType::f32, {n, h}), Tensor(DType::i32, {n, k}), Tensor(DType::f32, {n, k}),
+                     {Tensor(DType::f32, {n, h}), Tensor::zeros(DType::f32, {h, e}),
+                      Tensor(DType::f32, {e, h, f}), Tensor(DType::f32, {e, h, f}),
+                      Tensor(DType::f32, {e, f, h})},
+                     std::vector<ep::DispatchStats>(static_cast<std::size_t>(num_ranks))};
+  std::vector<Tensor> dgates(static_cast<std::size_t>(num_ranks));
+  ep::EpConfig config = options.ep;
+  config.num_experts = e;
+  config.top_k = k;
+  config.hidden = h;
+
+  transport::threads::ThreadsOptions threads_options;
+  threads_options.compute_threads_per_rank = 1;
+  transport::threads::run_ranks(num_ranks, threads_options, [&](transport::Communicator& comm) {
+    const int r = comm.rank();
+    const std::int64_t t0 = n * r / num_ranks, t1 = n * (r + 1) / num_ranks;
+    const std::int64_t el = e / num_ranks, e0 = r * el;
+    const Tensor x = slice_rows(p.x, t0, t1), dy = slice_rows(p.dy, t0, t1);
+    const Tensor wi0 = slice_rows(p.wi0, e0, e0 + el), wi1 = slice_rows(p.wi1, e0, e0 + el),
+                 wo = slice_rows(p.wo, e0, e0 + el);
+    MoeLayer layer({.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype},
+                   ep::make_dispatcher(options.dispatch, comm, config));
+    const MoeForwardOutput out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias});
+    MoeGradients grads = layer.backward(dy);
+    copy_rows_into(result.y, t0, out.y);
+    copy_rows_into(result.topk_ids, t0, out.topk_ids);
+    copy_rows_into(result.topk_weights, t0, out.topk_weights);
+    copy_rows_into(result.grads.dx, t0, grads.dx);
+    copy_rows_into(result.grads.dwi0, e0, grads.dwi0);
+    copy_rows_into(result.grads.dwi1, e0, grads.dwi1);
+    copy_rows_into(result.grads.dwo, e0, grads.dwo);
+    dgates[r] = std::move(grads.dgate);
+    result.stats[r] = layer.dispatch_stats();
+  });
+  // The gate is replicated: its gradient is the sum of every rank's part.
+  for (const Tensor& part : dgates)
+    for (std::int64_t i = 0; i < part.numel(); ++i) result.grads.dgate.data<float>()[i] += part.data<float>()[i];
+  return result;
+}
+
+}  // namespace epmoe::testing

@@ -1,0 +1,33 @@
+// Runs one MoE layer forward + backward over R ranks as threads, each rank
+// holding tokens [r·N/R, (r+1)·N/R) and experts [r·E/R, (r+1)·E/R), and
+// gathers the results back into single-rank shapes (dgate summed over
+// ranks) so they compare directly with the double reference.
+#pragma once
+
+#include <vector>
+
+#include "ep/ep_config.h"
+#include "moe/moe_layer.h"
+#include "reference_moe.h"
+
+namespace epmoe::testing {
+
+struct EpRunOptions {
+  int num_ranks = 1;
+  ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
+  ep::EpConfig ep;  // num_experts, top_k, hidden are filled from the problem
+  ComputeDType compute_dtype = ComputeDType::f32;
+};
+
+struct EpRunResult {
+  Tensor y, topk_ids, topk_weights;
+  MoeGradients grads;                        // gathered: dx [N,H], dgate summed, dW [E,...]
+  std::vector<ep::DispatchStats> stats;      // per rank
+};
+
+EpRunResult run_ep_layer(const MoeProblem& problem, const EpRunOptions& options);
+
+// Slices rows [begin, end) of the leading dimension.
+Tensor slice_rows(const Tensor& t, std::int64_t begin, std::int64_t end);
+
+}  // namespace epmoe::testing
