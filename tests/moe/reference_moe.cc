@@ -142,7 +142,8 @@ namespace {
 template <typename T>
 BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<std::int32_t>& given_ids,
                                        const Tensor* given_logits, double u,
-                                       const std::vector<bool>& dropped = {}) {
+                                       const std::vector<bool>& dropped = {},
+                                       const std::vector<T>& expert_x = {}) {
   const std::int64_t N = p.num_tokens, H = p.hidden, F = p.ffn;
   const int E = p.router.num_experts, K = p.router.top_k;
   auto to_scalars = [](const Tensor& t) {
@@ -170,6 +171,8 @@ BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<st
   std::vector<T> h0(F), h1(F), act(F), out(H), dact(F), dh0(F), dh1(F), d_out(H);
   for (std::int64_t t = 0; t < N; ++t) {
     const T* xt = &x[t * H];
+    // What the experts see: x, or x after a lossy trip (fp8 tokens).
+    const T* xe = expert_x.empty() ? xt : &expert_x[t * H];
     for (int e = 0; e < E; ++e) {
       T l = 0;
       if (uses_gate) {
@@ -195,8 +198,8 @@ BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<st
       for (std::int64_t f = 0; f < F; ++f) {
         h0[f] = h1[f] = 0;
         for (std::int64_t j = 0; j < H; ++j) {
-          h0[f] += q(xt[j]) * q(w0[j * F + f]);
-          h1[f] += q(xt[j]) * q(w1[j * F + f]);
+          h0[f] += q(xe[j]) * q(w0[j * F + f]);
+          h1[f] += q(xe[j]) * q(w1[j * F + f]);
         }
         act[f] = h0[f] * sigmoid(h0[f]) * h1[f];
       }
@@ -222,8 +225,8 @@ BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<st
       }
       for (std::int64_t j = 0; j < H; ++j)
         for (std::int64_t f = 0; f < F; ++f) {
-          r.dwi0[e * H * F + j * F + f] += q(xt[j]) * q(dh0[f]);
-          r.dwi1[e * H * F + j * F + f] += q(xt[j]) * q(dh1[f]);
+          r.dwi0[e * H * F + j * F + f] += q(xe[j]) * q(dh0[f]);
+          r.dwi1[e * H * F + j * F + f] += q(xe[j]) * q(dh1[f]);
           r.dx[t * H + j] += q(dh0[f]) * q(w0[j * F + f]) + q(dh1[f]) * q(w1[j * F + f]);
         }
     }
@@ -261,6 +264,21 @@ ReferenceResult reference_moe(const MoeProblem& problem, const std::vector<std::
 ReferenceResult reference_moe_with_drops(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
                                          const std::vector<bool>& dropped) {
   return reference_loop<double>(problem, ids, nullptr, 0.0, dropped);
+}
+
+ReferenceResult reference_moe_with_expert_input(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
+                                               const Tensor& expert_x) {
+  const auto values = expert_x.span<float>();
+  return reference_loop<double>(problem, ids, nullptr, 0.0, {}, std::vector<double>(values.begin(), values.end()));
+}
+
+BoundedReferenceResult reference_moe_with_lossy_tokens(const MoeProblem& problem,
+                                                       const std::vector<std::int32_t>& ids,
+                                                       const std::vector<double>& token_error_bound) {
+  const auto x = problem.x.span<float>();
+  std::vector<BoundedValue> expert_x(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) expert_x[i] = BoundedValue(x[i], token_error_bound[i]);
+  return reference_loop<BoundedValue>(problem, ids, nullptr, 0.0, {}, expert_x);
 }
 
 ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem,

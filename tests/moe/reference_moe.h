@@ -55,6 +55,17 @@ BoundedReferenceResult reference_moe_bounded(const MoeProblem& problem, double o
                                              const std::vector<std::int32_t>& ids = {},
                                              const Tensor* logits = nullptr);
 
+// The experts see `expert_x` [N, H] instead of x (e.g. tokens after an fp8
+// round trip); the router still sees x, and dx flows to x unchanged (the
+// straight-through gradient of a transfer format).
+ReferenceResult reference_moe_with_expert_input(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
+                                               const Tensor& expert_x);
+// The same with bounds: the experts see x with |error| <= token_error_bound
+// per element; everything else exact (fp32 compute).
+BoundedReferenceResult reference_moe_with_lossy_tokens(const MoeProblem& problem,
+                                                       const std::vector<std::int32_t>& ids,
+                                                       const std::vector<double>& token_error_bound);
+
 // The double loop with every expert-GEMM operand rounded to bf16 as the bf16
 // path does: what that path computes, up to fp32 accumulation order.
 ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem,

@@ -1,0 +1,100 @@
+// Collectives on the mpi transport: one process per rank under
+//   mpirun --allow-run-as-root --oversubscribe --bind-to none -np R comm_mpi_test
+// (ctest runs R = 2, 3, 4). Every rank runs the same gtest cases in the same
+// order on one MpiCommunicator; each checks its own result against the naive
+// reference (collective_checks.h), for our algorithms and MPI's native ones.
+// With --inject-failure-on-rank=r, rank r throws before the first collective:
+// the job must end through MPI_Abort with "rank r failed: ..." (checked by
+// ctest's PASS_REGULAR_EXPRESSION), not hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "collective_checks.h"
+#include "comm/all_gather.h"
+#include "comm/all_reduce.h"
+#include "comm/barrier.h"
+#include "core/error.h"
+#include "transport/mpi/launcher.h"
+
+namespace epmoe::comm {
+namespace {
+
+transport::Communicator* g_comm = nullptr;
+
+TEST(CollectivesMpi, OurAlgorithmsMatchTheNaiveReference) {
+  testing::check_everything(*g_comm, Algorithm::ring);
+}
+
+TEST(CollectivesMpi, NativeAlgorithmsMatchTheNaiveReference) {
+  testing::check_everything(*g_comm, Algorithm::native);
+}
+
+TEST(CollectivesMpi, TwoCollectivesInFlightWithDifferentTags) {
+  testing::check_two_in_flight(*g_comm, 4097);
+}
+
+TEST(CollectivesMpi, TimeoutNamesPeerAndTag) {
+  transport::Communicator& comm = *g_comm;
+  // Rank 0 waits for a message rank 1 never sends.
+  if (comm.rank() == 0) {
+    int value = 0;
+    auto request = comm.irecv(1, 12345, &value, sizeof(value));
+    try {
+      request->wait(std::chrono::milliseconds(100));
+      ADD_FAILURE() << "no timeout";
+    } catch (const PeerError& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind("rank 0: timed out after ", 0), 0u) << message;
+      EXPECT_NE(message.find(" ms waiting to receive from peer 1, tag 12345"), std::string::npos) << message;
+    }
+  }
+  barrier(comm, BarrierOptions{.tag = 77}).wait();
+}
+
+}  // namespace
+}  // namespace epmoe::comm
+
+int main(int argc, char** argv) {
+  int failing_rank = -1;
+  const std::string flag = "--inject-failure-on-rank=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], flag.c_str(), flag.size()) == 0) failing_rank = std::stoi(argv[i] + flag.size());
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  int status = 0;
+  epmoe::transport::mpi::run_rank(argc, argv, [&](epmoe::transport::Communicator& comm) {
+    if (comm.rank() != 0) {  // one rank prints the gtest report
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+    }
+    if (failing_rank >= 0) {
+      if (comm.rank() == failing_rank) {
+        throw std::runtime_error("injected failure on rank " + std::to_string(failing_rank));
+      }
+      std::vector<float> input(16, 1.0f), output(16 * comm.size());
+      epmoe::comm::AllGatherOptions options;
+      options.input = input.data();
+      options.output = output.data();
+      options.num_elements_per_rank = 16;
+      epmoe::comm::ring_all_gather(comm, options).wait();  // aborted by the failing rank
+      return;
+    }
+    epmoe::comm::g_comm = &comm;
+    status = RUN_ALL_TESTS();
+    // A failure on any rank fails the job: agree on the worst status.
+    std::vector<float> failed(1, status != 0 ? 1.0f : 0.0f);
+    epmoe::comm::AllReduceOptions reduce;
+    reduce.data = failed.data();
+    reduce.num_elements = 1;
+    reduce.tag = 999;
+    epmoe::comm::all_reduce(comm, reduce).wait();
+    status = failed[0] > 0 ? 1 : 0;
+    epmoe::comm::g_comm = nullptr;
+  });
+  return status;
+}

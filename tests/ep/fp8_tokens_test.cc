@@ -1,0 +1,114 @@
+// fp8 e4m3 tokens (fp8_tokens=tensor|token), R = 1, 3 and 4 ranks as threads,
+// both dispatchers. The experts see x after an fp8 round trip; the router
+// sees x; gradients travel in fp32 and flow straight through to x.
+//  1. Exact emulation: the layer equals the double reference whose experts
+//     see decode(encode(x)) (computed with the same codec) within 1e-5.
+//  2. Derived bound: each token element's error is at most
+//     2^-4·|x| + 2^-10·s (+ float slack), s = the scale (absmax / 448 of
+//     the tensor or of the token); propagated by the BoundedValue reference
+//     to every output, |got - exact| <= bound + 1e-5·max|exact|.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ep/token_codec.h"
+#include "ep_harness.h"
+
+namespace epmoe {
+namespace {
+
+using testing::EpRunOptions;
+using testing::MoeProblem;
+
+std::vector<std::int32_t> ids_of(const Tensor& t) {
+  return {t.span<std::int32_t>().begin(), t.span<std::int32_t>().end()};
+}
+
+struct Roundtrip {
+  Tensor dequantized;
+  std::vector<double> error_bound;
+};
+
+Roundtrip fp8_roundtrip(const Tensor& x, ep::TokenFormat format) {
+  const std::int64_t n = x.dim(0), h = x.dim(1);
+  const ep::TokenCodec codec(format, h);
+  const float tensor_scale = ep::fp8_scale_for(ep::absmax(x.data<float>(), x.numel()));
+  std::vector<std::byte> wire(static_cast<std::size_t>(n * codec.row_bytes()));
+  Roundtrip out{Tensor(DType::f32, {n, h}), std::vector<double>(static_cast<std::size_t>(n * h))};
+  codec.encode(x.data<float>(), nullptr, n, tensor_scale, wire.data());
+  codec.decode(wire.data(), n, tensor_scale, out.dequantized.data<float>());
+  for (std::int64_t t = 0; t < n; ++t) {
+    const double scale = format == ep::TokenFormat::fp8_token
+                             ? ep::fp8_scale_for(ep::absmax(x.data<float>() + t * h, h))
+                             : tensor_scale;
+    for (std::int64_t j = 0; j < h; ++j) {
+      const double v = std::abs(x.data<float>()[t * h + j]);
+      out.error_bound[t * h + j] = std::ldexp(v, -4) + std::ldexp(scale, -10) + std::ldexp(v, -20);
+    }
+  }
+  return out;
+}
+
+TEST(Fp8Tokens, MatchesEmulationAndStaysWithinDerivedBound) {
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 12, .top_k = 3};
+  const MoeProblem p = testing::make_problem(24, 16, 12, router, 31);
+  for (ep::TokenFormat format : {ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
+    const Roundtrip trip = fp8_roundtrip(p.x, format);
+    // The token round trip really loses precision (else the test is empty).
+    double max_token_error = 0;
+    for (std::int64_t i = 0; i < p.x.numel(); ++i) {
+      const double err = std::abs(double(trip.dequantized.data<float>()[i]) - p.x.data<float>()[i]);
+      max_token_error = std::max(max_token_error, err);
+      ASSERT_LE(err, trip.error_bound[i]) << "token element " << i;
+    }
+    ASSERT_GT(max_token_error, 1e-3);
+    for (int num_ranks : {1, 3, 4}) {
+      for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+        EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
+        options.ep.token_format = format;
+        const testing::EpRunResult run = testing::run_ep_layer(p, options);
+        const auto ids = ids_of(run.topk_ids);
+        const std::string what = ep::to_string(format) + " R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch);
+        const testing::ReferenceResult emulated = testing::reference_moe_with_expert_input(p, ids, trip.dequantized);
+        EXPECT_LE(testing::relative_error(run.y, emulated.y), 1e-5) << what;
+        EXPECT_LE(testing::relative_error(run.grads.dx, emulated.dx), 1e-5) << what;
+        EXPECT_LE(testing::relative_error(run.grads.dgate, emulated.dgate), 1e-5) << what;
+        EXPECT_LE(testing::relative_error(run.grads.dwi0, emulated.dwi0), 1e-5) << what;
+        EXPECT_LE(testing::relative_error(run.grads.dwo, emulated.dwo), 1e-5) << what;
+
+        const auto bounded = testing::reference_moe_with_lossy_tokens(p, ids, trip.error_bound);
+        auto check = [&](const char* name, const Tensor& got, const std::vector<testing::BoundedValue>& ref) {
+          double max_ref = 0;
+          for (const auto& v : ref) max_ref = std::max(max_ref, std::abs(v.value));
+          for (std::size_t i = 0; i < ref.size(); ++i) {
+            const double diff = std::abs(double(got.data<float>()[i]) - ref[i].value);
+            ASSERT_LE(diff, ref[i].bound + 1e-5 * max_ref) << what << " " << name << " element " << i;
+          }
+        };
+        check("y", run.y, bounded.y);
+        check("dx", run.grads.dx, bounded.dx);
+        check("dgate", run.grads.dgate, bounded.dgate);
+        check("dwi0", run.grads.dwi0, bounded.dwi0);
+        check("dwi1", run.grads.dwi1, bounded.dwi1);
+        check("dwo", run.grads.dwo, bounded.dwo);
+      }
+    }
+  }
+}
+
+TEST(Fp8Tokens, HalvesOrQuartersTheTokenBytes) {
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 8, .top_k = 2};
+  const MoeProblem p = testing::make_problem(16, 32, 8, router, 32);
+  std::map<ep::TokenFormat, std::int64_t> bytes;
+  for (ep::TokenFormat format : {ep::TokenFormat::f32, ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
+    EpRunOptions options{.num_ranks = 4, .dispatch = ep::DispatchKind::ring};
+    options.ep.token_format = format;
+    bytes[format] = testing::run_ep_layer(p, options).stats[0].bytes_sent.at("forward/ring_all_gather tokens");
+  }
+  EXPECT_EQ(bytes[ep::TokenFormat::fp8_tensor] * 4, bytes[ep::TokenFormat::f32]);
+  // Per-token scales: 4 more bytes per row of H = 32.
+  EXPECT_EQ(bytes[ep::TokenFormat::fp8_token], bytes[ep::TokenFormat::fp8_tensor] * (32 + 4) / 32);
+}
+
+}  // namespace
+}  // namespace epmoe
