@@ -1,0 +1,164 @@
+// Expert-parallel MoE layer, forward + backward, per dispatcher, with ranks as
+// threads on emulated links (transport/threads/emulated_links.h): a
+// DeepSeek-like routing shape (E/K = 8, K = 8) scaled to this 2-core
+// machine. For each variant: median time, bytes sent per rank per collective
+// against the analytic formulas of DESIGN.md §4.6, and the speed-up of
+// token chunks and fp8 tokens.
+//
+//   bench_ep_layer [ranks=4 tokens_per_rank=256 hidden=256 ffn=128 experts=64
+//                   top_k=8 link_gbps=0.5 link_latency_us=5 topology=full_mesh
+//                   min_seconds=1 verify=1]
+#include "ep_layer_bench.h"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench_args.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "ep/ep_config.h"
+#include "moe/moe_layer.h"
+#include "transport/threads/launcher.h"
+
+namespace epmoe::bench {
+namespace {
+
+struct Variant {
+  std::string name;
+  ep::DispatchKind dispatch;
+  bool dedup = false;
+  int chunks = 1;
+  ep::TokenFormat tokens = ep::TokenFormat::f32;
+};
+
+struct Result {
+  Timing timing;
+  std::map<std::string, std::int64_t> bytes_sent;  // rank 0
+  std::vector<float> y_sample;                     // rank 0's y, for cross-variant verification
+};
+
+Tensor random_tensor(Shape shape, Rng& rng, double scale) {
+  Tensor t(DType::f32, std::move(shape));
+  for (float& v : t.span<float>()) v = static_cast<float>(rng.normal() * scale);
+  return t;
+}
+
+// Probability that a token with K distinct uniform experts out of E hits at
+// least one of a rank's E_l experts: 1 - C(E - E_l, K) / C(E, K).
+double hit_probability(int num_experts, int experts_per_rank, int top_k) {
+  double miss = 1.0;
+  for (int i = 0; i < top_k; ++i) miss *= double(num_experts - experts_per_rank - i) / (num_experts - i);
+  return 1.0 - miss;
+}
+
+}  // namespace
+
+int run_ep_layer_bench(int argc, char** argv) {
+  const BenchArgs args = BenchArgs::parse(argc, argv);
+  const int num_ranks = static_cast<int>(args.number("ranks", 4));
+  const std::int64_t tokens = static_cast<std::int64_t>(args.number("tokens_per_rank", 256));
+  const std::int64_t hidden = static_cast<std::int64_t>(args.number("hidden", 256));
+  const std::int64_t ffn = static_cast<std::int64_t>(args.number("ffn", 128));
+  const int num_experts = static_cast<int>(args.number("experts", 64));
+  const int top_k = static_cast<int>(args.number("top_k", 8));
+  transport::threads::ThreadsOptions threads;
+  threads.links.enabled = args.number("link_gbps", 0.5) > 0;
+  threads.links.bandwidth_gb_per_s = args.number("link_gbps", 0.5);
+  threads.links.latency_us = args.number("link_latency_us", 5);
+  threads.links.topology = args.values.count("topology") && args.values.at("topology") == "ring"
+                               ? transport::threads::LinkTopology::ring
+                               : transport::threads::LinkTopology::full_mesh;
+  TimingOptions timing = args.timing();
+  timing.min_seconds = args.number("min_seconds", 1.0);
+
+  const std::vector<Variant> variants = {
+      {"alltoall", ep::DispatchKind::alltoall},
+      {"alltoall dedup", ep::DispatchKind::alltoall, true},
+      {"ring", ep::DispatchKind::ring},
+      {"ring chunks=4", ep::DispatchKind::ring, false, 4},
+      {"ring fp8=tensor", ep::DispatchKind::ring, false, 1, ep::TokenFormat::fp8_tensor},
+      {"ring chunks=4 fp8", ep::DispatchKind::ring, false, 4, ep::TokenFormat::fp8_tensor},
+      {"alltoall dedup fp8", ep::DispatchKind::alltoall, true, 1, ep::TokenFormat::fp8_token},
+  };
+  std::printf("EP layer fwd+bwd: R=%d ranks as threads, N_l=%lld H=%lld F=%lld E=%d K=%d; links %s\n",
+              num_ranks, (long long)tokens, (long long)hidden, (long long)ffn, num_experts, top_k,
+              threads.links.enabled ? (std::to_string(threads.links.bandwidth_gb_per_s) + " GB/s, " +
+                                       std::to_string(threads.links.latency_us) + " us, " +
+                                       transport::threads::link_topology_name(threads.links.topology))
+                                          .c_str()
+                                    : "unthrottled");
+  std::map<std::string, Result> results;
+  for (const Variant& v : variants) {
+    Result& result = results[v.name];
+    transport::threads::run_ranks(num_ranks, threads, [&](transport::Communicator& comm) {
+      Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
+      Rng shared(11);  // the replicated gate: the same on every rank
+      const int el = num_experts / num_ranks;
+      Tensor gate = random_tensor({hidden, num_experts}, shared, 1.0 / std::sqrt(double(hidden)));
+      Tensor x = random_tensor({tokens, hidden}, rng, 1.0), dy = random_tensor({tokens, hidden}, rng, 1.0);
+      Tensor wi0 = random_tensor({el, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
+      Tensor wi1 = random_tensor({el, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
+      Tensor wo = random_tensor({el, ffn, hidden}, rng, 1.0 / std::sqrt(double(ffn)));
+      ep::EpConfig config{.num_experts = num_experts, .top_k = top_k, .hidden = hidden, .num_chunks = v.chunks,
+                          .dedup = v.dedup, .token_format = v.tokens, .tag_base = 1 << 20};
+      MoeLayer layer({.hidden = hidden, .ffn = ffn, .router = {.num_experts = num_experts, .top_k = top_k}},
+                     ep::make_dispatcher(v.dispatch, comm, config));
+      const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
+      Tensor y;
+      const Timing t = measure(comm, timing, [&] {
+        y = layer.forward(x, weights).y;
+        layer.backward(dy);
+      });
+      if (comm.rank() == 0) {
+        result.timing = t;
+        result.bytes_sent = layer.dispatch_stats().bytes_sent;
+        result.y_sample.assign(y.span<float>().begin(), y.span<float>().end());
+      }
+    });
+  }
+
+  // Verification: every f32 variant computes the same y (to fp32 round-off).
+  if (args.verify()) {
+    const std::vector<float>& reference = results["alltoall"].y_sample;
+    for (const Variant& v : variants) {
+      if (v.tokens != ep::TokenFormat::f32) continue;
+      double max_diff = 0, max_ref = 0;
+      for (std::size_t i = 0; i < reference.size(); ++i) {
+        max_diff = std::max(max_diff, double(std::abs(results[v.name].y_sample[i] - reference[i])));
+        max_ref = std::max(max_ref, double(std::abs(reference[i])));
+      }
+      if (max_diff > 1e-5 * max_ref)
+        throw InternalError("bench_ep_layer: " + v.name + " disagrees with alltoall: " + std::to_string(max_diff));
+    }
+  }
+
+  const double row_bytes = double(hidden) * 4;
+  const int el = num_experts / num_ranks;
+  const double analytic_alltoall = tokens * top_k * double(num_ranks - 1) / num_ranks * row_bytes;
+  const double analytic_dedup = tokens * (num_ranks - 1) * hit_probability(num_experts, el, top_k) * row_bytes;
+  const double analytic_ring = double(num_ranks - 1) * tokens * row_bytes;
+  std::printf("%-20s %10s %8s %14s %14s %9s\n", "variant", "median ms", "spread", "tokens sent", "analytic",
+              "measured/analytic");
+  const double base = results["ring"].timing.median_s;
+  for (const Variant& v : variants) {
+    const Result& r = results[v.name];
+    const bool ring = v.dispatch == ep::DispatchKind::ring;
+    const std::string key = ring ? "forward/ring_all_gather tokens" : "forward/all_to_all_v tokens";
+    const double sent = double(r.bytes_sent.count(key) ? r.bytes_sent.at(key) : 0);
+    double analytic = ring ? analytic_ring : (v.dedup ? analytic_dedup : analytic_alltoall);
+    if (v.tokens == ep::TokenFormat::fp8_tensor) analytic /= 4;
+    if (v.tokens == ep::TokenFormat::fp8_token) analytic *= (hidden + 4.0) / (4.0 * hidden);
+    std::printf("%-20s %10.2f %7.0f%% %11.2f MB %11.2f MB %9.3f   (x%.2f vs ring)\n", v.name.c_str(),
+                r.timing.median_s * 1e3, 100 * (r.timing.max_s - r.timing.min_s) / r.timing.median_s,
+                sent / 1e6, analytic / 1e6, sent / analytic, base / r.timing.median_s);
+  }
+  std::printf("analytic (DESIGN.md §4.6, uniform routing): ring (R-1)·N_l·H·4; all-to-all K·N_l·H·4·(R-1)/R; "
+              "dedup N_l·H·4·(R-1)·P(hit), P(hit) = 1 - C(E-E_l,K)/C(E,K) = %.3f\n",
+              hit_probability(num_experts, el, top_k));
+  return 0;
+}
+
+}  // namespace epmoe::bench
