@@ -1,0 +1,164 @@
+// Parts (a) and (c) of bench_collectives, on the threads transport with
+// emulated links (transport/threads/emulated_links.h: EMULATION, sleeping
+// until the modelled arrival time). Rank threads and progress threads share
+// this machine's 2 cores, so the CPU side (memcpy of every message, wake-ups)
+// is real and shows in the ratio to the bound.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "bench_args.h"
+#include "comm/all_gather.h"
+#include "core/error.h"
+#include "transport/threads/launcher.h"
+
+namespace epmoe::bench {
+namespace {
+
+using transport::Communicator;
+using transport::threads::LinkTopology;
+using transport::threads::run_ranks;
+using transport::threads::ThreadsOptions;
+
+ThreadsOptions link_options(const BenchArgs& args) {
+  ThreadsOptions options;
+  options.compute_threads_per_rank = 1;
+  options.links.enabled = true;
+  options.links.bandwidth_gb_per_s = args.number("bandwidth_gb_s", 1.0);
+  options.links.latency_us = args.number("latency_us", 2.0);
+  options.links.topology = LinkTopology::ring;
+  return options;
+}
+
+// Output of every rank checked against the naive gather once.
+void verify_gather(const std::vector<std::byte>& output, int num_ranks, std::int64_t chunk_bytes) {
+  for (int r = 0; r < num_ranks; ++r) {
+    for (std::int64_t i = 0; i < chunk_bytes; i += 4093) {
+      if (output[r * chunk_bytes + i] != static_cast<std::byte>((r * 131 + i) & 0xff)) {
+        throw InternalError("bench: all-gather output wrong at rank block " + std::to_string(r));
+      }
+    }
+  }
+}
+
+std::vector<std::byte> rank_chunk(int rank, std::int64_t chunk_bytes) {
+  std::vector<std::byte> chunk(chunk_bytes);
+  for (std::int64_t i = 0; i < chunk_bytes; ++i) chunk[i] = static_cast<std::byte>((rank * 131 + i) & 0xff);
+  return chunk;
+}
+
+}  // namespace
+
+int run_links_part(const BenchArgs& args) {
+  const ThreadsOptions options = link_options(args);
+  const double bandwidth = options.links.bandwidth_gb_per_s * 1e9;
+  std::printf("(a) ring all-gather on emulated links: ring topology, %.2f GB/s per link and direction, "
+              "%.1f us latency, full duplex, pipe=%d; median of >= %d runs (min..max)\n",
+              options.links.bandwidth_gb_per_s, options.links.latency_us, static_cast<int>(args.number("pipe", 1)),
+              args.timing().min_runs);
+  std::printf("| R | chunk | bidirectional ms | unidirectional ms | uni / bi | bound (R-1)C/(2B) ms | bi / bound |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (int num_ranks : args.ints("ranks", "4,8")) {
+    for (std::int64_t chunk_bytes : args.sizes("chunks", "64K,1M,8M")) {
+      Timing timings[2];  // [bidirectional, unidirectional]
+      for (int variant = 0; variant < 2; ++variant) {
+        run_ranks(num_ranks, options, [&](Communicator& comm) {
+          const std::vector<std::byte> input = rank_chunk(comm.rank(), chunk_bytes);
+          std::vector<std::byte> output(chunk_bytes * num_ranks);
+          comm::AllGatherOptions gather;
+          gather.input = input.data();
+          gather.output = output.data();
+          gather.num_elements_per_rank = chunk_bytes;
+          gather.dtype = DType::fp8_e4m3;  // 1-byte elements
+          gather.direction = variant == 0 ? comm::RingDirection::bidirectional
+                                          : comm::RingDirection::unidirectional;
+          gather.pipe = static_cast<std::int64_t>(args.number("pipe", 1));
+          const Timing timing = measure(comm, args.timing(), [&] { comm::ring_all_gather(comm, gather).wait(); });
+          if (args.verify()) verify_gather(output, num_ranks, chunk_bytes);
+          if (comm.rank() == 0) timings[variant] = timing;
+        });
+      }
+      const double bound = (num_ranks - 1) * static_cast<double>(chunk_bytes) / (2 * bandwidth);
+      std::printf("| %d | %s | %.3f (%.3f..%.3f) | %.3f (%.3f..%.3f) | %.2f | %.3f | %.2f |\n", num_ranks,
+                  format_bytes(chunk_bytes).c_str(), timings[0].median_s * 1e3, timings[0].min_s * 1e3,
+                  timings[0].max_s * 1e3, timings[1].median_s * 1e3, timings[1].min_s * 1e3,
+                  timings[1].max_s * 1e3, timings[1].median_s / timings[0].median_s, bound * 1e3,
+                  timings[0].median_s / bound);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+// A compute loop that stands in for expert GEMMs: dependent FMAs on a small
+// array in L1, one thread per rank, no memory traffic to compete with the
+// copies. Returns a value so the work cannot be optimised away.
+float compute(std::int64_t iterations) {
+  float values[64];
+  for (int i = 0; i < 64; ++i) values[i] = 1.0f + i * 1e-3f;
+  for (std::int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 64; ++i) values[i] = values[i] * 0.9999f + 1e-4f;
+  }
+  float sum = 0;
+  for (float v : values) sum += v;
+  return sum;
+}
+
+}  // namespace
+
+int run_overlap_part(const BenchArgs& args) {
+  const ThreadsOptions options = link_options(args);
+  std::printf("(c) overlap: async bidirectional all-gather beside a compute loop of similar length, "
+              "emulated ring links %.2f GB/s, %.1f us; all ranks compute at once (R threads on 2 cores)\n",
+              options.links.bandwidth_gb_per_s, options.links.latency_us);
+  std::printf("| R | chunk | all-gather ms | compute ms | both, overlapped ms | sum ms | max ms | overlapped / sum | overlapped / max |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (int num_ranks : args.ints("ranks", "2,4")) {
+    for (std::int64_t chunk_bytes : args.sizes("chunks", "1M,8M")) {
+      Timing gather_alone, compute_alone, both;
+      volatile float sink = 0;
+      run_ranks(num_ranks, options, [&](Communicator& comm) {
+        const std::vector<std::byte> input = rank_chunk(comm.rank(), chunk_bytes);
+        std::vector<std::byte> output(chunk_bytes * num_ranks);
+        comm::AllGatherOptions gather;
+        gather.input = input.data();
+        gather.output = output.data();
+        gather.num_elements_per_rank = chunk_bytes;
+        gather.dtype = DType::fp8_e4m3;
+        const Timing g = measure(comm, args.timing(), [&] { comm::ring_all_gather(comm, gather).wait(); });
+        // Calibrate the compute loop to the all-gather's length (rank 0's
+        // estimate, applied on every rank: iterations from a short probe).
+        constexpr std::int64_t kProbeIterations = 200'000;  // ~1 ms on one Zen 5 core
+        const Timing probe = measure(comm, args.timing(), [&] { sink = sink + compute(kProbeIterations); });
+        auto iterations = static_cast<std::int64_t>(kProbeIterations * g.median_s / probe.median_s);
+        // A short probe runs within one scheduler slice; a long loop shares
+        // the cores with the other ranks' loops: correct once at full length.
+        Timing c = measure(comm, args.timing(), [&] { sink = sink + compute(iterations); });
+        iterations = static_cast<std::int64_t>(static_cast<double>(iterations) * g.median_s / c.median_s);
+        c = measure(comm, args.timing(), [&] { sink = sink + compute(iterations); });
+        const Timing b = measure(comm, args.timing(), [&] {
+          comm::CollectiveHandle handle = comm::ring_all_gather(comm, gather);
+          sink = sink + compute(iterations);
+          handle.wait();
+        });
+        if (args.verify()) verify_gather(output, num_ranks, chunk_bytes);
+        if (comm.rank() == 0) {
+          gather_alone = g;
+          compute_alone = c;
+          both = b;
+        }
+      });
+      const double sum = gather_alone.median_s + compute_alone.median_s;
+      const double max = std::max(gather_alone.median_s, compute_alone.median_s);
+      std::printf("| %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n", num_ranks,
+                  format_bytes(chunk_bytes).c_str(), gather_alone.median_s * 1e3, compute_alone.median_s * 1e3,
+                  both.median_s * 1e3, sum * 1e3, max * 1e3, both.median_s / sum, both.median_s / max);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace epmoe::bench

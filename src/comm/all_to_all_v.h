@@ -1,0 +1,40 @@
+// all_to_all_v: rank r sends send_counts[p] elements to every rank p (its
+// input holds them packed in rank order) and receives what every rank sends
+// it, packed in rank order. Counts first: the R send counts are exchanged, so
+// receive buffers are sized exactly (no token is ever dropped, DESIGN.md
+// §4.5); then the payload moves pairwise - at step k rank r sends to r+k and
+// receives from r-k, all steps posted at once.
+//
+// The output vector is resized to the received total (its capacity is reused
+// from call to call: keep one per step buffer to avoid first-touch costs).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/algorithm.h"
+#include "comm/collective_handle.h"
+#include "core/dtype.h"
+#include "transport/communicator.h"
+
+namespace epmoe::comm {
+
+struct AllToAllVOptions {
+  const void* input = nullptr;           // sum(send_counts) elements, packed by destination
+  std::vector<std::int64_t> send_counts;  // [size()] elements to each rank, 0 allowed
+  DType dtype = DType::f32;              // only its size matters
+  // Filled by the collective; must stay valid until it completes.
+  std::vector<std::byte>* output = nullptr;          // resized to sum(recv_counts) elements
+  std::vector<std::int64_t>* recv_counts = nullptr;  // resized to size()
+  Algorithm algorithm = Algorithm::ring;  // ring = our pairwise exchange
+  std::uint32_t tag = 0;
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+
+  void validate(const transport::Communicator& comm) const;  // throws ConfigError
+};
+
+CollectiveHandle all_to_all_v(transport::Communicator& comm, const AllToAllVOptions& options);
+
+}  // namespace epmoe::comm

@@ -1,0 +1,78 @@
+// CollectiveHandle: the result of starting an asynchronous collective. Every
+// collective in comm/ returns one at once; the algorithm runs on a progress
+// thread (comm/progress_threads.h) while the caller computes, and wait()
+// collects the outcome.
+//
+// Timeouts: a collective's options.timeout bounds the whole collective. Every
+// transport wait inside it uses the deadline start + timeout, so a missing peer
+// surfaces as PeerError ("ring_all_gather tag 7: rank 0: timed out after
+// 50 ms waiting to receive from peer 1, tag 113") on the rank that waited for
+// it - and, through the launchers' abort, on every other rank.
+//
+// Buffers named in the options belong to the collective until wait() returned
+// (or threw) or test() returned true.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "transport/communicator.h"
+
+namespace epmoe::comm {
+
+// Long enough for 8 MiB chunks on 8 oversubscribed MPI ranks under ASan,
+// short enough that a lost peer is reported within a minute.
+constexpr std::chrono::milliseconds kDefaultTimeout{60'000};
+
+namespace detail {
+struct CollectiveState {
+  std::mutex mutex;  // guards done, error
+  std::condition_variable finished;
+  bool done = false;
+  std::exception_ptr error;
+  bool error_reported = false;  // wait()/test() rethrow the error once
+  transport::Deadline deadline;
+  std::string name;  // "ring_all_gather tag 7"
+};
+}  // namespace detail
+
+class CollectiveHandle {
+ public:
+  CollectiveHandle() = default;  // empty: nothing in flight, wait() returns at once
+  CollectiveHandle(CollectiveHandle&&) noexcept = default;
+  CollectiveHandle& operator=(CollectiveHandle&& other) noexcept;
+  CollectiveHandle(const CollectiveHandle&) = delete;
+  CollectiveHandle& operator=(const CollectiveHandle&) = delete;
+  // Waits for a collective still in flight (it ends by its deadline, since
+  // every wait inside it does) and drops its error: never throws.
+  ~CollectiveHandle();
+
+  // Blocks until the collective ends; rethrows its error (later calls throw a
+  // PeerError saying it failed). Throws PeerError if
+  // it has not ended a grace period after its deadline (a bug, not a peer).
+  void wait();
+  // True once ended; rethrows its error.
+  bool test();
+
+ private:
+  friend CollectiveHandle launch_collective(std::string name, std::chrono::milliseconds timeout,
+                                            std::function<void(transport::Deadline)> body);
+  explicit CollectiveHandle(std::shared_ptr<detail::CollectiveState> state)
+      : state_(std::move(state)) {}
+  void finish_quietly() noexcept;
+  void rethrow_once();  // caller holds state_->mutex
+
+  std::shared_ptr<detail::CollectiveState> state_;  // shared with the progress thread
+};
+
+// Runs body(deadline) on a progress thread; PeerErrors it throws are prefixed
+// with `name`. Used by every collective in comm/.
+CollectiveHandle launch_collective(std::string name, std::chrono::milliseconds timeout,
+                                   std::function<void(transport::Deadline)> body);
+
+}  // namespace epmoe::comm

@@ -1,0 +1,44 @@
+// reduce_scatter: input holds size() blocks in rank order, block r of
+// num_elements_per_rank[r] elements; rank r receives the element-wise sum of
+// every rank's block r. Ring algorithm, bidirectional by default like the
+// all-gather (the first ceil(n/2) elements of each block are reduced going
+// clockwise, the rest counter-clockwise), with a fixed summation order
+// (comm/ring.h): element i of block b is summed starting with rank b+1's
+// contribution (b-1's on the counter-clockwise half) and ending with rank
+// b's own, so results are identical run to run, and independent of timing and
+// thread counts. dtype f32 or bf16; bf16 partial
+// sums travel as f32 (twice the bytes) so each result is rounded once, as the
+// fp32-accumulation contract (DESIGN.md §3) asks.
+//
+// Built on point-to-point messages only - never on MPI_Reduce_scatter(_block),
+// which runs at ~0.1 GB/s on this machine (DESIGN.md §7). algorithm=native is
+// there to show that comparison (f32 only).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "comm/algorithm.h"
+#include "comm/collective_handle.h"
+#include "core/dtype.h"
+#include "transport/communicator.h"
+
+namespace epmoe::comm {
+
+struct ReduceScatterOptions {
+  const void* input = nullptr;                   // sum(num_elements_per_rank) elements
+  void* output = nullptr;                        // num_elements_per_rank[rank] elements
+  std::vector<std::int64_t> num_elements_per_rank;  // [size()], counts may differ, 0 allowed
+  DType dtype = DType::f32;                      // f32 or bf16
+  RingDirection direction = RingDirection::bidirectional;
+  Algorithm algorithm = Algorithm::ring;
+  std::uint32_t tag = 0;
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+
+  void validate(const transport::Communicator& comm) const;  // throws ConfigError
+};
+
+CollectiveHandle reduce_scatter(transport::Communicator& comm, const ReduceScatterOptions& options);
+
+}  // namespace epmoe::comm

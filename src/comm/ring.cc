@@ -1,0 +1,266 @@
+#include "comm/ring.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "core/error.h"
+
+namespace epmoe::comm::detail {
+namespace {
+
+using transport::Communicator;
+using transport::Deadline;
+using transport::Request;
+
+// bf16 <-> f32 for the reduce-scatter accumulator. The same rounding as
+// kernels/convert.h (nearest even, NaN kept quiet); repeated here so that
+// comm/ does not link the kernels library (oneDNN, OpenMP) into the
+// ThreadSanitizer build.
+float bf16_to_f32(std::uint16_t bits) {
+  const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof(value));
+  return value;
+}
+std::uint16_t f32_to_bf16(float value) {
+  std::uint32_t word;
+  std::memcpy(&word, &value, sizeof(word));
+  if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((word >> 16) | 0x40u);
+  word += 0x7fffu + ((word >> 16) & 1u);
+  return static_cast<std::uint16_t>(word >> 16);
+}
+
+// Per progress thread scratch for partial sums, kept across collectives: a
+// fresh 8 MiB buffer would cost ~22 ms of first-touch page faults
+// (11 µs per 4 KiB page, DESIGN.md §7) on every call.
+std::vector<float>& scratch(int which, std::int64_t num_elements) {
+  thread_local std::vector<float> buffers[6];  // [lane * 3 + {partial 0, partial 1, f32 copy}]
+  std::vector<float>& buffer = buffers[which];
+  if (static_cast<std::int64_t>(buffer.size()) < num_elements) buffer.resize(num_elements);
+  return buffer;
+}
+
+int wrap(int rank, int num_ranks) { return ((rank % num_ranks) + num_ranks) % num_ranks; }
+
+}  // namespace
+
+BlockLayout BlockLayout::equal(int num_ranks, std::int64_t num_elements_per_rank) {
+  BlockLayout layout;
+  for (int r = 0; r < num_ranks; ++r) {
+    layout.num_elements.push_back(num_elements_per_rank);
+    layout.offset.push_back(num_elements_per_rank * r);
+  }
+  return layout;
+}
+
+BlockLayout BlockLayout::split(int num_ranks, std::int64_t num_elements) {
+  BlockLayout layout;
+  std::int64_t offset = 0;
+  for (int r = 0; r < num_ranks; ++r) {
+    const std::int64_t count = num_elements / num_ranks + (r < num_elements % num_ranks ? 1 : 0);
+    layout.num_elements.push_back(count);
+    layout.offset.push_back(offset);
+    offset += count;
+  }
+  return layout;
+}
+
+std::int64_t BlockLayout::total() const {
+  std::int64_t total = 0;
+  for (std::int64_t n : num_elements) total += n;
+  return total;
+}
+
+LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional) {
+  const std::int64_t clockwise = bidirectional ? (num_elements + 1) / 2 : num_elements;
+  return LaneSplit{{0, clockwise}, {clockwise, num_elements - clockwise}};
+}
+
+void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout,
+                            std::size_t element_size_bytes, std::byte* output, bool bidirectional,
+                            std::int64_t pipe, std::uint32_t collective_tag, Deadline deadline) {
+  const int num_ranks = comm.size();
+  const int rank = comm.rank();
+  if (num_ranks == 1) return;
+  const int num_steps = num_ranks - 1;
+  const int peer_to[2] = {wrap(rank + 1, num_ranks), wrap(rank - 1, num_ranks)};
+  const transport::Tag tags[2] = {make_tag(collective_tag, Slot::ring_clockwise),
+                                  make_tag(collective_tag, Slot::ring_counter_clockwise)};
+  const auto esize = static_cast<std::int64_t>(element_size_bytes);
+
+  // Piece p of lane `lane` of block `block`, in bytes within output.
+  struct Piece {
+    std::byte* data;
+    std::int64_t num_bytes;
+  };
+  auto piece = [&](int block, int lane, std::int64_t p) {
+    const LaneSplit split = split_lanes(layout.num_elements[block], bidirectional);
+    const std::int64_t lane_size = split.lane_size[lane];
+    const std::int64_t begin = split.lane_begin[lane] + lane_size * p / pipe;
+    const std::int64_t end = split.lane_begin[lane] + lane_size * (p + 1) / pipe;
+    return Piece{output + (layout.offset[block] + begin) * esize, (end - begin) * esize};
+  };
+  // Lane 0 (clockwise) at step s sends block rank-s and receives block
+  // rank-s-1 from rank-1; lane 1 mirrors it: sends block rank+s, receives
+  // block rank+s+1 from rank+1.
+  auto sent_block = [&](int lane, int step) {
+    return wrap(lane == 0 ? rank - step : rank + step, num_ranks);
+  };
+  auto received_block = [&](int lane, int step) {
+    return wrap(lane == 0 ? rank - step - 1 : rank + step + 1, num_ranks);
+  };
+  const int num_lanes = bidirectional ? 2 : 1;
+
+  // Every receive is posted up front (each lands in its own place in output),
+  // so a sender never waits for its receiver to get round to posting.
+  // recvs[(lane * num_steps + step) * pipe + p]; null for empty pieces.
+  std::vector<std::unique_ptr<Request>> recvs(static_cast<std::size_t>(2 * num_steps * pipe));
+  std::vector<std::unique_ptr<Request>> sends;
+  sends.reserve(recvs.size());
+  auto recv_index = [&](int lane, int step, std::int64_t p) {
+    return static_cast<std::size_t>((lane * num_steps + step) * pipe + p);
+  };
+  for (int step = 0; step < num_steps; ++step) {
+    for (std::int64_t p = 0; p < pipe; ++p) {
+      for (int lane = 0; lane < num_lanes; ++lane) {
+        const Piece in = piece(received_block(lane, step), lane, p);
+        if (in.num_bytes == 0) continue;
+        // The lane's receive comes from the rank that sends to us on it.
+        const int from = peer_to[1 - lane];
+        recvs[recv_index(lane, step, p)] = comm.irecv(from, tags[lane], in.data, in.num_bytes);
+      }
+    }
+  }
+  for (int step = 0; step < num_steps; ++step) {
+    for (std::int64_t p = 0; p < pipe; ++p) {
+      for (int lane = 0; lane < num_lanes; ++lane) {
+        const Piece out = piece(sent_block(lane, step), lane, p);
+        if (out.num_bytes == 0) continue;
+        // Store and forward: piece p of step s is piece p received at s-1.
+        if (step > 0) recvs[recv_index(lane, step - 1, p)]->wait_until(deadline);
+        sends.push_back(comm.isend(peer_to[lane], tags[lane], out.data, out.num_bytes));
+      }
+    }
+  }
+  for (auto& request : recvs) {
+    if (request) request->wait_until(deadline);
+  }
+  for (auto& request : sends) request->wait_until(deadline);
+}
+
+void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, DType dtype,
+                                const std::byte* input, std::byte* output, bool bidirectional,
+                                std::uint32_t collective_tag, Deadline deadline) {
+  EPMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16);
+  const int num_ranks = comm.size();
+  const int rank = comm.rank();
+  const std::size_t esize = dtype_size_bytes(dtype);
+  const bool is_f32 = dtype == DType::f32;
+
+  // Element i of block b of this rank's input, as f32.
+  auto input_value = [&](int block, std::int64_t i) {
+    const std::byte* base = input + (layout.offset[block] + i) * esize;
+    if (is_f32) {
+      float value;
+      std::memcpy(&value, base, sizeof(value));
+      return value;
+    }
+    std::uint16_t bits;
+    std::memcpy(&bits, base, sizeof(bits));
+    return bf16_to_f32(bits);
+  };
+  if (num_ranks == 1) {  // the block itself, bit for bit (output may alias it)
+    if (layout.num_elements[0] > 0) {
+      std::memmove(output, input + layout.offset[0] * esize, layout.num_elements[0] * esize);
+    }
+    return;
+  }
+
+  // One lane per direction: lane 0 sends to rank+1 and reduces the first
+  // ceil(n/2) elements of every block, lane 1 sends to rank-1 and reduces the
+  // rest (split_lanes). A lane running in direction d receives at step s the
+  // partial sum of block rank - d*(s+2) from rank-d, adds this rank's
+  // contribution and sends it on at step s+1; step 0 sends this rank's own
+  // block rank-d as f32. At the last step the block received is this rank's.
+  struct Lane {
+    int direction;
+    transport::Tag tag;
+    float* partials[2];  // received partial sums, alternating by step
+    std::unique_ptr<Request> send;
+    std::unique_ptr<Request> recv;
+  };
+  const int num_lanes = bidirectional ? 2 : 1;
+  std::int64_t max_block = 0;
+  for (std::int64_t n : layout.num_elements) max_block = std::max(max_block, n);
+  Lane lanes[2] = {
+      {+1, make_tag(collective_tag, Slot::reduce), {nullptr, nullptr}, nullptr, nullptr},
+      {-1, make_tag(collective_tag, Slot::reduce_counter_clockwise), {nullptr, nullptr}, nullptr, nullptr}};
+  // Where lane `l` of block `b` sits inside the block.
+  auto lane_begin = [&](int l, int b) { return split_lanes(layout.num_elements[b], bidirectional).lane_begin[l]; };
+  auto lane_size = [&](int l, int b) { return split_lanes(layout.num_elements[b], bidirectional).lane_size[l]; };
+  auto lane_bytes = [&](int l, int b) { return lane_size(l, b) * static_cast<std::int64_t>(sizeof(float)); };
+  auto received_block = [&](const Lane& lane, int step) { return wrap(rank - lane.direction * (step + 2), num_ranks); };
+
+  for (int l = 0; l < num_lanes; ++l) {
+    Lane& lane = lanes[l];
+    lane.partials[0] = scratch(3 * l, max_block).data();
+    lane.partials[1] = scratch(3 * l + 1, max_block).data();
+    const int first_block = wrap(rank - lane.direction, num_ranks);
+    const std::int64_t begin = lane_begin(l, first_block);
+    const std::int64_t count = lane_size(l, first_block);
+    const float* first_send;
+    if (is_f32) {
+      first_send = reinterpret_cast<const float*>(input) + layout.offset[first_block] + begin;
+    } else {
+      float* converted = scratch(3 * l + 2, count).data();
+      for (std::int64_t i = 0; i < count; ++i) converted[i] = input_value(first_block, begin + i);
+      first_send = converted;
+    }
+    const int next = wrap(rank + lane.direction, num_ranks);
+    const int prev = wrap(rank - lane.direction, num_ranks);
+    lane.send = comm.isend(next, lane.tag, first_send, lane_bytes(l, first_block));
+    lane.recv = comm.irecv(prev, lane.tag, lane.partials[0], lane_bytes(l, received_block(lane, 0)));
+  }
+
+  const int num_steps = num_ranks - 1;
+  for (int step = 0; step < num_steps; ++step) {
+    for (int l = 0; l < num_lanes; ++l) {
+      Lane& lane = lanes[l];
+      lane.recv->wait_until(deadline);
+      float* partial = lane.partials[step % 2];
+      const int block = received_block(lane, step);
+      const std::int64_t begin = lane_begin(l, block);
+      const std::int64_t count = lane_size(l, block);
+      if (step == num_steps - 1) {  // this rank's block: sum = partial + own, rounded once
+        EPMOE_CHECK_EQ(block, rank);
+        for (std::int64_t i = 0; i < count; ++i) {
+          const float sum = partial[i] + input_value(rank, begin + i);
+          if (is_f32) {
+            std::memcpy(output + (begin + i) * esize, &sum, sizeof(sum));
+          } else {
+            const std::uint16_t bits = f32_to_bf16(sum);
+            std::memcpy(output + (begin + i) * esize, &bits, sizeof(bits));
+          }
+        }
+        continue;
+      }
+      if (is_f32) {  // the hot loop: plain floats so that it vectorises
+        const float* own = reinterpret_cast<const float*>(input) + layout.offset[block] + begin;
+        for (std::int64_t i = 0; i < count; ++i) partial[i] += own[i];
+      } else {
+        for (std::int64_t i = 0; i < count; ++i) partial[i] += input_value(block, begin + i);
+      }
+      // The other buffer is the one the previous send reads from.
+      lane.send->wait_until(deadline);
+      const int next = wrap(rank + lane.direction, num_ranks);
+      const int prev = wrap(rank - lane.direction, num_ranks);
+      lane.recv = comm.irecv(prev, lane.tag, lane.partials[(step + 1) % 2],
+                             lane_bytes(l, received_block(lane, step + 1)));
+      lane.send = comm.isend(next, lane.tag, partial, lane_bytes(l, block));
+    }
+  }
+  for (int l = 0; l < num_lanes; ++l) lanes[l].send->wait_until(deadline);
+}
+
+}  // namespace epmoe::comm::detail

@@ -1,0 +1,64 @@
+// The two ring algorithms, as blocking functions run on a progress thread
+// (internal to comm/; the public entry points are all_gather.h,
+// reduce_scatter.h and all_reduce.h). Blocks are per-rank slices of one
+// buffer in rank order; their sizes may differ (all_reduce splits n elements
+// into R blocks that differ by one).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/tag.h"
+#include "core/dtype.h"
+#include "transport/communicator.h"
+
+namespace epmoe::comm::detail {
+
+// Block r holds num_elements[r] elements starting at element offset[r].
+struct BlockLayout {
+  std::vector<std::int64_t> num_elements;  // [rank]
+  std::vector<std::int64_t> offset;        // [rank], in elements
+
+  static BlockLayout equal(int num_ranks, std::int64_t num_elements_per_rank);
+  // n elements in R blocks of n / R, the first n % R of them one longer.
+  static BlockLayout split(int num_ranks, std::int64_t num_elements);
+  std::int64_t total() const;
+};
+
+// How a block is cut into ring messages: lanes[0] goes clockwise (to rank+1),
+// lanes[1] counter-clockwise (to rank-1). Bidirectional: the clockwise lane
+// takes the first ceil(n/2) elements, the other the rest - an odd count is
+// split one element unevenly rather than sent one way, so only a block of 1
+// element travels in one direction. Each lane is cut into `pipe` pieces on
+// element boundaries (empty pieces are never sent).
+struct LaneSplit {
+  std::int64_t lane_begin[2];  // element offsets inside the block
+  std::int64_t lane_size[2];
+};
+LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional);
+
+// output holds every block in rank order and already holds this rank's block;
+// afterwards it holds all blocks. Store-and-forward (DESIGN.md §4.4): at step
+// s a lane forwards the block it received at step s-1, piece by piece.
+void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& layout,
+                            std::size_t element_size_bytes, std::byte* output, bool bidirectional,
+                            std::int64_t pipe, std::uint32_t collective_tag,
+                            transport::Deadline deadline);
+
+// Sums block b of every rank's input into output (this rank's block), for
+// dtype f32 or bf16; partial sums travel as f32. Bidirectional: the first
+// ceil(n/2) elements of a block (split_lanes) are reduced clockwise, the rest
+// counter-clockwise, each half crossing R-1 links as in the all-gather.
+// Summation order is fixed, per lane: element i of block b is accumulated
+// starting with the contribution of rank b+d, then b+2d, ... around the ring,
+// ending with rank b's own, d = +1 on the clockwise lane, -1 on the other:
+//   out_b[i] = ((x_{b+d}[i] + x_{b+2d}[i]) + ...) + x_b[i]      (ranks mod R)
+// so results are identical run to run and independent of timing and threads.
+// `output` may alias this rank's block inside `input`.
+void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout,
+                                DType dtype, const std::byte* input, std::byte* output,
+                                bool bidirectional, std::uint32_t collective_tag,
+                                transport::Deadline deadline);
+
+}  // namespace epmoe::comm::detail

@@ -1,0 +1,230 @@
+#include "transport/threads/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace epmoe::transport::threads {
+namespace {
+
+using detail::Mailbox;
+using detail::QueuedRecv;
+using detail::QueuedSend;
+using detail::RequestPhase;
+using detail::RequestState;
+
+class ThreadsRequest final : public Request {
+ public:
+  ThreadsRequest(ThreadsWorld& world, int rank, int peer, Tag tag, bool is_send, Mailbox& mailbox)
+      : world_(world), rank_(rank), peer_(peer), tag_(tag), is_send_(is_send), mailbox_(mailbox),
+        posted_at_(Clock::now()) {}
+
+  // Cancels a request still queued; waits out a copy in progress (a memcpy on
+  // another thread, not a wait on a peer), so no thread touches the buffer
+  // or this state afterwards.
+  ~ThreadsRequest() override {
+    std::unique_lock<std::mutex> lock(mailbox_.mutex);
+    if (state_.phase == RequestPhase::queued) {
+      const Mailbox::Key key = is_send_ ? Mailbox::Key{rank_, tag_} : Mailbox::Key{peer_, tag_};
+      if (is_send_) {
+        erase_state(mailbox_.unmatched_sends, key);
+      } else {
+        erase_state(mailbox_.unmatched_recvs, key);
+      }
+      return;
+    }
+    mailbox_.changed.wait(lock, [&] { return state_.phase != RequestPhase::copying; });
+  }
+
+  bool test() override {
+    std::unique_lock<std::mutex> lock(mailbox_.mutex);
+    return check_locked(Clock::now());
+  }
+
+  void wait_until(Deadline deadline) override {
+    std::unique_lock<std::mutex> lock(mailbox_.mutex);
+    for (;;) {
+      const Clock::time_point now = Clock::now();
+      if (check_locked(now)) return;
+      if (now >= deadline) throw_timeout(now);
+      Clock::time_point wake = deadline;
+      if (state_.phase == RequestPhase::done) wake = std::min(wake, state_.ready_at);
+      mailbox_.changed.wait_until(lock, wake);
+    }
+  }
+
+  int peer() const override { return peer_; }
+  Tag tag() const override { return tag_; }
+  RequestState* state() { return &state_; }
+
+ private:
+  template <typename Queue>
+  void erase_state(std::map<Mailbox::Key, std::deque<Queue>>& queues, const Mailbox::Key& key) {
+    auto it = queues.find(key);
+    if (it == queues.end()) return;
+    auto& queue = it->second;
+    queue.erase(std::remove_if(queue.begin(), queue.end(),
+                               [&](const Queue& entry) { return entry.state == &state_; }),
+                queue.end());
+    if (queue.empty()) queues.erase(it);
+  }
+
+  // True when complete; throws on failure or abort. Caller holds the lock.
+  bool check_locked(Clock::time_point now) {
+    if (state_.phase == RequestPhase::done && now >= state_.ready_at) return true;
+    if (state_.phase == RequestPhase::failed) throw PeerError(state_.error);
+    if (world_.aborted()) {
+      throw PeerError(describe_wait(rank_, is_send_ ? "aborted while sending to" : "aborted while receiving from",
+                                    peer_, tag_) +
+                      ": " + world_.abort_reason());
+    }
+    return false;
+  }
+
+  [[noreturn]] void throw_timeout(Clock::time_point now) const {
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - posted_at_);
+    std::ostringstream what;
+    what << "timed out after " << waited.count() << " ms waiting to "
+         << (is_send_ ? "send to" : "receive from");
+    throw PeerError(describe_wait(rank_, what.str(), peer_, tag_));
+  }
+
+  ThreadsWorld& world_;
+  int rank_;
+  int peer_;
+  Tag tag_;
+  bool is_send_;
+  Mailbox& mailbox_;  // the destination's mailbox: guards state_
+  Clock::time_point posted_at_;
+  RequestState state_;
+};
+
+// Moves one matched message. Called with `lock` held on the destination's
+// mailbox and both entries already out of their queues; returns with it held.
+void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedSend& send,
+             const QueuedRecv& recv, int src, int dst, Tag tag) {
+  if (send.num_bytes != recv.num_bytes) {
+    std::ostringstream msg;
+    msg << "message size mismatch from rank " << src << " to rank " << dst << ", tag " << tag
+        << ": " << send.num_bytes << " bytes sent, receive posted for " << recv.num_bytes;
+    send.state->phase = RequestPhase::failed;
+    send.state->error = msg.str();
+    recv.state->phase = RequestPhase::failed;
+    recv.state->error = msg.str();
+    mailbox.changed.notify_all();
+    return;
+  }
+  send.state->phase = RequestPhase::copying;
+  recv.state->phase = RequestPhase::copying;
+  lock.unlock();
+  if (send.num_bytes > 0) std::memcpy(recv.data, send.data, static_cast<std::size_t>(send.num_bytes));
+  lock.lock();
+  send.state->phase = RequestPhase::done;
+  send.state->ready_at = send.send_done;
+  recv.state->phase = RequestPhase::done;
+  recv.state->ready_at = send.arrival;
+  mailbox.changed.notify_all();
+}
+
+}  // namespace
+
+ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links)
+    : links_(num_ranks, links) {
+  if (num_ranks < 1) {
+    throw ConfigError("threads transport: num_ranks = " + std::to_string(num_ranks) +
+                      ": must be >= 1");
+  }
+  for (int rank = 0; rank < num_ranks; ++rank) {
+    mailboxes_.push_back(std::make_unique<Mailbox>());
+    communicators_.push_back(std::make_unique<ThreadsCommunicator>(*this, rank));
+  }
+}
+
+ThreadsWorld::~ThreadsWorld() = default;
+
+Communicator& ThreadsWorld::communicator(int rank) {
+  EPMOE_CHECK(rank >= 0 && rank < size());
+  return *communicators_[rank];
+}
+
+void ThreadsWorld::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  // Taking each mutex before notifying closes the window in which a waiter
+  // has checked aborted() but not yet started sleeping.
+  for (auto& mailbox : mailboxes_) {
+    std::lock_guard<std::mutex> lock(mailbox->mutex);
+    mailbox->changed.notify_all();
+  }
+}
+
+std::string ThreadsWorld::abort_reason() const {
+  std::lock_guard<std::mutex> lock(abort_mutex_);
+  return abort_reason_;
+}
+
+void ThreadsCommunicator::check_peer(int peer, Tag tag, std::int64_t num_bytes,
+                                     const char* op) const {
+  std::ostringstream msg;
+  if (peer < 0 || peer >= size()) {
+    msg << op << " on rank " << rank_ << ": peer " << peer << " outside [0, " << size() << ")";
+  } else if (tag > kMaxTag) {
+    msg << op << " on rank " << rank_ << ": tag " << tag << " > kMaxTag " << kMaxTag;
+  } else if (num_bytes < 0) {
+    msg << op << " on rank " << rank_ << ": num_bytes = " << num_bytes << " < 0";
+  } else {
+    return;
+  }
+  throw ConfigError(msg.str());
+}
+
+std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const void* data,
+                                                    std::int64_t num_bytes) {
+  check_peer(peer, tag, num_bytes, "isend");
+  const LinkTiming timing = world_.links().reserve(rank_, peer, num_bytes, Clock::now());
+  Mailbox& mailbox = world_.mailbox(peer);
+  auto request = std::make_unique<ThreadsRequest>(world_, rank_, peer, tag, /*is_send=*/true, mailbox);
+  const QueuedSend send{data, num_bytes, timing.send_done, timing.arrival, request->state()};
+  const Mailbox::Key key{rank_, tag};
+
+  std::unique_lock<std::mutex> lock(mailbox.mutex);
+  auto it = mailbox.unmatched_recvs.find(key);
+  if (it == mailbox.unmatched_recvs.end()) {
+    mailbox.unmatched_sends[key].push_back(send);
+    return request;
+  }
+  const QueuedRecv recv = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) mailbox.unmatched_recvs.erase(it);
+  deliver(mailbox, lock, send, recv, rank_, peer, tag);
+  return request;
+}
+
+std::unique_ptr<Request> ThreadsCommunicator::irecv(int peer, Tag tag, void* data,
+                                                    std::int64_t num_bytes) {
+  check_peer(peer, tag, num_bytes, "irecv");
+  Mailbox& mailbox = world_.mailbox(rank_);
+  auto request = std::make_unique<ThreadsRequest>(world_, rank_, peer, tag, /*is_send=*/false, mailbox);
+  const QueuedRecv recv{data, num_bytes, request->state()};
+  const Mailbox::Key key{peer, tag};
+
+  std::unique_lock<std::mutex> lock(mailbox.mutex);
+  auto it = mailbox.unmatched_sends.find(key);
+  if (it == mailbox.unmatched_sends.end()) {
+    mailbox.unmatched_recvs[key].push_back(recv);
+    return request;
+  }
+  const QueuedSend send = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) mailbox.unmatched_sends.erase(it);
+  deliver(mailbox, lock, send, recv, peer, rank_, tag);
+  return request;
+}
+
+}  // namespace epmoe::transport::threads

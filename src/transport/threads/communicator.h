@@ -1,0 +1,73 @@
+// The threads transport: R ranks as threads of one process, exchanging
+// messages through shared-memory mailboxes (threads/mailbox.h), optionally
+// slowed to emulated link speeds (threads/emulated_links.h). The embedded
+// default and the test harness (DESIGN.md §4.4). Usually created through
+// run_ranks (threads/launcher.h).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/communicator.h"
+#include "transport/threads/emulated_links.h"
+#include "transport/threads/mailbox.h"
+
+namespace epmoe::transport::threads {
+
+class ThreadsCommunicator;
+
+// The state the R ranks share. Owns the mailboxes, the links and the R
+// communicators; must outlive every Request posted through them.
+// Lock order: a mailbox mutex may be taken while holding nothing else, or
+// before EmulatedLinks' mutex; abort_mutex_ is never held while taking a
+// mailbox mutex.
+class ThreadsWorld {
+ public:
+  ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links);
+  ~ThreadsWorld();
+  ThreadsWorld(const ThreadsWorld&) = delete;
+  ThreadsWorld& operator=(const ThreadsWorld&) = delete;
+
+  int size() const { return static_cast<int>(mailboxes_.size()); }
+  Communicator& communicator(int rank);
+
+  // First reason wins; wakes every waiter of every rank.
+  void abort(const std::string& reason);
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  std::string abort_reason() const;
+
+  detail::Mailbox& mailbox(int rank) { return *mailboxes_[rank]; }
+  EmulatedLinks& links() { return links_; }
+
+ private:
+  std::vector<std::unique_ptr<detail::Mailbox>> mailboxes_;  // [destination rank]
+  EmulatedLinks links_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abort_mutex_;  // guards abort_reason_
+  std::string abort_reason_;
+  std::vector<std::unique_ptr<ThreadsCommunicator>> communicators_;  // [rank]
+};
+
+class ThreadsCommunicator final : public Communicator {
+ public:
+  ThreadsCommunicator(ThreadsWorld& world, int rank) : world_(world), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_.size(); }
+  std::string_view transport_name() const override { return "threads"; }
+  std::unique_ptr<Request> isend(int peer, Tag tag, const void* data,
+                                 std::int64_t num_bytes) override;
+  std::unique_ptr<Request> irecv(int peer, Tag tag, void* data, std::int64_t num_bytes) override;
+  void abort(const std::string& reason) override { world_.abort(reason); }
+
+ private:
+  void check_peer(int peer, Tag tag, std::int64_t num_bytes, const char* op) const;
+
+  ThreadsWorld& world_;  // not owned; owns this
+  int rank_;
+};
+
+}  // namespace epmoe::transport::threads

@@ -1,0 +1,72 @@
+#include "transport/threads/launcher.h"
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threading.h"
+#include "transport/threads/communicator.h"
+
+namespace epmoe::transport::threads {
+namespace {
+
+std::string describe_exception(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+void ThreadsOptions::validate() const {
+  links.validate();
+  if (compute_threads_per_rank < 0) {
+    throw ConfigError("compute_threads_per_rank = " + std::to_string(compute_threads_per_rank) +
+                      ": must be >= 0 (0 = cores / ranks)");
+  }
+}
+
+void run_ranks(int num_ranks, const ThreadsOptions& options,
+               const std::function<void(Communicator&)>& fn) {
+  options.validate();
+  ThreadsWorld world(num_ranks, options.links);
+  const int threads_per_rank = options.compute_threads_per_rank > 0
+                                  ? options.compute_threads_per_rank
+                                  : std::max(1, hardware_cores() / num_ranks);
+
+  std::mutex first_error_mutex;  // guards first_error
+  std::exception_ptr first_error;
+  auto run_one = [&](int rank) {
+    try {
+      set_compute_threads(threads_per_rank);
+      fn(world.communicator(rank));
+    } catch (...) {
+      const std::exception_ptr error = std::current_exception();
+      {
+        std::lock_guard<std::mutex> lock(first_error_mutex);
+        if (!first_error) first_error = error;
+      }
+      world.abort("rank " + std::to_string(rank) + " failed: " + describe_exception(error));
+    }
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(num_ranks);
+  for (int rank = 1; rank < num_ranks; ++rank) threads.emplace_back(run_one, rank);
+  // Rank 0 runs on the calling thread (R=1 starts no thread); the caller's
+  // own compute budget is restored afterwards.
+  const int caller_compute_threads = compute_threads();
+  run_one(0);
+  set_compute_threads(caller_compute_threads);
+  for (auto& thread : threads) thread.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace epmoe::transport::threads

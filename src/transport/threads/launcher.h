@@ -1,0 +1,34 @@
+// run_ranks: the ranks-as-threads launcher (gloo's test harness shape). Runs
+// fn(communicator) on `num_ranks` threads of this process, one per rank, and
+// returns when all have returned.
+//
+// Cores: the R ranks share this machine's cores, so each rank thread sets its
+// own OpenMP compute budget (core/threading.h) to
+// options.compute_threads_per_rank, or max(1, hardware_cores() / R) when that
+// is 0, instead of R x cores threads oversubscribing the machine.
+//
+// Failure: if fn throws on any rank, the world is aborted with
+// "rank r failed: <what>", which wakes every other rank's waits with a
+// PeerError carrying that text (no deadlock, no wait past its timeout), and
+// the first failing rank's own exception is rethrown here once all threads
+// have ended.
+#pragma once
+
+#include <functional>
+
+#include "transport/communicator.h"
+#include "transport/threads/emulated_links.h"
+
+namespace epmoe::transport::threads {
+
+struct ThreadsOptions {
+  EmulatedLinkOptions links;
+  int compute_threads_per_rank = 0;  // 0: max(1, hardware_cores() / num_ranks)
+
+  void validate() const;  // throws ConfigError
+};
+
+void run_ranks(int num_ranks, const ThreadsOptions& options,
+               const std::function<void(Communicator&)>& fn);
+
+}  // namespace epmoe::transport::threads
