@@ -1,8 +1,15 @@
 #include "cli/layer_key_groups.h"
 
+#include <algorithm>
+#include <chrono>
 #include <limits>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <type_traits>
+#include <variant>
 
+#include "cli/mpi_environment.h"
 #include "core/error.h"
 #include "core/threading.h"
 #include "kernels/compute_dtype.h"
@@ -42,7 +49,63 @@ KeyGroup runtime_keys() {
       "runtime",
       {
           {.name = "threads", .type = KeyType::integer, .default_value = std::to_string(hardware_cores()),
-           .help = "compute threads (default: every core of this machine)", .min_value = 1},
+           .help = "compute threads (default: every core of this machine), split evenly over "
+                   "ranks= ranks; under transport=mpi per process (default: cores / processes here)",
+           .min_value = 1},
+      },
+  };
+}
+
+KeyGroup expert_parallel_keys() {
+  return {
+      "expert parallelism (DESIGN.md 4.4-4.6)",
+      {
+          {.name = "ranks", .type = KeyType::integer, .default_value = "1",
+           .help = "ranks R; rank r holds token rows [r*N/R, (r+1)*N/R) and experts [r*E/R, (r+1)*E/R); "
+                   "must divide N and E. transport=mpi: the mpirun world size (leave unset)",
+           .min_value = 1},
+          {.name = "transport", .type = KeyType::choice, .default_value = "threads",
+           .help = "threads: ranks are threads of this process; mpi: one process per rank, "
+                   "started as `mpirun -np R epmoe layer ... transport=mpi`",
+           .choices = {"threads", "mpi"}},
+          {.name = "dispatch", .type = KeyType::choice, .default_value = ep::to_string(ep::DispatchKind::alltoall),
+           .help = "alltoall: ragged all-to-all of (token, expert) rows; ring: all-gather tokens, "
+                   "reduce-scatter outputs (ring of experts; wins when R < top_k)",
+           .choices = {ep::to_string(ep::DispatchKind::alltoall), ep::to_string(ep::DispatchKind::ring)}},
+          {.name = "dedup", .type = KeyType::boolean, .default_value = "false",
+           .help = "alltoall: send a token once per destination rank with its (local expert, weight) "
+                   "list, instead of once per routed expert"},
+          {.name = "capacity_factor", .type = KeyType::real, .default_value = "0",
+           .help = "alltoall: cap each expert at ceil(factor*N_chunk*K/E) rows per source rank; dropped "
+                   "(token, expert) pairs count in metrics.json and add zero; 0 = exact buffers, never drop",
+           .min_value = 0},
+          {.name = "token_chunks", .type = KeyType::integer, .default_value = "1",
+           .help = "split each rank's tokens into n chunks, pipelined so chunk c+1's communication "
+                   "overlaps chunk c's expert compute (forward and backward)",
+           .min_value = 1, .max_value = 64},
+          {.name = "fp8_tokens", .type = KeyType::choice, .default_value = "off",
+           .help = "forward tokens travel as fp8 e4m3 with one global scale (tensor) or one per token; "
+                   "the backward gradients (dy rows, dx, weight gradients) always travel in fp32",
+           .choices = {"off", "tensor", "token"}},
+          {.name = "cotangent_all_gather", .type = KeyType::choice, .default_value = "ring",
+           .help = "ring dispatch, backward: all-gather dy with the bidirectional ring overlapped with "
+                   "compute, or plain (blocking, for comparison; same bits)",
+           .choices = {"ring", "plain"}},
+          {.name = "link_bandwidth_gbps", .type = KeyType::real, .default_value = "0",
+           .help = "transport=threads: emulated bandwidth per link and direction, GB/s (1e9 B/s); "
+                   "0 = no emulation (messages move at memory speed)",
+           .min_value = 0},
+          {.name = "link_latency_us", .type = KeyType::real, .default_value = "2",
+           .help = "transport=threads: emulated latency per message and link hop, microseconds "
+                   "(used when link_bandwidth_gbps > 0)",
+           .min_value = 0},
+          {.name = "link_topology", .type = KeyType::choice, .default_value = "full_mesh",
+           .help = "transport=threads: emulated links between every pair of ranks, or only between "
+                   "ring neighbours (other messages hop store-and-forward)",
+           .choices = {"full_mesh", "ring"}},
+          {.name = "comm_timeout_ms", .type = KeyType::integer, .default_value = "60000",
+           .help = "a wait for a peer longer than this fails the run with an error naming the peer",
+           .min_value = 1},
       },
   };
 }
@@ -68,6 +131,133 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
   router.seed = static_cast<std::uint64_t>(values.get_int("seed"));  // >= 0 by its declaration
   config.validate();  // validates the router config too
   return config;
+}
+
+namespace {
+
+std::string setting(const ConfigValues& values, const std::string& key) {
+  std::ostringstream text;
+  text << key << "=";
+  const ConfigValues::Entry& entry =
+      *std::find_if(values.entries().begin(), values.entries().end(),
+                    [&](const ConfigValues::Entry& e) { return e.name == key; });
+  std::visit([&](const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, bool>) {
+      text << (value ? "true" : "false");
+    } else {
+      text << value;
+    }
+  }, entry.value);
+  return text.str();
+}
+
+// The rank count: ranks= on threads; the world size under mpirun, where
+// ranks= may only repeat it.
+int rank_count(const ConfigValues& values, TransportKind transport) {
+  if (transport == TransportKind::threads) return values.get_int32("ranks");
+  const std::optional<MpiLaunch> launch = mpi_launch_from_environment();
+  if (!launch) {
+    throw ConfigError("transport=mpi: not started by mpirun (no OMPI_COMM_WORLD_SIZE or PMI_SIZE in the "
+                      "environment); run `mpirun -np R epmoe layer ... transport=mpi`, or use "
+                      "transport=threads ranks=R");
+  }
+  if (!mpi_transport_built()) {
+    throw ConfigError("transport=mpi: this epmoe was built without the mpi transport "
+                      "(EPMOE_WITH_MPI=OFF, or no MPI found when it was configured); use transport=threads");
+  }
+  if (values.is_set("ranks") && values.get_int("ranks") != launch->world_size) {
+    throw ConfigError(setting(values, "ranks") + ": under transport=mpi the rank count is the mpirun world "
+                      "size (" + std::to_string(launch->world_size) + "); leave ranks unset or set ranks=" +
+                      std::to_string(launch->world_size));
+  }
+  return launch->world_size;
+}
+
+// A key that only one dispatcher reads, set away from its default with the
+// other one, would be silently ignored: the user believes the run used it.
+void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertParallelSettings& settings) {
+  if (settings.dispatch == ep::DispatchKind::ring) {
+    if (settings.ep.capacity_factor > 0) {
+      throw ConfigError(setting(values, "capacity_factor") + ": applies to dispatch=alltoall only; "
+                        "dispatch=ring moves every token to every rank and never drops (use capacity_factor=0)");
+    }
+    if (settings.ep.dedup) {
+      throw ConfigError("dedup=true: applies to dispatch=alltoall only; dispatch=ring already sends each "
+                        "token once to every rank");
+    }
+  } else if (settings.ep.cotangent_all_gather != ep::CotangentAllGather::ring) {
+    throw ConfigError(setting(values, "cotangent_all_gather") + ": applies to dispatch=ring only (the "
+                      "all-to-all backward sends dy rows point to point, it has no cotangent all-gather)");
+  }
+}
+
+}  // namespace
+
+ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer,
+                                                     std::int64_t num_tokens) {
+  ExpertParallelSettings settings;
+  settings.transport = values.get_string("transport") == "mpi" ? TransportKind::mpi : TransportKind::threads;
+  settings.num_ranks = rank_count(values, settings.transport);
+  const int num_ranks = settings.num_ranks;
+  const std::string ranks_setting = "ranks=" + std::to_string(num_ranks) +
+                                    (settings.transport == TransportKind::mpi && !values.is_set("ranks")
+                                         ? " (the mpirun world size)"
+                                         : "");
+  if (num_tokens % num_ranks != 0) {
+    throw ConfigError(ranks_setting + ": must divide the token count N=" + std::to_string(num_tokens) +
+                      " of x.npy (rank r holds token rows [r*N/ranks, (r+1)*N/ranks))");
+  }
+
+  settings.dispatch = ep::parse_dispatch_kind("dispatch", values.get_string("dispatch"));
+  ep::EpConfig& ep = settings.ep;
+  ep.num_experts = layer.router.num_experts;
+  ep.top_k = layer.router.top_k;
+  ep.hidden = layer.hidden;
+  ep.num_chunks = values.get_int32("token_chunks");
+  ep.dedup = values.get_bool("dedup");
+  ep.capacity_factor = values.get_float("capacity_factor");
+  ep.token_format = ep::parse_token_format("fp8_tokens", values.get_string("fp8_tokens"));
+  settings.cotangent_all_gather = values.get_string("cotangent_all_gather");
+  ep.cotangent_all_gather = ep::parse_cotangent_all_gather("cotangent_all_gather", settings.cotangent_all_gather);
+  ep.timeout = std::chrono::milliseconds(values.get_int("comm_timeout_ms"));
+  if (settings.transport == TransportKind::mpi && !values.is_set("ranks")) {
+    // EpConfig names the rank count "ranks=R"; say where R came from.
+    try {
+      ep.validate(num_ranks);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string(e.what()) + " (the mpirun world size)");
+    }
+  } else {
+    ep.validate(num_ranks);  // ranks divides E; the other fields are bounded by their keys
+  }
+  check_dispatcher_specific_keys(values, settings);
+
+  transport::threads::EmulatedLinkOptions& links = settings.links;
+  links.enabled = values.get_float("link_bandwidth_gbps") > 0;
+  if (links.enabled && settings.transport == TransportKind::mpi) {
+    throw ConfigError(setting(values, "link_bandwidth_gbps") + ": link emulation applies to "
+                      "transport=threads only; under transport=mpi messages cross the real links");
+  }
+  if (links.enabled) links.bandwidth_gb_per_s = values.get_float("link_bandwidth_gbps");
+  links.latency_us = values.get_float("link_latency_us");
+  links.topology = values.get_string("link_topology") == "ring" ? transport::threads::LinkTopology::ring
+                                                                : transport::threads::LinkTopology::full_mesh;
+  links.validate();
+
+  // Ranks share the machine's cores: threads= is the budget of the whole
+  // run, split evenly (at least one each). Under mpirun each process only
+  // knows its own budget, so threads= applies per process when given, and the
+  // default splits the cores among the job's processes on this machine.
+  const int threads = values.get_int32("threads");
+  if (settings.transport == TransportKind::threads) {
+    settings.compute_threads_per_rank = std::max(1, threads / num_ranks);
+  } else if (values.is_set("threads")) {
+    settings.compute_threads_per_rank = threads;
+  } else {
+    const int local_size = mpi_launch_from_environment().value_or(MpiLaunch{}).local_size;
+    settings.compute_threads_per_rank = std::max(1, hardware_cores() / local_size);
+  }
+  return settings;
 }
 
 void apply_runtime_keys(const ConfigValues& values) {

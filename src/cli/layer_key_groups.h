@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cli/config_keys.h"
+#include "cli/expert_parallel_settings.h"
 #include "moe/moe_layer.h"
 
 namespace epmoe::cli {
@@ -17,12 +18,27 @@ namespace epmoe::cli {
 KeyGroup moe_layer_keys();
 // threads.
 KeyGroup runtime_keys();
+// ranks, transport, dispatch, dedup, capacity_factor, token_chunks,
+// fp8_tokens, cotangent_all_gather, link_bandwidth_gbps, link_latency_us,
+// link_topology, comm_timeout_ms.
+KeyGroup expert_parallel_keys();
 
 // The layer config for the given dimensions (from the input files) and the
 // keys of moe_layer_keys(); validated, so it throws ConfigError naming the key
 // and the rule.
 MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hidden,
                                      std::int64_t ffn, std::int64_t num_experts);
+
+// The keys of expert_parallel_keys() (and `threads` of runtime_keys(), split
+// over the ranks) for a layer of `num_tokens` tokens. Checks every rule that
+// can be checked before MPI_Init or any compute: the rank count divides N and
+// E, transport=mpi runs under mpirun with ranks= left unset or equal to the
+// world size, each dispatcher-specific key is non-default only with the
+// dispatcher that uses it, link emulation only on threads. ConfigError naming
+// the key and the rule.
+ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
+                                                     const MoeLayerConfig& layer,
+                                                     std::int64_t num_tokens);
 
 // Applies runtime_keys() to the calling thread (its compute thread budget).
 void apply_runtime_keys(const ConfigValues& values);

@@ -1,6 +1,7 @@
 #include "core/memory_ledger.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
@@ -57,6 +58,34 @@ void MemoryLedger::reset_peaks() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [name, entry] : entries_) entry.peak_bytes = entry.live_bytes;
   total_peak_bytes_ = total_live_bytes_;
+}
+
+LedgerCharge::LedgerCharge(MemoryLedger* ledger, std::string name, std::int64_t bytes)
+    : ledger_(ledger), name_(std::move(name)), bytes_(bytes) {
+  if (ledger_ != nullptr) ledger_->on_allocate(name_, bytes_);
+}
+
+LedgerCharge::LedgerCharge(LedgerCharge&& other) noexcept
+    : ledger_(std::exchange(other.ledger_, nullptr)), name_(std::move(other.name_)), bytes_(other.bytes_) {}
+
+LedgerCharge& LedgerCharge::operator=(LedgerCharge&& other) noexcept {
+  if (this != &other) {
+    this->~LedgerCharge();
+    ledger_ = std::exchange(other.ledger_, nullptr);
+    name_ = std::move(other.name_);
+    bytes_ = other.bytes_;
+  }
+  return *this;
+}
+
+LedgerCharge::~LedgerCharge() {
+  if (ledger_ == nullptr) return;
+  try {
+    ledger_->on_release(name_, bytes_);
+  } catch (...) {
+    // Destructors never throw; the ledger tests catch imbalances.
+  }
+  ledger_ = nullptr;
 }
 
 }  // namespace epmoe

@@ -47,4 +47,20 @@ class MemoryLedger {
   std::int64_t total_peak_bytes_ = 0;
 };
 
+// Bytes held outside a Tensor (e.g. a std::vector of routing metadata),
+// recorded in a ledger for the charge's lifetime. Move-only.
+class LedgerCharge {
+ public:
+  LedgerCharge() = default;
+  LedgerCharge(MemoryLedger* ledger, std::string name, std::int64_t bytes);
+  LedgerCharge(LedgerCharge&& other) noexcept;
+  LedgerCharge& operator=(LedgerCharge&& other) noexcept;
+  ~LedgerCharge();
+
+ private:
+  MemoryLedger* ledger_ = nullptr;  // not owned
+  std::string name_;
+  std::int64_t bytes_ = 0;
+};
+
 }  // namespace epmoe

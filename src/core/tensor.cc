@@ -99,6 +99,14 @@ std::int64_t Tensor::dim(int i) const {
   return shape_[static_cast<std::size_t>(index)];
 }
 
+void Tensor::attribute_to(MemoryLedger* ledger, std::string name) {
+  EPMOE_CHECK(ledger_ == nullptr);
+  if (ledger == nullptr) return;
+  ledger_ = ledger;
+  ledger_name_ = std::move(name);
+  ledger_->on_allocate(ledger_name_, size_bytes());
+}
+
 void Tensor::reshape(Shape shape) {
   EPMOE_CHECK_EQ(shape_numel(shape), numel_);
   shape_ = std::move(shape);

@@ -79,6 +79,10 @@ class Tensor {
   // Same bytes, new shape with the same element count.
   void reshape(Shape shape);
 
+  // Starts recording this tensor's bytes in `ledger` under `name` (e.g. when
+  // a layer decides to keep a buffer for backward). At most one ledger.
+  void attribute_to(MemoryLedger* ledger, std::string name);
+
  private:
   void release() noexcept;
 

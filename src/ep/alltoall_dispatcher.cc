@@ -19,7 +19,7 @@ struct AllToAllDispatcher::Chunk {
   std::vector<std::int64_t> send_rows_per_rank;     // [R]
   std::vector<std::int64_t> send_entry_pair;        // pair (t * K + k) of each entry
   std::vector<std::int64_t> send_words_per_rank;    // [R] metadata words
-  std::vector<std::byte> send_tokens;
+  std::vector<std::byte> send_token_bytes;
   std::vector<std::int32_t> send_metadata;
   float tensor_scale = 1.0f;
   // Receive side, grouped by source rank.
@@ -47,11 +47,9 @@ struct AllToAllDispatcher::Chunk {
   comm::CollectiveHandle dx_in_flight, dweights_in_flight;
 };
 
-AllToAllDispatcher::AllToAllDispatcher(transport::Communicator& comm, EpConfig config,
-                                       MemoryLedger* ledger)
+AllToAllDispatcher::AllToAllDispatcher(transport::Communicator& comm, EpConfig config)
     : comm_(comm),
       config_(std::move(config)),
-      ledger_(ledger),
       num_local_experts_((config_.validate(comm.size()), config_.num_experts / comm.size())),
       codec_(config_.token_format, config_.hidden) {
   stats_.reset(num_local_experts_);
@@ -79,10 +77,12 @@ void AllToAllDispatcher::start_forward(const Tensor& x, const RoutingView& routi
     chunks_.push_back(std::make_unique<Chunk>());
     chunks_.back()->range = chunk_range(routing.num_tokens, config_.num_chunks, c);
   }
-  start_dispatch(0);
+  plan_chunk(0);
+  send_tokens(0, /*remat=*/false);
 }
 
-void AllToAllDispatcher::start_dispatch(int c) {
+// Which rows go where, with which routing words; the tensor scale for fp8.
+void AllToAllDispatcher::plan_chunk(int c) {
   Chunk& chunk = *chunks_[c];
   chunk.dispatch_started = true;
   const int num_ranks = comm_.size(), top_k = config_.top_k;
@@ -156,34 +156,61 @@ void AllToAllDispatcher::start_dispatch(int c) {
     for (float m : all_max) global_max = std::max(global_max, m);
     chunk.tensor_scale = fp8_scale_for(global_max);
   }
+}
+
+void AllToAllDispatcher::send_tokens(int c, bool remat) {
+  Chunk& chunk = *chunks_[c];
+  const int num_ranks = comm_.size();
   const std::int64_t row_bytes = codec_.row_bytes();
-  chunk.send_tokens.resize(static_cast<std::size_t>(chunk.send_row_token.size() * row_bytes));
+  chunk.send_token_bytes.resize(static_cast<std::size_t>(chunk.send_row_token.size() * row_bytes));
   codec_.encode(x_->data<float>(), chunk.send_row_token.data(),
                 static_cast<std::int64_t>(chunk.send_row_token.size()), chunk.tensor_scale,
-                chunk.send_tokens.data());
+                chunk.send_token_bytes.data());
 
   std::vector<std::int64_t> token_counts(num_ranks);
   for (int d = 0; d < num_ranks; ++d) token_counts[d] = chunk.send_rows_per_rank[d] * row_bytes;
-  count_bytes("forward/all_to_all_v tokens", token_counts, 1);
-  count_bytes("forward/all_to_all_v routing", chunk.send_words_per_rank, 4);
+  count_bytes(remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens", token_counts, 1);
+  count_bytes(remat ? "backward/remat all_to_all_v routing" : "forward/all_to_all_v routing",
+              chunk.send_words_per_rank, 4);
   chunk.tokens_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.send_tokens.data(), .send_counts = token_counts, .dtype = DType::fp8_e4m3,
+      comm_, {.input = chunk.send_token_bytes.data(), .send_counts = token_counts, .dtype = DType::fp8_e4m3,
               .output = &chunk.recv_tokens, .recv_counts = &chunk.recv_token_counts,
-              .tag = ep_tag(config_.tag_base, c, EpOp::forward_tokens), .timeout = config_.timeout});
+              .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
+              .timeout = config_.timeout});
   chunk.metadata_in_flight = comm::all_to_all_v(
       comm_, {.input = chunk.send_metadata.data(), .send_counts = chunk.send_words_per_rank,
               .dtype = DType::i32, .output = &chunk.recv_metadata,
               .recv_counts = &chunk.recv_metadata_counts,
-              .tag = ep_tag(config_.tag_base, c, EpOp::forward_metadata), .timeout = config_.timeout});
+              .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_metadata : EpOp::forward_metadata),
+              .timeout = config_.timeout});
 }
 
 ExpertRows AllToAllDispatcher::receive_rows(int c) {
   Chunk& chunk = *chunks_[c];
-  if (!chunk.dispatch_started) start_dispatch(c);
+  if (!chunk.dispatch_started) {
+    plan_chunk(c);
+    send_tokens(c, false);
+  }
+  ExpertRows rows = collect_rows(c);
+  // Prefetch: the next chunk's exchange runs while the experts compute this one.
+  if (c + 1 < config_.num_chunks && !chunks_[c + 1]->dispatch_started) {
+    plan_chunk(c + 1);
+    send_tokens(c + 1, false);
+  }
+  for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+  return rows;
+}
+
+ExpertRows AllToAllDispatcher::redispatch_rows(int c) {
+  send_tokens(c, /*remat=*/true);
+  return collect_rows(c);
+}
+
+// Waits for chunk c's tokens and routing words and sorts them into rows.
+ExpertRows AllToAllDispatcher::collect_rows(int c) {
+  Chunk& chunk = *chunks_[c];
   chunk.tokens_in_flight.wait();
   chunk.metadata_in_flight.wait();
-  // Prefetch: the next chunk's exchange runs while the experts compute this one.
-  if (c + 1 < config_.num_chunks && !chunks_[c + 1]->dispatch_started) start_dispatch(c + 1);
 
   const int num_ranks = comm_.size();
   const std::int64_t row_bytes = codec_.row_bytes();
@@ -217,10 +244,10 @@ ExpertRows AllToAllDispatcher::receive_rows(int c) {
   }
   EPMOE_CHECK_EQ(row, num_rows);
   ExpertRows rows = build_expert_rows(x_recv.data<float>(), config_.hidden, entries, num_local_experts_,
-                                      num_rows, &chunk.entry_of_row, ledger_);
-  for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+                                      num_rows, &chunk.entry_of_row);
   chunk.recv_tokens = {};
   chunk.recv_metadata = {};
+  chunk.send_token_bytes = {};
   return rows;
 }
 

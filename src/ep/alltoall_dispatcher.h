@@ -27,15 +27,11 @@
 #include "ep/token_codec.h"
 #include "transport/communicator.h"
 
-namespace epmoe {
-class MemoryLedger;
-}
-
 namespace epmoe::ep {
 
 class AllToAllDispatcher final : public Dispatcher {
  public:
-  AllToAllDispatcher(transport::Communicator& comm, EpConfig config, MemoryLedger* ledger = nullptr);
+  AllToAllDispatcher(transport::Communicator& comm, EpConfig config);
   ~AllToAllDispatcher() override;
 
   int num_chunks() const override { return config_.num_chunks; }
@@ -48,6 +44,7 @@ class AllToAllDispatcher final : public Dispatcher {
   Tensor finish_forward() override;
 
   void start_backward(const Tensor& dy) override;
+  ExpertRows redispatch_rows(int chunk) override;
   Tensor receive_cotangents(int chunk) override;
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
   DispatchGradients finish_backward() override;
@@ -56,13 +53,14 @@ class AllToAllDispatcher final : public Dispatcher {
 
  private:
   struct Chunk;
-  void start_dispatch(int chunk);
+  void plan_chunk(int chunk);
+  void send_tokens(int chunk, bool remat);
+  ExpertRows collect_rows(int chunk);
   void start_cotangents(int chunk);
   void count_bytes(const char* name, const std::vector<std::int64_t>& counts, std::int64_t element_bytes);
 
   transport::Communicator& comm_;  // not owned
   EpConfig config_;
-  MemoryLedger* ledger_;           // not owned
   int num_local_experts_;
   TokenCodec codec_;
   const Tensor* x_ = nullptr;

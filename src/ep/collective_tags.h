@@ -15,6 +15,8 @@ enum class EpOp : std::uint32_t {
   backward_cotangent = 4,
   backward_dx = 5,
   backward_dweights = 6,
+  remat_tokens = 7,        // x_sorted recomputed: the dispatch again
+  remat_metadata = 8,
 };
 
 constexpr std::uint32_t ep_tag(std::uint32_t tag_base, int chunk, EpOp op) {

@@ -15,6 +15,11 @@
 //          send_gradients(c, slot_dx_c, row_dweights_c)
 //   {dx, d_topk_weights} = finish_backward()
 //
+// With x_sorted recomputed (ep/remat_policy.h), the backward calls
+// redispatch_rows(c) before receive_cotangents(c): it re-runs chunk c's
+// dispatch (exchange or all-gather, and the sort) and returns the same rows,
+// bit for bit, as the forward's receive_rows(c).
+//
 // x, the routing and dy are the caller's and must stay alive and unchanged
 // until the matching finish_*() returned.
 #pragma once
@@ -46,7 +51,8 @@ struct DispatchGradients {
 
 // What a dispatcher measured over the last forward + backward.
 struct DispatchStats {
-  // Bytes this rank sent, by collective ("forward/all_to_all_v tokens", ...).
+  // Bytes this rank sent, by collective ("forward/all_to_all_v tokens", ...;
+  // "backward/remat ..." is what recomputing x_sorted costs).
   std::map<std::string, std::int64_t> bytes_sent;
   // Rows this rank's experts computed, per local expert (all chunks).
   std::vector<std::int64_t> rows_per_local_expert;
@@ -71,6 +77,7 @@ class Dispatcher {
   virtual Tensor finish_forward() = 0;                            // y [N_l, H]
 
   virtual void start_backward(const Tensor& dy) = 0;
+  virtual ExpertRows redispatch_rows(int chunk) = 0;
   virtual Tensor receive_cotangents(int chunk) = 0;  // [num_slots, H]
   // slot_dx [num_slots, H]; row_dweights [num_rows] in the rows' order.
   virtual void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) = 0;

@@ -62,10 +62,10 @@ void EpConfig::validate(int num_ranks) const {
 }
 
 std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm,
-                                            const EpConfig& config, MemoryLedger* ledger) {
+                                            const EpConfig& config) {
   config.validate(comm.size());
-  if (kind == DispatchKind::ring) return std::make_unique<RingDispatcher>(comm, config, ledger);
-  return std::make_unique<AllToAllDispatcher>(comm, config, ledger);
+  if (kind == DispatchKind::ring) return std::make_unique<RingDispatcher>(comm, config);
+  return std::make_unique<AllToAllDispatcher>(comm, config);
 }
 
 }  // namespace epmoe::ep

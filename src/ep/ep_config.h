@@ -10,12 +10,9 @@
 
 #include "ep/dispatcher.h"
 
-namespace epmoe {
-class MemoryLedger;
-namespace transport {
+namespace epmoe::transport {
 class Communicator;
 }
-}  // namespace epmoe
 
 namespace epmoe::ep {
 
@@ -51,6 +48,6 @@ struct EpConfig {
 };
 
 std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm,
-                                            const EpConfig& config, MemoryLedger* ledger = nullptr);
+                                            const EpConfig& config);
 
 }  // namespace epmoe::ep

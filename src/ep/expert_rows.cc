@@ -21,7 +21,7 @@ void RowEntries::reserve(std::size_t n) {
 
 ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries,
                              int num_local_experts, std::int64_t num_slots,
-                             std::vector<std::int64_t>* entry_of_row, MemoryLedger* ledger) {
+                             std::vector<std::int64_t>* entry_of_row) {
   const ExpertPermutation perm = sort_by_expert(entries.local_expert, num_local_experts);
   const std::int64_t num_rows = static_cast<std::int64_t>(entries.size());
   ExpertRows rows;
@@ -37,7 +37,7 @@ ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const Row
     source_of_row[r] = entries.source_row[entry];
     EPMOE_DCHECK_LT(rows.slot_of_row[r], num_slots);
   }
-  rows.x = Tensor(DType::f32, {num_rows, hidden}, ledger, "saved/x_sorted");
+  rows.x = Tensor(DType::f32, {num_rows, hidden});
   gather_rows(source, source_of_row, rows.x.data<float>(), hidden);
   if (entry_of_row != nullptr) *entry_of_row = perm.sorted_to_pair;
   return rows;

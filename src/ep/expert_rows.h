@@ -31,10 +31,6 @@ struct ExpertRows {
 
 }  // namespace epmoe::ep
 
-namespace epmoe {
-class MemoryLedger;
-}
-
 namespace epmoe::ep {
 
 // Entries routed to this rank's experts, in the dispatcher's order; entry i
@@ -56,10 +52,9 @@ struct RowEntries {
 };
 
 // Sorts the entries by local expert (stable) and gathers their rows.
-// `entry_of_row` (optional) receives, per sorted row, its entry index. The
-// rows are attributed to `ledger` as "saved/x_sorted".
+// `entry_of_row` (optional) receives, per sorted row, its entry index.
 ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries,
                              int num_local_experts, std::int64_t num_slots,
-                             std::vector<std::int64_t>* entry_of_row, MemoryLedger* ledger);
+                             std::vector<std::int64_t>* entry_of_row);
 
 }  // namespace epmoe::ep

@@ -6,8 +6,8 @@
 
 namespace epmoe::ep {
 
-LocalDispatcher::LocalDispatcher(int num_experts, int num_chunks, MemoryLedger* ledger)
-    : num_experts_(num_experts), num_chunks_(num_chunks), ledger_(ledger) {
+LocalDispatcher::LocalDispatcher(int num_experts, int num_chunks)
+    : num_experts_(num_experts), num_chunks_(num_chunks) {
   EPMOE_CHECK_GE(num_experts, 1);
   EPMOE_CHECK_GE(num_chunks, 1);
   stats_.reset(num_experts);
@@ -22,6 +22,12 @@ void LocalDispatcher::start_forward(const Tensor& x, const RoutingView& routing)
 }
 
 ExpertRows LocalDispatcher::receive_rows(int chunk) {
+  ExpertRows rows = redispatch_rows(chunk);
+  for (int e = 0; e < num_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+  return rows;
+}
+
+ExpertRows LocalDispatcher::redispatch_rows(int chunk) {
   const ChunkRange range = chunk_range(routing_.num_tokens, num_chunks_, chunk);
   const int top_k = routing_.top_k;
   RowEntries entries;
@@ -33,11 +39,10 @@ ExpertRows LocalDispatcher::receive_rows(int chunk) {
     }
   std::vector<std::int64_t> entry_of_row;
   ExpertRows rows = build_expert_rows(x_->data<float>(), x_->dim(1), entries, num_experts_,
-                                      range.size(), &entry_of_row, ledger_);
+                                      range.size(), &entry_of_row);
   // Entries were added in pair order starting at range.begin * K.
   for (std::int64_t& e : entry_of_row) e += range.begin * top_k;
   pair_of_row_[static_cast<std::size_t>(chunk)] = std::move(entry_of_row);
-  for (int e = 0; e < num_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
   return rows;
 }
 

@@ -4,15 +4,11 @@
 
 #include "ep/dispatcher.h"
 
-namespace epmoe {
-class MemoryLedger;
-}
-
 namespace epmoe::ep {
 
 class LocalDispatcher final : public Dispatcher {
  public:
-  LocalDispatcher(int num_experts, int num_chunks, MemoryLedger* ledger = nullptr);
+  LocalDispatcher(int num_experts, int num_chunks);
 
   int num_chunks() const override { return num_chunks_; }
   int num_local_experts() const override { return num_experts_; }
@@ -24,6 +20,7 @@ class LocalDispatcher final : public Dispatcher {
   Tensor finish_forward() override;
 
   void start_backward(const Tensor& dy) override;
+  ExpertRows redispatch_rows(int chunk) override;
   Tensor receive_cotangents(int chunk) override;
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
   DispatchGradients finish_backward() override;
@@ -33,7 +30,6 @@ class LocalDispatcher final : public Dispatcher {
  private:
   int num_experts_;
   int num_chunks_;
-  MemoryLedger* ledger_;  // not owned
   const Tensor* x_ = nullptr;
   const Tensor* dy_ = nullptr;
   RoutingView routing_;

@@ -27,10 +27,9 @@ struct RingDispatcher::Chunk {
   comm::CollectiveHandle dx_in_flight, dweights_in_flight;
 };
 
-RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config, MemoryLedger* ledger)
+RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config)
     : comm_(comm),
       config_(std::move(config)),
-      ledger_(ledger),
       num_local_experts_((config_.validate(comm.size()), config_.num_experts / comm.size())),
       codec_(config_.token_format, config_.hidden) {
   EPMOE_CHECK(config_.capacity_factor == 0.0);  // the ring moves every token; nothing to cap
@@ -50,15 +49,17 @@ void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) 
     chunks_.push_back(std::make_unique<Chunk>());
     chunks_.back()->range = chunk_range(routing.num_tokens, config_.num_chunks, c);
   }
-  start_gather(0);
+  start_gather(0, /*remat=*/false);
 }
 
-void RingDispatcher::start_gather(int c) {
+// Starts chunk c's token and routing all-gathers: in the forward, or again in
+// the backward when x_sorted is recomputed (then the fp8 scale is reused).
+void RingDispatcher::start_gather(int c, bool remat) {
   Chunk& chunk = *chunks_[c];
   chunk.gather_started = true;
   const int num_ranks = comm_.size(), top_k = config_.top_k;
   const std::int64_t hidden = config_.hidden, n = chunk.range.size();
-  if (config_.token_format == TokenFormat::fp8_tensor) {
+  if (config_.token_format == TokenFormat::fp8_tensor && !remat) {
     float local_max = absmax(x_->data<float>() + chunk.range.begin * hidden, n * hidden);
     std::vector<float> all_max(static_cast<std::size_t>(num_ranks));
     comm::ring_all_gather(comm_, {.input = &local_max, .output = all_max.data(), .num_elements_per_rank = 1,
@@ -83,24 +84,39 @@ void RingDispatcher::start_gather(int c) {
     }
   chunk.gathered_routing.resize(static_cast<std::size_t>(num_ranks * n * 2 * top_k));
   // A ring all-gather sends R-1 blocks of this size from every rank.
-  stats_.bytes_sent["forward/ring_all_gather tokens"] += (num_ranks - 1) * n * row_bytes;
-  stats_.bytes_sent["forward/ring_all_gather routing"] += (num_ranks - 1) * n * 2 * top_k * 4;
+  const std::string prefix = remat ? "backward/remat " : "forward/";
+  stats_.bytes_sent[prefix + "ring_all_gather tokens"] += (num_ranks - 1) * n * row_bytes;
+  stats_.bytes_sent[prefix + "ring_all_gather routing"] += (num_ranks - 1) * n * 2 * top_k * 4;
   chunk.tokens_in_flight = comm::ring_all_gather(
       comm_, {.input = chunk.local_tokens.data(), .output = chunk.gathered_tokens.data(),
               .num_elements_per_rank = n * row_bytes, .dtype = DType::fp8_e4m3,
-              .tag = ep_tag(config_.tag_base, c, EpOp::forward_tokens), .timeout = config_.timeout});
+              .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
+              .timeout = config_.timeout});
   chunk.routing_in_flight = comm::ring_all_gather(
       comm_, {.input = chunk.local_routing.data(), .output = chunk.gathered_routing.data(),
               .num_elements_per_rank = n * 2 * top_k, .dtype = DType::i32,
-              .tag = ep_tag(config_.tag_base, c, EpOp::forward_metadata), .timeout = config_.timeout});
+              .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_metadata : EpOp::forward_metadata),
+              .timeout = config_.timeout});
 }
 
 ExpertRows RingDispatcher::receive_rows(int c) {
+  if (!chunks_[c]->gather_started) start_gather(c, false);
+  ExpertRows rows = collect_rows(c);
+  if (c + 1 < config_.num_chunks && !chunks_[c + 1]->gather_started) start_gather(c + 1, false);
+  for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+  return rows;
+}
+
+ExpertRows RingDispatcher::redispatch_rows(int c) {
+  start_gather(c, /*remat=*/true);
+  return collect_rows(c);
+}
+
+// Waits for chunk c's gathers and keeps the rows routed to local experts.
+ExpertRows RingDispatcher::collect_rows(int c) {
   Chunk& chunk = *chunks_[c];
-  if (!chunk.gather_started) start_gather(c);
   chunk.tokens_in_flight.wait();
   chunk.routing_in_flight.wait();
-  if (c + 1 < config_.num_chunks && !chunks_[c + 1]->gather_started) start_gather(c + 1);
 
   const int top_k = config_.top_k;
   const std::int64_t num_slots = comm_.size() * chunk.range.size();
@@ -123,8 +139,9 @@ ExpertRows RingDispatcher::receive_rows(int c) {
       chunk.entry_slot_k.push_back(g * top_k + k);
     }
   ExpertRows rows = build_expert_rows(x_all.data<float>(), config_.hidden, entries, num_local_experts_,
-                                      num_slots, &chunk.entry_of_row, ledger_);
-  for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+                                      num_slots, &chunk.entry_of_row);
+  chunk.gathered_routing = {};
+  chunk.local_routing = {};
   return rows;
 }
 

@@ -24,15 +24,11 @@
 #include "ep/token_codec.h"
 #include "transport/communicator.h"
 
-namespace epmoe {
-class MemoryLedger;
-}
-
 namespace epmoe::ep {
 
 class RingDispatcher final : public Dispatcher {
  public:
-  RingDispatcher(transport::Communicator& comm, EpConfig config, MemoryLedger* ledger = nullptr);
+  RingDispatcher(transport::Communicator& comm, EpConfig config);
   ~RingDispatcher() override;
 
   int num_chunks() const override { return config_.num_chunks; }
@@ -45,6 +41,7 @@ class RingDispatcher final : public Dispatcher {
   Tensor finish_forward() override;
 
   void start_backward(const Tensor& dy) override;
+  ExpertRows redispatch_rows(int chunk) override;
   Tensor receive_cotangents(int chunk) override;
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
   DispatchGradients finish_backward() override;
@@ -53,12 +50,12 @@ class RingDispatcher final : public Dispatcher {
 
  private:
   struct Chunk;
-  void start_gather(int chunk);
+  void start_gather(int chunk, bool remat);
+  ExpertRows collect_rows(int chunk);
   void start_cotangent_gather(int chunk);
 
   transport::Communicator& comm_;  // not owned
   EpConfig config_;
-  MemoryLedger* ledger_;           // not owned
   int num_local_experts_;
   TokenCodec codec_;
   const Tensor* x_ = nullptr;

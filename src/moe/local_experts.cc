@@ -37,22 +37,41 @@ void add_into(Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
-                       const LocalExpertWeights& weights, ExpertActivations& saved,
-                       MemoryLedger* ledger) {
+std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRows& rows,
+                                   const LocalExpertWeights& weights, ExpertActivations& act) {
   const std::int64_t num_rows = rows.num_rows(), hidden = shape.hidden, ffn = shape.ffn;
   const GroupedGemmShape up{rows.group_sizes, hidden, ffn, shape.compute_dtype};
   const GroupedGemmShape down{rows.group_sizes, ffn, hidden, shape.compute_dtype};
-  saved.mlpwi_0 = Tensor(DType::f32, {num_rows, ffn}, ledger, "saved/mlpwi_0");
-  saved.mlpwi_1 = Tensor(DType::f32, {num_rows, ffn}, ledger, "saved/mlpwi_1");
   const float* x = num_rows > 0 ? rows.x.data<float>() : nullptr;
-  grouped_gemm_forward(up, x, weights.wi0, saved.mlpwi_0.data<float>());
-  grouped_gemm_forward(up, x, weights.wi1, saved.mlpwi_1.data<float>());
-  Tensor activation(DType::f32, {num_rows, ffn});
-  swiglu_forward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), activation.data<float>(),
-                 num_rows * ffn);
-  saved.mlpwo = Tensor(DType::f32, {num_rows, hidden}, ledger, "saved/mlpwo");
-  grouped_gemm_forward(down, activation.data<float>(), weights.wo, saved.mlpwo.data<float>());
+  std::int64_t recomputed = 0;
+  // A zero-row chunk has empty activations either way: nothing to recompute.
+  auto missing = [](const Tensor& t) { return t.shape().empty(); };
+  if (missing(act.mlpwi_0)) {
+    act.mlpwi_0 = Tensor(DType::f32, {num_rows, ffn});
+    grouped_gemm_forward(up, x, weights.wi0, act.mlpwi_0.data<float>());
+    recomputed += act.mlpwi_0.size_bytes();
+  }
+  if (missing(act.mlpwi_1)) {
+    act.mlpwi_1 = Tensor(DType::f32, {num_rows, ffn});
+    grouped_gemm_forward(up, x, weights.wi1, act.mlpwi_1.data<float>());
+    recomputed += act.mlpwi_1.size_bytes();
+  }
+  if (missing(act.mlpwo)) {
+    Tensor activation(DType::f32, {num_rows, ffn});
+    swiglu_forward(act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(), activation.data<float>(),
+                   num_rows * ffn);
+    act.mlpwo = Tensor(DType::f32, {num_rows, hidden});
+    grouped_gemm_forward(down, activation.data<float>(), weights.wo, act.mlpwo.data<float>());
+    recomputed += act.mlpwo.size_bytes();
+  }
+  return recomputed;
+}
+
+Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
+                       const LocalExpertWeights& weights, ExpertActivations& saved) {
+  const std::int64_t hidden = shape.hidden;
+  saved = ExpertActivations();
+  recompute_activations(shape, rows, weights, saved);
 
   // Weighted sum of each slot's rows.
   Tensor slot_out(DType::f32, {rows.num_slots, hidden});

@@ -41,11 +41,15 @@ struct ExpertShape {
   ComputeDType compute_dtype = ComputeDType::f32;
 };
 
-// Returns the slot outputs [num_slots, H]; keeps the activations in `saved`
-// (attributed to `ledger` under "saved/<name>").
+// Returns the slot outputs [num_slots, H] and the activations in `saved`.
 Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
-                       const LocalExpertWeights& weights, ExpertActivations& saved,
-                       MemoryLedger* ledger);
+                       const LocalExpertWeights& weights, ExpertActivations& saved);
+
+// Recomputes the activations that are empty in `activations` (dropped after
+// the forward by the remat policy) with the forward's own kernels, so they
+// come out bit for bit the same. Returns the bytes recomputed.
+std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRows& rows,
+                                   const LocalExpertWeights& weights, ExpertActivations& activations);
 
 // Adds the local experts' weight gradients into dwi0, dwi1, dwo (which the
 // caller zeroes before the first chunk).

@@ -16,20 +16,35 @@ void MoeLayerConfig::validate() const {
 }
 
 // What the backward needs from the forward, per chunk: the expert rows
-// (x_sorted with its routing metadata) and the expert activations. x, the
-// weights and the routing are the caller's / the router's: x and the weights
-// must stay alive and unchanged until backward (the usual autograd contract).
+// (x_sorted with its routing metadata) and the expert activations, each kept
+// or dropped by the remat policy (a dropped one is an empty value). Kept ones
+// are recorded in the ledger under "saved/<name>". x, the weights and the
+// routing are the caller's / the router's: x and the weights must stay alive
+// and unchanged until backward (the usual autograd contract).
 struct MoeLayer::Saved {
   const Tensor* x = nullptr;
   MoeWeights weights;
   RouterOutput routing;
   std::vector<ep::ExpertRows> rows;               // [chunk]
+  std::vector<LedgerCharge> rows_metadata;        // [chunk] the rows' metadata bytes
   std::vector<ExpertActivations> activations;     // [chunk]
 };
 
+namespace {
+
+// Keeps `tensor` (recorded in the ledger) or drops it, as the policy says.
+void keep_or_drop(Tensor& tensor, bool keep, MemoryLedger* ledger, const char* name) {
+  if (keep) {
+    tensor.attribute_to(ledger, std::string("saved/") + name);
+  } else {
+    tensor = Tensor();
+  }
+}
+
+}  // namespace
+
 MoeLayer::MoeLayer(MoeLayerConfig config, MemoryLedger* ledger)
-    : MoeLayer(config, std::make_unique<ep::LocalDispatcher>(config.router.num_experts, 1, ledger),
-               ledger) {}
+    : MoeLayer(config, std::make_unique<ep::LocalDispatcher>(config.router.num_experts, 1), ledger) {}
 
 MoeLayer::MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispatcher,
                    MemoryLedger* ledger)
@@ -80,7 +95,9 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights) {
   }
   const int num_chunks = dispatcher_->num_chunks();
   s.rows.resize(static_cast<std::size_t>(num_chunks));
+  s.rows_metadata.resize(static_cast<std::size_t>(num_chunks));
   s.activations.resize(static_cast<std::size_t>(num_chunks));
+  const ep::RematPolicy& remat = config_.remat;
   dispatcher_->start_forward(x, {s.routing.topk_ids.data<std::int32_t>(),
                                  s.routing.topk_weights.data<float>(), x.dim(0), config_.router.top_k});
   for (int c = 0; c < num_chunks; ++c) {
@@ -91,8 +108,18 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights) {
     Tensor slot_outputs;
     {
       ScopedPhase phase(times, "experts");
-      slot_outputs = experts_forward(shape, s.rows[c], expert_weights(weights), s.activations[c], ledger_);
+      slot_outputs = experts_forward(shape, s.rows[c], expert_weights(weights), s.activations[c]);
     }
+    if (remat.save_x_sorted) {
+      s.rows[c].x.attribute_to(ledger_, "saved/x_sorted");
+      s.rows_metadata[c] =
+          LedgerCharge(ledger_, "saved/x_sorted", s.rows[c].size_bytes() - s.rows[c].x.size_bytes());
+    } else {
+      s.rows[c] = ep::ExpertRows();
+    }
+    keep_or_drop(s.activations[c].mlpwi_0, remat.save_mlpwi_0, ledger_, "mlpwi_0");
+    keep_or_drop(s.activations[c].mlpwi_1, remat.save_mlpwi_1, ledger_, "mlpwi_1");
+    keep_or_drop(s.activations[c].mlpwo, remat.save_mlpwo, ledger_, "mlpwo");
     ScopedPhase phase(times, "combine");
     dispatcher_->send_outputs(c, std::move(slot_outputs));
   }
@@ -128,7 +155,17 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
     ScopedPhase phase(times, "backward_combine");
     dispatcher_->start_backward(dy);
   }
+  stats_.recomputed_bytes = 0;
   for (int c = 0; c < dispatcher_->num_chunks(); ++c) {
+    if (!config_.remat.save_x_sorted) {
+      ScopedPhase phase(times, "backward_remat_dispatch");
+      s.rows[c] = dispatcher_->redispatch_rows(c);
+      stats_.recomputed_bytes += s.rows[c].size_bytes();
+    }
+    {
+      ScopedPhase phase(times, "backward_remat_experts");
+      stats_.recomputed_bytes += recompute_activations(shape, s.rows[c], expert_weights(s.weights), s.activations[c]);
+    }
     Tensor slot_dy;
     {
       ScopedPhase phase(times, "backward_combine");
@@ -142,6 +179,7 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
     }
     // The chunk's saved state is no longer needed.
     s.rows[c] = ep::ExpertRows();
+    s.rows_metadata[c] = LedgerCharge();
     s.activations[c] = ExpertActivations();
     ScopedPhase phase(times, "backward_dispatch");
     dispatcher_->send_gradients(c, std::move(expert_grads.slot_dx), std::move(expert_grads.row_dweights));

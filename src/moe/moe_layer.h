@@ -24,6 +24,7 @@
 #include "core/tensor.h"
 #include "core/timer.h"
 #include "ep/dispatcher.h"
+#include "ep/remat_policy.h"
 #include "kernels/compute_dtype.h"
 #include "moe/router.h"
 
@@ -34,6 +35,7 @@ struct MoeLayerConfig {
   std::int64_t ffn = 0;          // F
   RouterConfig router;           // router.num_experts is E
   ComputeDType compute_dtype = ComputeDType::f32;
+  ep::RematPolicy remat;         // what backward finds saved (default: everything)
 
   void validate() const;  // ConfigError naming the key
 };
@@ -64,6 +66,7 @@ struct MoeGradients {
 struct MoeLayerStats {
   PhaseTimes phase_seconds;  // route, dispatch, experts, combine, backward_* (accumulated)
   std::int64_t saved_activation_peak_bytes = 0;  // last forward, with a ledger
+  std::int64_t recomputed_bytes = 0;             // last backward: tensors the remat policy rebuilt
 };
 
 class MoeLayer {

@@ -5,16 +5,10 @@
 // one bad key and assert: exit code 2, exactly one stderr line
 // "epmoe: error: ..." naming the file or key and the rule, and no output at
 // all (no --out directory, no staging directory left beside it).
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -22,103 +16,23 @@
 
 #include "data/npy.h"
 #include "data/test_files.h"
+#include "epmoe_cli_fixture.h"
 
 namespace epmoe {
 namespace {
 
+using testing::EpmoeCli;
+using testing::entries;
+using testing::kExperts;
+using testing::kFfn;
+using testing::kHidden;
+using testing::kTokens;
+using testing::kTopK;
 using testing::numpy_file_bytes;
+using testing::ProcessResult;
 using testing::read_bytes;
-using testing::ScratchDir;
+using testing::run_epmoe;
 using testing::write_bytes;
-
-constexpr std::int64_t kTokens = 16, kHidden = 8, kFfn = 12, kExperts = 4, kTopK = 2;
-
-struct ProcessResult {
-  int exit_code = -1;
-  std::string stdout_text;
-  std::string stderr_text;
-};
-
-// Runs the epmoe binary with `arguments`, capturing stdout and stderr through
-// files in `scratch` (no shell, so no quoting issues).
-ProcessResult run_epmoe(const ScratchDir& scratch, const std::vector<std::string>& arguments) {
-  const auto stdout_path = scratch / "stdout.txt", stderr_path = scratch / "stderr.txt";
-  std::vector<std::string> argv_strings = {EPMOE_BINARY};
-  argv_strings.insert(argv_strings.end(), arguments.begin(), arguments.end());
-  std::vector<char*> argv;
-  for (std::string& argument : argv_strings) argv.push_back(argument.data());
-  argv.push_back(nullptr);
-
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int out = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(out, STDOUT_FILENO);
-    ::dup2(err, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ProcessResult result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  result.stdout_text = read_bytes(stdout_path);
-  result.stderr_text = read_bytes(stderr_path);
-  std::filesystem::remove(stdout_path);
-  std::filesystem::remove(stderr_path);
-  return result;
-}
-
-std::set<std::string> entries(const std::filesystem::path& dir) {
-  std::set<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    names.insert(entry.path().filename().string());
-  }
-  return names;
-}
-
-class EpmoeCli : public ::testing::Test {
- protected:
-  std::filesystem::path in_dir() const { return scratch_ / "in"; }
-  std::filesystem::path out_dir() const { return scratch_ / "out"; }
-
-  void generate_inputs(std::vector<std::string> extra_keys = {}) {
-    std::vector<std::string> arguments = {"gen-inputs", "--out", in_dir().string(),
-                                          "num_tokens=" + std::to_string(kTokens),
-                                          "hidden=" + std::to_string(kHidden),
-                                          "ffn=" + std::to_string(kFfn),
-                                          "num_experts=" + std::to_string(kExperts)};
-    arguments.insert(arguments.end(), extra_keys.begin(), extra_keys.end());
-    const ProcessResult result = run_epmoe(scratch_, arguments);
-    ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
-  }
-
-  ProcessResult run_layer(std::vector<std::string> keys = {}) {
-    std::vector<std::string> arguments = {"layer", "--in", in_dir().string(), "--out",
-                                          out_dir().string(), "threads=1"};
-    arguments.insert(arguments.end(), keys.begin(), keys.end());
-    return run_epmoe(scratch_, arguments);
-  }
-
-  // The contract of every bad-input case.
-  void expect_rejected(const ProcessResult& result, std::initializer_list<std::string> fragments) {
-    EXPECT_EQ(result.exit_code, 2) << result.stderr_text;
-    EXPECT_EQ(result.stderr_text.rfind("epmoe: error: ", 0), 0u) << result.stderr_text;
-    ASSERT_FALSE(result.stderr_text.empty());
-    EXPECT_EQ(result.stderr_text.find('\n'), result.stderr_text.size() - 1)
-        << "not one line: " << result.stderr_text;
-    for (const std::string& fragment : fragments) {
-      EXPECT_NE(result.stderr_text.find(fragment), std::string::npos)
-          << "stderr: " << result.stderr_text << "missing: " << fragment;
-    }
-    EXPECT_FALSE(std::filesystem::exists(out_dir())) << "output directory created on error";
-    std::set<std::string> expected = {"in"};
-    if (!std::filesystem::exists(in_dir())) expected.clear();
-    EXPECT_EQ(entries(scratch_.path()), expected) << "stray files beside the output directory";
-  }
-
-  ScratchDir scratch_;
-};
 
 TEST_F(EpmoeCli, HelpListsSubcommandsAndEveryLayerKey) {
   const ProcessResult top = run_epmoe(scratch_, {"--help"});
@@ -130,7 +44,11 @@ TEST_F(EpmoeCli, HelpListsSubcommandsAndEveryLayerKey) {
   EXPECT_EQ(layer.exit_code, 0);
   for (const std::string key : {"top_k", "router", "norm_topk_prob", "n_groups", "topk_groups",
                                 "routed_scaling_factor", "compute_dtype", "seed", "threads",
-                                "softmax_topk|sigmoid_grouped|random", "f32|bf16", "--in", "--out"}) {
+                                "softmax_topk|sigmoid_grouped|random", "f32|bf16", "--in", "--out",
+                                "ranks", "threads|mpi", "alltoall|ring", "dedup", "capacity_factor",
+                                "token_chunks", "off|tensor|token", "cotangent_all_gather", "ring|plain",
+                                "link_bandwidth_gbps", "link_latency_us", "full_mesh|ring", "comm_timeout_ms",
+                                "backward gradients (dy rows, dx, weight gradients) always travel in fp32"}) {
     EXPECT_NE(layer.stdout_text.find(key), std::string::npos) << "missing " << key << " in\n"
                                                               << layer.stdout_text;
   }
@@ -192,6 +110,14 @@ TEST_F(EpmoeCli, GenInputsThenLayerWritesEveryOutput) {
                    18.0 * kTokens * kTopK * kHidden * kFfn / 1e9);  // 6 fwd + 12 bwd flop per H*F
   EXPECT_GT(metrics["expert_gflop_per_second"].get<double>(), 0.0);
   EXPECT_GT(metrics["saved_activation_peak_bytes"].get<std::int64_t>(), 0);
+  // ranks=1 with the default dispatcher keys runs the single-rank path: one
+  // rank, no communication.
+  const auto& expert_parallel = metrics["expert_parallel"];
+  EXPECT_EQ(expert_parallel["path"], "single_rank");
+  EXPECT_EQ(expert_parallel["ranks"], 1);
+  ASSERT_EQ(expert_parallel["per_rank"].size(), 1u);
+  EXPECT_EQ(expert_parallel["per_rank"][0]["rows_received"], kTokens * kTopK);
+  EXPECT_TRUE(expert_parallel["per_rank"][0]["bytes_sent"].empty());
 
   EXPECT_EQ(entries(scratch_.path()), (std::set<std::string>{"in", "out"}));  // no staging left
 }

@@ -1,0 +1,270 @@
+#include "cli/expert_parallel_run.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "comm/all_gather.h"
+#include "core/error.h"
+#include "core/memory_ledger.h"
+#include "core/threading.h"
+#include "core/timer.h"
+#include "ep/local_dispatcher.h"
+#include "transport/threads/launcher.h"
+#ifdef EPMOE_WITH_MPI_TRANSPORT
+#include "transport/mpi/launcher.h"
+#endif
+
+namespace epmoe::cli {
+namespace {
+
+// Collective tags of the output gather (comm/tag.h). The layer's dispatcher
+// has EpConfig::tag_base = 0 and so uses tags [0, 1024) (ep/collective_tags.h);
+// the gather's start above them and never meet its messages.
+constexpr std::uint32_t kGatherTagBase = 1024;
+enum class GatherTag : std::uint32_t {
+  y, topk_ids, topk_weights, dx, dgate, dwi0, dwi1, dwo, report_bytes, report_text
+};
+
+Tensor copy_leading_rows(const Tensor& tensor, std::int64_t begin, std::int64_t end) {
+  Shape shape = tensor.shape();
+  const std::int64_t row_bytes = tensor.dim(0) > 0 ? tensor.size_bytes() / tensor.dim(0) : 0;
+  shape[0] = end - begin;
+  Tensor rows(tensor.dtype(), shape);
+  if (rows.size_bytes() > 0) {
+    std::memcpy(rows.raw(), static_cast<const char*>(tensor.raw()) + begin * row_bytes,
+                static_cast<std::size_t>(rows.size_bytes()));
+  }
+  return rows;
+}
+
+// This rank's rows of x and dy and its experts' weights. With one rank they
+// are the inputs themselves, not copies, so ranks=1 needs no extra memory.
+class RankShard {
+ public:
+  RankShard(const LayerInputs& in, const ExpertParallelSettings& settings, int rank)
+      : first_token_(settings.first_token(rank, in.num_tokens)),
+        num_tokens_(in.num_tokens / settings.num_ranks),
+        first_expert_(rank * settings.num_local_experts()),
+        num_experts_(settings.num_local_experts()) {
+    const bool whole = settings.num_ranks == 1;
+    const auto token_rows = [&](const Tensor& t) {
+      return copy_leading_rows(t, first_token_, first_token_ + num_tokens_);
+    };
+    const auto expert_rows = [&](const Tensor& t) {
+      return copy_leading_rows(t, first_expert_, first_expert_ + num_experts_);
+    };
+    if (!whole) {
+      owned_ = {token_rows(in.x), in.dy ? token_rows(*in.dy) : Tensor(), expert_rows(in.wi0),
+                expert_rows(in.wi1), expert_rows(in.wo)};
+    }
+    x_ = whole ? &in.x : &owned_[0];
+    dy_ = !in.dy ? nullptr : whole ? &*in.dy : &owned_[1];
+    wi0_ = whole ? &in.wi0 : &owned_[2];
+    wi1_ = whole ? &in.wi1 : &owned_[3];
+    wo_ = whole ? &in.wo : &owned_[4];
+    weights_ = {&in.gate, wi0_, wi1_, wo_, in.bias ? &*in.bias : nullptr};
+  }
+  RankShard(const RankShard&) = delete;  // the pointers point into owned_
+  RankShard& operator=(const RankShard&) = delete;
+
+  const Tensor& x() const { return *x_; }
+  const Tensor* dy() const { return dy_; }
+  const MoeWeights& weights() const { return weights_; }
+  std::int64_t first_token() const { return first_token_; }
+  std::int64_t num_tokens() const { return num_tokens_; }
+  int first_expert() const { return first_expert_; }
+  int num_experts() const { return num_experts_; }
+
+ private:
+  std::int64_t first_token_, num_tokens_;
+  int first_expert_, num_experts_;
+  std::array<Tensor, 5> owned_;  // x, dy, wi0, wi1, wo slices when ranks > 1
+  const Tensor *x_, *dy_, *wi0_, *wi1_, *wo_;
+  MoeWeights weights_;
+};
+
+struct RankRun {
+  MoeForwardOutput forward;
+  std::optional<MoeGradients> gradients;
+  RankReport report;
+};
+
+RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
+                       std::unique_ptr<ep::Dispatcher> dispatcher, int rank) {
+  MemoryLedger ledger;  // measures the activations saved for backward
+  MoeLayer layer(config, std::move(dispatcher), &ledger);
+  RankRun run;
+  Stopwatch forward_watch;
+  run.forward = layer.forward(shard.x(), shard.weights());
+  const double forward_seconds = forward_watch.elapsed_seconds();
+  double backward_seconds = 0;
+  if (shard.dy() != nullptr) {
+    Stopwatch backward_watch;
+    run.gradients = layer.backward(*shard.dy());
+    backward_seconds = backward_watch.elapsed_seconds();
+  }
+
+  const ep::DispatchStats& dispatch = layer.dispatch_stats();
+  RankReport& report = run.report;
+  report.rank = rank;
+  report.first_token = shard.first_token();
+  report.num_tokens = shard.num_tokens();
+  report.first_expert = shard.first_expert();
+  report.num_experts = shard.num_experts();
+  report.rows_per_local_expert = dispatch.rows_per_local_expert;
+  report.bytes_sent = dispatch.bytes_sent;
+  report.dropped_pairs = dispatch.dropped_pairs;
+  report.phase_seconds = layer.stats().phase_seconds.seconds();
+  report.forward_seconds = forward_seconds;
+  report.backward_seconds = backward_seconds;
+  report.saved_activation_peak_bytes = layer.stats().saved_activation_peak_bytes;
+  return run;
+}
+
+// --- gathering ---------------------------------------------------------------
+
+class Gatherer {
+ public:
+  Gatherer(transport::Communicator& comm, std::chrono::milliseconds timeout) : comm_(comm), timeout_(timeout) {}
+
+  // Starts the all-gather of `part` (this rank's block along the leading
+  // dimension) into a tensor R times as long; complete after wait_all().
+  Tensor start(const Tensor& part, GatherTag tag) {
+    Shape shape = part.shape();
+    shape[0] *= comm_.size();
+    Tensor full(part.dtype(), shape);
+    if (part.numel() > 0) {
+      handles_.push_back(comm::ring_all_gather(
+          comm_, {.input = part.raw(), .output = full.raw(), .num_elements_per_rank = part.numel(),
+                  .dtype = part.dtype(), .tag = kGatherTagBase + static_cast<std::uint32_t>(tag),
+                  .timeout = timeout_}));
+    }
+    return full;
+  }
+
+  void wait_all() {
+    for (comm::CollectiveHandle& handle : handles_) handle.wait();
+    handles_.clear();
+  }
+
+  // Every rank's report, in rank order: the JSON texts' lengths first, then
+  // the texts padded to the longest (all-gather moves equal blocks).
+  std::vector<RankReport> reports(const RankReport& own) {
+    const std::string text = nlohmann::json(own).dump();
+    Tensor length(DType::i64, {1});
+    length.data<std::int64_t>()[0] = static_cast<std::int64_t>(text.size());
+    Tensor lengths = start(length, GatherTag::report_bytes);
+    wait_all();
+    const std::int64_t longest = *std::max_element(lengths.data<std::int64_t>(),
+                                                   lengths.data<std::int64_t>() + comm_.size());
+    // fp8_e4m3: any one-byte type; the collective moves bytes.
+    Tensor padded = Tensor::zeros(DType::fp8_e4m3, {1, longest});
+    std::memcpy(padded.raw(), text.data(), text.size());
+    Tensor texts = start(padded, GatherTag::report_text);
+    wait_all();
+    std::vector<RankReport> all;
+    for (int r = 0; r < comm_.size(); ++r) {
+      const char* begin = static_cast<const char*>(texts.raw()) + r * longest;
+      all.push_back(nlohmann::json::parse(begin, begin + lengths.data<std::int64_t>()[r]).get<RankReport>());
+    }
+    return all;
+  }
+
+ private:
+  transport::Communicator& comm_;
+  std::chrono::milliseconds timeout_;
+  std::vector<comm::CollectiveHandle> handles_;
+};
+
+// The gate is replicated, so its gradient is the sum of every rank's part;
+// summed here in rank order rather than by a ring all-reduce, whose order
+// depends on R and the block, so the result is the same on every transport.
+Tensor sum_in_rank_order(const Tensor& parts, int num_ranks) {
+  const std::int64_t part_elements = parts.numel() / num_ranks;
+  Shape shape = parts.shape();
+  shape[0] /= num_ranks;
+  Tensor sum = copy_leading_rows(parts, 0, shape[0]);
+  float* out = sum.data<float>();
+  for (int r = 1; r < num_ranks; ++r) {
+    const float* part = parts.data<float>() + r * part_elements;
+    for (std::int64_t i = 0; i < part_elements; ++i) out[i] += part[i];
+  }
+  return sum;
+}
+
+LayerRunResult gather_results(transport::Communicator& comm, const RankRun& run,
+                              std::chrono::milliseconds timeout) {
+  Gatherer gatherer(comm, timeout);
+  LayerRunResult result;
+  result.forward.y = gatherer.start(run.forward.y, GatherTag::y);
+  result.forward.topk_ids = gatherer.start(run.forward.topk_ids, GatherTag::topk_ids);
+  result.forward.topk_weights = gatherer.start(run.forward.topk_weights, GatherTag::topk_weights);
+  Tensor dgate_parts;
+  if (run.gradients) {
+    const MoeGradients& g = *run.gradients;
+    MoeGradients& gathered = result.gradients.emplace();
+    gathered.dx = gatherer.start(g.dx, GatherTag::dx);
+    Tensor dgate_part = g.dgate.clone();
+    dgate_part.reshape({1, g.dgate.dim(0), g.dgate.dim(1)});
+    dgate_parts = gatherer.start(dgate_part, GatherTag::dgate);
+    gatherer.wait_all();  // dgate_part must outlive its gather
+    gathered.dgate = sum_in_rank_order(dgate_parts, comm.size());
+    gathered.dgate.reshape(g.dgate.shape());
+    gathered.dwi0 = gatherer.start(g.dwi0, GatherTag::dwi0);
+    gathered.dwi1 = gatherer.start(g.dwi1, GatherTag::dwi1);
+    gathered.dwo = gatherer.start(g.dwo, GatherTag::dwo);
+  }
+  gatherer.wait_all();
+  result.ranks = gatherer.reports(run.report);
+  return result;
+}
+
+// One rank of a multi-rank run, on either transport.
+LayerRunResult run_and_gather(transport::Communicator& comm, const LayerInputs& inputs,
+                              const MoeLayerConfig& config, const ExpertParallelSettings& settings) {
+  EPMOE_CHECK_EQ(comm.size(), settings.num_ranks);
+  const RankShard shard(inputs, settings, comm.rank());
+  const RankRun run =
+      run_rank_layer(shard, config, ep::make_dispatcher(settings.dispatch, comm, settings.ep), comm.rank());
+  return gather_results(comm, run, settings.ep.timeout);
+}
+
+}  // namespace
+
+std::optional<LayerRunResult> run_layer_across_ranks(const LayerInputs& inputs, const MoeLayerConfig& config,
+                                                     const ExpertParallelSettings& settings) {
+  if (settings.single_rank_local()) {
+    set_compute_threads(settings.compute_threads_per_rank);
+    const RankShard shard(inputs, settings, 0);
+    RankRun run = run_rank_layer(
+        shard, config, std::make_unique<ep::LocalDispatcher>(config.router.num_experts, settings.ep.num_chunks), 0);
+    return LayerRunResult{std::move(run.forward), std::move(run.gradients), {std::move(run.report)}};
+  }
+
+  std::optional<LayerRunResult> result;
+  const auto rank_body = [&](transport::Communicator& comm) {
+    LayerRunResult gathered = run_and_gather(comm, inputs, config, settings);
+    if (comm.rank() == 0) result = std::move(gathered);
+  };
+  if (settings.transport == TransportKind::threads) {
+    transport::threads::run_ranks(settings.num_ranks,
+                                  {.links = settings.links,
+                                   .compute_threads_per_rank = settings.compute_threads_per_rank},
+                                  rank_body);
+    return result;
+  }
+#ifdef EPMOE_WITH_MPI_TRANSPORT
+  transport::mpi::run_rank(0, nullptr, [&](transport::Communicator& comm) {
+    set_compute_threads(settings.compute_threads_per_rank);
+    rank_body(comm);
+  });
+  return result;
+#else
+  throw InternalError("transport=mpi reached a build without the mpi transport (validated earlier)");
+#endif
+}
+
+}  // namespace epmoe::cli

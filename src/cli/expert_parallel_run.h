@@ -1,0 +1,72 @@
+// Runs one MoE layer forward (and backward when dy is given) across the ranks
+// of an ExpertParallelSettings, and gathers the results back into the shapes
+// of a single-rank run, so that the outputs of ranks=R compare directly with
+// ranks=1:
+//   y, topk_ids, topk_weights, dx   rows concatenated in rank order   [N, ...]
+//   dgate                           every rank's part summed in rank order (the
+//                                   gate is replicated; the sum is 0+1+...+R-1
+//                                   on every transport, so threads and mpi
+//                                   give the same bits)                 [H, E]
+//   dwi0, dwi1, dwo                 experts concatenated in rank order  [E, ...]
+//
+// Paths:
+//  * settings.single_rank_local(): MoeLayer with its LocalDispatcher on the
+//    calling thread, no communication (what `epmoe layer` did before ranks=).
+//  * transport=threads: run_ranks() with R rank threads, each with its own
+//    dispatcher (ep::make_dispatcher); the compute thread budget is split.
+//  * transport=mpi: this process is one rank (run_rank() holds MPI_Init /
+//    MPI_Finalize); a rank's exception prints "rank r failed: ..." and aborts
+//    the job.
+// Gathering uses comm/ all-gathers on both transports (one code path), so
+// every rank briefly holds the full outputs; rank 0's copy is returned.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/expert_parallel_settings.h"
+#include "cli/layer_inputs.h"
+#include "moe/moe_layer.h"
+
+namespace epmoe::cli {
+
+// What one rank measured; the rank's line in metrics.json.
+struct RankReport {
+  int rank = 0;
+  std::int64_t first_token = 0, num_tokens = 0;  // its rows of x and dy
+  int first_expert = 0, num_experts = 0;         // the experts it homes
+  // Rows its experts computed, i.e. (token, expert) pairs received, per local
+  // expert over all chunks.
+  std::vector<std::int64_t> rows_per_local_expert;
+  // Bytes it sent to other ranks, by collective ("forward/all_to_all_v tokens").
+  std::map<std::string, std::int64_t> bytes_sent;
+  std::int64_t dropped_pairs = 0;  // of its tokens, to capacity_factor
+  std::map<std::string, double> phase_seconds;  // route, dispatch, experts, combine, backward_*
+  double forward_seconds = 0, backward_seconds = 0;
+  std::int64_t saved_activation_peak_bytes = 0;
+};
+
+// One JSON form for both uses: the report travels to rank 0 as this text, and
+// metrics.json shows it (with derived totals) under expert_parallel.per_rank.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, first_expert, num_experts,
+                                   rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds,
+                                   forward_seconds, backward_seconds, saved_activation_peak_bytes)
+
+struct LayerRunResult {
+  MoeForwardOutput forward;               // gathered, as described above
+  std::optional<MoeGradients> gradients;  // when inputs.dy was given
+  std::vector<RankReport> ranks;          // rank order
+};
+
+// The gathered result on the process that writes the outputs (always, except
+// on MPI ranks other than 0: nullopt). Keys and files are validated already.
+std::optional<LayerRunResult> run_layer_across_ranks(const LayerInputs& inputs,
+                                                     const MoeLayerConfig& config,
+                                                     const ExpertParallelSettings& settings);
+
+}  // namespace epmoe::cli

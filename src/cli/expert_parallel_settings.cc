@@ -1,0 +1,13 @@
+#include "cli/expert_parallel_settings.h"
+
+namespace epmoe::cli {
+
+std::string to_string(TransportKind kind) { return kind == TransportKind::mpi ? "mpi" : "threads"; }
+
+bool ExpertParallelSettings::single_rank_local() const {
+  // token_chunks is not in the list: LocalDispatcher chunks the step too.
+  return num_ranks == 1 && transport == TransportKind::threads && dispatch == ep::DispatchKind::alltoall &&
+         !ep.dedup && ep.capacity_factor == 0 && ep.token_format == ep::TokenFormat::f32;
+}
+
+}  // namespace epmoe::cli

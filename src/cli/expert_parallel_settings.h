@@ -1,0 +1,41 @@
+// How `epmoe layer` (and later `train`) runs a layer across ranks: the
+// validated translation of expert_parallel_keys() (cli/layer_key_groups.h).
+//
+// Sharding (the same on both transports): rank r of R holds token rows
+// [r·N/R, (r+1)·N/R) of x and dy, and experts [r·E/R, (r+1)·E/R) of wi0, wi1
+// and wo; the gate (and bias) are replicated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ep/ep_config.h"
+#include "transport/threads/emulated_links.h"
+
+namespace epmoe::cli {
+
+enum class TransportKind { threads, mpi };
+std::string to_string(TransportKind kind);
+
+struct ExpertParallelSettings {
+  int num_ranks = 1;
+  TransportKind transport = TransportKind::threads;
+  ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
+  ep::EpConfig ep;                                  // validated for num_ranks
+  std::string cotangent_all_gather = "ring";        // as given, for the metrics echo
+  transport::threads::EmulatedLinkOptions links;    // threads only; enabled = emulate
+  int compute_threads_per_rank = 1;                 // OpenMP budget of each rank
+
+  // True when the run needs no dispatcher: one rank on threads and no key
+  // that only a dispatcher implements (ring, dedup, capacity, fp8 tokens).
+  // Then the layer runs as before expert parallelism existed: MoeLayer with
+  // its LocalDispatcher on the calling thread, bit for bit the same results.
+  bool single_rank_local() const;
+
+  std::int64_t first_token(int rank, std::int64_t num_tokens) const {
+    return num_tokens * rank / num_ranks;
+  }
+  int num_local_experts() const { return ep.num_experts / num_ranks; }
+};
+
+}  // namespace epmoe::cli

@@ -1,0 +1,156 @@
+#include "cli/layer_metrics.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+
+#include "cli/json_output.h"
+
+namespace epmoe::cli {
+namespace {
+
+constexpr char kForwardPrefix[] = "forward/";
+constexpr char kBackwardPrefix[] = "backward/";
+
+std::int64_t sum_with_prefix(const std::map<std::string, std::int64_t>& bytes_sent, const std::string& prefix) {
+  std::int64_t sum = 0;
+  for (const auto& [name, bytes] : bytes_sent) {
+    if (name.rfind(prefix, 0) == 0) sum += bytes;
+  }
+  return sum;
+}
+
+std::int64_t sum(const std::vector<std::int64_t>& values) {
+  std::int64_t total = 0;
+  for (std::int64_t value : values) total += value;
+  return total;
+}
+
+nlohmann::json rank_entry(const RankReport& report) {
+  nlohmann::json entry = report;
+  entry["rows_received"] = sum(report.rows_per_local_expert);
+  entry["bytes_sent_forward"] = sum_with_prefix(report.bytes_sent, kForwardPrefix);
+  entry["bytes_sent_backward"] = sum_with_prefix(report.bytes_sent, kBackwardPrefix);
+  return entry;
+}
+
+// The run's dispatcher configuration as it was resolved (ranks from mpirun,
+// threads split over ranks), beside the raw keys of "config".
+nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
+  const ep::EpConfig& ep = settings.ep;
+  nlohmann::json links = {{"enabled", settings.links.enabled}};
+  if (settings.links.enabled) {
+    links["bandwidth_gb_per_s"] = settings.links.bandwidth_gb_per_s;
+    links["latency_us"] = settings.links.latency_us;
+    links["topology"] = transport::threads::link_topology_name(settings.links.topology);
+  }
+  return {{"dispatch", ep::to_string(settings.dispatch)},
+          {"dedup", ep.dedup},
+          {"capacity_factor", ep.capacity_factor},
+          {"token_chunks", ep.num_chunks},
+          {"fp8_tokens", ep::to_string(ep.token_format)},
+          {"backward_gradient_dtype", "f32"},
+          {"cotangent_all_gather", settings.cotangent_all_gather},
+          {"comm_timeout_ms", ep.timeout.count()},
+          {"compute_threads_per_rank", settings.compute_threads_per_rank},
+          {"emulated_links", links}};
+}
+
+}  // namespace
+
+nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, const MoeLayerConfig& config,
+                             const ExpertParallelSettings& settings, const LayerRunResult& run,
+                             const std::vector<std::string>& output_files) {
+  // Totals over ranks. Work and bytes add up; times are the slowest rank's,
+  // since the step ends when the last rank does.
+  std::vector<std::int64_t> rows_per_expert;  // global expert order
+  std::map<std::string, std::int64_t> bytes_sent;
+  std::map<std::string, double> phase_seconds;
+  std::int64_t dropped_pairs = 0, saved_activation_peak_bytes = 0;
+  double forward_seconds = 0, backward_seconds = 0;
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (const RankReport& report : run.ranks) {
+    rows_per_expert.insert(rows_per_expert.end(), report.rows_per_local_expert.begin(),
+                           report.rows_per_local_expert.end());
+    for (const auto& [name, bytes] : report.bytes_sent) bytes_sent[name] += bytes;
+    for (const auto& [phase, seconds] : report.phase_seconds) {
+      phase_seconds[phase] = std::max(phase_seconds[phase], seconds);
+    }
+    dropped_pairs += report.dropped_pairs;
+    saved_activation_peak_bytes = std::max(saved_activation_peak_bytes, report.saved_activation_peak_bytes);
+    forward_seconds = std::max(forward_seconds, report.forward_seconds);
+    backward_seconds = std::max(backward_seconds, report.backward_seconds);
+    per_rank.push_back(rank_entry(report));
+  }
+  const std::int64_t routed_pairs = sum(rows_per_expert);
+
+  // Per routed (token, expert) pair the SwiGLU expert runs three [1, H] x
+  // [H, F]-sized GEMMs (wi0, wi1, wo) of 2*H*F flops each; the backward runs
+  // two per forward GEMM (dlhs and drhs).
+  const double forward_gemm_flop = 6.0 * static_cast<double>(routed_pairs) *
+                                   static_cast<double>(in.hidden) * static_cast<double>(in.ffn);
+  const double gemm_gflop = forward_gemm_flop * (run.gradients ? 3.0 : 1.0) / 1e9;
+  double expert_seconds = 0;
+  for (const char* phase : {"experts", "backward_experts"}) {
+    if (const auto found = phase_seconds.find(phase); found != phase_seconds.end()) expert_seconds += found->second;
+  }
+
+  nlohmann::json metrics;
+  metrics["command"] = "layer";
+  metrics["config"] = config_to_json(values);
+  metrics["dims"] = {{"num_tokens", in.num_tokens}, {"hidden", in.hidden},
+                     {"num_experts", in.num_experts}, {"ffn", in.ffn},
+                     {"top_k", config.router.top_k}};
+  metrics["backward"] = run.gradients.has_value();
+  metrics["bias"] = in.bias.has_value();
+  nlohmann::json shapes = {{"x", shape_to_json(in.x.shape())},     {"gate", shape_to_json(in.gate.shape())},
+                           {"wi0", shape_to_json(in.wi0.shape())}, {"wi1", shape_to_json(in.wi1.shape())},
+                           {"wo", shape_to_json(in.wo.shape())}};
+  if (in.bias) shapes["bias"] = shape_to_json(in.bias->shape());
+  if (in.dy) shapes["dy"] = shape_to_json(in.dy->shape());
+  const std::map<std::string, const Tensor*> outputs = {
+      {"y", &run.forward.y}, {"topk_ids", &run.forward.topk_ids}, {"topk_weights", &run.forward.topk_weights}};
+  for (const auto& [name, tensor] : outputs) shapes[name] = shape_to_json(tensor->shape());
+  if (run.gradients) {
+    const MoeGradients& g = *run.gradients;
+    for (const auto& [name, tensor] : std::map<std::string, const Tensor*>{
+             {"dx", &g.dx}, {"dgate", &g.dgate}, {"dwi0", &g.dwi0}, {"dwi1", &g.dwi1}, {"dwo", &g.dwo}}) {
+      shapes[name] = shape_to_json(tensor->shape());
+    }
+  }
+  metrics["shapes"] = shapes;
+  metrics["output_files"] = output_files;
+  metrics["tokens_per_expert"] = rows_per_expert;
+  metrics["phase_seconds"] = phase_seconds;
+  metrics["forward_seconds"] = forward_seconds;
+  metrics["backward_seconds"] = backward_seconds;
+  metrics["total_seconds"] = forward_seconds + backward_seconds;
+  // The rate is over the expert phases (GEMMs plus the SwiGLU between them),
+  // so it is comparable with the grouped GEMM benchmark.
+  metrics["expert_gemm_gflop"] = gemm_gflop;
+  metrics["expert_seconds"] = expert_seconds;
+  metrics["expert_gflop_per_second"] = expert_seconds > 0 ? gemm_gflop / expert_seconds : 0.0;
+  metrics["saved_activation_peak_bytes"] = saved_activation_peak_bytes;
+
+  metrics["expert_parallel"] = {
+      {"ranks", settings.num_ranks},
+      {"transport", to_string(settings.transport)},
+      // single_rank: MoeLayer's LocalDispatcher, no communication;
+      // dispatcher: ep::make_dispatcher over the transport.
+      {"path", settings.single_rank_local() ? "single_rank" : "dispatcher"},
+      {"dispatcher", dispatcher_echo(settings)},
+      {"per_rank", per_rank},
+      {"total",
+       {{"rows_received", routed_pairs},
+        {"rows_per_expert", rows_per_expert},
+        {"dropped_pairs", dropped_pairs},
+        {"bytes_sent", bytes_sent},
+        {"bytes_sent_forward", sum_with_prefix(bytes_sent, kForwardPrefix)},
+        {"bytes_sent_backward", sum_with_prefix(bytes_sent, kBackwardPrefix)},
+        {"phase_seconds_max_over_ranks", phase_seconds}}},
+  };
+  return metrics;
+}
+
+}  // namespace epmoe::cli
