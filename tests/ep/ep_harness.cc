@@ -37,7 +37,8 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
                      {Tensor(DType::f32, {n, h}), Tensor::zeros(DType::f32, {h, e}),
                       Tensor(DType::f32, {e, h, f}), Tensor(DType::f32, {e, h, f}),
                       Tensor(DType::f32, {e, f, h})},
-                     std::vector<ep::DispatchStats>(static_cast<std::size_t>(num_ranks))};
+                     std::vector<ep::DispatchStats>(static_cast<std::size_t>(num_ranks)),
+                     std::vector<RankMemory>(static_cast<std::size_t>(num_ranks))};
   std::vector<Tensor> dgates(static_cast<std::size_t>(num_ranks));
   ep::EpConfig config = options.ep;
   config.num_experts = e;
@@ -53,8 +54,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     const Tensor x = slice_rows(p.x, t0, t1), dy = slice_rows(p.dy, t0, t1);
     const Tensor wi0 = slice_rows(p.wi0, e0, e0 + el), wi1 = slice_rows(p.wi1, e0, e0 + el),
                  wo = slice_rows(p.wo, e0, e0 + el);
-    MoeLayer layer({.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype},
-                   ep::make_dispatcher(options.dispatch, comm, config));
+    MemoryLedger ledger;
+    MoeLayer layer({.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype,
+                    .remat = options.remat},
+                   ep::make_dispatcher(options.dispatch, comm, config), &ledger);
     const MoeForwardOutput out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias});
     MoeGradients grads = layer.backward(dy);
     copy_rows_into(result.y, t0, out.y);
@@ -66,6 +69,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     copy_rows_into(result.grads.dwo, e0, grads.dwo);
     dgates[r] = std::move(grads.dgate);
     result.stats[r] = layer.dispatch_stats();
+    const LedgerSnapshot snapshot = ledger.snapshot();
+    for (const auto& [name, entry] : snapshot.by_name) result.memory[r].peak_bytes_by_name[name] = entry.peak_bytes;
+    result.memory[r].total_peak_bytes = snapshot.total_peak_bytes;
+    result.memory[r].recomputed_bytes = layer.stats().recomputed_bytes;
   });
   // The gate is replicated: its gradient is the sum of every rank's part.
   for (const Tensor& part : dgates)

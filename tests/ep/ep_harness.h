@@ -4,6 +4,8 @@
 // ranks) so they compare directly with the double reference.
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "ep/ep_config.h"
@@ -17,12 +19,21 @@ struct EpRunOptions {
   ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
   ep::EpConfig ep;  // num_experts, top_k, hidden are filled from the problem
   ComputeDType compute_dtype = ComputeDType::f32;
+  ep::RematPolicy remat;
+};
+
+// What one rank's memory ledger and layer saw.
+struct RankMemory {
+  std::map<std::string, std::int64_t> peak_bytes_by_name;
+  std::int64_t total_peak_bytes = 0;
+  std::int64_t recomputed_bytes = 0;
 };
 
 struct EpRunResult {
   Tensor y, topk_ids, topk_weights;
   MoeGradients grads;                        // gathered: dx [N,H], dgate summed, dW [E,...]
   std::vector<ep::DispatchStats> stats;      // per rank
+  std::vector<RankMemory> memory;            // per rank
 };
 
 EpRunResult run_ep_layer(const MoeProblem& problem, const EpRunOptions& options);

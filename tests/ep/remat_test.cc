@@ -1,0 +1,98 @@
+// Remat policy (ep/remat_policy.h), R = 1, 3 and 4 ranks as threads.
+//  * Bit-identical gradients whether each saved name (x_sorted, mlpwi_0,
+//    mlpwi_1, mlpwo) is saved or recomputed, for both dispatchers, token
+//    chunks 1 and 4, fp8 tokens off and on.
+//  * The ledger: with x_sorted saved its peak is the analytic size of the
+//    rows a rank computes (rows·H·4 plus metadata: 8 bytes per local expert,
+//    12 per row); recomputed, its peak is zero, and the bytes recomputed and
+//    the extra communication are reported.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "ep_harness.h"
+
+namespace epmoe {
+namespace {
+
+using testing::EpRunOptions;
+using testing::EpRunResult;
+using testing::MoeProblem;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.size_bytes() == b.size_bytes() &&
+         std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.size_bytes())) == 0;
+}
+
+void expect_same_bits(const EpRunResult& a, const EpRunResult& b, const std::string& what) {
+  EXPECT_TRUE(same_bits(a.y, b.y)) << what << " y";
+  EXPECT_TRUE(same_bits(a.grads.dx, b.grads.dx)) << what << " dx";
+  EXPECT_TRUE(same_bits(a.grads.dgate, b.grads.dgate)) << what << " dgate";
+  EXPECT_TRUE(same_bits(a.grads.dwi0, b.grads.dwi0)) << what << " dwi0";
+  EXPECT_TRUE(same_bits(a.grads.dwi1, b.grads.dwi1)) << what << " dwi1";
+  EXPECT_TRUE(same_bits(a.grads.dwo, b.grads.dwo)) << what << " dwo";
+}
+
+TEST(Remat, GradientsAreBitIdenticalForEverySavedName) {
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 12, .top_k = 3};
+  const MoeProblem p = testing::make_problem(24, 16, 12, router, 51);
+  const std::vector<std::pair<std::string, ep::RematPolicy>> policies = {
+      {"x_sorted", {.save_x_sorted = false}},
+      {"mlpwi_0", {.save_mlpwi_0 = false}},
+      {"mlpwi_1", {.save_mlpwi_1 = false}},
+      {"mlpwo", {.save_mlpwo = false}},
+      {"full", ep::RematPolicy::preset("remat_policy", "full")},
+      {"save_dispatch", ep::RematPolicy::preset("remat_policy", "save_dispatch")}};
+  for (int num_ranks : {1, 3, 4})
+    for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring})
+      for (int chunks : {1, 4})
+        for (auto tokens : {ep::TokenFormat::f32, ep::TokenFormat::fp8_token}) {
+          EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
+          options.ep.num_chunks = chunks;
+          options.ep.token_format = tokens;
+          const EpRunResult saved = testing::run_ep_layer(p, options);
+          for (const auto& [name, policy] : policies) {
+            options.remat = policy;
+            const EpRunResult recomputed = testing::run_ep_layer(p, options);
+            const std::string what = "R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch) +
+                                     " chunks " + std::to_string(chunks) + " fp8 " + ep::to_string(tokens) +
+                                     " remat " + name;
+            expect_same_bits(saved, recomputed, what);
+            for (const auto& memory : recomputed.memory) EXPECT_GT(memory.recomputed_bytes, 0) << what;
+          }
+        }
+}
+
+TEST(Remat, LedgerPeakOfXSortedIsItsAnalyticSizeAndZeroWhenRecomputed) {
+  const int num_ranks = 4, num_experts = 8, top_k = 2;
+  const std::int64_t hidden = 16;
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
+  const MoeProblem p = testing::make_problem(32 * num_ranks, hidden, 12, router, 52);
+  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
+    const EpRunResult saved = testing::run_ep_layer(p, options);
+    options.remat = ep::RematPolicy::preset("remat_policy", "full");
+    const EpRunResult recomputed = testing::run_ep_layer(p, options);
+    for (int r = 0; r < num_ranks; ++r) {
+      const std::vector<std::int64_t>& rows_per_expert = saved.stats[r].rows_per_local_expert;
+      const std::int64_t rows = std::accumulate(rows_per_expert.begin(), rows_per_expert.end(), std::int64_t{0});
+      const std::int64_t analytic = rows * hidden * 4 + 8 * (num_experts / num_ranks) + 12 * rows;
+      EXPECT_EQ(saved.memory[r].peak_bytes_by_name.at("saved/x_sorted"), analytic) << ep::to_string(dispatch);
+      EXPECT_EQ(recomputed.memory[r].peak_bytes_by_name.count("saved/x_sorted"), 0u);
+      EXPECT_EQ(recomputed.memory[r].total_peak_bytes, 0);
+      // Recomputing x_sorted re-runs the dispatch: extra bytes on the wire,
+      // as many as the forward's token exchange.
+      const auto& bytes = recomputed.stats[r].bytes_sent;
+      const std::string forward_key =
+          dispatch == ep::DispatchKind::ring ? "forward/ring_all_gather tokens" : "forward/all_to_all_v tokens";
+      const std::string remat_key = dispatch == ep::DispatchKind::ring ? "backward/remat ring_all_gather tokens"
+                                                                       : "backward/remat all_to_all_v tokens";
+      EXPECT_EQ(bytes.at(remat_key), bytes.at(forward_key));
+      EXPECT_EQ(saved.stats[r].bytes_sent.count(remat_key), 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace epmoe
