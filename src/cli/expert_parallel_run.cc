@@ -121,6 +121,8 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
   report.forward_seconds = forward_seconds;
   report.backward_seconds = backward_seconds;
   report.saved_activation_peak_bytes = layer.stats().saved_activation_peak_bytes;
+  for (const auto& [name, entry] : ledger.snapshot().by_name) report.saved_peak_bytes_by_name[name] = entry.peak_bytes;
+  report.recomputed_bytes = layer.stats().recomputed_bytes;
   return run;
 }
 

@@ -49,13 +49,17 @@ struct RankReport {
   std::map<std::string, double> phase_seconds;  // route, dispatch, experts, combine, backward_*
   double forward_seconds = 0, backward_seconds = 0;
   std::int64_t saved_activation_peak_bytes = 0;
+  // Peak bytes per saved name ("saved/x_sorted", ...), and the bytes the
+  // remat policy recomputed in the backward.
+  std::map<std::string, std::int64_t> saved_peak_bytes_by_name;
+  std::int64_t recomputed_bytes = 0;
 };
 
 // One JSON form for both uses: the report travels to rank 0 as this text, and
 // metrics.json shows it (with derived totals) under expert_parallel.per_rank.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, first_expert, num_experts,
                                    rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds,
-                                   forward_seconds, backward_seconds, saved_activation_peak_bytes)
+                                   forward_seconds, backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name, recomputed_bytes)
 
 struct LayerRunResult {
   MoeForwardOutput forward;               // gathered, as described above

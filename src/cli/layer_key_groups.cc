@@ -40,6 +40,23 @@ KeyGroup moe_layer_keys() {
            .choices = {to_string(ComputeDType::f32), to_string(ComputeDType::bf16)}},
           {.name = "seed", .type = KeyType::integer, .default_value = "0",
            .help = "random router: seed of its generator", .min_value = 0},
+          {.name = "remat_policy", .type = KeyType::choice, .default_value = "minimal",
+           .help = "activations kept for backward: minimal = save all (least recompute), full = recompute "
+                   "all (least memory), save_dispatch = save x_sorted only, custom = the remat.* keys",
+           .choices = {"minimal", "full", "save_dispatch", "custom"}},
+          {.name = "remat.x_sorted", .type = KeyType::choice, .default_value = "save",
+           .help = "remat_policy=custom: the expert-sorted input rows + routing metadata; remat re-runs "
+                   "the dispatch (all-to-all exchange or ring all-gather) and the sort in backward",
+           .choices = {"save", "remat"}},
+          {.name = "remat.mlpwi_0", .type = KeyType::choice, .default_value = "save",
+           .help = "remat_policy=custom: x_sorted wi0 [rows, F]; remat = one grouped GEMM in backward",
+           .choices = {"save", "remat"}},
+          {.name = "remat.mlpwi_1", .type = KeyType::choice, .default_value = "save",
+           .help = "remat_policy=custom: x_sorted wi1 [rows, F]; remat = one grouped GEMM in backward",
+           .choices = {"save", "remat"}},
+          {.name = "remat.mlpwo", .type = KeyType::choice, .default_value = "save",
+           .help = "remat_policy=custom: the experts' outputs [rows, H]; remat = SwiGLU + one grouped GEMM",
+           .choices = {"save", "remat"}},
       },
   };
 }
@@ -129,6 +146,18 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
   router.topk_groups = values.get_int32("topk_groups");
   router.routed_scaling_factor = static_cast<float>(values.get_float("routed_scaling_factor"));
   router.seed = static_cast<std::uint64_t>(values.get_int("seed"));  // >= 0 by its declaration
+  const std::string policy = values.get_string("remat_policy");
+  config.remat = ep::RematPolicy::preset("remat_policy", policy);
+  for (const char* key : {"remat.x_sorted", "remat.mlpwi_0", "remat.mlpwi_1", "remat.mlpwo"}) {
+    if (policy != "custom" && values.is_set(key))
+      throw ConfigError(std::string(key) + " is only read with remat_policy=custom (it is " + policy + ")");
+  }
+  if (policy == "custom") {
+    config.remat.save_x_sorted = ep::RematPolicy::parse_choice("remat.x_sorted", values.get_string("remat.x_sorted"));
+    config.remat.save_mlpwi_0 = ep::RematPolicy::parse_choice("remat.mlpwi_0", values.get_string("remat.mlpwi_0"));
+    config.remat.save_mlpwi_1 = ep::RematPolicy::parse_choice("remat.mlpwi_1", values.get_string("remat.mlpwi_1"));
+    config.remat.save_mlpwo = ep::RematPolicy::parse_choice("remat.mlpwo", values.get_string("remat.mlpwo"));
+  }
   config.validate();  // validates the router config too
   return config;
 }

@@ -67,7 +67,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   std::vector<std::int64_t> rows_per_expert;  // global expert order
   std::map<std::string, std::int64_t> bytes_sent;
   std::map<std::string, double> phase_seconds;
-  std::int64_t dropped_pairs = 0, saved_activation_peak_bytes = 0;
+  std::int64_t dropped_pairs = 0, saved_activation_peak_bytes = 0, recomputed_bytes = 0;
   double forward_seconds = 0, backward_seconds = 0;
   nlohmann::json per_rank = nlohmann::json::array();
   for (const RankReport& report : run.ranks) {
@@ -79,6 +79,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
     }
     dropped_pairs += report.dropped_pairs;
     saved_activation_peak_bytes = std::max(saved_activation_peak_bytes, report.saved_activation_peak_bytes);
+    recomputed_bytes = std::max(recomputed_bytes, report.recomputed_bytes);
     forward_seconds = std::max(forward_seconds, report.forward_seconds);
     backward_seconds = std::max(backward_seconds, report.backward_seconds);
     per_rank.push_back(rank_entry(report));
@@ -132,6 +133,12 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   metrics["expert_seconds"] = expert_seconds;
   metrics["expert_gflop_per_second"] = expert_seconds > 0 ? gemm_gflop / expert_seconds : 0.0;
   metrics["saved_activation_peak_bytes"] = saved_activation_peak_bytes;
+  // The remat trade (DESIGN.md §4.7), the largest rank's: memory kept for
+  // backward against what the backward rebuilt and the extra bytes it sent.
+  metrics["remat"] = {{"policy", config.remat.describe()},
+                      {"saved_activation_peak_bytes", saved_activation_peak_bytes},
+                      {"recomputed_bytes", recomputed_bytes},
+                      {"extra_communication_bytes", sum_with_prefix(bytes_sent, "backward/remat")}};
 
   metrics["expert_parallel"] = {
       {"ranks", settings.num_ranks},

@@ -327,3 +327,37 @@ TEST_F(EpmoeCli, RejectsTokenChunksAboveTheLimit) {
 
 }  // namespace
 }  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+using testing::layer_output_names;
+using testing::read_bytes;
+using testing::read_metrics;
+
+// remat_policy changes what backward keeps, never the numbers: every output
+// file is byte-identical, and metrics.json reports the trade.
+TEST_F(ExpertParallelCli, RematPoliciesGiveIdenticalFilesAndReportTheTrade) {
+  prepare();
+  const auto saved = run_ep("saved", {"ranks=4", "dispatch=ring", "remat_policy=minimal"});
+  const auto recomputed = run_ep("recomputed", {"ranks=4", "dispatch=ring", "remat_policy=full"});
+  for (const std::string& name : layer_output_names()) {
+    EXPECT_EQ(read_bytes(saved / (name + ".npy")), read_bytes(recomputed / (name + ".npy"))) << name;
+  }
+  const nlohmann::json saved_remat = read_metrics(saved)["remat"];
+  const nlohmann::json recomputed_remat = read_metrics(recomputed)["remat"];
+  EXPECT_GT(saved_remat["saved_activation_peak_bytes"].get<std::int64_t>(), 0);
+  EXPECT_EQ(saved_remat["recomputed_bytes"].get<std::int64_t>(), 0);
+  EXPECT_EQ(recomputed_remat["saved_activation_peak_bytes"].get<std::int64_t>(), 0);
+  EXPECT_EQ(recomputed_remat["recomputed_bytes"], saved_remat["saved_activation_peak_bytes"]);
+  EXPECT_GT(recomputed_remat["extra_communication_bytes"].get<std::int64_t>(), 0);
+}
+
+TEST_F(EpmoeCli, RejectsPerNameRematKeysWithoutCustomPolicy) {
+  generate_inputs();
+  expect_rejected(run_layer({"remat.x_sorted=remat"}),
+                  {"remat.x_sorted is only read with remat_policy=custom"});
+}
+
+}  // namespace
+}  // namespace epmoe
