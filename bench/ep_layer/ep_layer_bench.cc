@@ -8,6 +8,9 @@
 //   bench_ep_layer [ranks=4 tokens_per_rank=256 hidden=256 ffn=128 experts=64
 //                   top_k=8 link_gbps=0.5 link_latency_us=5 topology=full_mesh
 //                   min_seconds=1 verify=1]
+//   bench_ep_layer remat [same keys; dispatch=ring|alltoall]
+//     per remat policy and at two per-rank batch sizes (tokens_per_rank and
+//     4x it): peak saved bytes per rank, backward time, backward bytes sent.
 #include "ep_layer_bench.h"
 
 #include <cmath>
@@ -17,6 +20,9 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "comm/barrier.h"
+#include "core/memory_ledger.h"
+#include "core/timer.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "ep/ep_config.h"
@@ -54,16 +60,19 @@ double hit_probability(int num_experts, int experts_per_rank, int top_k) {
   return 1.0 - miss;
 }
 
-}  // namespace
+struct LayerShape {
+  int num_ranks;
+  std::int64_t tokens, hidden, ffn;
+  int num_experts, top_k;
+};
 
-int run_ep_layer_bench(int argc, char** argv) {
-  const BenchArgs args = BenchArgs::parse(argc, argv);
-  const int num_ranks = static_cast<int>(args.number("ranks", 4));
-  const std::int64_t tokens = static_cast<std::int64_t>(args.number("tokens_per_rank", 256));
-  const std::int64_t hidden = static_cast<std::int64_t>(args.number("hidden", 256));
-  const std::int64_t ffn = static_cast<std::int64_t>(args.number("ffn", 128));
-  const int num_experts = static_cast<int>(args.number("experts", 64));
-  const int top_k = static_cast<int>(args.number("top_k", 8));
+LayerShape shape_from(const BenchArgs& args) {
+  return {static_cast<int>(args.number("ranks", 4)), static_cast<std::int64_t>(args.number("tokens_per_rank", 256)),
+          static_cast<std::int64_t>(args.number("hidden", 256)), static_cast<std::int64_t>(args.number("ffn", 128)),
+          static_cast<int>(args.number("experts", 64)), static_cast<int>(args.number("top_k", 8))};
+}
+
+transport::threads::ThreadsOptions links_from(const BenchArgs& args) {
   transport::threads::ThreadsOptions threads;
   threads.links.enabled = args.number("link_gbps", 0.5) > 0;
   threads.links.bandwidth_gb_per_s = args.number("link_gbps", 0.5);
@@ -71,6 +80,77 @@ int run_ep_layer_bench(int argc, char** argv) {
   threads.links.topology = args.values.count("topology") && args.values.at("topology") == "ring"
                                ? transport::threads::LinkTopology::ring
                                : transport::threads::LinkTopology::full_mesh;
+  return threads;
+}
+
+// The remat trade: per policy and batch size, what backward keeps, how long
+// it takes and what it sends.
+int run_remat_bench(const BenchArgs& args) {
+  const LayerShape base = shape_from(args);
+  const transport::threads::ThreadsOptions threads = links_from(args);
+  const bool ring = !args.values.count("dispatch") || args.values.at("dispatch") == "ring";
+  const int repetitions = static_cast<int>(args.number("repetitions", 5));
+  std::printf("remat policies, %s dispatch, R=%d, H=%lld F=%lld E=%d K=%d, links %.2f GB/s; "
+              "backward median of %d (rank 0)\n",
+              ring ? "ring" : "alltoall", base.num_ranks, (long long)base.hidden, (long long)base.ffn,
+              base.num_experts, base.top_k, threads.links.bandwidth_gb_per_s, repetitions);
+  std::printf("%-8s %-14s %16s %14s %16s %18s\n", "N_l", "policy", "saved peak MB", "backward ms",
+              "backward MB sent", "recomputed MB");
+  for (const std::int64_t tokens : {base.tokens, 4 * base.tokens}) {
+    for (const char* policy : {"minimal", "save_dispatch", "full"}) {
+      double backward_ms = 0, backward_mb = 0, saved_mb = 0, recomputed_mb = 0;
+      transport::threads::run_ranks(base.num_ranks, threads, [&](transport::Communicator& comm) {
+        Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
+        Rng shared(11);
+        const int el = base.num_experts / base.num_ranks;
+        Tensor gate = random_tensor({base.hidden, base.num_experts}, shared, 1.0 / std::sqrt(double(base.hidden)));
+        Tensor x = random_tensor({tokens, base.hidden}, rng, 1.0), dy = random_tensor({tokens, base.hidden}, rng, 1.0);
+        Tensor wi0 = random_tensor({el, base.hidden, base.ffn}, rng, 1.0 / std::sqrt(double(base.hidden)));
+        Tensor wi1 = random_tensor({el, base.hidden, base.ffn}, rng, 1.0 / std::sqrt(double(base.hidden)));
+        Tensor wo = random_tensor({el, base.ffn, base.hidden}, rng, 1.0 / std::sqrt(double(base.ffn)));
+        ep::EpConfig config{.num_experts = base.num_experts, .top_k = base.top_k, .hidden = base.hidden,
+                            .tag_base = 1 << 20};
+        MemoryLedger ledger;
+        MoeLayer layer({.hidden = base.hidden, .ffn = base.ffn,
+                        .router = {.num_experts = base.num_experts, .top_k = base.top_k},
+                        .remat = ep::RematPolicy::preset("remat_policy", policy)},
+                       ep::make_dispatcher(ring ? ep::DispatchKind::ring : ep::DispatchKind::alltoall, comm, config),
+                       &ledger);
+        const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
+        std::vector<double> seconds;
+        for (int i = 0; i <= repetitions; ++i) {  // i = 0 warms up
+          layer.forward(x, weights);
+          comm::barrier(comm, {.tag = 900}).wait();
+          Stopwatch watch;
+          layer.backward(dy);
+          if (i > 0) seconds.push_back(watch.elapsed_seconds());
+        }
+        if (comm.rank() == 0) {
+          backward_ms = summarise(seconds).median_s * 1e3;
+          std::int64_t sent = 0;
+          for (const auto& [name, bytes] : layer.dispatch_stats().bytes_sent)
+            if (name.rfind("backward", 0) == 0) sent += bytes;
+          backward_mb = sent / 1e6;
+          saved_mb = layer.stats().saved_activation_peak_bytes / 1e6;
+          recomputed_mb = layer.stats().recomputed_bytes / 1e6;
+        }
+      });
+      std::printf("%-8lld %-14s %16.2f %14.2f %16.2f %18.2f\n", (long long)tokens, policy, saved_mb,
+                  backward_ms, backward_mb, recomputed_mb);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_ep_layer_bench(int argc, char** argv) {
+  const BenchArgs args = BenchArgs::parse(argc, argv);
+  if (args.part == "remat") return run_remat_bench(args);
+  const LayerShape shape = shape_from(args);
+  const int num_ranks = shape.num_ranks, num_experts = shape.num_experts, top_k = shape.top_k;
+  const std::int64_t tokens = shape.tokens, hidden = shape.hidden, ffn = shape.ffn;
+  const transport::threads::ThreadsOptions threads = links_from(args);
   TimingOptions timing = args.timing();
   timing.min_seconds = args.number("min_seconds", 1.0);
 
