@@ -11,5 +11,7 @@ namespace epmoe::cli {
 void add_layer_command(CLI::App& app);
 // epmoe gen-inputs --out DIR [key=value ...]
 void add_gen_inputs_command(CLI::App& app);
+// epmoe bench collectives|layer [part] [key=value ...]
+void add_bench_command(CLI::App& app);
 
 }  // namespace epmoe::cli

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   epmoe::cli::add_layer_command(app);
   epmoe::cli::add_gen_inputs_command(app);
+  epmoe::cli::add_bench_command(app);
 
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback
