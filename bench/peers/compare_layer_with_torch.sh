@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # epmoe's single-rank MoE layer vs the same layer in PyTorch (CPU), same
 # shapes and thread count, run back to back; prints both and the ratio.
-# Installs Debian's python3-torch if it is missing (bench only, not tests).
+# Installs Debian's python3-torch if it is missing (bench only, not tests),
+# and OpenBLAS (OpenMP build) for it: Debian's torch is built against the
+# generic libblas.so.3, which without OpenBLAS resolves to the reference
+# BLAS (~4 GFLOP/s here) - a crippled peer. With OpenBLAS its sgemm runs at
+# ~95 GFLOP/s on this machine.
 #   bench/peers/compare_layer_with_torch.sh [BUILD_DIR] [key=value ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build_dir=${1:-build}
 shift || true
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch
+missing=()
+/usr/bin/python3 -c "import torch" 2>/dev/null || missing+=(python3-torch)
+dpkg-query -W -f='${Status}' libopenblas0-openmp 2>/dev/null | grep -q "install ok installed" || missing+=(libopenblas0-openmp)
+if ((${#missing[@]})); then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 threads=$(nproc)
 for dtype in f32 bf16; do

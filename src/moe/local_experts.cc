@@ -95,7 +95,8 @@ Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
 
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo) {
+                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo,
+                                 bool accumulate) {
   const std::int64_t num_rows = rows.num_rows(), hidden = shape.hidden, ffn = shape.ffn;
   EPMOE_CHECK_EQ(slot_dy.numel(), rows.num_slots * hidden);
   const GroupedGemmShape up{rows.group_sizes, hidden, ffn, shape.compute_dtype};
@@ -128,20 +129,24 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
   Tensor activation(DType::f32, {num_rows, ffn});
   swiglu_forward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), activation.data<float>(),
                  num_rows * ffn);
-  Tensor chunk_dw(DType::f32, dwo.shape());
-  grouped_gemm_drhs(down, activation.data<float>(), d_expert_out.data<float>(), chunk_dw.data<float>());
-  add_into(dwo, chunk_dw);
+  // The weight gradient of this chunk: straight into dW for the first chunk,
+  // through a scratch buffer and an add for the others (a pass over dW that
+  // the single-chunk case should not pay).
+  Tensor chunk_dw = accumulate ? Tensor(DType::f32, dwo.shape()) : Tensor();
+  auto weight_gradient = [&](const GroupedGemmShape& gemm_shape, const float* lhs, const float* dout, Tensor& dw) {
+    grouped_gemm_drhs(gemm_shape, lhs, dout, accumulate ? chunk_dw.data<float>() : dw.data<float>());
+    if (accumulate) add_into(dw, chunk_dw);
+  };
+  weight_gradient(down, activation.data<float>(), d_expert_out.data<float>(), dwo);
   Tensor d_activation(DType::f32, {num_rows, ffn});
   grouped_gemm_dlhs(down, d_expert_out.data<float>(), weights.wo, d_activation.data<float>());
   Tensor d_h0(DType::f32, {num_rows, ffn}), d_h1(DType::f32, {num_rows, ffn});
   swiglu_backward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), d_activation.data<float>(),
                   d_h0.data<float>(), d_h1.data<float>(), num_rows * ffn);
   const float* x = num_rows > 0 ? rows.x.data<float>() : nullptr;
-  chunk_dw = Tensor(DType::f32, dwi0.shape());
-  grouped_gemm_drhs(up, x, d_h0.data<float>(), chunk_dw.data<float>());
-  add_into(dwi0, chunk_dw);
-  grouped_gemm_drhs(up, x, d_h1.data<float>(), chunk_dw.data<float>());
-  add_into(dwi1, chunk_dw);
+  if (accumulate) chunk_dw = Tensor(DType::f32, dwi0.shape());
+  weight_gradient(up, x, d_h0.data<float>(), dwi0);
+  weight_gradient(up, x, d_h1.data<float>(), dwi1);
   Tensor dx_rows(DType::f32, {num_rows, hidden});
   grouped_gemm_dlhs(up, d_h0.data<float>(), weights.wi0, dx_rows.data<float>());
   grouped_gemm_dlhs(up, d_h1.data<float>(), weights.wi1, dx_rows.data<float>(), /*accumulate=*/true);

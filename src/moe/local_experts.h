@@ -51,10 +51,11 @@ Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
 std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRows& rows,
                                    const LocalExpertWeights& weights, ExpertActivations& activations);
 
-// Adds the local experts' weight gradients into dwi0, dwi1, dwo (which the
-// caller zeroes before the first chunk).
+// Writes the local experts' weight gradients into dwi0, dwi1, dwo, or adds
+// them there with `accumulate` (chunks after the first).
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo);
+                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo,
+                                 bool accumulate);
 
 }  // namespace epmoe

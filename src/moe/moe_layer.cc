@@ -148,9 +148,8 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
   const ExpertShape shape{hidden, ffn, config_.compute_dtype};
 
   MoeGradients grads{Tensor(), Tensor(DType::f32, {hidden, std::int64_t{num_experts}}),
-                     Tensor::zeros(DType::f32, {num_local, hidden, ffn}),
-                     Tensor::zeros(DType::f32, {num_local, hidden, ffn}),
-                     Tensor::zeros(DType::f32, {num_local, ffn, hidden})};
+                     Tensor(DType::f32, {num_local, hidden, ffn}), Tensor(DType::f32, {num_local, hidden, ffn}),
+                     Tensor(DType::f32, {num_local, ffn, hidden})};
   {
     ScopedPhase phase(times, "backward_combine");
     dispatcher_->start_backward(dy);
@@ -175,7 +174,7 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
     {
       ScopedPhase phase(times, "backward_experts");
       expert_grads = experts_backward(shape, s.rows[c], expert_weights(s.weights), s.activations[c],
-                                      slot_dy, grads.dwi0, grads.dwi1, grads.dwo);
+                                      slot_dy, grads.dwi0, grads.dwi1, grads.dwo, /*accumulate=*/c > 0);
     }
     // The chunk's saved state is no longer needed.
     s.rows[c] = ep::ExpertRows();
