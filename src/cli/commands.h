@@ -13,5 +13,9 @@ void add_layer_command(CLI::App& app);
 void add_gen_inputs_command(CLI::App& app);
 // epmoe bench collectives|layer [part] [key=value ...]
 void add_bench_command(CLI::App& app);
+// epmoe plan [--config FILE] [--json] [key=value ...]
+void add_plan_command(CLI::App& app);
+// epmoe balance --loads FILE.npy | --generate FILE.npy [key=value ...] [--json]
+void add_balance_command(CLI::App& app);
 
 }  // namespace epmoe::cli

@@ -218,7 +218,7 @@ std::string KeyRegistry::unknown_key_message(const std::string& key) const {
 }
 
 std::string KeyRegistry::help_text() const {
-  std::size_t name_width = 0, type_width = 0, default_width = 0;
+  std::size_t name_width = 3, type_width = 4, default_width = 7;  // at least the column headers
   for (const KeyGroup& group : groups_) {
     for (const KeySpec& spec : group.keys) {
       name_width = std::max(name_width, spec.name.size());

@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
   epmoe::cli::add_layer_command(app);
   epmoe::cli::add_gen_inputs_command(app);
   epmoe::cli::add_bench_command(app);
+  epmoe::cli::add_plan_command(app);
+  epmoe::cli::add_balance_command(app);
 
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback

@@ -1,0 +1,72 @@
+// ReplicaPlan: where the tokens of every expert go in one step — the contract
+// between the planner (balance/replica_planner.h) and the dispatchers that
+// reroute tokens and move replica weights (ep/).
+//
+// Layout. R ranks, E experts, B redundant slots per rank. Expert e always has
+// its home copy (the rank holding its weights and optimizer state) and 0 or
+// more replicas, each in one redundant slot of another rank; never two copies
+// of one expert on one rank.
+//
+// Rerouting rule (what makes replica slots really receive tokens). The copies
+// of expert e are listed home first, then replicas in ascending rank order,
+// with token quotas that sum exactly to e's global count. Every rank knows the
+// all-gathered [R, E] local counts, hence the global position of each of its
+// (token, k) pairs routed to e: pairs are ordered rank-major (all of source
+// rank 0's pairs for e, in that rank's local order, then source rank 1's, ...).
+// The first quota[0] pairs in that order go to copies_of(e)[0], the next
+// quota[1] to copies_of(e)[1], and so on: contiguous runs, so each source rank
+// computes its own split from prefix sums without further communication, and
+// each copy receives exactly its quota.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "balance/load_imbalance.h"
+
+namespace epmoe::balance {
+
+inline constexpr int kEmptySlot = -1;
+
+struct ExpertCopy {
+  int rank = 0;
+  std::int64_t token_quota = 0;  // (token, k) pairs this copy computes
+};
+
+struct ReplicaPlan {
+  int num_experts = 0;
+  int num_ranks = 0;
+  int num_redundant_slots_per_rank = 0;
+
+  // Copies of expert e: copies[copy_offsets[e] .. copy_offsets[e + 1]), home
+  // first. Read through copies_of().
+  std::vector<int> copy_offsets;  // [E + 1]
+  std::vector<ExpertCopy> copies;
+
+  // Expert held by redundant slot b of rank r at [r * B + b], or kEmptySlot.
+  // An expert that held a slot of this rank in the previous plan keeps that
+  // slot index, so a weight transfer can be skipped when the slot is current.
+  std::vector<int> slot_experts;  // [R * B]
+
+  // Tokens per rank with every expert at home only, and under this plan.
+  std::vector<std::int64_t> rank_loads_before;  // [R]
+  std::vector<std::int64_t> rank_loads_after;   // [R]
+  LoadImbalance before;
+  LoadImbalance after;
+
+  std::span<const ExpertCopy> copies_of(int expert) const;
+  int home_rank(int expert) const { return copies[copy_offsets[expert]].rank; }
+  int slot_expert(int rank, int slot) const {
+    return slot_experts[static_cast<std::size_t>(rank) * num_redundant_slots_per_rank + slot];
+  }
+  int num_replicas() const;  // occupied redundant slots
+};
+
+// Quotas of one expert's copies: `count` split as evenly as integers allow,
+// the remainder one token each to the copies on the lowest ranks — a rule
+// every rank evaluates identically. `copies` hold the ranks (any order, all
+// distinct); their token_quota is overwritten.
+void split_evenly(std::int64_t count, std::span<ExpertCopy> copies);
+
+}  // namespace epmoe::balance

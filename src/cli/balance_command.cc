@@ -1,0 +1,240 @@
+// epmoe balance: offline expert load balancing on per-step expert loads.
+//   epmoe balance --generate FILE.npy [key=value ...]  writes Zipf-skewed loads
+//                                                     (balance/load_generator.h)
+//   epmoe balance --loads FILE.npy [key=value ...]     replays balancing
+//                                                     policies over them
+//                                                     (balance/policy_replay.h)
+// A loads file is int64 [steps, E]: global (token, k) pairs per expert and
+// step. The replay prints, per policy, mean and worst max/mean rank load and
+// the expert weights moved per step; --json prints the same as one JSON
+// object for scripts.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "balance/load_generator.h"
+#include "balance/policy_replay.h"
+#include "cli/commands.h"
+#include "cli/config_keys.h"
+#include "cli/json_output.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "data/npy.h"
+
+namespace epmoe::cli {
+namespace {
+
+constexpr char kCommand[] = "balance";
+
+KeyGroup replay_keys() {
+  return {
+      "with --loads: replay balancing policies",
+      {
+          {.name = "ranks", .type = KeyType::integer, .default_value = "8", .help = "expert-parallel ranks (R); must divide E", .min_value = 1},
+          {.name = "slots", .type = KeyType::integer, .default_value = "2", .help = "redundant expert slots per rank (B)", .min_value = 0},
+          {.name = "policy", .type = KeyType::choice, .default_value = "all", .help = "policy to replay; all = every policy",
+           .choices = {"none", "eplb", "dynamic", "hybrid", "all"}},
+          {.name = "window", .type = KeyType::integer, .default_value = "50", .help = "eplb, hybrid: steps of past loads a placement is made from (W)", .min_value = 1},
+          {.name = "period", .type = KeyType::integer, .default_value = "50", .help = "eplb, hybrid: steps between placements (P)", .min_value = 1},
+          {.name = "rebalance_threshold", .type = KeyType::real, .default_value = "1.05",
+           .help = "dynamic, hybrid: stop adding replicas at this max/mean rank load", .min_value = 1},
+          {.name = "hidden", .type = KeyType::integer, .default_value = "7168", .help = "hidden size H, for weight bytes (default: DeepSeek-V3)", .min_value = 1},
+          {.name = "ffn", .type = KeyType::integer, .default_value = "2048", .help = "expert FFN size F; an expert move is 3*H*F*4 bytes", .min_value = 1},
+      },
+  };
+}
+
+KeyGroup generate_keys() {
+  return {
+      "with --generate: Zipf-skewed loads",
+      {
+          {.name = "experts", .type = KeyType::integer, .default_value = "64", .help = "routed experts (E)", .min_value = 1},
+          {.name = "ranks", .type = KeyType::integer, .default_value = "8", .help = "ranks (R) whose tokens route; hot experts spread over them", .min_value = 1},
+          {.name = "tokens_per_rank", .type = KeyType::integer, .default_value = "1024", .help = "tokens per rank per step (T)", .min_value = 0},
+          {.name = "top_k", .type = KeyType::integer, .default_value = "8", .help = "distinct experts per token (K)", .min_value = 1},
+          {.name = "steps", .type = KeyType::integer, .default_value = "200", .help = "steps (rows of the file)", .min_value = 1},
+          {.name = "zipf", .type = KeyType::real, .default_value = "1.2", .help = "Zipf exponent s of expert popularity; 0 = uniform", .min_value = 0},
+          {.name = "placement", .type = KeyType::choice, .default_value = "spread",
+           .help = "hot experts round-robin over ranks, or all on rank 0", .choices = {"spread", "packed"}},
+          {.name = "drift", .type = KeyType::choice, .default_value = "none",
+           .help = "popularity drift: a random adjacent swap, or a rotation by one rank", .choices = {"none", "swap", "rotate"}},
+          {.name = "drift_interval", .type = KeyType::integer, .default_value = "1", .help = "steps between drift events", .min_value = 1},
+          {.name = "seed", .type = KeyType::integer, .default_value = "0", .help = "seed of the generator", .min_value = 0},
+      },
+  };
+}
+
+const KeyRegistry& replay_key_registry() {
+  static const KeyRegistry registry(std::string(kCommand) + " --loads", {replay_keys()});
+  return registry;
+}
+
+const KeyRegistry& generate_key_registry() {
+  static const KeyRegistry registry(std::string(kCommand) + " --generate", {generate_keys()});
+  return registry;
+}
+
+struct BalanceArguments {
+  std::string loads_file;     // --loads
+  std::string generate_file;  // --generate
+  bool json = false;
+  std::vector<std::string> assignments;
+};
+
+// --- --generate ----------------------------------------------------------
+
+void run_generate(const BalanceArguments& arguments) {
+  const ConfigValues values = generate_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  balance::LoadGeneratorOptions options;
+  options.num_experts = values.get_int32("experts");
+  options.num_ranks = values.get_int32("ranks");
+  options.num_tokens_per_rank = values.get_int("tokens_per_rank");
+  options.top_k = values.get_int32("top_k");
+  options.num_steps = values.get_int32("steps");
+  options.zipf_exponent = values.get_float("zipf");
+  options.placement = values.get_string("placement") == "packed" ? balance::HotExpertPlacement::packed
+                                                                  : balance::HotExpertPlacement::spread;
+  const std::string& drift = values.get_string("drift");
+  options.drift = drift == "swap"     ? balance::PopularityDrift::swap
+                  : drift == "rotate" ? balance::PopularityDrift::rotate
+                                      : balance::PopularityDrift::none;
+  options.drift_interval_steps = values.get_int32("drift_interval");
+  options.seed = static_cast<std::uint64_t>(values.get_int("seed"));
+  balance::validate(options);  // before the (seconds-long) generation
+
+  const balance::ExpertLoadHistory history = balance::generate_expert_loads(options);
+  Tensor loads(DType::i64, {history.num_steps, history.num_experts});
+  std::copy(history.counts.begin(), history.counts.end(), loads.data<std::int64_t>());
+  write_npy(arguments.generate_file, loads);
+
+  if (arguments.json) {
+    const nlohmann::json summary = {{"command", kCommand},
+                                    {"generated", arguments.generate_file},
+                                    {"shape", shape_to_json(loads.shape())},
+                                    {"config", config_to_json(values)}};
+    std::printf("%s\n", summary.dump(2).c_str());
+  } else {
+    std::printf("wrote %s: int64 [%d, %d] expert loads (%d ranks x %lld tokens x top-%d per step)\n",
+                arguments.generate_file.c_str(), history.num_steps, history.num_experts, options.num_ranks,
+                static_cast<long long>(options.num_tokens_per_rank), options.top_k);
+  }
+}
+
+// --- --loads -----------------------------------------------------------------
+
+balance::ExpertLoadHistory read_loads(const std::string& file) {
+  const Tensor loads = read_npy(file, DType::i64,
+                                ExpectedShape{{ExpectedShape::kAnyDim, ExpectedShape::kAnyDim}, {"steps", "E"}, ""});
+  balance::ExpertLoadHistory history;
+  history.num_steps = static_cast<int>(loads.dim(0));
+  history.num_experts = static_cast<int>(loads.dim(1));
+  if (history.num_steps == 0 || history.num_experts == 0) {
+    throw FileError(file + ": shape " + shape_to_string(loads.shape()) + " has no steps or no experts");
+  }
+  const auto counts = loads.span<std::int64_t>();
+  history.counts.assign(counts.begin(), counts.end());
+  for (std::size_t i = 0; i < history.counts.size(); ++i) {
+    if (history.counts[i] < 0) {
+      throw FileError(file + ": loads[" + std::to_string(i / history.num_experts) + ", " +
+                      std::to_string(i % history.num_experts) + "] = " + std::to_string(history.counts[i]) +
+                      "; expert loads are token counts >= 0");
+    }
+  }
+  return history;
+}
+
+std::vector<balance::BalancePolicy> policies_to_replay(const std::string& policy) {
+  using balance::BalancePolicy;
+  if (policy == "none") return {BalancePolicy::none};
+  if (policy == "eplb") return {BalancePolicy::eplb};
+  if (policy == "dynamic") return {BalancePolicy::dynamic};
+  if (policy == "hybrid") return {BalancePolicy::hybrid};
+  return {BalancePolicy::none, BalancePolicy::eplb, BalancePolicy::dynamic, BalancePolicy::hybrid};
+}
+
+void run_replay(const BalanceArguments& arguments) {
+  const ConfigValues values = replay_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  balance::PolicyReplayOptions options;
+  options.num_ranks = values.get_int32("ranks");
+  options.num_redundant_slots_per_rank = values.get_int32("slots");
+  options.rebalance_threshold = values.get_float("rebalance_threshold");
+  options.window_steps = values.get_int32("window");
+  options.period_steps = values.get_int32("period");
+  // fp32 wi0 [H, F], wi1 [H, F] and wo [F, H] of one expert.
+  const double expert_weight_bytes = 3.0 * static_cast<double>(values.get_int("hidden")) *
+                                     static_cast<double>(values.get_int("ffn")) * 4.0;
+
+  const balance::ExpertLoadHistory history = read_loads(arguments.loads_file);
+  balance::validate(options, history.num_experts);  // every key checked before any replay
+
+  nlohmann::json policies = nlohmann::json::array();
+  for (const balance::BalancePolicy policy : policies_to_replay(values.get_string("policy"))) {
+    const balance::PolicyReplay replay = balance::replay_policy(policy, history, options);
+    policies.push_back({{"policy", std::string(balance::policy_name(policy))},
+                        {"mean_max_over_mean", replay.mean_max_over_mean()},
+                        {"worst_max_over_mean", replay.worst_max_over_mean()},
+                        {"mean_max_over_mean_from_first_period", replay.mean_max_over_mean_from_first_period()},
+                        {"mean_expert_moves_per_step", replay.mean_expert_moves_per_step()},
+                        {"max_expert_moves_in_a_step", replay.max_expert_moves_in_a_step()},
+                        {"mean_weight_bytes_moved_per_step", replay.mean_expert_moves_per_step() * expert_weight_bytes},
+                        {"mean_active_replicas", replay.mean_active_replicas()}});
+  }
+
+  if (arguments.json) {
+    const nlohmann::json report = {{"command", kCommand},
+                                   {"loads", arguments.loads_file},
+                                   {"num_steps", history.num_steps},
+                                   {"num_experts", history.num_experts},
+                                   {"expert_weight_bytes", expert_weight_bytes},
+                                   {"config", config_to_json(values)},
+                                   {"policies", policies}};
+    std::printf("%s\n", report.dump(2).c_str());
+    return;
+  }
+  std::printf("%s: %d steps, %d experts; ranks=%d slots=%d window=%d period=%d rebalance_threshold=%g\n",
+              arguments.loads_file.c_str(), history.num_steps, history.num_experts, options.num_ranks,
+              options.num_redundant_slots_per_rank, options.window_steps, options.period_steps,
+              options.rebalance_threshold);
+  std::printf("%-8s %14s %15s %15s %13s %11s %15s %16s\n", "policy", "mean max/mean", "worst max/mean",
+              "mean from P", "moves/step", "max moves", "MB moved/step", "active replicas");
+  for (const nlohmann::json& row : policies) {
+    std::printf("%-8s %14.3f %15.3f %15.3f %13.2f %11d %15.1f %16.1f\n",
+                row["policy"].get<std::string>().c_str(), row["mean_max_over_mean"].get<double>(),
+                row["worst_max_over_mean"].get<double>(), row["mean_max_over_mean_from_first_period"].get<double>(),
+                row["mean_expert_moves_per_step"].get<double>(), row["max_expert_moves_in_a_step"].get<int>(),
+                row["mean_weight_bytes_moved_per_step"].get<double>() / 1e6,
+                row["mean_active_replicas"].get<double>());
+  }
+}
+
+void run_balance_command(const BalanceArguments& arguments) {
+  if (arguments.generate_file.empty() == arguments.loads_file.empty()) {
+    throw ConfigError("give exactly one of --loads FILE.npy (replay policies) and --generate FILE.npy (write loads)");
+  }
+  if (!arguments.generate_file.empty()) {
+    run_generate(arguments);
+  } else {
+    run_replay(arguments);
+  }
+}
+
+}  // namespace
+
+void add_balance_command(CLI::App& app) {
+  auto arguments = std::make_shared<BalanceArguments>();
+  CLI::App* command = app.add_subcommand(
+      kCommand, "Replay expert-balancing policies (none, eplb, dynamic, hybrid) on per-step expert loads, "
+                "or generate such loads");
+  command->add_option("--loads", arguments->loads_file, "int64 .npy [steps, E] of global expert loads to replay");
+  command->add_option("--generate", arguments->generate_file, "write Zipf-skewed loads to this .npy");
+  command->add_flag("--json", arguments->json, "print the results as one JSON object");
+  command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
+  command->footer(replay_key_registry().help_text() + "\n" + generate_key_registry().help_text());
+  command->callback([arguments] { run_balance_command(*arguments); });
+}
+
+}  // namespace epmoe::cli

@@ -1,0 +1,90 @@
+#include "plan/plan_config.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace epmoe::plan {
+
+const std::vector<std::string>& activation_names() {
+  static const std::vector<std::string> names = {"decoder_layer_input", "query_proj", "key_proj", "value_proj",
+                                                 "context", "out_proj", "x_sorted", "mlpwi_0", "mlpwi_1", "mlpwo"};
+  return names;
+}
+
+std::vector<std::string> remat_choices(const std::string& name) {
+  if (name == "decoder_layer_input") return {"save", "offload"};
+  return {"save", "remat", "offload"};
+}
+
+std::map<std::string, RematChoice> default_remat() {
+  std::map<std::string, RematChoice> remat;
+  for (const std::string& name : activation_names()) remat[name] = RematChoice::remat;
+  remat["decoder_layer_input"] = RematChoice::save;
+  return remat;
+}
+
+std::string to_string(RematChoice choice) {
+  switch (choice) {
+    case RematChoice::save: return "save";
+    case RematChoice::remat: return "remat";
+    case RematChoice::offload: return "offload";
+  }
+  return "?";
+}
+
+namespace {
+
+void require(bool ok, const std::string& setting, const std::string& rule) {
+  if (!ok) throw ConfigError(setting + ": " + rule);
+}
+
+}  // namespace
+
+void PlanConfig::validate() const {
+  const ParallelismSpec& p = parallel;
+  const std::string ep_setting = "ep=" + std::to_string(p.ep);
+  require(model.num_experts % p.ep == 0, ep_setting,
+          "must divide the model's num_experts=" + std::to_string(model.num_experts) + " (" + model.name + ")");
+  const std::string tp_setting = "tp=" + std::to_string(p.tp);
+  require(model.attention.num_heads % p.tp == 0, tp_setting,
+          "must divide attention.num_heads=" + std::to_string(model.attention.num_heads));
+  require(model.moe_ffn % p.tp == 0, tp_setting, "must divide moe_ffn=" + std::to_string(model.moe_ffn));
+  require(model.num_dense_layers == 0 || model.dense_ffn % p.tp == 0, tp_setting,
+          "must divide dense_ffn=" + std::to_string(model.dense_ffn));
+  require(dispatch == DispatchKind::alltoall || !dedup, "dedup=true",
+          "applies to dispatch=alltoall only; the ring already sends each token once to every rank");
+  require(token_buffer_factor == 0 || token_buffer_factor >= 1,
+          "token_buffer_factor=" + std::to_string(token_buffer_factor),
+          "must be 0 (no-drop worst case) or >= 1 (a multiple of the balanced N_l*K rows)");
+  for (const std::string& name : activation_names()) {
+    require(remat.count(name) == 1, "remat." + name, "missing (a bug in the caller)");
+    require(name != "decoder_layer_input" || choice(name) != RematChoice::remat, "remat." + name + "=remat",
+            "the layer input cannot be recomputed inside the layer; use save or offload");
+  }
+}
+
+double PlanConfig::token_row_bytes() const {
+  const double h = double(model.hidden);
+  switch (token_transfer) {
+    case TokenTransfer::activation_dtype: return h * activation_bytes();
+    case TokenTransfer::fp8_tensor: return h;       // e4m3 bytes; one scale for the whole tensor
+    case TokenTransfer::fp8_token: return h + 4;    // e4m3 bytes + an f32 scale per row
+  }
+  return 0;
+}
+
+DispatchShape PlanConfig::dispatch_shape() const {
+  return {.num_ranks = parallel.ep, .tokens_per_rank = parallel.tokens_per_device(), .hidden = model.hidden,
+          .top_k = model.top_k, .num_experts = model.num_experts, .token_row_bytes = token_row_bytes(),
+          .activation_bytes = activation_bytes()};
+}
+
+double PlanConfig::expected_routed_rows() const { return parallel.tokens_per_device() * double(model.top_k); }
+
+double PlanConfig::buffered_routed_rows() const {
+  if (token_buffer_factor == 0) return double(parallel.ep) * expected_routed_rows();
+  return std::ceil(token_buffer_factor * expected_routed_rows());
+}
+
+}  // namespace epmoe::plan
