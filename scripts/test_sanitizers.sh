@@ -7,7 +7,7 @@
 #                the mpirun tests included.
 # Usage: scripts/test_sanitizers.sh [jobs]      (default: 2)
 # Measured from clean build dirs on this 2-core machine: 112-140 s (it prints
-# a "took" line; docs/BENCHMARKS.comm.md records the measurement).
+# a "took" line; docs/BENCHMARKS.md records the measurement).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${1:-2}
