@@ -11,6 +11,14 @@
 //   bench_ep_layer remat [same keys; dispatch=ring|alltoall]
 //     per remat policy and at two per-rank batch sizes (tokens_per_rank and
 //     4x it): peak saved bytes per rank, backward time, backward bytes sent.
+//   bench_ep_layer replicas [same keys; zipf=1.2 skew_scale=0.15 slots=1,2]
+//     dynamic redundant experts (balance=dynamic) under Zipf-skewed routing
+//     (sigmoid_grouped selection bias, balance/routing_skew.h), hot experts
+//     spread over ranks and packed on rank 0, per dispatcher: fwd+bwd median
+//     with B = 0 (off) and each B of `slots`, max/mean rank load before and
+//     after the plan, replicas placed, and the weight bytes moved per step
+//     (replica weights forward + replica gradients backward, all ranks; the
+//     weight version changes every step, as in training).
 #include "ep_layer_bench.h"
 
 #include <cmath>
@@ -19,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "balance/routing_skew.h"
 #include "bench_args.h"
 #include "comm/barrier.h"
 #include "core/memory_ledger.h"
@@ -142,11 +151,134 @@ int run_remat_bench(const BenchArgs& args) {
   return 0;
 }
 
+// Dynamic replicas under Zipf skew: time and weight bytes moved, B = 0 vs B > 0.
+int run_replicas_bench(const BenchArgs& args) {
+  const LayerShape shape = shape_from(args);
+  const transport::threads::ThreadsOptions threads = links_from(args);
+  TimingOptions timing = args.timing();
+  timing.min_seconds = args.number("min_seconds", 1.0);
+  const double zipf = args.number("zipf", 1.2), skew_scale = args.number("skew_scale", 0.15);
+  std::vector<int> slot_counts = {0};
+  {
+    const std::string list = args.values.count("slots") ? args.values.at("slots") : "1,2";
+    std::size_t at = 0;
+    while (at < list.size()) {
+      const std::size_t comma = list.find(',', at);
+      slot_counts.push_back(std::stoi(list.substr(at, comma - at)));
+      at = comma == std::string::npos ? list.size() : comma + 1;
+    }
+  }
+  const std::int64_t expert_bytes = 3 * shape.hidden * shape.ffn * 4;
+  std::printf("dynamic replicas, EP layer fwd+bwd: R=%d N_l=%lld H=%lld F=%lld E=%d K=%d, sigmoid_grouped "
+              "routing with Zipf s=%.2f selection bias (scale %.2f); links %.2f GB/s %.0f us; one expert's "
+              "weights = %.2f MB\n",
+              shape.num_ranks, (long long)shape.tokens, (long long)shape.hidden, (long long)shape.ffn,
+              shape.num_experts, shape.top_k, zipf, skew_scale, threads.links.bandwidth_gb_per_s,
+              threads.links.latency_us, expert_bytes / 1e6);
+  std::printf("%-8s %-9s %3s %10s %8s %9s %9s %9s %14s %14s %9s\n", "hot", "dispatch", "B", "median ms",
+              "speedup", "max/mean", "after", "replicas", "weights MB/st", "grads MB/step", "plan us");
+  for (const auto placement : {balance::HotExpertPlacement::spread, balance::HotExpertPlacement::packed}) {
+    const std::vector<float> bias_values = balance::zipf_selection_bias(
+        {.num_experts = shape.num_experts, .num_ranks = shape.num_ranks, .zipf_exponent = zipf,
+         .placement = placement, .scale = skew_scale});
+    for (const auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+      double off_median = 0;
+      std::vector<float> y_off;
+      for (const int slots : slot_counts) {
+        Timing result_timing;
+        std::vector<ep::DispatchStats> stats(static_cast<std::size_t>(shape.num_ranks));
+        std::vector<float> y_sample;
+        transport::threads::run_ranks(shape.num_ranks, threads, [&](transport::Communicator& comm) {
+          Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
+          Rng shared(11);
+          const int el = shape.num_experts / shape.num_ranks;
+          Tensor gate = random_tensor({shape.hidden, shape.num_experts}, shared, 1.0 / std::sqrt(double(shape.hidden)));
+          Tensor bias(DType::f32, {shape.num_experts});
+          for (int e = 0; e < shape.num_experts; ++e) bias.data<float>()[e] = bias_values[e];
+          Tensor x = random_tensor({shape.tokens, shape.hidden}, rng, 1.0);
+          Tensor dy = random_tensor({shape.tokens, shape.hidden}, rng, 1.0);
+          Tensor wi0 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
+          Tensor wi1 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
+          Tensor wo = random_tensor({el, shape.ffn, shape.hidden}, rng, 1.0 / std::sqrt(double(shape.ffn)));
+          ep::EpConfig config{.num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden,
+                              .tag_base = 1 << 20};
+          config.balance = slots > 0 ? ep::BalanceMode::dynamic : ep::BalanceMode::off;
+          config.redundant_slots = slots;
+          config.rebalance_threshold = args.number("rebalance_threshold", 1.05);
+          MoeLayer layer({.hidden = shape.hidden, .ffn = shape.ffn,
+                          .router = {.kind = RouterKind::sigmoid_grouped, .num_experts = shape.num_experts,
+                                     .top_k = shape.top_k}},
+                         ep::make_dispatcher(dispatch, comm, config));
+          const MoeWeights weights{&gate, &wi0, &wi1, &wo, &bias};
+          Tensor y;
+          // A new weight version every step (the layer's default), as after
+          // every optimizer step: every replica's weights move every step.
+          const Timing t = measure(comm, timing, [&] {
+            y = layer.forward(x, weights).y;
+            layer.backward(dy);
+          });
+          stats[comm.rank()] = layer.dispatch_stats();
+          if (comm.rank() == 0) {
+            result_timing = t;
+            y_sample.assign(y.span<float>().begin(), y.span<float>().end());
+          }
+        });
+        std::int64_t weight_bytes = 0, gradient_bytes = 0;
+        double planner_us = 0;
+        for (const auto& s : stats) {
+          if (auto it = s.bytes_sent.find("forward/replica weights"); it != s.bytes_sent.end()) weight_bytes += it->second;
+          if (auto it = s.bytes_sent.find("backward/replica gradients"); it != s.bytes_sent.end())
+            gradient_bytes += it->second;
+          planner_us = std::max(planner_us, s.planner_seconds * 1e6);
+        }
+        if (slots == 0) {
+          off_median = result_timing.median_s;
+          y_off = y_sample;
+        } else if (args.verify()) {
+          double max_diff = 0, max_ref = 0;
+          for (std::size_t i = 0; i < y_off.size(); ++i) {
+            max_diff = std::max(max_diff, double(std::abs(y_sample[i] - y_off[i])));
+            max_ref = std::max(max_ref, double(std::abs(y_off[i])));
+          }
+          if (max_diff > 1e-5 * max_ref)
+            throw InternalError("bench_ep_layer replicas: B=" + std::to_string(slots) +
+                                " disagrees with replicas off: " + std::to_string(max_diff));
+        }
+        // Loads without a plan: rows per rank measured with B = 0.
+        double before = stats[0].max_over_mean_before, after = stats[0].max_over_mean_after;
+        if (slots == 0) {
+          std::vector<std::int64_t> loads;
+          for (const auto& s : stats) {
+            std::int64_t rows = 0;
+            for (std::int64_t v : s.rows_per_local_expert) rows += v;
+            loads.push_back(rows);
+          }
+          std::int64_t max_load = 0, total = 0;
+          for (std::int64_t v : loads) {
+            max_load = std::max(max_load, v);
+            total += v;
+          }
+          before = after = total > 0 ? double(max_load) * loads.size() / double(total) : 1.0;
+        }
+        std::printf("%-8s %-9s %3d %10.2f %7.2fx %9.3f %9.3f %9d %14.2f %14.2f %9.1f\n",
+                    placement == balance::HotExpertPlacement::packed ? "packed" : "spread",
+                    ep::to_string(dispatch).c_str(), slots, result_timing.median_s * 1e3,
+                    off_median / result_timing.median_s, before, after, stats[0].num_replicas, weight_bytes / 1e6,
+                    gradient_bytes / 1e6, planner_us);
+      }
+    }
+  }
+  std::printf("max/mean: rows per rank over the mean (the plan's before/after; B=0 measured); weights/grads "
+              "MB: replica weights sent forward and replica gradients sent home, summed over ranks, per step\n");
+  return 0;
+}
+
 }  // namespace
 
 int run_ep_layer_bench(int argc, char** argv) {
   const BenchArgs args = BenchArgs::parse(argc, argv);
   if (args.part == "remat") return run_remat_bench(args);
+  if (args.part == "replicas") return run_replicas_bench(args);
   const LayerShape shape = shape_from(args);
   const int num_ranks = shape.num_ranks, num_experts = shape.num_experts, top_k = shape.top_k;
   const std::int64_t tokens = shape.tokens, hidden = shape.hidden, ffn = shape.ffn;

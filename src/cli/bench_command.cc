@@ -38,7 +38,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "bench",
       "Run a benchmark: collectives [links|overlap|mpi] (ring all-gather, reduce-scatter, all-to-all-v "
-      "vs bounds and MPI), layer [remat] (expert-parallel layer per dispatcher / remat policy on emulated links)");
+      "vs bounds and MPI), layer [remat|replicas] (expert-parallel layer per dispatcher / remat policy / dynamic replicas under Zipf skew, on emulated links)");
   auto which = std::make_shared<std::string>();
   auto rest = std::make_shared<std::vector<std::string>>();
   command->add_option("benchmark", *which, "collectives or layer")->required();

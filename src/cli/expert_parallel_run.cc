@@ -123,6 +123,14 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
   report.saved_activation_peak_bytes = layer.stats().saved_activation_peak_bytes;
   for (const auto& [name, entry] : ledger.snapshot().by_name) report.saved_peak_bytes_by_name[name] = entry.peak_bytes;
   report.recomputed_bytes = layer.stats().recomputed_bytes;
+  report.rows_per_slot = dispatch.rows_per_slot;
+  report.slot_experts = dispatch.slot_experts;
+  report.rank_loads_before = dispatch.rank_loads_before;
+  report.rank_loads_after = dispatch.rank_loads_after;
+  report.max_over_mean_before = dispatch.max_over_mean_before;
+  report.max_over_mean_after = dispatch.max_over_mean_after;
+  report.num_replicas = dispatch.num_replicas;
+  report.planner_seconds = dispatch.planner_seconds;
   return run;
 }
 

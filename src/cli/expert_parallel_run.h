@@ -53,13 +53,25 @@ struct RankReport {
   // remat policy recomputed in the backward.
   std::map<std::string, std::int64_t> saved_peak_bytes_by_name;
   std::int64_t recomputed_bytes = 0;
+  // Dynamic replicas (balance=dynamic; empty/zero when off): rows its B
+  // redundant slots computed and the expert each held; the plan's per-rank
+  // loads (global, every rank has the same plan) before and after balancing;
+  // the planner's time on this rank.
+  std::vector<std::int64_t> rows_per_slot;
+  std::vector<int> slot_experts;
+  std::vector<std::int64_t> rank_loads_before, rank_loads_after;
+  double max_over_mean_before = 1.0, max_over_mean_after = 1.0;
+  int num_replicas = 0;
+  double planner_seconds = 0;
 };
 
 // One JSON form for both uses: the report travels to rank 0 as this text, and
 // metrics.json shows it (with derived totals) under expert_parallel.per_rank.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, first_expert, num_experts,
                                    rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds,
-                                   forward_seconds, backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name, recomputed_bytes)
+                                   forward_seconds, backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name, recomputed_bytes,
+                                   rows_per_slot, slot_experts, rank_loads_before, rank_loads_after,
+                                   max_over_mean_before, max_over_mean_after, num_replicas, planner_seconds)
 
 struct LayerRunResult {
   MoeForwardOutput forward;               // gathered, as described above

@@ -120,6 +120,19 @@ KeyGroup expert_parallel_keys() {
            .help = "transport=threads: emulated links between every pair of ranks, or only between "
                    "ring neighbours (other messages hop store-and-forward)",
            .choices = {"full_mesh", "ring"}},
+          {.name = "balance", .type = KeyType::choice, .default_value = "off",
+           .help = "dynamic redundant experts (DESIGN.md 4.8): off, or dynamic = a replica plan every step "
+                   "from the all-gathered expert counts, tokens rerouted to replicas with exact quotas, "
+                   "replica weights/gradients point to point; periodic: not yet in the engine "
+                   "(offline: `epmoe balance`)",
+           .choices = {"off", "dynamic", "periodic"}},
+          {.name = "redundant_slots", .type = KeyType::integer, .default_value = "0",
+           .help = "balance=dynamic: B redundant expert slots per rank, each able to hold one replica of "
+                   "another rank's expert",
+           .min_value = 0, .max_value = 63},
+          {.name = "rebalance_threshold", .type = KeyType::real, .default_value = "1.05",
+           .help = "balance=dynamic: stop adding replicas once max/mean rank load (rows) is at or below this",
+           .min_value = 1},
           {.name = "comm_timeout_ms", .type = KeyType::integer, .default_value = "60000",
            .help = "a wait for a peer longer than this fails the run with an error naming the peer",
            .min_value = 1},
@@ -249,6 +262,9 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   settings.cotangent_all_gather = values.get_string("cotangent_all_gather");
   ep.cotangent_all_gather = ep::parse_cotangent_all_gather("cotangent_all_gather", settings.cotangent_all_gather);
   ep.timeout = std::chrono::milliseconds(values.get_int("comm_timeout_ms"));
+  ep.balance = ep::parse_balance_mode("balance", values.get_string("balance"));
+  ep.redundant_slots = values.get_int32("redundant_slots");
+  ep.rebalance_threshold = values.get_float("rebalance_threshold");
   if (settings.transport == TransportKind::mpi && !values.is_set("ranks")) {
     // EpConfig names the rank count "ranks=R"; say where R came from.
     try {

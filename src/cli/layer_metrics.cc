@@ -29,7 +29,7 @@ std::int64_t sum(const std::vector<std::int64_t>& values) {
 
 nlohmann::json rank_entry(const RankReport& report) {
   nlohmann::json entry = report;
-  entry["rows_received"] = sum(report.rows_per_local_expert);
+  entry["rows_received"] = sum(report.rows_per_local_expert) + sum(report.rows_per_slot);
   entry["bytes_sent_forward"] = sum_with_prefix(report.bytes_sent, kForwardPrefix);
   entry["bytes_sent_backward"] = sum_with_prefix(report.bytes_sent, kBackwardPrefix);
   return entry;
@@ -53,8 +53,44 @@ nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
           {"backward_gradient_dtype", "f32"},
           {"cotangent_all_gather", settings.cotangent_all_gather},
           {"comm_timeout_ms", ep.timeout.count()},
+          {"balance", ep::to_string(ep.balance)},
+          {"redundant_slots", ep.redundant_slots},
+          {"rebalance_threshold", ep.rebalance_threshold},
           {"compute_threads_per_rank", settings.compute_threads_per_rank},
           {"emulated_links", links}};
+}
+
+// Dynamic replicas (DESIGN.md 4.8): rank loads (rows) before and after the
+// plan, max/mean both, weight bytes moved each way, planner time.
+nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const LayerRunResult& run) {
+  const ep::EpConfig& ep = settings.ep;
+  nlohmann::json out = {{"mode", ep::to_string(ep.balance)},
+                        {"redundant_slots", ep.redundant_slots},
+                        {"rebalance_threshold", ep.rebalance_threshold},
+                        {"active", ep.replicas_enabled() && !settings.single_rank_local()}};
+  if (!out["active"].get<bool>() || run.ranks.empty()) return out;
+  const RankReport& first = run.ranks.front();
+  std::vector<std::int64_t> rows_per_rank;
+  std::int64_t weight_bytes = 0, gradient_bytes = 0;
+  double planner_seconds = 0;
+  for (const RankReport& report : run.ranks) {
+    rows_per_rank.push_back(sum(report.rows_per_local_expert) + sum(report.rows_per_slot));
+    if (auto it = report.bytes_sent.find("forward/replica weights"); it != report.bytes_sent.end())
+      weight_bytes += it->second;
+    if (auto it = report.bytes_sent.find("backward/replica gradients"); it != report.bytes_sent.end())
+      gradient_bytes += it->second;
+    planner_seconds = std::max(planner_seconds, report.planner_seconds);
+  }
+  out["num_replicas"] = first.num_replicas;
+  out["rank_loads_before"] = first.rank_loads_before;
+  out["rank_loads_after"] = first.rank_loads_after;
+  out["rows_computed_per_rank"] = rows_per_rank;
+  out["max_over_mean_before"] = first.max_over_mean_before;
+  out["max_over_mean_after"] = first.max_over_mean_after;
+  out["replica_weight_bytes_forward"] = weight_bytes;
+  out["replica_gradient_bytes_backward"] = gradient_bytes;
+  out["planner_us"] = planner_seconds * 1e6;
+  return out;
 }
 
 }  // namespace
@@ -84,6 +120,11 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
     backward_seconds = std::max(backward_seconds, report.backward_seconds);
     per_rank.push_back(rank_entry(report));
   }
+  // Rows computed in replica slots belong to their expert.
+  for (const RankReport& report : run.ranks)
+    for (std::size_t b = 0; b < report.slot_experts.size(); ++b)
+      if (report.slot_experts[b] >= 0 && static_cast<std::size_t>(report.slot_experts[b]) < rows_per_expert.size())
+        rows_per_expert[report.slot_experts[b]] += report.rows_per_slot[b];
   const std::int64_t routed_pairs = sum(rows_per_expert);
 
   // Per routed (token, expert) pair the SwiGLU expert runs three [1, H] x
@@ -123,6 +164,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   metrics["shapes"] = shapes;
   metrics["output_files"] = output_files;
   metrics["tokens_per_expert"] = rows_per_expert;
+  metrics["balance"] = balance_metrics(settings, run);
   metrics["phase_seconds"] = phase_seconds;
   metrics["forward_seconds"] = forward_seconds;
   metrics["backward_seconds"] = backward_seconds;

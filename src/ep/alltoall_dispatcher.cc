@@ -53,6 +53,7 @@ AllToAllDispatcher::AllToAllDispatcher(transport::Communicator& comm, EpConfig c
       num_local_experts_((config_.validate(comm.size()), config_.num_experts / comm.size())),
       codec_(config_.token_format, config_.hidden) {
   stats_.reset(num_local_experts_);
+  if (config_.replicas_enabled()) replicas_ = std::make_unique<ReplicaExchange>(comm_, config_, &stats_);
 }
 
 AllToAllDispatcher::~AllToAllDispatcher() = default;
@@ -76,6 +77,11 @@ void AllToAllDispatcher::start_forward(const Tensor& x, const RoutingView& routi
   for (int c = 0; c < config_.num_chunks; ++c) {
     chunks_.push_back(std::make_unique<Chunk>());
     chunks_.back()->range = chunk_range(routing.num_tokens, config_.num_chunks, c);
+  }
+  if (replicas_) {
+    ScopedPhase phase(stats_.phase_seconds, "balance");
+    replicas_->plan_step(routing);
+    pair_destination_ = replicas_->local_destinations(routing);
   }
   plan_chunk(0);
   send_tokens(0, /*remat=*/false);
@@ -112,7 +118,7 @@ void AllToAllDispatcher::plan_chunk(int c) {
         continue;
       }
       pairs_per_expert[expert] += 1;
-      kept.emplace_back(expert / num_local_experts_, pair);
+      kept.emplace_back(replicas_ ? pair_destination_[pair].rank : expert / num_local_experts_, pair);
     }
     if (config_.dedup) std::stable_sort(kept.begin(), kept.end(),
                                         [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -128,7 +134,8 @@ void AllToAllDispatcher::plan_chunk(int c) {
         entries_to[dest].push_back(pair);
         std::int32_t weight_bits;
         std::memcpy(&weight_bits, &routing_.topk_weights[pair], sizeof weight_bits);
-        words_to[dest].push_back(routing_.topk_ids[pair] - dest * num_local_experts_);
+        words_to[dest].push_back(replicas_ ? pair_destination_[pair].local_expert
+                                           : routing_.topk_ids[pair] - dest * num_local_experts_);
         words_to[dest].push_back(weight_bits);
       }
       i = j;
@@ -198,6 +205,8 @@ ExpertRows AllToAllDispatcher::receive_rows(int c) {
     send_tokens(c + 1, false);
   }
   for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+  for (std::size_t b = 0; b < stats_.rows_per_slot.size(); ++b)
+    stats_.rows_per_slot[b] += rows.group_sizes[num_local_experts_ + b];
   return rows;
 }
 
@@ -231,7 +240,7 @@ ExpertRows AllToAllDispatcher::collect_rows(int c) {
       EPMOE_CHECK(n >= 1 && word + 2 * n <= end_word);
       for (std::int32_t i = 0; i < n; ++i) {
         const std::int32_t expert = words[word++];
-        EPMOE_CHECK(expert >= 0 && expert < num_local_experts_);
+        EPMOE_CHECK(expert >= 0 && expert < num_compute_experts());
         float weight;
         std::memcpy(&weight, &words[word++], sizeof weight);
         entries.add(expert, weight, row, row);
@@ -243,7 +252,7 @@ ExpertRows AllToAllDispatcher::collect_rows(int c) {
     EPMOE_CHECK_EQ(chunk.recv_rows_per_rank[s] * row_bytes, chunk.recv_token_counts[s]);
   }
   EPMOE_CHECK_EQ(row, num_rows);
-  ExpertRows rows = build_expert_rows(x_recv.data<float>(), config_.hidden, entries, num_local_experts_,
+  ExpertRows rows = build_expert_rows(x_recv.data<float>(), config_.hidden, entries, num_compute_experts(),
                                       num_rows, &chunk.entry_of_row);
   chunk.recv_tokens = {};
   chunk.recv_metadata = {};

@@ -11,6 +11,11 @@
 // expands it to one row per expert and returns one row per (token, rank):
 // the weighted sum of its local experts' outputs.
 //
+// With dynamic replicas (balance=dynamic, ep/replica_exchange.h) a pair of a
+// replicated expert may go to a replica's rank instead of the home rank: its
+// destination and local expert index (E_l + slot there) come from the step's
+// replica plan; nothing else changes on the wire.
+//
 // Wire format of one destination's message: token rows (TokenCodec), and
 // routing metadata as 32-bit words: per row [n, (local expert, weight
 // bits) x n]. The combine returns one f32 row per received row; the backward
@@ -24,6 +29,7 @@
 #include "comm/collective_handle.h"
 #include "ep/dispatcher.h"
 #include "ep/ep_config.h"
+#include "ep/replica_exchange.h"
 #include "ep/token_codec.h"
 #include "transport/communicator.h"
 
@@ -50,6 +56,10 @@ class AllToAllDispatcher final : public Dispatcher {
   DispatchGradients finish_backward() override;
 
   const DispatchStats& stats() const override { return stats_; }
+  ReplicaExchange* replicas() override { return replicas_.get(); }
+  int num_compute_experts() const override {
+    return num_local_experts_ + (replicas_ ? replicas_->num_slots() : 0);
+  }
 
  private:
   struct Chunk;
@@ -70,6 +80,9 @@ class AllToAllDispatcher final : public Dispatcher {
   DispatchGradients grads_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   DispatchStats stats_;
+  // Dynamic replicas (null when off): the step's destination of every pair.
+  std::unique_ptr<ReplicaExchange> replicas_;
+  std::vector<PairDestination> pair_destination_;  // [N_l * K]
 };
 
 }  // namespace epmoe::ep

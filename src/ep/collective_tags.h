@@ -17,6 +17,16 @@ enum class EpOp : std::uint32_t {
   backward_dweights = 6,
   remat_tokens = 7,        // x_sorted recomputed: the dispatch again
   remat_metadata = 8,
+  // Dynamic replicas (ep/replica_exchange.h). Point-to-point messages: the
+  // chunk field carries the redundant slot index b (< 64), so each (layer,
+  // slot, tensor) has its own tag.
+  replica_wi0 = 9,
+  replica_wi1 = 10,
+  replica_wo = 11,
+  replica_dwi0 = 12,
+  replica_dwi1 = 13,
+  replica_dwo = 14,
+  replica_counts = 15,     // chunk 0: the all-gather of [R, E] counts
 };
 
 constexpr std::uint32_t ep_tag(std::uint32_t tag_base, int chunk, EpOp op) {

@@ -35,6 +35,8 @@
 
 namespace epmoe::ep {
 
+class ReplicaExchange;
+
 // This rank's routing decisions: for each local token, K expert ids (global)
 // and K weights.
 struct RoutingView {
@@ -60,6 +62,20 @@ struct DispatchStats {
   std::int64_t dropped_pairs = 0;
   PhaseTimes phase_seconds;  // dispatch, combine, backward_* (waits included)
 
+  // Dynamic replicas (balance=dynamic, ep/replica_exchange.h); empty or zero
+  // when off. Weight and gradient bytes are in bytes_sent under
+  // "forward/replica weights" and "backward/replica gradients".
+  std::vector<std::int64_t> rows_per_slot;    // [B] rows this rank's redundant slots computed
+  std::vector<int> slot_experts;              // [B] expert each slot held (-1: empty)
+  std::vector<std::int64_t> slot_quotas;      // [B] rows the plan gave each slot
+  std::vector<std::int64_t> home_quotas;      // [E_l] rows the plan left with each home expert
+  std::vector<std::int64_t> rank_loads_before;  // [R] rows per rank with every expert at home
+  std::vector<std::int64_t> rank_loads_after;   // [R] rows per rank under the plan
+  double max_over_mean_before = 1.0, max_over_mean_after = 1.0;
+  int num_replicas = 0;             // occupied slots over all ranks
+  int slots_refreshed = 0;          // this rank's slots that received weights this step
+  double planner_seconds = 0.0;     // counts all-gather excluded
+
   void reset(int num_local_experts);
 };
 
@@ -84,6 +100,13 @@ class Dispatcher {
   virtual DispatchGradients finish_backward() = 0;
 
   virtual const DispatchStats& stats() const = 0;
+
+  // Dynamic replicas: non-null when balance=dynamic with redundant slots.
+  // Then the rows' local expert index runs over E_l home experts followed by
+  // the B redundant slots (index E_l + b is slot b), and the layer computes
+  // on E_l + B experts' weights (ep/replica_exchange.h).
+  virtual ReplicaExchange* replicas() { return nullptr; }
+  virtual int num_compute_experts() const { return num_local_experts(); }  // E_l (+ B)
 };
 
 // Local token range of chunk c: [begin, end).

@@ -33,6 +33,22 @@ CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_
   bad_choice(key, value, "ring, plain");
 }
 
+BalanceMode parse_balance_mode(std::string_view key, std::string_view value) {
+  if (value == "off") return BalanceMode::off;
+  if (value == "dynamic") return BalanceMode::dynamic;
+  if (value == "periodic") return BalanceMode::periodic;
+  bad_choice(key, value, "off, dynamic, periodic");
+}
+
+std::string to_string(BalanceMode mode) {
+  switch (mode) {
+    case BalanceMode::off: return "off";
+    case BalanceMode::dynamic: return "dynamic";
+    case BalanceMode::periodic: return "periodic";
+  }
+  return "?";
+}
+
 std::string to_string(DispatchKind kind) { return kind == DispatchKind::ring ? "ring" : "alltoall"; }
 
 std::string to_string(TokenFormat format) {
@@ -58,6 +74,18 @@ void EpConfig::validate(int num_ranks) const {
   if (capacity_factor < 0)
     throw ConfigError("capacity_factor=" + std::to_string(capacity_factor) +
                       ": must be >= 0 (0 = exact buffers, no token dropped)");
+  if (redundant_slots < 0 || redundant_slots > 63)
+    throw ConfigError("redundant_slots=" + std::to_string(redundant_slots) + ": must be in [0, 63]");
+  if (!(rebalance_threshold >= 1.0))
+    throw ConfigError("rebalance_threshold=" + std::to_string(rebalance_threshold) +
+                      ": must be >= 1 (a max/mean rank load)");
+  if (balance == BalanceMode::periodic)
+    throw ConfigError("balance=periodic: not yet in the engine (EPLB-style periodic placement is "
+                      "offline only: `epmoe balance policy=eplb|hybrid`); use off or dynamic");
+  if (balance == BalanceMode::dynamic && redundant_slots > 0 && capacity_factor > 0)
+    throw ConfigError("capacity_factor=" + std::to_string(capacity_factor) +
+                      ": not yet supported with balance=dynamic (replica quotas are exact; use "
+                      "capacity_factor=0)");
   if (tag_base % 1024 != 0) throw ConfigError("tag_base must be a multiple of 1024");
 }
 

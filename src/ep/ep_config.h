@@ -24,11 +24,18 @@ enum class TokenFormat { f32, fp8_tensor, fp8_token };
 // ahead and overlapped with compute (ring), or issued blocking where it is
 // needed (plain). Same bits either way.
 enum class CotangentAllGather { ring, plain };
+// Dynamic redundant experts (DESIGN.md §4.8, ep/replica_exchange.h): off, or
+// a replica plan every step from the step's global counts. periodic (EPLB-
+// style placement from a window of past counts) is offline only for now
+// (`epmoe balance`): the engine rejects it with a ConfigError.
+enum class BalanceMode { off, dynamic, periodic };
 
 DispatchKind parse_dispatch_kind(std::string_view key, std::string_view value);
 TokenFormat parse_token_format(std::string_view key, std::string_view value);
 CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_view value);
+BalanceMode parse_balance_mode(std::string_view key, std::string_view value);
 std::string to_string(DispatchKind kind);
+std::string to_string(BalanceMode mode);
 std::string to_string(TokenFormat format);
 
 struct EpConfig {
@@ -40,8 +47,15 @@ struct EpConfig {
   double capacity_factor = 0.0;        // alltoall: 0 = exact buffers, never drop
   TokenFormat token_format = TokenFormat::f32;
   CotangentAllGather cotangent_all_gather = CotangentAllGather::ring;
+  // Dynamic replicas: B redundant expert slots per rank (key redundant_slots,
+  // 0 = none), filled per step until max/mean rank load <= rebalance_threshold.
+  BalanceMode balance = BalanceMode::off;
+  int redundant_slots = 0;
+  double rebalance_threshold = 1.05;
   std::uint32_t tag_base = 0;          // separates layers' collectives; a multiple of 1024
   std::chrono::milliseconds timeout{60'000};
+
+  bool replicas_enabled() const { return balance == BalanceMode::dynamic && redundant_slots > 0; }
 
   // Throws ConfigError: num_experts divisible by ranks, chunks >= 1, ...
   void validate(int num_ranks) const;

@@ -18,6 +18,8 @@ struct RingDispatcher::Chunk {
   bool gather_started = false;
   std::vector<std::int64_t> entry_of_row;
   std::vector<std::int64_t> entry_slot_k;  // per entry: slot * K + k
+  std::vector<std::int64_t> pairs_seen_start;  // replicas: [R * E] at this chunk's start
+  bool positions_known = false;
   Tensor slot_outputs, y_chunk;
   comm::CollectiveHandle combine_in_flight;
   Tensor gathered_dy;
@@ -34,6 +36,7 @@ RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config)
       codec_(config_.token_format, config_.hidden) {
   EPMOE_CHECK(config_.capacity_factor == 0.0);  // the ring moves every token; nothing to cap
   stats_.reset(num_local_experts_);
+  if (config_.replicas_enabled()) replicas_ = std::make_unique<ReplicaExchange>(comm_, config_, &stats_);
 }
 
 RingDispatcher::~RingDispatcher() = default;
@@ -48,6 +51,11 @@ void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) 
   for (int c = 0; c < config_.num_chunks; ++c) {
     chunks_.push_back(std::make_unique<Chunk>());
     chunks_.back()->range = chunk_range(routing.num_tokens, config_.num_chunks, c);
+  }
+  if (replicas_) {
+    ScopedPhase phase(stats_.phase_seconds, "balance");
+    replicas_->plan_step(routing);
+    pairs_seen_.assign(static_cast<std::size_t>(comm_.size()) * config_.num_experts, 0);
   }
   start_gather(0, /*remat=*/false);
 }
@@ -104,6 +112,8 @@ ExpertRows RingDispatcher::receive_rows(int c) {
   ExpertRows rows = collect_rows(c);
   if (c + 1 < config_.num_chunks && !chunks_[c + 1]->gather_started) start_gather(c + 1, false);
   for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+  for (std::size_t b = 0; b < stats_.rows_per_slot.size(); ++b)
+    stats_.rows_per_slot[b] += rows.group_sizes[num_local_experts_ + b];
   return rows;
 }
 
@@ -128,17 +138,39 @@ ExpertRows RingDispatcher::collect_rows(int c) {
   RowEntries entries;
   chunk.entry_slot_k.clear();
   const int first = first_local_expert();
+  const int num_experts = config_.num_experts;
+  std::vector<std::int64_t> seen;  // replicas: running pair counts per (source rank, expert)
+  const bool first_collect = !chunk.positions_known;
+  if (replicas_) {
+    // The forward collects chunks in order; a remat re-collect starts where
+    // the forward's did.
+    if (!chunk.positions_known) {
+      chunk.pairs_seen_start = pairs_seen_;
+      chunk.positions_known = true;
+    }
+    seen = chunk.pairs_seen_start;
+  }
+  const std::int64_t n = chunk.range.size();
   for (std::int64_t g = 0; g < num_slots; ++g)
     for (int k = 0; k < top_k; ++k) {
       const std::int32_t expert = chunk.gathered_routing[(g * 2) * top_k + k];
-      const int local = expert - first;
-      if (local < 0 || local >= num_local_experts_) continue;
+      int local = expert - first;
+      if (replicas_) {
+        const int source = static_cast<int>(g / n);
+        const PairDestination dest =
+            replicas_->destination(source, expert, seen[static_cast<std::size_t>(source) * num_experts + expert]++);
+        if (dest.rank != comm_.rank()) continue;
+        local = dest.local_expert;
+      } else if (local < 0 || local >= num_local_experts_) {
+        continue;
+      }
       float weight;
       std::memcpy(&weight, &chunk.gathered_routing[(g * 2 + 1) * top_k + k], sizeof weight);
       entries.add(local, weight, g, g);
       chunk.entry_slot_k.push_back(g * top_k + k);
     }
-  ExpertRows rows = build_expert_rows(x_all.data<float>(), config_.hidden, entries, num_local_experts_,
+  if (replicas_ && first_collect) pairs_seen_ = seen;
+  ExpertRows rows = build_expert_rows(x_all.data<float>(), config_.hidden, entries, num_compute_experts(),
                                       num_slots, &chunk.entry_of_row);
   chunk.gathered_routing = {};
   chunk.local_routing = {};

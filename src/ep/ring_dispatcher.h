@@ -13,6 +13,14 @@
 //
 // Per rank and chunk of n tokens it receives ·n·row_bytes of tokens,
 // against ≈ K·n·row_bytes·(R-1)/R for the all-to-all: the ring wins when R < K.
+//
+// Dynamic replicas (ep/replica_exchange.h): every rank already sees every
+// token, so a replica costs no token traffic, only its weights. A rank keeps
+// a gathered pair (r, t, k) of expert e when the plan's copy for its global
+// position is on this rank; the position is counted per (source rank,
+// expert) across the chunks in order (rank r's tokens arrive in token order,
+// chunk after chunk), and each chunk remembers where its counts started so a
+// recomputed dispatch (remat) keeps the same rows.
 #pragma once
 
 #include <memory>
@@ -21,6 +29,7 @@
 #include "comm/collective_handle.h"
 #include "ep/dispatcher.h"
 #include "ep/ep_config.h"
+#include "ep/replica_exchange.h"
 #include "ep/token_codec.h"
 #include "transport/communicator.h"
 
@@ -47,6 +56,10 @@ class RingDispatcher final : public Dispatcher {
   DispatchGradients finish_backward() override;
 
   const DispatchStats& stats() const override { return stats_; }
+  ReplicaExchange* replicas() override { return replicas_.get(); }
+  int num_compute_experts() const override {
+    return num_local_experts_ + (replicas_ ? replicas_->num_slots() : 0);
+  }
 
  private:
   struct Chunk;
@@ -63,6 +76,10 @@ class RingDispatcher final : public Dispatcher {
   RoutingView routing_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   DispatchStats stats_;
+  // Dynamic replicas (null when off). Pairs seen so far this step per
+  // (source rank, expert), [R * E]: the ring rank's running positions.
+  std::unique_ptr<ReplicaExchange> replicas_;
+  std::vector<std::int64_t> pairs_seen_;
 };
 
 }  // namespace epmoe::ep

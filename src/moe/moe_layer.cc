@@ -1,9 +1,11 @@
 #include "moe/moe_layer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/error.h"
 #include "ep/local_dispatcher.h"
+#include "ep/replica_exchange.h"
 #include "kernels/gemm.h"
 #include "moe/local_experts.h"
 
@@ -24,6 +26,7 @@ void MoeLayerConfig::validate() const {
 struct MoeLayer::Saved {
   const Tensor* x = nullptr;
   MoeWeights weights;
+  LocalExpertWeights expert_weights;  // the caller's, or the combined buffer with replicas
   RouterOutput routing;
   std::vector<ep::ExpertRows> rows;               // [chunk]
   std::vector<LedgerCharge> rows_metadata;        // [chunk] the rows' metadata bytes
@@ -55,6 +58,13 @@ MoeLayer::MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispat
   EPMOE_CHECK(dispatcher_ != nullptr);
 }
 
+struct MoeLayer::CombinedWeights {
+  Tensor wi0, wi1, wo;  // [E_l + B, H, F], [E_l + B, H, F], [E_l + B, F, H]
+  const float* source[3] = {nullptr, nullptr, nullptr};
+  std::uint64_t version = 0;
+  bool home_current = false;
+};
+
 MoeLayer::~MoeLayer() = default;
 
 namespace {
@@ -79,7 +89,8 @@ LocalExpertWeights expert_weights(const MoeWeights& w) {
 
 }  // namespace
 
-MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights) {
+MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
+                                   std::optional<std::uint64_t> weight_version) {
   check_weights(config_, dispatcher_->num_local_experts(), x, weights);
   PhaseTimes& times = stats_.phase_seconds;
   if (ledger_ != nullptr) ledger_->reset_peaks();
@@ -100,6 +111,36 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights) {
   const ep::RematPolicy& remat = config_.remat;
   dispatcher_->start_forward(x, {s.routing.topk_ids.data<std::int32_t>(),
                                  s.routing.topk_weights.data<float>(), x.dim(0), config_.router.top_k});
+  s.expert_weights = expert_weights(weights);
+  stats_.replica_home_copy_bytes = 0;
+  if (ep::ReplicaExchange* replicas = dispatcher_->replicas()) {
+    ScopedPhase phase(times, "replica_weights");
+    // Automatic versions have the top bit set so they never equal a caller's.
+    const std::uint64_t version = weight_version ? *weight_version : (std::uint64_t{1} << 63) | ++auto_version_;
+    const std::int64_t home = replicas->num_local_experts(), total = home + replicas->num_slots();
+    const std::int64_t hf = config_.hidden * config_.ffn;
+    if (combined_ == nullptr) {
+      combined_ = std::make_unique<CombinedWeights>();
+      combined_->wi0 = Tensor::zeros(DType::f32, {total, config_.hidden, config_.ffn});
+      combined_->wi1 = Tensor::zeros(DType::f32, {total, config_.hidden, config_.ffn});
+      combined_->wo = Tensor::zeros(DType::f32, {total, config_.ffn, config_.hidden});
+    }
+    CombinedWeights& cw = *combined_;
+    const float* sources[3] = {weights.wi0->data<float>(), weights.wi1->data<float>(), weights.wo->data<float>()};
+    float* targets[3] = {cw.wi0.data<float>(), cw.wi1.data<float>(), cw.wo.data<float>()};
+    const bool same_source = sources[0] == cw.source[0] && sources[1] == cw.source[1] && sources[2] == cw.source[2];
+    if (!cw.home_current || cw.version != version || !same_source) {
+      for (int i = 0; i < 3; ++i) {
+        std::copy(sources[i], sources[i] + home * hf, targets[i]);
+        cw.source[i] = sources[i];
+      }
+      cw.version = version;
+      cw.home_current = true;
+      stats_.replica_home_copy_bytes = 3 * home * hf * 4;
+    }
+    replicas->exchange_slot_weights({targets[0], targets[1], targets[2], config_.hidden, config_.ffn}, version);
+    s.expert_weights = {targets[0], targets[1], targets[2]};
+  }
   for (int c = 0; c < num_chunks; ++c) {
     {
       ScopedPhase phase(times, "dispatch");
@@ -108,7 +149,7 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights) {
     Tensor slot_outputs;
     {
       ScopedPhase phase(times, "experts");
-      slot_outputs = experts_forward(shape, s.rows[c], expert_weights(weights), s.activations[c]);
+      slot_outputs = experts_forward(shape, s.rows[c], s.expert_weights, s.activations[c]);
     }
     if (remat.save_x_sorted) {
       s.rows[c].x.attribute_to(ledger_, "saved/x_sorted");
@@ -150,6 +191,19 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
   MoeGradients grads{Tensor(), Tensor(DType::f32, {hidden, std::int64_t{num_experts}}),
                      Tensor(DType::f32, {num_local, hidden, ffn}), Tensor(DType::f32, {num_local, hidden, ffn}),
                      Tensor(DType::f32, {num_local, ffn, hidden})};
+  // With replicas the experts' dW covers E_l + B (home experts first); the
+  // slots' parts go home after the loop.
+  ep::ReplicaExchange* replicas = dispatcher_->replicas();
+  const std::int64_t num_compute = dispatcher_->num_compute_experts();
+  Tensor dwi0_all, dwi1_all, dwo_all;
+  if (replicas != nullptr) {
+    dwi0_all = Tensor(DType::f32, {num_compute, hidden, ffn});
+    dwi1_all = Tensor(DType::f32, {num_compute, hidden, ffn});
+    dwo_all = Tensor(DType::f32, {num_compute, ffn, hidden});
+  }
+  Tensor& dwi0 = replicas != nullptr ? dwi0_all : grads.dwi0;
+  Tensor& dwi1 = replicas != nullptr ? dwi1_all : grads.dwi1;
+  Tensor& dwo = replicas != nullptr ? dwo_all : grads.dwo;
   {
     ScopedPhase phase(times, "backward_combine");
     dispatcher_->start_backward(dy);
@@ -163,7 +217,7 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
     }
     {
       ScopedPhase phase(times, "backward_remat_experts");
-      stats_.recomputed_bytes += recompute_activations(shape, s.rows[c], expert_weights(s.weights), s.activations[c]);
+      stats_.recomputed_bytes += recompute_activations(shape, s.rows[c], s.expert_weights, s.activations[c]);
     }
     Tensor slot_dy;
     {
@@ -173,8 +227,8 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
     ExpertGradients expert_grads;
     {
       ScopedPhase phase(times, "backward_experts");
-      expert_grads = experts_backward(shape, s.rows[c], expert_weights(s.weights), s.activations[c],
-                                      slot_dy, grads.dwi0, grads.dwi1, grads.dwo, /*accumulate=*/c > 0);
+      expert_grads = experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c],
+                                      slot_dy, dwi0, dwi1, dwo, /*accumulate=*/c > 0);
     }
     // The chunk's saved state is no longer needed.
     s.rows[c] = ep::ExpertRows();
@@ -189,6 +243,14 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
     routed = dispatcher_->finish_backward();
   }
   grads.dx = std::move(routed.dx);
+  if (replicas != nullptr) {
+    ScopedPhase phase(times, "backward_replica_gradients");
+    replicas->reduce_slot_gradients({dwi0.data<float>(), dwi1.data<float>(), dwo.data<float>(), hidden, ffn});
+    const std::int64_t home_elements = num_local * hidden * ffn;
+    std::copy(dwi0.data<float>(), dwi0.data<float>() + home_elements, grads.dwi0.data<float>());
+    std::copy(dwi1.data<float>(), dwi1.data<float>() + home_elements, grads.dwi1.data<float>());
+    std::copy(dwo.data<float>(), dwo.data<float>() + home_elements, grads.dwo.data<float>());
+  }
   {
     ScopedPhase phase(times, "backward_router");
     if (config_.router.kind == RouterKind::random) {

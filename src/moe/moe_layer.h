@@ -11,6 +11,16 @@
 // Under expert parallelism each rank runs one MoeLayer on its own tokens with
 // its own experts' weights (wi0/wi1/wo hold E_l = E / R experts); the gate is
 // replicated, so dgate is this rank's contribution, to be summed over ranks.
+//
+// Dynamic replicas (balance=dynamic, ep/replica_exchange.h): the experts
+// compute on E_l home experts + B redundant slots. The layer keeps a
+// persistent combined weight buffer [E_l + B, H, F] etc.: the home rows are
+// copied from the caller's weights when their version (or address) changes
+// (E_l·3·H·F·4 bytes of memcpy, once per weight version), the slot rows are
+// received point-to-point from the experts' home ranks only when a slot's
+// (expert, version) changed. The backward computes dW for all E_l + B,
+// sends each slot's dW to its home rank, adds the received ones there and
+// returns dW of the E_l home experts only, exactly as with replicas off.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +77,7 @@ struct MoeLayerStats {
   PhaseTimes phase_seconds;  // route, dispatch, experts, combine, backward_* (accumulated)
   std::int64_t saved_activation_peak_bytes = 0;  // last forward, with a ledger
   std::int64_t recomputed_bytes = 0;             // last backward: tensors the remat policy rebuilt
+  std::int64_t replica_home_copy_bytes = 0;      // last forward: home weights copied into the combined buffer
 };
 
 class MoeLayer {
@@ -86,7 +97,12 @@ class MoeLayer {
 
   // Validates shapes (InternalError for a mismatch; callers validate files
   // first) and keeps what backward needs.
-  MoeForwardOutput forward(const Tensor& x, const MoeWeights& weights);
+  // `weight_version` (dynamic replicas): identifies the values of the
+  // experts' weights, the same on every rank of the step; replica slots are
+  // not resent while it is unchanged. Default: a new version every forward
+  // (always correct, always resends).
+  MoeForwardOutput forward(const Tensor& x, const MoeWeights& weights,
+                           std::optional<std::uint64_t> weight_version = std::nullopt);
   // Uses the last forward's saved state; dy [N, H]. Releases that state.
   MoeGradients backward(const Tensor& dy);
 
@@ -102,6 +118,10 @@ class MoeLayer {
   std::unique_ptr<ep::Dispatcher> dispatcher_;
   std::unique_ptr<Saved> saved_;
   MoeLayerStats stats_;
+  // Dynamic replicas: home experts then slots, [E_l + B, ...].
+  struct CombinedWeights;
+  std::unique_ptr<CombinedWeights> combined_;
+  std::uint64_t auto_version_ = 0;
 };
 
 }  // namespace epmoe

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "transport/threads/launcher.h"
 
@@ -38,8 +39,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
                       Tensor(DType::f32, {e, h, f}), Tensor(DType::f32, {e, h, f}),
                       Tensor(DType::f32, {e, f, h})},
                      std::vector<ep::DispatchStats>(static_cast<std::size_t>(num_ranks)),
-                     std::vector<RankMemory>(static_cast<std::size_t>(num_ranks))};
+                     std::vector<RankMemory>(static_cast<std::size_t>(num_ranks)), {}};
   std::vector<Tensor> dgates(static_cast<std::size_t>(num_ranks));
+  result.step_stats.assign(std::max<std::size_t>(1, options.weight_versions.size()),
+                           std::vector<ep::DispatchStats>(static_cast<std::size_t>(num_ranks)));
   ep::EpConfig config = options.ep;
   config.num_experts = e;
   config.top_k = k;
@@ -58,8 +61,16 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     MoeLayer layer({.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype,
                     .remat = options.remat},
                    ep::make_dispatcher(options.dispatch, comm, config), &ledger);
-    const MoeForwardOutput out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias});
-    MoeGradients grads = layer.backward(dy);
+    const std::size_t num_steps = std::max<std::size_t>(1, options.weight_versions.size());
+    MoeForwardOutput out;
+    MoeGradients grads;
+    for (std::size_t step = 0; step < num_steps; ++step) {
+      std::optional<std::uint64_t> version;
+      if (!options.weight_versions.empty()) version = options.weight_versions[step];
+      out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
+      grads = layer.backward(dy);
+      result.step_stats[step][r] = layer.dispatch_stats();
+    }
     copy_rows_into(result.y, t0, out.y);
     copy_rows_into(result.topk_ids, t0, out.topk_ids);
     copy_rows_into(result.topk_weights, t0, out.topk_weights);

@@ -20,6 +20,11 @@ struct EpRunOptions {
   ep::EpConfig ep;  // num_experts, top_k, hidden are filled from the problem
   ComputeDType compute_dtype = ComputeDType::f32;
   ep::RematPolicy remat;
+  // Steps of forward + backward on the same problem; with dynamic replicas
+  // (ep.balance, ep.redundant_slots), step i passes weight_versions[i] to the
+  // layer (empty: one step, the layer's automatic version). Results are the
+  // last step's.
+  std::vector<std::uint64_t> weight_versions;
 };
 
 // What one rank's memory ledger and layer saw.
@@ -32,8 +37,9 @@ struct RankMemory {
 struct EpRunResult {
   Tensor y, topk_ids, topk_weights;
   MoeGradients grads;                        // gathered: dx [N,H], dgate summed, dW [E,...]
-  std::vector<ep::DispatchStats> stats;      // per rank
+  std::vector<ep::DispatchStats> stats;      // per rank, last step
   std::vector<RankMemory> memory;            // per rank
+  std::vector<std::vector<ep::DispatchStats>> step_stats;  // [step][rank]
 };
 
 EpRunResult run_ep_layer(const MoeProblem& problem, const EpRunOptions& options);

@@ -4,7 +4,9 @@
 // and checks its part of y, dx and dW against the double reference; dgate is
 // summed over ranks with all_reduce first. Variants: alltoall, alltoall
 // dedup, ring with 2 chunks, ring with fp8 tokens skipped (threads tests
-// cover it). Exit status 0 only if every check on every rank passed.
+// cover it), and dynamic replicas (balance=dynamic, rebalance_threshold=1 so
+// the planner places replicas where it can) on both dispatchers: replica
+// weights and gradients travel point to point over MPI. Exit status 0 only if every check on every rank passed.
 #include <cstdio>
 #include <string>
 
@@ -42,14 +44,22 @@ int run_checks(transport::Communicator& comm) {
     ep::DispatchKind dispatch;
     bool dedup;
     int chunks;
+    int redundant_slots = 0;
   };
   int failures = 0, checks = 0;
   std::uint32_t tag_base = 0;
   for (const Variant v : {Variant{"alltoall", ep::DispatchKind::alltoall, false, 1},
                           Variant{"alltoall dedup", ep::DispatchKind::alltoall, true, 2},
-                          Variant{"ring chunks=2", ep::DispatchKind::ring, false, 2}}) {
+                          Variant{"ring chunks=2", ep::DispatchKind::ring, false, 2},
+                          Variant{"alltoall replicas B=2", ep::DispatchKind::alltoall, false, 2, 2},
+                          Variant{"ring replicas B=1", ep::DispatchKind::ring, false, 2, 1}}) {
     ep::EpConfig config{.num_experts = router.num_experts, .top_k = router.top_k, .hidden = h,
                         .num_chunks = v.chunks, .dedup = v.dedup, .tag_base = tag_base};
+    if (v.redundant_slots > 0) {
+      config.balance = ep::BalanceMode::dynamic;
+      config.redundant_slots = v.redundant_slots;
+      config.rebalance_threshold = 1.0;
+    }
     tag_base += 1024;
     MoeLayer layer({.hidden = h, .ffn = f, .router = router}, ep::make_dispatcher(v.dispatch, comm, config));
     const MoeForwardOutput out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias});

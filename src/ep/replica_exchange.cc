@@ -1,0 +1,226 @@
+#include "ep/replica_exchange.h"
+
+#include <chrono>
+#include <memory>
+
+#include "balance/replica_planner.h"
+#include "comm/all_gather.h"
+#include "comm/tag.h"
+#include "core/error.h"
+#include "ep/collective_tags.h"
+
+namespace epmoe::ep {
+
+ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config, DispatchStats* stats)
+    : comm_(comm),
+      config_(config),
+      stats_(stats),
+      num_ranks_(comm.size()),
+      num_experts_(config.num_experts),
+      num_local_experts_(config.num_experts / comm.size()),
+      num_slots_(config.redundant_slots),
+      homes_(balance::contiguous_home_ranks(config.num_experts, comm.size())),
+      held_expert_(static_cast<std::size_t>(num_ranks_) * num_slots_, balance::kEmptySlot),
+      held_version_(held_expert_.size(), 0) {
+  EPMOE_CHECK(stats_ != nullptr);
+  EPMOE_CHECK(config.replicas_enabled());
+}
+
+void ReplicaExchange::plan_step(const RoutingView& routing) {
+  std::vector<std::int64_t> local(static_cast<std::size_t>(num_experts_), 0);
+  const std::int64_t num_pairs = routing.num_tokens * routing.top_k;
+  for (std::int64_t i = 0; i < num_pairs; ++i) {
+    const int expert = routing.topk_ids[i];
+    EPMOE_CHECK(expert >= 0 && expert < num_experts_);
+    local[expert] += 1;
+  }
+  counts_.assign(static_cast<std::size_t>(num_ranks_) * num_experts_, 0);
+  comm::ring_all_gather(comm_, {.input = local.data(), .output = counts_.data(),
+                                .num_elements_per_rank = num_experts_, .dtype = DType::i64,
+                                .tag = ep_tag(config_.tag_base, 0, EpOp::replica_counts),
+                                .timeout = config_.timeout})
+      .wait();
+  std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
+  prefix_.assign(counts_.size(), 0);
+  for (int r = 0; r < num_ranks_; ++r)
+    for (int e = 0; e < num_experts_; ++e) {
+      prefix_[r * num_experts_ + e] = global[e];
+      global[e] += counts_[r * num_experts_ + e];
+    }
+
+  const auto start = std::chrono::steady_clock::now();
+  plan_ = balance::plan_replicas(global, homes_,
+                                 {.num_ranks = num_ranks_, .num_redundant_slots_per_rank = num_slots_,
+                                  .rebalance_threshold = config_.rebalance_threshold},
+                                 held_expert_);
+  stats_->planner_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // Per copy: where its quota run ends and its local expert index.
+  quota_end_.assign(plan_.copies.size(), 0);
+  copy_local_.assign(plan_.copies.size(), 0);
+  const int me = comm_.rank();
+  stats_->home_quotas.assign(static_cast<std::size_t>(num_local_experts_), 0);
+  stats_->slot_quotas.assign(static_cast<std::size_t>(num_slots_), 0);
+  stats_->slot_experts.assign(static_cast<std::size_t>(num_slots_), balance::kEmptySlot);
+  for (int b = 0; b < num_slots_; ++b) stats_->slot_experts[b] = plan_.slot_expert(me, b);
+  for (int e = 0; e < num_experts_; ++e) {
+    std::int64_t end = 0;
+    for (int i = plan_.copy_offsets[e]; i < plan_.copy_offsets[e + 1]; ++i) {
+      const balance::ExpertCopy& copy = plan_.copies[i];
+      end += copy.token_quota;
+      quota_end_[i] = end;
+      if (i == plan_.copy_offsets[e]) {
+        EPMOE_CHECK_EQ(copy.rank, homes_[e]);
+        copy_local_[i] = e - copy.rank * num_local_experts_;
+        if (copy.rank == me) stats_->home_quotas[copy_local_[i]] = copy.token_quota;
+        continue;
+      }
+      int slot = -1;
+      for (int b = 0; b < num_slots_; ++b)
+        if (plan_.slot_expert(copy.rank, b) == e) slot = b;
+      EPMOE_CHECK_GE(slot, 0);  // a replica always sits in a slot of its rank
+      copy_local_[i] = num_local_experts_ + slot;
+      if (copy.rank == me) stats_->slot_quotas[slot] = copy.token_quota;
+    }
+    EPMOE_CHECK_EQ(end, global[e]);
+  }
+  stats_->rows_per_slot.assign(static_cast<std::size_t>(num_slots_), 0);
+  stats_->rank_loads_before = plan_.rank_loads_before;
+  stats_->rank_loads_after = plan_.rank_loads_after;
+  stats_->max_over_mean_before = plan_.before.max_over_mean();
+  stats_->max_over_mean_after = plan_.after.max_over_mean();
+  stats_->num_replicas = plan_.num_replicas();
+}
+
+PairDestination ReplicaExchange::destination(int source, int expert, std::int64_t index) const {
+  const std::int64_t position = prefix_[source * num_experts_ + expert] + index;
+  const int first = plan_.copy_offsets[expert], last = plan_.copy_offsets[expert + 1];
+  for (int i = first; i < last; ++i)
+    if (position < quota_end_[i]) return {plan_.copies[i].rank, copy_local_[i]};
+  EPMOE_CHECK(false);  // a position beyond the expert's count: counts and routing disagree
+  return {};
+}
+
+std::vector<PairDestination> ReplicaExchange::local_destinations(const RoutingView& routing) const {
+  const std::int64_t num_pairs = routing.num_tokens * routing.top_k;
+  std::vector<PairDestination> out(static_cast<std::size_t>(num_pairs));
+  std::vector<std::int64_t> seen(static_cast<std::size_t>(num_experts_), 0);
+  const int me = comm_.rank();
+  for (std::int64_t i = 0; i < num_pairs; ++i) {
+    const int expert = routing.topk_ids[i];
+    out[i] = destination(me, expert, seen[expert]++);
+  }
+  return out;
+}
+
+namespace {
+
+// One expert's three tensors in a combined buffer.
+struct ExpertSlices {
+  float* part[3];
+  std::int64_t elements;  // H * F, the same for all three
+};
+
+ExpertSlices slices(const CombinedExpertTensors& t, int local_expert) {
+  const std::int64_t n = t.hidden * t.ffn;
+  return {{t.wi0 + local_expert * n, t.wi1 + local_expert * n, t.wo + local_expert * n}, n};
+}
+
+transport::Tag slot_tag(std::uint32_t tag_base, int slot, EpOp op, int part) {
+  return comm::make_tag(ep_tag(tag_base, slot, static_cast<EpOp>(static_cast<std::uint32_t>(op) + part)),
+                        comm::Slot::data);
+}
+
+}  // namespace
+
+std::int64_t ReplicaExchange::exchange_slot_weights(const CombinedExpertTensors& weights,
+                                                    std::uint64_t version) {
+  const int me = comm_.rank();
+  std::vector<std::unique_ptr<transport::Request>> requests;
+  std::int64_t bytes = 0;
+  int refreshed = 0;
+  for (int r = 0; r < num_ranks_; ++r)
+    for (int b = 0; b < num_slots_; ++b) {
+      const std::size_t at = static_cast<std::size_t>(r) * num_slots_ + b;
+      const int expert = plan_.slot_expert(r, b);
+      if (expert == balance::kEmptySlot) {
+        held_expert_[at] = balance::kEmptySlot;  // keep nothing stale in the plan's view
+        continue;
+      }
+      if (held_expert_[at] == expert && held_version_[at] == version) continue;  // current
+      held_expert_[at] = expert;
+      held_version_[at] = version;
+      const int home = homes_[expert];
+      if (r == me) {
+        ++refreshed;
+        const ExpertSlices dst = slices(weights, num_local_experts_ + b);
+        for (int p = 0; p < 3; ++p)
+          requests.push_back(comm_.irecv(home, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p), dst.part[p],
+                                         dst.elements * 4));
+      }
+      if (home == me) {
+        const ExpertSlices src = slices(weights, expert - me * num_local_experts_);
+        for (int p = 0; p < 3; ++p) {
+          requests.push_back(comm_.isend(r, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p), src.part[p],
+                                         src.elements * 4));
+          bytes += src.elements * 4;
+        }
+      }
+    }
+  for (auto& request : requests) request->wait(config_.timeout);
+  stats_->bytes_sent["forward/replica weights"] += bytes;
+  stats_->slots_refreshed = refreshed;
+  return bytes;
+}
+
+std::int64_t ReplicaExchange::reduce_slot_gradients(const CombinedExpertTensors& grads) {
+  const int me = comm_.rank();
+  const std::int64_t n = grads.hidden * grads.ffn;
+  std::vector<std::unique_ptr<transport::Request>> requests;
+  // Received slot gradients, in ascending (rank, slot) order, with the home
+  // expert each is added to.
+  struct Incoming {
+    int local_expert;
+    std::vector<float> data;  // 3 * H * F
+  };
+  std::vector<Incoming> incoming;
+  std::int64_t bytes = 0;
+  for (int r = 0; r < num_ranks_; ++r)
+    for (int b = 0; b < num_slots_; ++b) {
+      const int expert = plan_.slot_expert(r, b);
+      if (expert == balance::kEmptySlot) continue;
+      const int home = homes_[expert];
+      if (r == me) {
+        const ExpertSlices src = slices(grads, num_local_experts_ + b);
+        for (int p = 0; p < 3; ++p) {
+          requests.push_back(comm_.isend(home, slot_tag(config_.tag_base, b, EpOp::replica_dwi0, p), src.part[p],
+                                         n * 4));
+          bytes += n * 4;
+        }
+      }
+      if (home == me) incoming.push_back({expert - me * num_local_experts_, std::vector<float>(3 * n)});
+    }
+  // Post the receives once `incoming` no longer reallocates.
+  std::size_t next = 0;
+  for (int r = 0; r < num_ranks_; ++r)
+    for (int b = 0; b < num_slots_; ++b) {
+      const int expert = plan_.slot_expert(r, b);
+      if (expert == balance::kEmptySlot || homes_[expert] != me) continue;
+      Incoming& in = incoming[next++];
+      for (int p = 0; p < 3; ++p)
+        requests.push_back(comm_.irecv(r, slot_tag(config_.tag_base, b, EpOp::replica_dwi0, p),
+                                       in.data.data() + p * n, n * 4));
+    }
+  for (auto& request : requests) request->wait(config_.timeout);
+  for (const Incoming& in : incoming) {
+    const ExpertSlices dst = slices(grads, in.local_expert);
+    for (int p = 0; p < 3; ++p) {
+      const float* src = in.data.data() + p * n;
+      for (std::int64_t i = 0; i < n; ++i) dst.part[p][i] += src[i];
+    }
+  }
+  stats_->bytes_sent["backward/replica gradients"] += bytes;
+  return bytes;
+}
+
+}  // namespace epmoe::ep

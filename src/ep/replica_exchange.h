@@ -1,0 +1,103 @@
+// ReplicaExchange: dynamic redundant experts inside one MoE layer
+// (DESIGN.md §4.8, issue 6). Shared by both dispatchers; owned by the
+// dispatcher, driven by it (plan, rerouting) and by MoeLayer (weights,
+// gradients).
+//
+// Per step:
+//  1. plan_step (in the dispatcher's start_forward): this rank's (token, k)
+//     pairs per expert over the whole step (all chunks) are all-gathered as
+//     [R, E] i64 counts — one tiny collective — and every rank runs
+//     balance::plan_replicas on the same integers, so every rank holds the
+//     same plan. The previous step's slot contents are passed in, so an
+//     expert that stays on a rank keeps its slot (and its weights).
+//  2. Rerouting (balance/replica_plan.h rule): pair (r, t, k) of expert e has
+//     the global position sum_{r' < r} counts[r'][e] + (its index among rank
+//     r's pairs of e in (token, k) order over the step); the copy whose quota
+//     run contains the position computes it. destination() answers that for
+//     any (source rank, expert, index), so the all-to-all's senders and the
+//     ring's receivers (which see every rank's tokens) agree, and every copy
+//     computes exactly its quota.
+//  3. exchange_slot_weights (MoeLayer, before the experts): each slot whose
+//     (expert, weight version) changed receives wi0/wi1/wo of its expert
+//     point-to-point from the expert's home rank; nothing moves when every
+//     slot is current. Every rank tracks every slot's contents from the
+//     (identical) plans, so sender and receiver agree without a handshake.
+//  4. reduce_slot_gradients (MoeLayer, after the experts' backward): each
+//     slot's dW goes point-to-point to its expert's home rank and is added to
+//     the home expert's gradient there, slots in ascending (rank, slot)
+//     order: deterministic, each replica's contribution counted once. No
+//     collective over all experts' weights anywhere.
+//
+// Local expert indices on a rank: [0, E_l) home experts, E_l + b slot b.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "balance/replica_plan.h"
+#include "ep/dispatcher.h"
+#include "ep/ep_config.h"
+#include "transport/communicator.h"
+
+namespace epmoe::ep {
+
+// Where one (token, k) pair is computed: a rank and its local expert index
+// there (a home expert or E_l + slot).
+struct PairDestination {
+  int rank = 0;
+  int local_expert = 0;
+};
+
+// Experts' weights (or their gradients) on this rank, home experts first
+// then the B slots: [E_l + B, H, F], [E_l + B, H, F], [E_l + B, F, H].
+struct CombinedExpertTensors {
+  float* wi0 = nullptr;
+  float* wi1 = nullptr;
+  float* wo = nullptr;
+  std::int64_t hidden = 0, ffn = 0;
+};
+
+class ReplicaExchange {
+ public:
+  // `stats` (not owned) is the dispatcher's; the exchange fills its replica
+  // fields and bytes_sent entries.
+  ReplicaExchange(transport::Communicator& comm, const EpConfig& config, DispatchStats* stats);
+
+  int num_local_experts() const { return num_local_experts_; }  // E_l
+  int num_slots() const { return num_slots_; }                  // B
+
+  // Collective (every rank, same step): counts, all-gather, plan. Blocking.
+  void plan_step(const RoutingView& routing);
+  const balance::ReplicaPlan& plan() const { return plan_; }
+  std::int64_t count(int rank, int expert) const { return counts_[rank * num_experts_ + expert]; }
+
+  // Pair number `index` (0-based, over the step in (token, k) order) among
+  // source rank `source`'s pairs of `expert`.
+  PairDestination destination(int source, int expert, std::int64_t index) const;
+  // Every pair of this rank's routing, [N_l * K] in (token, k) order.
+  std::vector<PairDestination> local_destinations(const RoutingView& routing) const;
+
+  // Step 3. `weights` home rows must hold the current home weights at
+  // `version`; slot rows are filled where needed. Returns bytes sent.
+  std::int64_t exchange_slot_weights(const CombinedExpertTensors& weights, std::uint64_t version);
+  // Step 4. Adds every slot's gradient (rows E_l + b of `grads`, this rank's
+  // slots) into its home expert's rows on the home rank. Returns bytes sent.
+  std::int64_t reduce_slot_gradients(const CombinedExpertTensors& grads);
+
+ private:
+  transport::Communicator& comm_;
+  EpConfig config_;
+  DispatchStats* stats_;
+  int num_ranks_, num_experts_, num_local_experts_, num_slots_;
+  std::vector<int> homes_;
+  std::vector<std::int64_t> counts_;          // [R * E] all-gathered
+  std::vector<std::int64_t> prefix_;          // [R * E] sum over ranks before r
+  balance::ReplicaPlan plan_;
+  std::vector<std::int64_t> quota_end_;       // per copy: cumulative quota end
+  std::vector<int> copy_local_;               // per copy: local expert index on its rank
+  // What every slot of every rank holds: expert and weight version.
+  std::vector<int> held_expert_;              // [R * B]
+  std::vector<std::uint64_t> held_version_;   // [R * B]
+};
+
+}  // namespace epmoe::ep

@@ -1,0 +1,238 @@
+// Dynamic redundant experts (issue 6, ep/replica_exchange.h) under Zipf-skewed
+// routing where the planner really places replicas:
+//  * y, dx, dgate, dwi0, dwi1, dwo with replicas on equal replicas off within
+//    1e-5 (relative to max|ref|) and the double reference, for both
+//    dispatchers (all-to-all with and without dedup, ring of experts),
+//    R in {2, 3, 4, 8}, B in {1, 2}, token chunks 1 and 2;
+//  * every redundant slot and every home expert computes exactly the rows the
+//    plan gave it;
+//  * every replica's gradient goes home once (bytes), and the home dW equals
+//    the reference's, which holds every token's contribution exactly once;
+//  * replica weights are not resent while the weight version is unchanged,
+//    and are resent when it changes.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <tuple>
+
+#include "balance/routing_skew.h"
+#include "core/error.h"
+#include "ep_harness.h"
+
+namespace epmoe {
+namespace {
+
+using testing::EpRunOptions;
+using testing::EpRunResult;
+using testing::MoeProblem;
+
+constexpr std::int64_t kHidden = 8, kFfn = 6;
+
+std::vector<std::int32_t> ids_of(const Tensor& t) {
+  return {t.span<std::int32_t>().begin(), t.span<std::int32_t>().end()};
+}
+
+std::vector<double> as_double(const Tensor& t) {
+  return {t.span<float>().begin(), t.span<float>().end()};
+}
+
+// sigmoid_grouped routing, E = 2R experts, K = 2, hot experts packed on rank 0.
+MoeProblem skewed_problem(int num_ranks, balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
+  const int num_experts = 2 * num_ranks;
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 2};
+  MoeProblem p = testing::make_problem(16 * num_ranks, kHidden, kFfn, router, 300 + num_ranks);
+  const std::vector<float> bias = balance::zipf_selection_bias(
+      {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2, .placement = placement,
+       .scale = 1.0});
+  for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
+  return p;
+}
+
+void expect_close(const EpRunResult& got, const EpRunResult& want, const std::string& what) {
+  EXPECT_EQ(ids_of(got.topk_ids), ids_of(want.topk_ids)) << what;
+  EXPECT_LE(testing::relative_error(got.y, as_double(want.y)), 1e-5) << what << " y";
+  EXPECT_LE(testing::relative_error(got.grads.dx, as_double(want.grads.dx)), 1e-5) << what << " dx";
+  EXPECT_LE(testing::relative_error(got.grads.dgate, as_double(want.grads.dgate)), 1e-5) << what << " dgate";
+  EXPECT_LE(testing::relative_error(got.grads.dwi0, as_double(want.grads.dwi0)), 1e-5) << what << " dwi0";
+  EXPECT_LE(testing::relative_error(got.grads.dwi1, as_double(want.grads.dwi1)), 1e-5) << what << " dwi1";
+  EXPECT_LE(testing::relative_error(got.grads.dwo, as_double(want.grads.dwo)), 1e-5) << what << " dwo";
+}
+
+void expect_matches_reference(const MoeProblem& p, const EpRunResult& run, const std::string& what) {
+  const testing::ReferenceResult ref = testing::reference_moe(p, ids_of(run.topk_ids));
+  EXPECT_EQ(ids_of(run.topk_ids), ref.topk_ids) << what;
+  EXPECT_LE(testing::relative_error(run.y, ref.y), 1e-5) << what << " y";
+  EXPECT_LE(testing::relative_error(run.grads.dx, ref.dx), 1e-5) << what << " dx";
+  EXPECT_LE(testing::relative_error(run.grads.dgate, ref.dgate), 1e-5) << what << " dgate";
+  EXPECT_LE(testing::relative_error(run.grads.dwi0, ref.dwi0), 1e-5) << what << " dwi0";
+  EXPECT_LE(testing::relative_error(run.grads.dwi1, ref.dwi1), 1e-5) << what << " dwi1";
+  EXPECT_LE(testing::relative_error(run.grads.dwo, ref.dwo), 1e-5) << what << " dwo";
+}
+
+// Every copy computed exactly its quota; returns the plan's replica count.
+int expect_quotas_met(const EpRunResult& run, const std::string& what) {
+  const int num_replicas = run.stats[0].num_replicas;
+  int occupied = 0;
+  for (std::size_t r = 0; r < run.stats.size(); ++r) {
+    const ep::DispatchStats& s = run.stats[r];
+    EXPECT_EQ(s.num_replicas, num_replicas) << what << " rank " << r << ": every rank has the same plan";
+    EXPECT_EQ(s.rows_per_slot, s.slot_quotas) << what << " rank " << r << " slots";
+    EXPECT_EQ(s.rows_per_local_expert, s.home_quotas) << what << " rank " << r << " home experts";
+    for (std::size_t b = 0; b < s.slot_experts.size(); ++b) {
+      if (s.slot_experts[b] < 0) continue;
+      ++occupied;
+      EXPECT_GT(s.slot_quotas[b], 0) << what << " rank " << r << " slot " << b << " holds an expert but no tokens";
+      EXPECT_NE(s.slot_experts[b] / static_cast<int>(s.home_quotas.size()), static_cast<int>(r))
+          << what << " a replica on its own home rank";
+    }
+    EXPECT_EQ(std::accumulate(s.rank_loads_after.begin(), s.rank_loads_after.end(), std::int64_t{0}),
+              std::accumulate(s.rank_loads_before.begin(), s.rank_loads_before.end(), std::int64_t{0}))
+        << what;
+    EXPECT_LE(s.max_over_mean_after, s.max_over_mean_before) << what;
+  }
+  EXPECT_EQ(occupied, num_replicas) << what;
+  return num_replicas;
+}
+
+std::int64_t total_bytes(const std::vector<ep::DispatchStats>& stats, const std::string& name) {
+  std::int64_t sum = 0;
+  for (const auto& s : stats) {
+    const auto it = s.bytes_sent.find(name);
+    if (it != s.bytes_sent.end()) sum += it->second;
+  }
+  return sum;
+}
+
+struct Variant {
+  ep::DispatchKind dispatch;
+  bool dedup;
+};
+
+class ReplicaEquivalence : public ::testing::TestWithParam<std::tuple<int, Variant, int>> {};
+
+TEST_P(ReplicaEquivalence, ReplicasOnEqualsOff) {
+  const auto [num_ranks, variant, slots] = GetParam();
+  const MoeProblem p = skewed_problem(num_ranks);
+  for (int chunks : {1, 2}) {
+    const std::string what = "chunks " + std::to_string(chunks);
+    EpRunOptions off{.num_ranks = num_ranks, .dispatch = variant.dispatch};
+    off.ep.dedup = variant.dedup;
+    off.ep.num_chunks = chunks;
+    EpRunOptions on = off;
+    on.ep.balance = ep::BalanceMode::dynamic;
+    on.ep.redundant_slots = slots;
+    on.ep.rebalance_threshold = 1.0;
+    const EpRunResult run_off = testing::run_ep_layer(p, off);
+    const EpRunResult run_on = testing::run_ep_layer(p, on);
+    expect_close(run_on, run_off, what);
+    expect_matches_reference(p, run_on, what);
+    const int num_replicas = expect_quotas_met(run_on, what);
+    ASSERT_GT(num_replicas, 0) << what << ": the skew must make the planner place replicas";
+    EXPECT_LT(run_on.stats[0].max_over_mean_after, run_on.stats[0].max_over_mean_before) << what;
+    // Each replica's weights came once from home, its gradient went home once.
+    const std::int64_t expert_bytes = 3 * kHidden * kFfn * 4;
+    EXPECT_EQ(total_bytes(run_on.stats, "forward/replica weights"), num_replicas * expert_bytes) << what;
+    EXPECT_EQ(total_bytes(run_on.stats, "backward/replica gradients"), num_replicas * expert_bytes) << what;
+    EXPECT_EQ(total_bytes(run_off.stats, "forward/replica weights"), 0) << what;
+  }
+}
+
+std::string variant_name(const ::testing::TestParamInfo<ReplicaEquivalence::ParamType>& info) {
+  const auto [num_ranks, variant, slots] = info.param;
+  return "R" + std::to_string(num_ranks) + "_" + ep::to_string(variant.dispatch) + (variant.dedup ? "_dedup" : "") +
+         "_B" + std::to_string(slots);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, ReplicaEquivalence,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 8),
+                                            ::testing::Values(Variant{ep::DispatchKind::alltoall, false},
+                                                              Variant{ep::DispatchKind::alltoall, true},
+                                                              Variant{ep::DispatchKind::ring, false}),
+                                            ::testing::Values(1, 2)),
+                         variant_name);
+
+// The home gradient holds the replicas' contributions exactly once: the hot
+// expert's tokens are split between home and replicas, yet its dW equals the
+// reference's (which loops over every token once); dropping or doubling a
+// replica's part would miss by that part, far above 1e-5.
+TEST(Replicas, HomeGradientCountsReplicasOnce) {
+  const MoeProblem p = skewed_problem(4);
+  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    EpRunOptions on{.num_ranks = 4, .dispatch = dispatch};
+    on.ep.balance = ep::BalanceMode::dynamic;
+    on.ep.redundant_slots = 2;
+    on.ep.rebalance_threshold = 1.0;
+    const EpRunResult run = testing::run_ep_layer(p, on);
+    ASSERT_GT(expect_quotas_met(run, ep::to_string(dispatch)), 0);
+    // The hottest expert (0, packed on rank 0) is split: its home computes
+    // only part of its tokens.
+    std::int64_t replica_rows_of_0 = 0;
+    for (const auto& s : run.stats)
+      for (std::size_t b = 0; b < s.slot_experts.size(); ++b)
+        if (s.slot_experts[b] == 0) replica_rows_of_0 += s.rows_per_slot[b];
+    EXPECT_GT(replica_rows_of_0, 0) << ep::to_string(dispatch);
+    const testing::ReferenceResult ref = testing::reference_moe(p, ids_of(run.topk_ids));
+    const std::int64_t n = kHidden * kFfn;
+    const Tensor dwi0_expert0 = testing::slice_rows(run.grads.dwi0, 0, 1);
+    const std::vector<double> ref_expert0(ref.dwi0.begin(), ref.dwi0.begin() + n);
+    EXPECT_LE(testing::relative_error(dwi0_expert0, ref_expert0), 1e-5) << ep::to_string(dispatch);
+    expect_matches_reference(p, run, ep::to_string(dispatch));
+  }
+}
+
+// Weight versions: step 1 reuses version 7 (nothing moves), step 2 brings 8.
+TEST(Replicas, WeightsResentOnlyWhenVersionChanges) {
+  const MoeProblem p = skewed_problem(4);
+  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    EpRunOptions on{.num_ranks = 4, .dispatch = dispatch};
+    on.ep.balance = ep::BalanceMode::dynamic;
+    on.ep.redundant_slots = 2;
+    on.ep.rebalance_threshold = 1.0;
+    on.weight_versions = {7, 7, 8};
+    const EpRunResult run = testing::run_ep_layer(p, on);
+    const int num_replicas = expect_quotas_met(run, ep::to_string(dispatch));
+    ASSERT_GT(num_replicas, 0);
+    const std::int64_t expert_bytes = 3 * kHidden * kFfn * 4;
+    EXPECT_EQ(total_bytes(run.step_stats[0], "forward/replica weights"), num_replicas * expert_bytes);
+    EXPECT_EQ(total_bytes(run.step_stats[1], "forward/replica weights"), 0) << "unchanged version resent";
+    EXPECT_EQ(total_bytes(run.step_stats[2], "forward/replica weights"), num_replicas * expert_bytes);
+    for (const auto& step : run.step_stats)
+      EXPECT_EQ(total_bytes(step, "backward/replica gradients"), num_replicas * expert_bytes);
+    expect_matches_reference(p, run, ep::to_string(dispatch));
+  }
+}
+
+// Recomputed x_sorted: the ring re-collects a chunk's rows with the same
+// replica positions, the all-to-all re-sends the same plan.
+TEST(Replicas, RematDispatchKeepsTheSameRows) {
+  const MoeProblem p = skewed_problem(3, balance::HotExpertPlacement::spread);
+  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    EpRunOptions on{.num_ranks = 3, .dispatch = dispatch};
+    on.ep.balance = ep::BalanceMode::dynamic;
+    on.ep.redundant_slots = 1;
+    on.ep.rebalance_threshold = 1.0;
+    on.ep.num_chunks = 2;
+    on.remat = ep::RematPolicy::preset("remat", "full");
+    const EpRunResult run = testing::run_ep_layer(p, on);
+    expect_quotas_met(run, ep::to_string(dispatch));
+    expect_matches_reference(p, run, ep::to_string(dispatch));
+  }
+}
+
+TEST(Replicas, ConfigErrors) {
+  ep::EpConfig config{.num_experts = 8, .top_k = 2, .hidden = 4};
+  config.balance = ep::BalanceMode::periodic;
+  EXPECT_THROW(config.validate(2), ConfigError);
+  config.balance = ep::BalanceMode::dynamic;
+  config.redundant_slots = 1;
+  config.capacity_factor = 1.5;
+  EXPECT_THROW(config.validate(2), ConfigError);
+  config.capacity_factor = 0;
+  config.rebalance_threshold = 0.5;
+  EXPECT_THROW(config.validate(2), ConfigError);
+  EXPECT_THROW(ep::parse_balance_mode("balance", "sometimes"), ConfigError);
+}
+
+}  // namespace
+}  // namespace epmoe
