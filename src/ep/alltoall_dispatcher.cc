@@ -151,18 +151,10 @@ void AllToAllDispatcher::plan_chunk(int c) {
     chunk.send_metadata.insert(chunk.send_metadata.end(), words_to[d].begin(), words_to[d].end());
   }
 
-  // fp8 with one scale: every rank's absmax, gathered (tiny, blocking).
-  if (config_.token_format == TokenFormat::fp8_tensor) {
-    float local_max = absmax(x_->data<float>() + chunk.range.begin * hidden, chunk.range.size() * hidden);
-    std::vector<float> all_max(static_cast<std::size_t>(num_ranks));
-    comm::ring_all_gather(comm_, {.input = &local_max, .output = all_max.data(), .num_elements_per_rank = 1,
-                                  .tag = ep_tag(config_.tag_base, c, EpOp::forward_scale),
-                                  .timeout = config_.timeout})
-        .wait();
-    float global_max = 0;
-    for (float m : all_max) global_max = std::max(global_max, m);
-    chunk.tensor_scale = fp8_scale_for(global_max);
-  }
+  if (config_.token_format == TokenFormat::fp8_tensor)
+    chunk.tensor_scale = agree_on_tensor_scale(comm_, x_->data<float>() + chunk.range.begin * hidden,
+                                               chunk.range.size() * hidden,
+                                               ep_tag(config_.tag_base, c, EpOp::forward_scale), config_.timeout);
 }
 
 void AllToAllDispatcher::send_tokens(int c, bool remat) {
@@ -204,9 +196,7 @@ ExpertRows AllToAllDispatcher::receive_rows(int c) {
     plan_chunk(c + 1);
     send_tokens(c + 1, false);
   }
-  for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
-  for (std::size_t b = 0; b < stats_.rows_per_slot.size(); ++b)
-    stats_.rows_per_slot[b] += rows.group_sizes[num_local_experts_ + b];
+  stats_.count_rows(rows, num_local_experts_);
   return rows;
 }
 

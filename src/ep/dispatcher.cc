@@ -21,6 +21,11 @@ void DispatchStats::reset(int num_local_experts) {
   planner_seconds = 0.0;
 }
 
+void DispatchStats::count_rows(const ExpertRows& rows, int num_local_experts) {
+  for (int e = 0; e < num_local_experts; ++e) rows_per_local_expert[e] += rows.group_sizes[e];
+  for (std::size_t b = 0; b < rows_per_slot.size(); ++b) rows_per_slot[b] += rows.group_sizes[num_local_experts + b];
+}
+
 ChunkRange chunk_range(std::int64_t num_tokens, int num_chunks, int chunk) {
   EPMOE_CHECK(chunk >= 0 && chunk < num_chunks);
   return {num_tokens * chunk / num_chunks, num_tokens * (chunk + 1) / num_chunks};

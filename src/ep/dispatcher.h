@@ -77,6 +77,8 @@ struct DispatchStats {
   double planner_seconds = 0.0;     // counts all-gather excluded
 
   void reset(int num_local_experts);
+  // Adds a chunk's rows: home experts' groups, then the replica slots'.
+  void count_rows(const ExpertRows& rows, int num_local_experts);
 };
 
 class Dispatcher {

@@ -23,7 +23,7 @@ void LocalDispatcher::start_forward(const Tensor& x, const RoutingView& routing)
 
 ExpertRows LocalDispatcher::receive_rows(int chunk) {
   ExpertRows rows = redispatch_rows(chunk);
-  for (int e = 0; e < num_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
+  stats_.count_rows(rows, num_experts_);
   return rows;
 }
 

@@ -67,17 +67,9 @@ void RingDispatcher::start_gather(int c, bool remat) {
   chunk.gather_started = true;
   const int num_ranks = comm_.size(), top_k = config_.top_k;
   const std::int64_t hidden = config_.hidden, n = chunk.range.size();
-  if (config_.token_format == TokenFormat::fp8_tensor && !remat) {
-    float local_max = absmax(x_->data<float>() + chunk.range.begin * hidden, n * hidden);
-    std::vector<float> all_max(static_cast<std::size_t>(num_ranks));
-    comm::ring_all_gather(comm_, {.input = &local_max, .output = all_max.data(), .num_elements_per_rank = 1,
-                                  .tag = ep_tag(config_.tag_base, c, EpOp::forward_scale),
-                                  .timeout = config_.timeout})
-        .wait();
-    float global_max = 0;
-    for (float m : all_max) global_max = std::max(global_max, m);
-    chunk.tensor_scale = fp8_scale_for(global_max);
-  }
+  if (config_.token_format == TokenFormat::fp8_tensor && !remat)
+    chunk.tensor_scale = agree_on_tensor_scale(comm_, x_->data<float>() + chunk.range.begin * hidden, n * hidden,
+                                               ep_tag(config_.tag_base, c, EpOp::forward_scale), config_.timeout);
   const std::int64_t row_bytes = codec_.row_bytes();
   chunk.local_tokens.resize(static_cast<std::size_t>(n * row_bytes));
   codec_.encode(x_->data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
@@ -111,9 +103,7 @@ ExpertRows RingDispatcher::receive_rows(int c) {
   if (!chunks_[c]->gather_started) start_gather(c, false);
   ExpertRows rows = collect_rows(c);
   if (c + 1 < config_.num_chunks && !chunks_[c + 1]->gather_started) start_gather(c + 1, false);
-  for (int e = 0; e < num_local_experts_; ++e) stats_.rows_per_local_expert[e] += rows.group_sizes[e];
-  for (std::size_t b = 0; b < stats_.rows_per_slot.size(); ++b)
-    stats_.rows_per_slot[b] += rows.group_sizes[num_local_experts_ + b];
+  stats_.count_rows(rows, num_local_experts_);
   return rows;
 }
 

@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#include "comm/all_gather.h"
 
 #include "core/threading.h"
 #include "kernels/convert.h"
@@ -26,6 +29,18 @@ float absmax(const float* values, std::int64_t n) {
 }
 
 float fp8_scale_for(float max_magnitude) { return max_magnitude > 0 ? max_magnitude / kFp8E4m3Max : 1.0f; }
+
+float agree_on_tensor_scale(transport::Communicator& comm, const float* rows, std::int64_t num_values,
+                            std::uint32_t tag, std::chrono::milliseconds timeout) {
+  float local_max = absmax(rows, num_values);
+  std::vector<float> all_max(static_cast<std::size_t>(comm.size()));
+  comm::ring_all_gather(comm, {.input = &local_max, .output = all_max.data(), .num_elements_per_rank = 1,
+                               .tag = tag, .timeout = timeout})
+      .wait();
+  float global_max = 0;
+  for (float m : all_max) global_max = std::max(global_max, m);
+  return fp8_scale_for(global_max);
+}
 
 void TokenCodec::encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows,
                         float tensor_scale, std::byte* out) const {

@@ -11,9 +11,11 @@
 #pragma once
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 
 #include "ep/ep_config.h"
+#include "transport/communicator.h"
 
 namespace epmoe::ep {
 
@@ -39,5 +41,10 @@ class TokenCodec {
 float absmax(const float* values, std::int64_t n);
 // The scale that maps `max_magnitude` to e4m3's largest value (1 for zero).
 float fp8_scale_for(float max_magnitude);
+
+// fp8_tokens=tensor: the one scale every rank uses for a chunk, from the
+// global absmax of its rows (a tiny blocking all-gather of one float per rank).
+float agree_on_tensor_scale(transport::Communicator& comm, const float* rows, std::int64_t num_values,
+                            std::uint32_t tag, std::chrono::milliseconds timeout);
 
 }  // namespace epmoe::ep

@@ -15,13 +15,10 @@
 namespace epmoe {
 namespace {
 
+using testing::ids_of;
 using testing::EpRunOptions;
 using testing::EpRunResult;
 using testing::MoeProblem;
-
-std::vector<std::int32_t> ids_of(const Tensor& t) {
-  return {t.span<std::int32_t>().begin(), t.span<std::int32_t>().end()};
-}
 
 void expect_matches(const MoeProblem& p, const EpRunResult& run, const testing::ReferenceResult& ref,
                     const std::string& what) {

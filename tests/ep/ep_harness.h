@@ -44,6 +44,11 @@ struct EpRunResult {
 
 EpRunResult run_ep_layer(const MoeProblem& problem, const EpRunOptions& options);
 
+// The expert ids of a topk_ids tensor, as the reference takes them.
+inline std::vector<std::int32_t> ids_of(const Tensor& topk_ids) {
+  return {topk_ids.span<std::int32_t>().begin(), topk_ids.span<std::int32_t>().end()};
+}
+
 // Slices rows [begin, end) of the leading dimension.
 Tensor slice_rows(const Tensor& t, std::int64_t begin, std::int64_t end);
 

@@ -17,12 +17,9 @@
 namespace epmoe {
 namespace {
 
+using testing::ids_of;
 using testing::EpRunOptions;
 using testing::MoeProblem;
-
-std::vector<std::int32_t> ids_of(const Tensor& t) {
-  return {t.span<std::int32_t>().begin(), t.span<std::int32_t>().end()};
-}
 
 struct Roundtrip {
   Tensor dequantized;

@@ -23,15 +23,12 @@
 namespace epmoe {
 namespace {
 
+using testing::ids_of;
 using testing::EpRunOptions;
 using testing::EpRunResult;
 using testing::MoeProblem;
 
 constexpr std::int64_t kHidden = 8, kFfn = 6;
-
-std::vector<std::int32_t> ids_of(const Tensor& t) {
-  return {t.span<std::int32_t>().begin(), t.span<std::int32_t>().end()};
-}
 
 std::vector<double> as_double(const Tensor& t) {
   return {t.span<float>().begin(), t.span<float>().end()};
