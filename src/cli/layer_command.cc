@@ -5,6 +5,7 @@
 // mpirun, before MPI_Init, so every process fails alike with one line), and
 // nothing is written until the results exist; outputs then appear together
 // (data/staged_output_dir.h), written by one process only.
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -92,9 +93,20 @@ void run_layer_command(const LayerArguments& arguments) {
     write_npy(staged.staged_path(output.file_name), *output.tensor);
     file_names.push_back(output.file_name);
   }
-  write_json_file(staged.staged_path(kMetricsFile),
-                  layer_metrics(values, inputs, config, settings, *run, file_names));
+  const nlohmann::json metrics = layer_metrics(values, inputs, config, settings, *run, file_names);
+  write_json_file(staged.staged_path(kMetricsFile), metrics);
   staged.commit(file_names, kMetricsFile, run->gradients ? std::vector<std::string>{} : kGradientFiles);
+  // One line for a person at a terminal; the numbers live in metrics.json.
+  char backward[64] = "";
+  if (run->gradients)
+    std::snprintf(backward, sizeof backward, ", backward %.1f ms", metrics.value("backward_seconds", 0.0) * 1e3);
+  std::printf("epmoe layer: N=%lld H=%lld F=%lld E=%lld K=%d on %zu rank(s): forward %.1f ms%s, "
+              "experts %.1f GFLOP/s; %zu files + %s in %s\n",
+              static_cast<long long>(inputs.num_tokens), static_cast<long long>(inputs.hidden),
+              static_cast<long long>(inputs.ffn), static_cast<long long>(inputs.num_experts), config.router.top_k,
+              run->ranks.size(), metrics.value("forward_seconds", 0.0) * 1e3, backward,
+              metrics.value("expert_gflop_per_second", 0.0), file_names.size(), kMetricsFile,
+              arguments.out_dir.c_str());
 }
 
 }  // namespace
