@@ -123,8 +123,8 @@ KeyGroup expert_parallel_keys() {
           {.name = "balance", .type = KeyType::choice, .default_value = "off",
            .help = "dynamic redundant experts (DESIGN.md 4.8): off, or dynamic = a replica plan every step "
                    "from the all-gathered expert counts, tokens rerouted to replicas with exact quotas, "
-                   "replica weights/gradients point to point; periodic: not yet in the engine "
-                   "(offline: `epmoe balance`)",
+                   "replica weights/gradients point to point; periodic = EPLB-style replicas placed from "
+                   "the last balance_window steps' counts every balance_period steps (homes fixed)",
            .choices = {"off", "dynamic", "periodic"}},
           {.name = "redundant_slots", .type = KeyType::integer, .default_value = "0",
            .help = "balance=dynamic: B redundant expert slots per rank, each able to hold one replica of "
@@ -133,6 +133,10 @@ KeyGroup expert_parallel_keys() {
           {.name = "rebalance_threshold", .type = KeyType::real, .default_value = "1.05",
            .help = "balance=dynamic: stop adding replicas once max/mean rank load (rows) is at or below this",
            .min_value = 1},
+          {.name = "balance_window", .type = KeyType::integer, .default_value = "50",
+           .help = "balance=periodic: steps of expert counts a placement is made from", .min_value = 1},
+          {.name = "balance_period", .type = KeyType::integer, .default_value = "50",
+           .help = "balance=periodic: steps between placements (held in between)", .min_value = 1},
           {.name = "comm_timeout_ms", .type = KeyType::integer, .default_value = "60000",
            .help = "a wait for a peer longer than this fails the run with an error naming the peer",
            .min_value = 1},
@@ -265,6 +269,8 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   ep.balance = ep::parse_balance_mode("balance", values.get_string("balance"));
   ep.redundant_slots = values.get_int32("redundant_slots");
   ep.rebalance_threshold = values.get_float("rebalance_threshold");
+  ep.balance_window = values.get_int32("balance_window");
+  ep.balance_period = values.get_int32("balance_period");
   if (settings.transport == TransportKind::mpi && !values.is_set("ranks")) {
     // EpConfig names the rank count "ranks=R"; say where R came from.
     try {

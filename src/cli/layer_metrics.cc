@@ -56,6 +56,8 @@ nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
           {"balance", ep::to_string(ep.balance)},
           {"redundant_slots", ep.redundant_slots},
           {"rebalance_threshold", ep.rebalance_threshold},
+          {"balance_window", ep.balance_window},
+          {"balance_period", ep.balance_period},
           {"compute_threads_per_rank", settings.compute_threads_per_rank},
           {"emulated_links", links}};
 }
@@ -67,6 +69,8 @@ nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const Lay
   nlohmann::json out = {{"mode", ep::to_string(ep.balance)},
                         {"redundant_slots", ep.redundant_slots},
                         {"rebalance_threshold", ep.rebalance_threshold},
+                        {"balance_window", ep.balance_window},
+                        {"balance_period", ep.balance_period},
                         {"active", ep.replicas_enabled() && !settings.single_rank_local()}};
   if (!out["active"].get<bool>() || run.ranks.empty()) return out;
   const RankReport& first = run.ranks.front();

@@ -79,13 +79,12 @@ void EpConfig::validate(int num_ranks) const {
   if (!(rebalance_threshold >= 1.0))
     throw ConfigError("rebalance_threshold=" + std::to_string(rebalance_threshold) +
                       ": must be >= 1 (a max/mean rank load)");
-  if (balance == BalanceMode::periodic)
-    throw ConfigError("balance=periodic: not yet in the engine (EPLB-style periodic placement is "
-                      "offline only: `epmoe balance policy=eplb|hybrid`); use off or dynamic");
-  if (balance == BalanceMode::dynamic && redundant_slots > 0 && capacity_factor > 0)
-    throw ConfigError("capacity_factor=" + std::to_string(capacity_factor) +
-                      ": not yet supported with balance=dynamic (replica quotas are exact; use "
-                      "capacity_factor=0)");
+  if (balance_window < 1 || balance_period < 1)
+    throw ConfigError("balance_window=" + std::to_string(balance_window) + " balance_period=" +
+                      std::to_string(balance_period) + ": both must be at least 1");
+  if (replicas_enabled() && capacity_factor > 0)
+    throw ConfigError("capacity_factor=" + std::to_string(capacity_factor) + ": not yet supported with balance=" +
+                      to_string(balance) + " (replica quotas are exact; use capacity_factor=0)");
   if (tag_base % 1024 != 0) throw ConfigError("tag_base must be a multiple of 1024");
 }
 

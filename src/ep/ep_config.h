@@ -24,10 +24,11 @@ enum class TokenFormat { f32, fp8_tensor, fp8_token };
 // ahead and overlapped with compute (ring), or issued blocking where it is
 // needed (plain). Same bits either way.
 enum class CotangentAllGather { ring, plain };
-// Dynamic redundant experts (DESIGN.md §4.8, ep/replica_exchange.h): off, or
-// a replica plan every step from the step's global counts. periodic (EPLB-
-// style placement from a window of past counts) is offline only for now
-// (`epmoe balance`): the engine rejects it with a ConfigError.
+// Redundant experts (DESIGN.md §4.8, ep/replica_exchange.h): off; dynamic,
+// a replica plan every step from the step's global counts; or periodic,
+// EPLB-style replicas placed from the summed counts of the last
+// balance_window steps every balance_period steps and held in between
+// (balance/periodic_replicas.h). Homes never move in the engine.
 enum class BalanceMode { off, dynamic, periodic };
 
 DispatchKind parse_dispatch_kind(std::string_view key, std::string_view value);
@@ -52,10 +53,12 @@ struct EpConfig {
   BalanceMode balance = BalanceMode::off;
   int redundant_slots = 0;
   double rebalance_threshold = 1.05;
+  int balance_window = 50;             // periodic: steps of counts a placement is made from
+  int balance_period = 50;             // periodic: steps between placements
   std::uint32_t tag_base = 0;          // separates layers' collectives; a multiple of 1024
   std::chrono::milliseconds timeout{60'000};
 
-  bool replicas_enabled() const { return balance == BalanceMode::dynamic && redundant_slots > 0; }
+  bool replicas_enabled() const { return balance != BalanceMode::off && redundant_slots > 0; }
 
   // Throws ConfigError: num_experts divisible by ranks, chunks >= 1, ...
   void validate(int num_ranks) const;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 
+#include "balance/periodic_replicas.h"
 #include "balance/replica_planner.h"
 #include "comm/all_gather.h"
 #include "comm/tag.h"
@@ -49,10 +50,26 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
     }
 
   const auto start = std::chrono::steady_clock::now();
-  plan_ = balance::plan_replicas(global, homes_,
-                                 {.num_ranks = num_ranks_, .num_redundant_slots_per_rank = num_slots_,
-                                  .rebalance_threshold = config_.rebalance_threshold},
-                                 held_expert_);
+  if (config_.balance == BalanceMode::periodic) {
+    // Re-place from the window every period (never at step 0: no history
+    // yet), hold the placement in between; quotas follow this step's counts.
+    if (periodic_slots_.empty()) periodic_slots_.assign(held_expert_.size(), balance::kEmptySlot);
+    if (step_ > 0 && step_ % config_.balance_period == 0) {
+      std::vector<std::int64_t> window(static_cast<std::size_t>(num_experts_), 0);
+      for (const auto& counts : count_history_)
+        for (int e = 0; e < num_experts_; ++e) window[e] += counts[e];
+      periodic_slots_ = balance::place_periodic_replicas(window, homes_, num_ranks_, num_slots_);
+    }
+    plan_ = balance::plan_with_placement(global, homes_, num_ranks_, num_slots_, periodic_slots_);
+    count_history_.push_back(global);
+    if (static_cast<int>(count_history_.size()) > config_.balance_window) count_history_.pop_front();
+    ++step_;
+  } else {
+    plan_ = balance::plan_replicas(global, homes_,
+                                   {.num_ranks = num_ranks_, .num_redundant_slots_per_rank = num_slots_,
+                                    .rebalance_threshold = config_.rebalance_threshold},
+                                   held_expert_);
+  }
   stats_->planner_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // Per copy: where its quota run ends and its local expert index.

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "balance/replica_plan.h"
@@ -98,6 +99,11 @@ class ReplicaExchange {
   // What every slot of every rank holds: expert and weight version.
   std::vector<int> held_expert_;              // [R * B]
   std::vector<std::uint64_t> held_version_;   // [R * B]
+  // balance=periodic: steps planned so far, the last balance_window steps'
+  // global counts, and the placement held between re-placements.
+  std::int64_t step_ = 0;
+  std::deque<std::vector<std::int64_t>> count_history_;
+  std::vector<int> periodic_slots_;           // [R * B]
 };
 
 }  // namespace epmoe::ep

@@ -220,7 +220,10 @@ TEST(Replicas, RematDispatchKeepsTheSameRows) {
 TEST(Replicas, ConfigErrors) {
   ep::EpConfig config{.num_experts = 8, .top_k = 2, .hidden = 4};
   config.balance = ep::BalanceMode::periodic;
+  config.balance_period = 0;
   EXPECT_THROW(config.validate(2), ConfigError);
+  config.balance_period = 5;
+  EXPECT_NO_THROW(config.validate(2));
   config.balance = ep::BalanceMode::dynamic;
   config.redundant_slots = 1;
   config.capacity_factor = 1.5;
@@ -229,6 +232,35 @@ TEST(Replicas, ConfigErrors) {
   config.rebalance_threshold = 0.5;
   EXPECT_THROW(config.validate(2), ConfigError);
   EXPECT_THROW(ep::parse_balance_mode("balance", "sometimes"), ConfigError);
+}
+
+}  // namespace
+}  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+// balance=periodic: no replicas at step 0 (no history), replicas placed from
+// the window at step 1 (period 1) and held; every step still exact, and the
+// placed slots get exactly their even-split quotas.
+TEST(Replicas, PeriodicPlacementFromTheWindowIsExact) {
+  const MoeProblem p = skewed_problem(4);
+  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    EpRunOptions on{.num_ranks = 4, .dispatch = dispatch};
+    on.ep.balance = ep::BalanceMode::periodic;
+    on.ep.redundant_slots = 2;
+    on.ep.balance_window = 2;
+    on.ep.balance_period = 1;
+    on.weight_versions = {1, 1, 1};
+    const EpRunResult run = testing::run_ep_layer(p, on);
+    for (const auto& s : run.step_stats[0]) EXPECT_EQ(s.num_replicas, 0) << "a placement before any history";
+    EXPECT_GT(run.step_stats[1][0].num_replicas, 0) << ep::to_string(dispatch);
+    EXPECT_LT(run.step_stats[1][0].max_over_mean_after, run.step_stats[1][0].max_over_mean_before);
+    // The same loads every step: the placement holds, so no weight moves again.
+    EXPECT_EQ(total_bytes(run.step_stats[2], "forward/replica weights"), 0) << ep::to_string(dispatch);
+    EXPECT_GT(expect_quotas_met(run, ep::to_string(dispatch)), 0);
+    expect_matches_reference(p, run, ep::to_string(dispatch));
+  }
 }
 
 }  // namespace
