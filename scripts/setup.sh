@@ -13,8 +13,7 @@ packages=(
   libyaml-cpp-dev                  # YAML configs
   nlohmann-json3-dev               # metrics.json, --json outputs
   libcli11-dev                     # command line
-  libfmt-dev                       # formatting of messages and tables
-  libgtest-dev libgmock-dev        # tests
+  libgtest-dev                     # tests
   libbenchmark-dev                 # micro-benchmarks
 )
 missing=()
