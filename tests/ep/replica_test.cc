@@ -92,6 +92,15 @@ int expect_quotas_met(const EpRunResult& run, const std::string& what) {
   return num_replicas;
 }
 
+// Dynamic replicas as far as the slots allow (threshold 1.0), on R ranks.
+EpRunOptions dynamic_replicas(int num_ranks, ep::DispatchKind dispatch, int slots) {
+  EpRunOptions on{.num_ranks = num_ranks, .dispatch = dispatch};
+  on.ep.balance = ep::BalanceMode::dynamic;
+  on.ep.redundant_slots = slots;
+  on.ep.rebalance_threshold = 1.0;
+  return on;
+}
+
 std::int64_t total_bytes(const std::vector<ep::DispatchStats>& stats, const std::string& name) {
   std::int64_t sum = 0;
   for (const auto& s : stats) {
@@ -156,10 +165,7 @@ INSTANTIATE_TEST_SUITE_P(Sweep, ReplicaEquivalence,
 TEST(Replicas, HomeGradientCountsReplicasOnce) {
   const MoeProblem p = skewed_problem(4);
   for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
-    EpRunOptions on{.num_ranks = 4, .dispatch = dispatch};
-    on.ep.balance = ep::BalanceMode::dynamic;
-    on.ep.redundant_slots = 2;
-    on.ep.rebalance_threshold = 1.0;
+    EpRunOptions on = dynamic_replicas(4, dispatch, 2);
     const EpRunResult run = testing::run_ep_layer(p, on);
     ASSERT_GT(expect_quotas_met(run, ep::to_string(dispatch)), 0);
     // The hottest expert (0, packed on rank 0) is split: its home computes
@@ -182,10 +188,7 @@ TEST(Replicas, HomeGradientCountsReplicasOnce) {
 TEST(Replicas, WeightsResentOnlyWhenVersionChanges) {
   const MoeProblem p = skewed_problem(4);
   for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
-    EpRunOptions on{.num_ranks = 4, .dispatch = dispatch};
-    on.ep.balance = ep::BalanceMode::dynamic;
-    on.ep.redundant_slots = 2;
-    on.ep.rebalance_threshold = 1.0;
+    EpRunOptions on = dynamic_replicas(4, dispatch, 2);
     on.weight_versions = {7, 7, 8};
     const EpRunResult run = testing::run_ep_layer(p, on);
     const int num_replicas = expect_quotas_met(run, ep::to_string(dispatch));
@@ -205,10 +208,7 @@ TEST(Replicas, WeightsResentOnlyWhenVersionChanges) {
 TEST(Replicas, RematDispatchKeepsTheSameRows) {
   const MoeProblem p = skewed_problem(3, balance::HotExpertPlacement::spread);
   for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
-    EpRunOptions on{.num_ranks = 3, .dispatch = dispatch};
-    on.ep.balance = ep::BalanceMode::dynamic;
-    on.ep.redundant_slots = 1;
-    on.ep.rebalance_threshold = 1.0;
+    EpRunOptions on = dynamic_replicas(3, dispatch, 1);
     on.ep.num_chunks = 2;
     on.remat = ep::RematPolicy::preset("remat", "full");
     const EpRunResult run = testing::run_ep_layer(p, on);
