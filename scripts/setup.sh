@@ -12,6 +12,7 @@ packages=(
   libopenmpi-dev openmpi-bin       # MPI transport, mpirun
   libyaml-cpp-dev                  # YAML configs
   nlohmann-json3-dev               # metrics.json, --json outputs
+  zlib1g-dev                       # CRC-32 of checkpoint files
   libcli11-dev                     # command line
   libgtest-dev                     # tests
   libbenchmark-dev                 # micro-benchmarks

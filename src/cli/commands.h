@@ -9,6 +9,8 @@ namespace epmoe::cli {
 
 // epmoe layer --in DIR --out DIR [key=value ...]
 void add_layer_command(CLI::App& app);
+// epmoe train [--config FILE] [key=value ...]
+void add_train_command(CLI::App& app);
 // epmoe gen-inputs --out DIR [key=value ...]
 void add_gen_inputs_command(CLI::App& app);
 // epmoe bench collectives|layer [part] [key=value ...]

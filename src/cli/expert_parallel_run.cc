@@ -6,16 +6,14 @@
 #include <memory>
 #include <utility>
 
+#include "cli/rank_launcher.h"
 #include "comm/all_gather.h"
+#include "comm/all_gather_texts.h"
 #include "core/error.h"
 #include "core/memory_ledger.h"
 #include "core/threading.h"
 #include "core/timer.h"
 #include "ep/local_dispatcher.h"
-#include "transport/threads/launcher.h"
-#ifdef EPMOE_WITH_MPI_TRANSPORT
-#include "transport/mpi/launcher.h"
-#endif
 
 namespace epmoe::cli {
 namespace {
@@ -25,7 +23,7 @@ namespace {
 // the gather's start above them and never meet its messages.
 constexpr std::uint32_t kGatherTagBase = 1024;
 enum class GatherTag : std::uint32_t {
-  y, topk_ids, topk_weights, dx, dgate, dwi0, dwi1, dwo, report_bytes, report_text
+  y, topk_ids, topk_weights, dx, dgate, dwi0, dwi1, dwo, report_texts  // and report_texts + 1
 };
 
 Tensor copy_leading_rows(const Tensor& tensor, std::int64_t begin, std::int64_t end) {
@@ -160,25 +158,12 @@ class Gatherer {
     handles_.clear();
   }
 
-  // Every rank's report, in rank order: the JSON texts' lengths first, then
-  // the texts padded to the longest (all-gather moves equal blocks).
+  // Every rank's report, in rank order.
   std::vector<RankReport> reports(const RankReport& own) {
-    const std::string text = nlohmann::json(own).dump();
-    Tensor length(DType::i64, {1});
-    length.data<std::int64_t>()[0] = static_cast<std::int64_t>(text.size());
-    Tensor lengths = start(length, GatherTag::report_bytes);
-    wait_all();
-    const std::int64_t longest = *std::max_element(lengths.data<std::int64_t>(),
-                                                   lengths.data<std::int64_t>() + comm_.size());
-    // fp8_e4m3: any one-byte type; the collective moves bytes.
-    Tensor padded = Tensor::zeros(DType::fp8_e4m3, {1, longest});
-    std::memcpy(padded.raw(), text.data(), text.size());
-    Tensor texts = start(padded, GatherTag::report_text);
-    wait_all();
     std::vector<RankReport> all;
-    for (int r = 0; r < comm_.size(); ++r) {
-      const char* begin = static_cast<const char*>(texts.raw()) + r * longest;
-      all.push_back(nlohmann::json::parse(begin, begin + lengths.data<std::int64_t>()[r]).get<RankReport>());
+    const std::uint32_t tag = kGatherTagBase + static_cast<std::uint32_t>(GatherTag::report_texts);
+    for (const std::string& text : comm::all_gather_texts(comm_, nlohmann::json(own).dump(), tag, timeout_)) {
+      all.push_back(nlohmann::json::parse(text).get<RankReport>());
     }
     return all;
   }
@@ -255,26 +240,11 @@ std::optional<LayerRunResult> run_layer_across_ranks(const LayerInputs& inputs, 
   }
 
   std::optional<LayerRunResult> result;
-  const auto rank_body = [&](transport::Communicator& comm) {
+  launch_ranks(settings, [&](transport::Communicator& comm) {
     LayerRunResult gathered = run_and_gather(comm, inputs, config, settings);
     if (comm.rank() == 0) result = std::move(gathered);
-  };
-  if (settings.transport == TransportKind::threads) {
-    transport::threads::run_ranks(settings.num_ranks,
-                                  {.links = settings.links,
-                                   .compute_threads_per_rank = settings.compute_threads_per_rank},
-                                  rank_body);
-    return result;
-  }
-#ifdef EPMOE_WITH_MPI_TRANSPORT
-  transport::mpi::run_rank(0, nullptr, [&](transport::Communicator& comm) {
-    set_compute_threads(settings.compute_threads_per_rank);
-    rank_body(comm);
   });
   return result;
-#else
-  throw InternalError("transport=mpi reached a build without the mpi transport (validated earlier)");
-#endif
 }
 
 }  // namespace epmoe::cli

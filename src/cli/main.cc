@@ -26,6 +26,7 @@ int report(const std::string& kind, const std::string& message, int exit_code) {
 int main(int argc, char** argv) {
   CLI::App app("epmoe: expert-parallel Mixture-of-Experts layers, forward and backward", "epmoe");
   app.require_subcommand(1);
+  epmoe::cli::add_train_command(app);
   epmoe::cli::add_layer_command(app);
   epmoe::cli::add_gen_inputs_command(app);
   epmoe::cli::add_bench_command(app);

@@ -175,7 +175,12 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
   return out;
 }
 
-MoeGradients MoeLayer::backward(const Tensor& dy) {
+const RouterOutput& MoeLayer::last_routing() const {
+  EPMOE_CHECK(saved_ != nullptr);  // between a forward and its backward only
+  return saved_->routing;
+}
+
+MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) {
   EPMOE_CHECK(saved_ != nullptr);  // backward needs a forward first
   std::unique_ptr<Saved> saved = std::move(saved_);
   Saved& s = *saved;
@@ -255,9 +260,16 @@ MoeGradients MoeLayer::backward(const Tensor& dy) {
     ScopedPhase phase(times, "backward_router");
     if (config_.router.kind == RouterKind::random) {
       // The random router never reads the gate: its gradient is exactly zero.
+      EPMOE_CHECK(extra_d_logits == nullptr);  // a loss on random logits cannot train anything
       grads.dgate.fill_zero();
     } else {
-      const Tensor d_logits = router_.backward(s.routing, routed.d_topk_weights);
+      Tensor d_logits = router_.backward(s.routing, routed.d_topk_weights);
+      if (extra_d_logits != nullptr) {
+        EPMOE_CHECK(extra_d_logits->shape() == d_logits.shape());
+        float* d = d_logits.data<float>();
+        const float* extra = extra_d_logits->data<float>();
+        for (std::int64_t i = 0; i < d_logits.numel(); ++i) d[i] += extra[i];
+      }
       // dgate = x^T d_logits; dx += d_logits gate^T. fp32 like the router's forward.
       gemm({.a = x.data<float>(), .b = d_logits.data<float>(), .c = grads.dgate.data<float>(),
             .m = hidden, .n = num_experts, .k = num_tokens, .transpose_a = true});

@@ -104,7 +104,19 @@ class MoeLayer {
   MoeForwardOutput forward(const Tensor& x, const MoeWeights& weights,
                            std::optional<std::uint64_t> weight_version = std::nullopt);
   // Uses the last forward's saved state; dy [N, H]. Releases that state.
-  MoeGradients backward(const Tensor& dy);
+  // `extra_d_logits` [N, E] (optional): a gradient of the router logits from
+  // a loss outside the layer (a load-balance loss, moe/load_balance.h), added
+  // to the combine weights' before dgate and dx are formed.
+  MoeGradients backward(const Tensor& dy, const Tensor* extra_d_logits = nullptr);
+
+  // The router's output of the last forward, until backward releases it (a
+  // load-balance loss reads the logits).
+  const RouterOutput& last_routing() const;
+
+  // random router: restarts its generator on stream `stream` of its seed, so
+  // a trainer can make the draws a function of (step, layer, rank) and a
+  // resumed run draws what an uninterrupted one would have.
+  void set_random_router_stream(std::uint64_t stream) { router_.set_stream(stream); }
 
   const MoeLayerStats& stats() const { return stats_; }
   const ep::DispatchStats& dispatch_stats() const { return dispatcher_->stats(); }

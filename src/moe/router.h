@@ -67,6 +67,10 @@ class Router {
   // The router computes in fp32 whatever the layer's compute_dtype.
   RouterOutput forward(const Tensor& x, const Tensor& gate, const Tensor* bias);
 
+  // random only: the next forwards draw from stream `stream` of the seed
+  // (Rng(seed).fork(stream)) instead of continuing the current one.
+  void set_stream(std::uint64_t stream) { rng_ = Rng(config_.seed).fork(stream); }
+
   // d(topk_weights) [N, K] -> d(logits) [N, E], given the forward's output.
   Tensor backward(const RouterOutput& forward_output, const Tensor& d_topk_weights) const;
 

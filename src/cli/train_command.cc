@@ -1,0 +1,145 @@
+// epmoe train: trains the tiny MoE LM (model/moe_lm.h) on synthetic data,
+// expert-parallel over ranks=R threads or `mpirun -np R ... transport=mpi`.
+// Every key is validated, and the checkpoint directory and metrics file are
+// checked, before any rank starts; then each rank runs model/trainer.h and
+// rank 0 writes the metrics and the progress line.
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/config_keys.h"
+#include "cli/layer_key_groups.h"
+#include "cli/mpi_environment.h"
+#include "cli/rank_launcher.h"
+#include "cli/train_key_groups.h"
+#include "cli/training_output.h"
+#include "cli/yaml_overrides.h"
+#include "data/checkpoint_store.h"
+#include "ep/local_dispatcher.h"
+#include "model/trainer.h"
+
+namespace epmoe::cli {
+namespace {
+
+constexpr char kCommand[] = "train";
+
+// The default run is the README's main command: four ranks on threads.
+KeyGroup train_expert_parallel_keys() {
+  KeyGroup group = expert_parallel_keys();
+  for (KeySpec& key : group.keys) {
+    if (key.name == "ranks") key.default_value = "4";
+  }
+  return group;
+}
+
+const KeyRegistry& train_key_registry() {
+  static const KeyRegistry registry(kCommand, {model_keys(), training_keys(), data_keys(), train_output_keys(),
+                                               moe_layer_keys(), train_expert_parallel_keys(), runtime_keys()});
+  return registry;
+}
+
+struct TrainArguments {
+  std::string config_file;
+  std::vector<std::string> assignments;
+};
+
+// Layer l's dispatcher on a rank: the layer's own collective tags, above the
+// trainer's [0, 1024).
+DispatcherFactory dispatcher_factory(const ExpertParallelSettings& settings, transport::Communicator& comm) {
+  return [&settings, &comm](int layer) -> std::unique_ptr<ep::Dispatcher> {
+    if (settings.single_rank_local()) {
+      return std::make_unique<ep::LocalDispatcher>(settings.ep.num_experts, settings.ep.num_chunks);
+    }
+    ep::EpConfig config = settings.ep;
+    config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
+    return ep::make_dispatcher(settings.dispatch, comm, config);
+  };
+}
+
+ProgressMode progress_mode(const std::string& value) {
+  return value == "on" ? ProgressMode::on : value == "off" ? ProgressMode::off : ProgressMode::auto_detect;
+}
+
+void run_train_command(const TrainArguments& arguments) {
+  std::vector<KeyAssignment> assignments;
+  if (!arguments.config_file.empty()) assignments = load_yaml_overrides(arguments.config_file);
+  for (KeyAssignment& assignment : parse_assignments(arguments.assignments, kCommand)) {
+    assignments.push_back(std::move(assignment));  // after the file: the command line wins
+  }
+  const ConfigValues values = train_key_registry().parse(assignments);
+  const MoeLmConfig model = moe_lm_config_from(values);
+  // The rank count first (ranks= or the mpirun world), then every rule that
+  // involves it: batch_size, then num_experts (in the EP settings).
+  const int world = values.get_string("transport") == "mpi"
+                        ? mpi_launch_from_environment().value_or(MpiLaunch{}).world_size
+                        : values.get_int32("ranks");
+  const TrainerConfig trainer = trainer_config_from(values, model, world);
+  const ExpertParallelSettings settings =
+      expert_parallel_settings_from(values, model.layer, trainer.batch_size * trainer.data.seq_len);
+  const std::optional<std::int64_t> resume_from = checkpoint_to_resume(trainer);
+  const std::string metrics_path = values.get_string("metrics_file");
+  const bool writes = settings.transport == TransportKind::threads ||
+                      mpi_launch_from_environment().value_or(MpiLaunch{}).world_rank == 0;
+  if (writes && !metrics_path.empty()) MetricsFile::check_writable(metrics_path);
+  if (resume_from && *resume_from >= trainer.steps) {
+    if (writes) {
+      std::printf("epmoe train: the newest checkpoint (%s) is at step %lld of steps=%lld; nothing to do\n",
+                  CheckpointStore(trainer.checkpoint_dir).step_dir(*resume_from).c_str(),
+                  static_cast<long long>(*resume_from), static_cast<long long>(trainer.steps));
+    }
+    return;
+  }
+
+  std::optional<MetricsFile> metrics;
+  std::optional<ProgressLine> progress;
+  progress.emplace(progress_mode(values.get_string("progress")), trainer.steps, values.get_int("log_every"));
+  TrainObserver observer;
+  observer.on_start = [&](std::int64_t first_step, std::optional<std::int64_t> resumed) {
+    if (!metrics_path.empty()) metrics.emplace(metrics_path, resumed);
+    if (resumed) std::printf("epmoe train: resuming from step %lld\n", static_cast<long long>(*resumed));
+    progress->start(first_step);
+  };
+  observer.on_step = [&](const StepRecord& record) {
+    if (metrics) metrics->append(record);
+    progress->update(record);
+  };
+
+  std::optional<TrainSummary> summary;
+  launch_ranks(settings, [&](transport::Communicator& comm) {
+    TrainSummary own = train(comm, trainer, model, dispatcher_factory(settings, comm), observer);
+    if (comm.rank() == 0) summary = std::move(own);
+  });
+  if (!summary) return;  // an MPI rank other than 0
+  progress.reset();  // ends an in-place line before the summary
+  const double tokens = static_cast<double>(summary->steps_run * trainer.batch_size * trainer.data.seq_len);
+  std::printf("epmoe train: %lld steps on %d rank(s) (%s, dispatch=%s) in %.1f s, %.1fk tok/s; loss %.4f -> %.4f "
+              "(data entropy %.4f)",
+              static_cast<long long>(summary->steps_run), settings.num_ranks, to_string(settings.transport).c_str(),
+              ep::to_string(settings.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3,
+              summary->losses.front(), summary->losses.back(), SyntheticTokens(trainer.data).entropy_nats());
+  if (metrics) std::printf("; metrics in %s", metrics->path().c_str());
+  if (summary->last_checkpoint) {
+    std::printf("; checkpoint %s",
+                CheckpointStore(trainer.checkpoint_dir).step_dir(*summary->last_checkpoint).c_str());
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto arguments = std::make_shared<TrainArguments>();
+  CLI::App* command = app.add_subcommand(
+      kCommand, "Train a tiny MoE language model on synthetic uniform or Zipf tokens, expert-parallel over "
+                "ranks=R threads or mpirun processes (transport=mpi), with checkpoints and JSON-lines metrics");
+  command->add_option("--config", arguments->config_file,
+                      "YAML file of keys (e.g. configs/train_example.yaml); key=value arguments override it");
+  command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
+  command->footer(train_key_registry().help_text());
+  command->callback([arguments] { run_train_command(*arguments); });
+}
+
+}  // namespace epmoe::cli

@@ -1,0 +1,122 @@
+#include "cli/training_output.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/atomic_file.h"
+
+namespace epmoe::cli {
+namespace {
+
+std::string system_reason() { return std::strerror(errno); }
+
+std::string format_duration(double seconds) {
+  const auto total = static_cast<long long>(seconds + 0.5);
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", total / 3600, total / 60 % 60, total % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%lld:%02lld", total / 60, total % 60);
+  }
+  return text;
+}
+
+}  // namespace
+
+void MetricsFile::check_writable(const std::filesystem::path& path) {
+  std::error_code error;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), error);
+  if (error) {
+    throw FileError("metrics_file=" + path.string() + ": cannot create its directory: " + error.message());
+  }
+  if (std::filesystem::is_directory(path)) {
+    throw FileError("metrics_file=" + path.string() + ": is a directory; name a file");
+  }
+  // Opening for append creates the file if needed and changes no byte of an existing one.
+  std::ofstream probe(path, std::ios::app);
+  if (!probe) throw FileError("metrics_file=" + path.string() + ": cannot be written: " + system_reason());
+}
+
+MetricsFile::MetricsFile(std::filesystem::path path, std::optional<std::int64_t> resumed_from)
+    : path_(std::move(path)) {
+  check_writable(path_);
+  std::string kept;
+  if (resumed_from) {
+    std::ifstream in(path_);
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      // A torn last line (the run was killed mid-write) or a step being redone is dropped.
+      if (record.is_object() && record.value("step", std::int64_t{-1}) >= 0 &&
+          record.value("step", std::int64_t{-1}) <= *resumed_from) {
+        kept += line + "\n";
+      }
+    }
+  }
+  write_file_atomically(path_, {kept});
+  out_.open(path_, std::ios::app);
+  if (!out_) throw FileError("metrics_file=" + path_.string() + ": cannot be opened: " + system_reason());
+}
+
+void MetricsFile::append(const StepRecord& record) {
+  out_ << nlohmann::json(record).dump() << '\n';
+  out_.flush();
+  if (!out_) throw FileError(path_.string() + ": writing the metrics of step " + std::to_string(record.step) +
+                             " failed: " + system_reason());
+}
+
+ProgressLine::ProgressLine(ProgressMode mode, std::int64_t total_steps, std::int64_t log_every)
+    : total_steps_(total_steps), log_every_(log_every) {
+  const bool terminal = isatty(fileno(stderr)) != 0;
+  enabled_ = mode != ProgressMode::off;
+  in_place_ = terminal && mode != ProgressMode::off;
+}
+
+ProgressLine::~ProgressLine() {
+  if (in_place_ && drew_) std::fputc('\n', stderr);
+}
+
+void ProgressLine::start(std::int64_t first_step) {
+  first_step_ = first_step;
+  watch_ = Stopwatch();
+}
+
+void ProgressLine::update(const StepRecord& record) {
+  if (!enabled_) return;
+  const bool last = record.step == total_steps_;
+  const double elapsed = watch_.elapsed_seconds();
+  if (in_place_) {
+    if (!last && elapsed - last_draw_ < 0.1) return;  // at most 10 redraws a second
+  } else if (!last && record.step % log_every_ != 0) {
+    return;
+  }
+  last_draw_ = elapsed;
+  const double done = static_cast<double>(record.step - first_step_);
+  const double eta = done > 0 ? elapsed / done * static_cast<double>(total_steps_ - record.step) : 0;
+  double load = 1.0;
+  for (const double l : record.expert_load_max_over_mean) load = std::max(load, l);
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "step %lld/%lld  loss %.4f  grad %.3f  lr %.2e  %.1fk tok/s  expert load max/mean %.2f  ETA %s",
+                static_cast<long long>(record.step), static_cast<long long>(total_steps_), record.loss,
+                record.grad_norm, record.learning_rate, record.tokens_per_second / 1e3, load,
+                format_duration(eta).c_str());
+  if (in_place_) {
+    std::fprintf(stderr, "\r%s\033[K", line);
+    std::fflush(stderr);
+    drew_ = true;
+  } else {
+    std::fprintf(stdout, "%s\n", line);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace epmoe::cli

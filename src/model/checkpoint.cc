@@ -1,0 +1,108 @@
+#include "model/checkpoint.h"
+
+#include <cstring>
+
+#include "comm/barrier.h"
+#include "core/error.h"
+
+namespace epmoe {
+namespace {
+
+std::string directory_of(const Parameter& p, int rank) {
+  return p.replicated ? "replicated/" : "rank_" + std::to_string(rank) + "/";
+}
+
+// The three files of a parameter: value, AdamW m, AdamW v.
+std::vector<std::pair<std::string, const Tensor*>> files_of(const Parameter& p, int rank) {
+  const std::string base = directory_of(p, rank) + p.name;
+  return {{base + ".npy", &p.value}, {base + ".adam_m.npy", &p.adam_m}, {base + ".adam_v.npy", &p.adam_v}};
+}
+
+std::string buffer_file(const Buffer& b) { return "replicated/" + b.name + ".npy"; }
+
+void wait_for_all(const CheckpointContext& context, std::uint32_t offset) {
+  comm::barrier(*context.comm, {.tag = context.barrier_tag + offset, .timeout = context.timeout}).wait();
+}
+
+void copy_checked(const CheckpointStore& store, std::int64_t step, const std::string& file, Tensor& target) {
+  Tensor loaded = store.read_tensor(step, file);
+  if (loaded.dtype() != target.dtype() || loaded.shape() != target.shape()) {
+    throw FileError((store.step_dir(step) / file).string() + ": holds " + shape_to_string(loaded.shape()) +
+                    " but this run's tensor is " + shape_to_string(target.shape()) +
+                    "; the checkpoint belongs to a different model");
+  }
+  if (target.size_bytes() > 0) std::memcpy(target.raw(), loaded.raw(), static_cast<std::size_t>(target.size_bytes()));
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoint_files(const ParameterSet& state, int num_ranks) {
+  std::vector<std::string> files;
+  for (const Parameter& p : state.parameters()) {
+    for (int r = 0; r < (p.replicated ? 1 : num_ranks); ++r) {
+      for (const auto& [file, tensor] : files_of(p, r)) files.push_back(file);
+    }
+  }
+  for (const Buffer& b : state.buffers()) files.push_back(buffer_file(b));
+  return files;
+}
+
+std::int64_t save_checkpoint(const CheckpointStore& store, std::int64_t step, const ParameterSet& state,
+                             const nlohmann::json& metadata, const CheckpointContext& context) {
+  transport::Communicator& comm = *context.comm;
+  const int rank = comm.rank();
+  if (rank == 0) store.begin_staging(step);
+  wait_for_all(context, 0);  // the staging directory exists
+  std::int64_t bytes = 0;
+  for (const Parameter& p : state.parameters()) {
+    if (p.replicated && rank != 0) continue;  // rank 0 writes the one copy
+    for (const auto& [file, tensor] : files_of(p, rank)) {
+      store.write_tensor(step, file, *tensor);
+      bytes += tensor->size_bytes();
+    }
+  }
+  if (rank == 0) {
+    for (const Buffer& b : state.buffers()) {
+      store.write_tensor(step, buffer_file(b), b.value);
+      bytes += b.value.size_bytes();
+    }
+  }
+  wait_for_all(context, 1);  // every rank's files are written
+  if (rank == 0) store.commit(step, checkpoint_files(state, comm.size()), metadata);
+  wait_for_all(context, 2);  // committed: no rank runs ahead of a checkpoint that may still fail
+  return bytes;
+}
+
+nlohmann::json check_checkpoint_compatibility(const CheckpointStore& store, std::int64_t step,
+                                              const nlohmann::json& compatibility) {
+  const nlohmann::json manifest = store.verify(step);
+  const std::string where = store.step_dir(step).string();
+  const nlohmann::json& metadata = manifest.at("metadata");
+  if (!metadata.contains("compatibility") || !metadata["compatibility"].is_object()) {
+    throw FileError(where + "/manifest.json: metadata has no \"compatibility\" object; not written by epmoe train");
+  }
+  const nlohmann::json& saved = metadata["compatibility"];
+  for (const auto& [key, value] : compatibility.items()) {
+    if (!saved.contains(key)) {
+      throw ConfigError(where + " was written without " + key + "; this run needs " + key + "=" + value.dump());
+    }
+    if (saved[key] != value) {
+      throw ConfigError(key + "=" + value.dump() + " differs from the checkpoint's " + key + "=" +
+                        saved[key].dump() + " (" + where + "); resume with the same " + key +
+                        " or start a new checkpoint_dir");
+    }
+  }
+  return metadata;
+}
+
+void load_checkpoint(const CheckpointStore& store, std::int64_t step, int rank, ParameterSet& state) {
+  for (Parameter& p : state.parameters()) {
+    const auto files = files_of(p, rank);
+    copy_checked(store, step, files[0].first, p.value);
+    copy_checked(store, step, files[1].first, p.adam_m);
+    copy_checked(store, step, files[2].first, p.adam_v);
+  }
+  for (Buffer& b : state.buffers()) copy_checked(store, step, buffer_file(b), b.value);
+}
+
+}  // namespace epmoe

@@ -1,0 +1,55 @@
+// Training checkpoints of a ParameterSet across ranks (DESIGN.md §4.9), on
+// the file layer of data/checkpoint_store.h (staged directory, .npy files,
+// CRC-32 manifest, atomic rename):
+//
+//   step_<N>/replicated/<name>.npy, <name>.adam_m.npy, <name>.adam_v.npy
+//                                  replicated parameters and buffers, rank 0
+//   step_<N>/rank_<r>/<name>.npy, ...   rank r's experts (sharded parameters)
+//   step_<N>/manifest.json         step, rank count, the run's config, checksums
+//
+// N counts completed steps, so resuming from step_<N> runs step N next. A
+// checkpoint is written collectively (every rank calls save_checkpoint): rank
+// 0 stages, everyone writes its files, rank 0 commits. Loading checks that
+// the checkpoint was written for the same model shape and rank count and
+// verifies every file it reads against the manifest's checksum.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/checkpoint_store.h"
+#include "model/parameters.h"
+#include "transport/communicator.h"
+
+namespace epmoe {
+
+struct CheckpointContext {
+  transport::Communicator* comm = nullptr;
+  std::uint32_t barrier_tag = 0;  // collective tags barrier_tag .. barrier_tag + 2
+  std::chrono::milliseconds timeout{60000};
+};
+
+// Every file of the checkpoint, all ranks' (what rank 0 lists in the manifest).
+std::vector<std::string> checkpoint_files(const ParameterSet& state, int num_ranks);
+
+// Collective. `metadata` (a JSON object; rank 0's is written) must hold
+// "compatibility": the settings a resumed run must share (see
+// check_checkpoint_compatibility). Returns the bytes this rank wrote.
+std::int64_t save_checkpoint(const CheckpointStore& store, std::int64_t step, const ParameterSet& state,
+                             const nlohmann::json& metadata, const CheckpointContext& context);
+
+// The manifest's metadata of step `step` after verifying the manifest; then
+// ConfigError when its "compatibility" object differs from `compatibility`
+// in any key (naming the key, both values and the checkpoint).
+nlohmann::json check_checkpoint_compatibility(const CheckpointStore& store, std::int64_t step,
+                                              const nlohmann::json& compatibility);
+
+// Reads this rank's parameters, moments and buffers of step `step` into
+// `state` (shapes must match: FileError naming the file otherwise).
+void load_checkpoint(const CheckpointStore& store, std::int64_t step, int rank, ParameterSet& state);
+
+}  // namespace epmoe

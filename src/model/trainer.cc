@@ -1,0 +1,334 @@
+#include "model/trainer.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "comm/all_gather.h"
+#include "comm/all_gather_texts.h"
+#include "comm/all_reduce.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "model/checkpoint.h"
+#include "moe/load_balance.h"
+
+namespace epmoe {
+namespace {
+
+// Collective tags, relative to TrainerConfig::tag_base.
+enum TrainerTag : std::uint32_t {
+  kForwardStats = 0,
+  kGradients = 1,
+  kBackwardStats = 2,
+  kRankReports = 3,   // and 4 (all_gather_texts)
+  kCheckpoint = 8,    // .. 10 (save_checkpoint's barriers)
+};
+
+double max_over_mean(const std::vector<std::int64_t>& loads) {
+  if (loads.empty()) return 1.0;
+  std::int64_t total = 0, max = 0;
+  for (const std::int64_t l : loads) {
+    total += l;
+    max = std::max(max, l);
+  }
+  return total > 0 ? static_cast<double>(max) * static_cast<double>(loads.size()) / static_cast<double>(total)
+                   : 1.0;
+}
+
+// Each rank's int64 vector (doubles travel as their bits), gathered in rank
+// order: every sum across ranks is then formed in rank order, the same on
+// every rank and every transport.
+std::vector<std::int64_t> all_gather_words(transport::Communicator& comm, const std::vector<std::int64_t>& own,
+                                           std::uint32_t tag, std::chrono::milliseconds timeout) {
+  std::vector<std::int64_t> all(own.size() * static_cast<std::size_t>(comm.size()));
+  comm::ring_all_gather(comm, {.input = own.data(), .output = all.data(),
+                               .num_elements_per_rank = static_cast<std::int64_t>(own.size()),
+                               .dtype = DType::i64, .tag = tag, .timeout = timeout})
+      .wait();
+  return all;
+}
+
+std::int64_t bits_of(double value) { return std::bit_cast<std::int64_t>(value); }
+double double_of(std::int64_t bits) { return std::bit_cast<double>(bits); }
+
+// The MoE layers' phase times accumulate over the run; a step reports the
+// difference.
+std::map<std::string, double> moe_phase_totals(const MoeLm& model) {
+  std::map<std::string, double> totals;
+  for (int l = 0; l < model.config().num_layers; ++l) {
+    for (const auto& [phase, seconds] : model.layer(l).stats().phase_seconds.seconds()) {
+      totals["moe/" + phase] += seconds;
+    }
+  }
+  return totals;
+}
+
+// What one rank measured in a step, gathered to rank 0 for the record.
+nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes) {
+  std::map<std::string, std::int64_t> bytes;
+  std::int64_t saved_peak = 0;
+  nlohmann::json after = nlohmann::json::array();
+  for (int l = 0; l < model.config().num_layers; ++l) {
+    const MoeLayer& layer = model.layer(l);
+    for (const auto& [name, count] : layer.dispatch_stats().bytes_sent) bytes["moe/" + name] += count;
+    saved_peak = std::max(saved_peak, layer.stats().saved_activation_peak_bytes);
+    // The replica plan's per-rank loads after balancing (null without replicas).
+    const ep::DispatchStats& stats = layer.dispatch_stats();
+    after.push_back(stats.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(stats.max_over_mean_after));
+  }
+  bytes["gradients/all_reduce"] = grad_bytes;
+  return {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"after", after}};
+}
+
+}  // namespace
+
+void to_json(nlohmann::json& out, const StepRecord& r) {
+  out = {{"step", r.step},
+         {"loss", r.loss},
+         {"cross_entropy", r.cross_entropy},
+         {"aux_loss", r.aux_loss},
+         {"grad_norm", r.grad_norm},
+         {"learning_rate", r.learning_rate},
+         {"step_seconds", r.step_seconds},
+         {"tokens_per_second", r.tokens_per_second},
+         {"phase_seconds", r.phase_seconds},
+         {"bytes_sent", r.bytes_sent},
+         {"expert_load_max_over_mean", r.expert_load_max_over_mean},
+         {"rank_load_max_over_mean_before", r.rank_load_max_over_mean_before},
+         {"rank_load_max_over_mean_after", r.rank_load_max_over_mean_after},
+         {"saved_activation_peak_bytes", r.saved_activation_peak_bytes}};
+  if (r.checkpoint_step) out["checkpoint_step"] = *r.checkpoint_step;
+}
+
+void TrainerConfig::validate(int num_ranks) const {
+  const auto fail = [](const std::string& message) { throw ConfigError(message); };
+  if (steps < 1) fail("steps=" + std::to_string(steps) + ": must be >= 1");
+  if (batch_size < 1) fail("batch_size=" + std::to_string(batch_size) + ": must be >= 1");
+  if (batch_size % num_ranks != 0) {
+    fail("batch_size=" + std::to_string(batch_size) + ": must be divisible by ranks=" + std::to_string(num_ranks) +
+         " (each rank trains on batch_size/ranks whole sequences)");
+  }
+  data.validate();
+  adamw.validate();
+  learning_rate.validate();
+  if (!(grad_clip >= 0) || !std::isfinite(grad_clip)) fail("grad_clip=" + std::to_string(grad_clip) + ": must be >= 0");
+  if (!(aux_loss_coef >= 0)) fail("aux_loss_coef=" + std::to_string(aux_loss_coef) + ": must be >= 0");
+  if (!(bias_update_rate >= 0)) fail("bias_update_rate=" + std::to_string(bias_update_rate) + ": must be >= 0");
+  if (checkpoint_every < 0) fail("checkpoint_every=" + std::to_string(checkpoint_every) + ": must be >= 0");
+  if (checkpoint_keep < 1) fail("checkpoint_keep=" + std::to_string(checkpoint_keep) + ": must be >= 1");
+  if (checkpoint_dir.empty() && (resume || checkpoint_every > 0)) {
+    fail(std::string(resume ? "resume=true" : "checkpoint_every=" + std::to_string(checkpoint_every)) +
+         ": needs checkpoint_dir=DIR");
+  }
+}
+
+std::optional<std::int64_t> checkpoint_to_resume(const TrainerConfig& config) {
+  if (config.checkpoint_dir.empty()) return std::nullopt;
+  const CheckpointStore store(config.checkpoint_dir);
+  const std::optional<std::int64_t> latest = store.latest_step();
+  if (!latest) return std::nullopt;  // resume=true with nothing to resume: a fresh start
+  if (!config.resume) {
+    throw ConfigError("checkpoint_dir=" + config.checkpoint_dir + " already holds checkpoints (newest: " +
+                      store.step_dir(*latest).string() + "); pass resume=true to continue from it, or "
+                      "choose another checkpoint_dir (checkpoints are never overwritten)");
+  }
+  check_checkpoint_compatibility(store, *latest, config.checkpoint_metadata.value("compatibility", nlohmann::json::object()));
+  return latest;
+}
+
+TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model_config,
+                   const DispatcherFactory& make_dispatcher, const TrainObserver& observer) {
+  const int num_ranks = comm.size(), rank = comm.rank();
+  config.validate(num_ranks);
+  const std::int64_t local_sequences = config.batch_size / num_ranks;
+  const std::int64_t global_tokens = config.batch_size * config.data.seq_len;
+  const std::uint32_t tags = config.tag_base;
+  const std::chrono::milliseconds timeout = config.comm_timeout;
+  EPMOE_CHECK_EQ(model_config.vocab_size, config.data.vocab_size);
+
+  MemoryLedger ledger;
+  MoeLm model(model_config, num_ranks, rank, make_dispatcher, &ledger);
+  ParameterSet& state = model.state();
+  const SyntheticTokens data(config.data);
+  const int num_layers = model_config.num_layers, num_experts = model_config.layer.router.num_experts;
+  const bool update_bias = config.bias_update_rate > 0 && model_config.layer.router.kind == RouterKind::sigmoid_grouped;
+
+  TrainSummary summary;
+  const std::optional<CheckpointStore> store =
+      config.checkpoint_dir.empty() ? std::nullopt : std::optional<CheckpointStore>(config.checkpoint_dir);
+  const std::optional<std::int64_t> resume_from = checkpoint_to_resume(config);
+  if (resume_from) {
+    load_checkpoint(*store, *resume_from, rank, state);
+    summary.resumed_from = resume_from;
+  }
+  const std::int64_t first_step = resume_from.value_or(0);
+  summary.first_step = first_step;
+  if (rank == 0 && observer.on_start) observer.on_start(first_step, resume_from);
+  const CheckpointContext checkpoint_context{&comm, tags + kCheckpoint, timeout};
+
+  // The replicated gradients travel in one flat buffer, summed in place.
+  const std::int64_t replicated = state.replicated_elements();
+  std::vector<float> flat(static_cast<std::size_t>(replicated));
+  Stopwatch run_watch;
+  for (std::int64_t step = first_step; step < config.steps; ++step) {
+    Stopwatch step_watch;
+    PhaseTimes times;
+    const std::map<std::string, double> moe_before = moe_phase_totals(model);
+
+    // Forward on this rank's sequences [rank * B_l, (rank + 1) * B_l).
+    LmForwardResult forward;
+    {
+      ScopedPhase phase(times, "forward");
+      const Tensor tokens = data.batch(step, rank * local_sequences, local_sequences);
+      forward = model.forward(tokens, global_tokens, step);
+    }
+    // Global expert counts and cross-entropy, summed in rank order.
+    std::vector<std::int64_t> counts(forward.expert_counts.size(), 0);
+    double loss_sum = 0;
+    {
+      ScopedPhase phase(times, "forward_stats_exchange");
+      std::vector<std::int64_t> own = forward.expert_counts;
+      own.push_back(bits_of(forward.loss_sum));
+      const std::vector<std::int64_t> all = all_gather_words(comm, own, tags + kForwardStats, timeout);
+      for (int r = 0; r < num_ranks; ++r) {
+        const std::int64_t* part = all.data() + r * own.size();
+        for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += part[i];
+        loss_sum += double_of(part[counts.size()]);
+      }
+    }
+    double aux_part = 0;
+    {
+      ScopedPhase phase(times, "backward");
+      aux_part = model.backward(counts, config.aux_loss_coef);
+    }
+    // Replicated gradients: one all-reduce of the flat buffer.
+    {
+      ScopedPhase phase(times, "gradient_all_reduce");
+      std::size_t offset = 0;
+      for (const Parameter& p : state.parameters()) {
+        if (!p.replicated) continue;
+        std::copy(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel(), flat.begin() + offset);
+        offset += static_cast<std::size_t>(p.grad.numel());
+      }
+      if (num_ranks > 1 && replicated > 0) {
+        comm::all_reduce(comm, {.data = flat.data(), .num_elements = replicated, .tag = tags + kGradients,
+                                .timeout = timeout})
+            .wait();
+      }
+    }
+    // Global gradient norm: replicated (identical everywhere) + every rank's experts.
+    double replicated_sq = 0, expert_sq = 0;
+    for (const float g : flat) replicated_sq += static_cast<double>(g) * g;
+    for (const Parameter& p : state.parameters()) {
+      if (p.replicated) continue;
+      for (const float g : p.grad.span<float>()) expert_sq += static_cast<double>(g) * g;
+    }
+    double aux_loss = 0;
+    {
+      ScopedPhase phase(times, "backward_stats_exchange");
+      const std::vector<std::int64_t> all =
+          all_gather_words(comm, {bits_of(aux_part), bits_of(expert_sq)}, tags + kBackwardStats, timeout);
+      expert_sq = 0;
+      for (int r = 0; r < num_ranks; ++r) {
+        aux_loss += double_of(all[2 * r]);
+        expert_sq += double_of(all[2 * r + 1]);
+      }
+    }
+    const double grad_norm = std::sqrt(replicated_sq + expert_sq);
+    const float clip = config.grad_clip > 0 && grad_norm > config.grad_clip
+                           ? static_cast<float>(config.grad_clip / grad_norm)
+                           : 1.0f;
+    const double lr = config.learning_rate.at(step);
+    {
+      ScopedPhase phase(times, "optimizer");
+      std::size_t offset = 0;
+      for (Parameter& p : state.parameters()) {
+        const std::size_t n = static_cast<std::size_t>(p.value.numel());
+        const std::span<const float> grad =
+            p.replicated ? std::span<const float>(flat.data() + offset, n) : std::span<const float>(p.grad.span<float>());
+        if (p.replicated) offset += n;
+        adamw_update(config.adamw, step + 1, lr, p.decay, clip, p.value.span<float>(), grad, p.adam_m.span<float>(),
+                     p.adam_v.span<float>());
+      }
+      if (update_bias) {
+        int l = 0;
+        for (Buffer& b : state.buffers()) {
+          update_selection_bias(std::span<const std::int64_t>(counts).subspan(static_cast<std::size_t>(l * num_experts),
+                                                                             static_cast<std::size_t>(num_experts)),
+                                static_cast<float>(config.bias_update_rate), b.value);
+          ++l;
+        }
+      }
+    }
+
+    const double cross_entropy = loss_sum / static_cast<double>(global_tokens);
+    const double loss = cross_entropy + aux_loss;
+    if (!std::isfinite(loss)) {
+      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(loss) +
+                  " (training diverged); lower learning_rate or set grad_clip");
+    }
+    summary.losses.push_back(loss);
+
+    // The record: rank 0's timings; bytes, loads and peaks from every rank.
+    StepRecord record;
+    record.step = step + 1;
+    record.loss = loss;
+    record.cross_entropy = cross_entropy;
+    record.aux_loss = aux_loss;
+    record.grad_norm = grad_norm;
+    record.learning_rate = lr;
+    const std::vector<std::string> reports = comm::all_gather_texts(
+        comm, rank_report(model, num_ranks > 1 ? replicated * 4 * 2 * (num_ranks - 1) / num_ranks : 0).dump(),
+        tags + kRankReports, timeout);
+    const bool last = step + 1 == config.steps;
+    if (store && (last || (config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0))) {
+      ScopedPhase phase(times, "checkpoint");
+      nlohmann::json metadata = config.checkpoint_metadata;
+      metadata["step"] = step + 1;
+      metadata["num_ranks"] = num_ranks;
+      metadata["loss"] = loss;
+      save_checkpoint(*store, step + 1, state, metadata, checkpoint_context);
+      if (rank == 0) store->remove_all_but_latest(config.checkpoint_keep);
+      record.checkpoint_step = step + 1;
+      summary.last_checkpoint = step + 1;
+    }
+    if (rank == 0) {
+      record.step_seconds = step_watch.elapsed_seconds();
+      record.tokens_per_second = static_cast<double>(global_tokens) / record.step_seconds;
+      record.phase_seconds = times.seconds();
+      for (const auto& [phase, total] : moe_phase_totals(model)) {
+        const auto before = moe_before.find(phase);
+        record.phase_seconds[phase] = total - (before == moe_before.end() ? 0.0 : before->second);
+      }
+      for (int l = 0; l < num_layers; ++l) {
+        const std::vector<std::int64_t> layer_counts(counts.begin() + l * num_experts,
+                                                     counts.begin() + (l + 1) * num_experts);
+        record.expert_load_max_over_mean.push_back(max_over_mean(layer_counts));
+        // Rows per rank with every expert at home: its experts' counts.
+        std::vector<std::int64_t> rank_loads(static_cast<std::size_t>(num_ranks), 0);
+        for (int e = 0; e < num_experts; ++e) rank_loads[e / (num_experts / num_ranks)] += layer_counts[e];
+        record.rank_load_max_over_mean_before.push_back(max_over_mean(rank_loads));
+        record.rank_load_max_over_mean_after.push_back(max_over_mean(rank_loads));
+      }
+      for (const std::string& text : reports) {
+        const nlohmann::json report = nlohmann::json::parse(text);
+        for (const auto& [name, bytes] : report["bytes_sent"].items()) record.bytes_sent[name] += bytes.get<std::int64_t>();
+        record.saved_activation_peak_bytes =
+            std::max(record.saved_activation_peak_bytes, report["saved_peak"].get<std::int64_t>());
+      }
+      // With replicas the plan's per-rank loads after balancing (the same on
+      // every rank) replace the at-home ones.
+      const nlohmann::json own = nlohmann::json::parse(reports[0]);
+      for (int l = 0; l < num_layers; ++l) {
+        if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();
+      }
+      if (observer.on_step) observer.on_step(record);
+    }
+    ++summary.steps_run;
+  }
+  summary.seconds = run_watch.elapsed_seconds();
+  return summary;
+}
+
+}  // namespace epmoe

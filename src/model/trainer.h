@@ -1,0 +1,113 @@
+// The training loop of the tiny MoE LM (DESIGN.md §4.9), run by every rank
+// (a rank thread, or an MPI process) on its own communicator:
+//
+//   per step: this rank's sequences of the global batch (data/synthetic_tokens.h)
+//     -> forward (MoE layers dispatch across ranks)
+//     -> all-gather of expert counts and loss sums (load-balance loss, metrics)
+//     -> backward -> all-reduce of the replicated gradients
+//     -> global gradient norm (replicated + every rank's experts), clipping
+//     -> AdamW with warm-up + cosine learning rate
+//     -> aux-loss-free selection-bias update (sigmoid_grouped)
+//     -> a record for metrics and the progress line; a checkpoint every n steps
+//
+// Reproducibility: batches, initial weights and random routing are functions
+// of (seed, step, sequence / expert / layer), never of a generator's history,
+// and every sum across ranks has a fixed order, so a resumed run repeats an
+// uninterrupted one bit for bit and threads and MPI give the same bits.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/synthetic_tokens.h"
+#include "model/adamw.h"
+#include "model/lr_schedule.h"
+#include "model/moe_lm.h"
+#include "transport/communicator.h"
+
+namespace epmoe {
+
+struct TrainerConfig {
+  std::int64_t steps = 300;
+  std::int64_t batch_size = 32;  // sequences per step, over all ranks; divisible by R
+  SyntheticTokensConfig data;    // vocab_size, seq_len, distribution, exponent, seed
+  AdamWConfig adamw;
+  LrSchedule learning_rate;      // its total_steps is `steps`
+  double grad_clip = 1.0;        // global L2 norm; 0 = off
+  double aux_loss_coef = 0.0;    // load-balance loss; 0 = off
+  double bias_update_rate = 0.0;  // aux-loss-free bias step (sigmoid_grouped); 0 = off
+
+  std::string checkpoint_dir;        // empty: no checkpoints
+  std::int64_t checkpoint_every = 0;  // steps; 0 = only at the end
+  int checkpoint_keep = 3;           // newest checkpoints kept
+  bool resume = false;
+  nlohmann::json checkpoint_metadata;  // written into every manifest; holds "compatibility"
+
+  std::chrono::milliseconds comm_timeout{60000};
+  std::uint32_t tag_base = 0;  // the trainer's collective tags: [tag_base, tag_base + 1024)
+
+  // ConfigError naming the key.
+  void validate(int num_ranks) const;
+};
+
+// One step, as rank 0 reports it (metrics.jsonl line, progress line).
+struct StepRecord {
+  std::int64_t step = 0;             // 1-based: steps completed
+  double loss = 0;                   // cross-entropy mean + load-balance loss
+  double cross_entropy = 0;
+  double aux_loss = 0;
+  double grad_norm = 0;              // before clipping
+  double learning_rate = 0;
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  std::map<std::string, double> phase_seconds;          // rank 0: trainer and MoE phases
+  std::map<std::string, std::int64_t> bytes_sent;       // summed over ranks and layers
+  std::vector<double> expert_load_max_over_mean;        // [L] over experts, from the counts
+  std::vector<double> rank_load_max_over_mean_before;   // [L] rows per rank, every expert at home
+  std::vector<double> rank_load_max_over_mean_after;    // [L] after replica balancing
+  std::int64_t saved_activation_peak_bytes = 0;         // max over ranks, all layers
+  std::optional<std::int64_t> checkpoint_step;          // when this step wrote one
+};
+
+void to_json(nlohmann::json& out, const StepRecord& record);
+
+struct TrainSummary {
+  std::int64_t first_step = 0;  // 0, or the step resumed from
+  std::int64_t steps_run = 0;
+  std::vector<double> losses;   // one per step run
+  double seconds = 0;
+  std::optional<std::int64_t> resumed_from;
+  std::optional<std::int64_t> last_checkpoint;
+};
+
+// Rank 0 only: told about each step and each checkpoint as they finish.
+struct TrainObserver {
+  std::function<void(std::int64_t first_step, std::optional<std::int64_t> resumed_from)> on_start;
+  std::function<void(const StepRecord&)> on_step;
+};
+
+// Runs the loop on this rank; collective over `comm`. `observer` is called on
+// rank 0 only. Returns this rank's summary (the losses are global, the same
+// on every rank).
+TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model,
+                   const DispatcherFactory& make_dispatcher, const TrainObserver& observer = {});
+
+}  // namespace epmoe
+
+namespace epmoe {
+
+// The step a run starts from: nullopt for a fresh start, or the newest
+// committed checkpoint's step with resume=true (its manifest verified and its
+// compatibility checked). Throws ConfigError when checkpoints exist and
+// resume=false (they are never overwritten), FileError for an unreadable
+// manifest. Read-only: the CLI calls it before any work starts.
+std::optional<std::int64_t> checkpoint_to_resume(const TrainerConfig& config);
+
+}  // namespace epmoe
