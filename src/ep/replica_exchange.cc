@@ -150,6 +150,51 @@ transport::Tag slot_tag(std::uint32_t tag_base, int slot, EpOp op, int part) {
 
 }  // namespace
 
+namespace {
+constexpr std::int64_t kPlanningStateFormat = 1;
+}  // namespace
+
+// Layout: format, R, B, E, step, held experts [R*B], periodic placement
+// length and values, window length, window counts [length * E].
+std::vector<std::int64_t> ReplicaExchange::planning_state() const {
+  std::vector<std::int64_t> state = {kPlanningStateFormat, num_ranks_, num_slots_, num_experts_, step_};
+  state.insert(state.end(), held_expert_.begin(), held_expert_.end());
+  state.push_back(static_cast<std::int64_t>(periodic_slots_.size()));
+  state.insert(state.end(), periodic_slots_.begin(), periodic_slots_.end());
+  state.push_back(static_cast<std::int64_t>(count_history_.size()));
+  for (const auto& counts : count_history_) state.insert(state.end(), counts.begin(), counts.end());
+  return state;
+}
+
+void ReplicaExchange::restore_planning_state(const std::vector<std::int64_t>& state) {
+  const auto fail = [](const std::string& why) {
+    throw ConfigError("the checkpoint's replica balancing state " + why);
+  };
+  if (state.size() < 5 || state[0] != kPlanningStateFormat) fail("has an unknown format");
+  if (state[1] != num_ranks_ || state[2] != num_slots_ || state[3] != num_experts_) {
+    fail("was saved for ranks=" + std::to_string(state[1]) + " redundant_slots=" + std::to_string(state[2]) +
+         " num_experts=" + std::to_string(state[3]) + "; this run has ranks=" + std::to_string(num_ranks_) +
+         " redundant_slots=" + std::to_string(num_slots_) + " num_experts=" + std::to_string(num_experts_));
+  }
+  std::size_t at = 4;
+  const auto take = [&](std::size_t n) {
+    if (state.size() < at + n) fail("is truncated");
+    const auto begin = state.begin() + static_cast<std::ptrdiff_t>(at);
+    at += n;
+    return std::vector<std::int64_t>(begin, begin + static_cast<std::ptrdiff_t>(n));
+  };
+  step_ = take(1)[0];
+  const std::vector<std::int64_t> held = take(held_expert_.size());
+  held_expert_.assign(held.begin(), held.end());
+  std::fill(held_version_.begin(), held_version_.end(), 0);  // weights are not in the buffers: resend
+  const std::vector<std::int64_t> placement = take(static_cast<std::size_t>(take(1)[0]));
+  periodic_slots_.assign(placement.begin(), placement.end());
+  const std::int64_t window = take(1)[0];
+  count_history_.clear();
+  for (std::int64_t w = 0; w < window; ++w) count_history_.push_back(take(static_cast<std::size_t>(num_experts_)));
+  if (at != state.size()) fail("has trailing values");
+}
+
 std::int64_t ReplicaExchange::exchange_slot_weights(const CombinedExpertTensors& weights,
                                                     std::uint64_t version) {
   const int me = comm_.rank();

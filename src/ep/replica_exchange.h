@@ -81,6 +81,17 @@ class ReplicaExchange {
   // Step 3. `weights` home rows must hold the current home weights at
   // `version`; slot rows are filled where needed. Returns bytes sent.
   std::int64_t exchange_slot_weights(const CombinedExpertTensors& weights, std::uint64_t version);
+  // What later plans depend on besides their own step's counts: every slot's
+  // expert (dynamic keeps an expert in its slot) and, for balance=periodic,
+  // the step count, the count window and the placement held. Identical on
+  // every rank. A trainer checkpoints it so that a resumed run plans what an
+  // uninterrupted one would, bit for bit.
+  std::vector<std::int64_t> planning_state() const;
+  // ConfigError when `state` was saved for another rank count, slot count or
+  // expert count. Slot weights are resent at the next step (their versions
+  // are forgotten).
+  void restore_planning_state(const std::vector<std::int64_t>& state);
+
   // Step 4. Adds every slot's gradient (rows E_l + b of `grads`, this rank's
   // slots) into its home expert's rows on the home rank. Returns bytes sent.
   std::int64_t reduce_slot_gradients(const CombinedExpertTensors& grads);

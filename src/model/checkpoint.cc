@@ -1,5 +1,6 @@
 #include "model/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/barrier.h"
@@ -19,6 +20,20 @@ std::vector<std::pair<std::string, const Tensor*>> files_of(const Parameter& p, 
 }
 
 std::string buffer_file(const Buffer& b) { return "replicated/" + b.name + ".npy"; }
+std::string state_file(const OpaqueState& s) { return "replicated/" + s.name + ".npy"; }
+
+// The opaque states that have something to save, as 1-D i64 tensors.
+std::vector<std::pair<std::string, Tensor>> saved_states(const ParameterSet& state) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const OpaqueState& s : state.states()) {
+    const std::vector<std::int64_t> values = s.save();
+    if (values.empty()) continue;
+    Tensor tensor(DType::i64, {static_cast<std::int64_t>(values.size())});
+    std::copy(values.begin(), values.end(), tensor.data<std::int64_t>());
+    out.emplace_back(state_file(s), std::move(tensor));
+  }
+  return out;
+}
 
 void wait_for_all(const CheckpointContext& context, std::uint32_t offset) {
   comm::barrier(*context.comm, {.tag = context.barrier_tag + offset, .timeout = context.timeout}).wait();
@@ -61,14 +76,20 @@ std::int64_t save_checkpoint(const CheckpointStore& store, std::int64_t step, co
       bytes += tensor->size_bytes();
     }
   }
+  std::vector<std::string> files = checkpoint_files(state, comm.size());
   if (rank == 0) {
     for (const Buffer& b : state.buffers()) {
       store.write_tensor(step, buffer_file(b), b.value);
       bytes += b.value.size_bytes();
     }
+    for (const auto& [file, tensor] : saved_states(state)) {
+      store.write_tensor(step, file, tensor);
+      bytes += tensor.size_bytes();
+      files.push_back(file);
+    }
   }
   wait_for_all(context, 1);  // every rank's files are written
-  if (rank == 0) store.commit(step, checkpoint_files(state, comm.size()), metadata);
+  if (rank == 0) store.commit(step, files, metadata);
   wait_for_all(context, 2);  // committed: no rank runs ahead of a checkpoint that may still fail
   return bytes;
 }
@@ -103,6 +124,19 @@ void load_checkpoint(const CheckpointStore& store, std::int64_t step, int rank, 
     copy_checked(store, step, files[2].first, p.adam_v);
   }
   for (Buffer& b : state.buffers()) copy_checked(store, step, buffer_file(b), b.value);
+  // States the checkpoint has (a run without replicas saved none).
+  const nlohmann::json manifest = store.verify(step);
+  for (const OpaqueState& s : state.states()) {
+    const std::string file = state_file(s);
+    const bool present = std::any_of(manifest["files"].begin(), manifest["files"].end(),
+                                     [&](const nlohmann::json& f) { return f["path"] == file; });
+    if (!present) continue;
+    const Tensor saved = store.read_tensor(step, file);
+    if (saved.dtype() != DType::i64 || saved.rank() != 1) {
+      throw FileError((store.step_dir(step) / file).string() + ": expected a 1-D int64 array");
+    }
+    s.restore({saved.data<std::int64_t>(), saved.data<std::int64_t>() + saved.numel()});
+  }
 }
 
 }  // namespace epmoe

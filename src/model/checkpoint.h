@@ -4,6 +4,7 @@
 //
 //   step_<N>/replicated/<name>.npy, <name>.adam_m.npy, <name>.adam_v.npy
 //                                  replicated parameters and buffers, rank 0
+//                                  and opaque states (replica planning), rank 0
 //   step_<N>/rank_<r>/<name>.npy, ...   rank r's experts (sharded parameters)
 //   step_<N>/manifest.json         step, rank count, the run's config, checksums
 //
@@ -33,7 +34,8 @@ struct CheckpointContext {
   std::chrono::milliseconds timeout{60000};
 };
 
-// Every file of the checkpoint, all ranks' (what rank 0 lists in the manifest).
+// Every tensor file of the checkpoint, all ranks' (rank 0 lists them in the
+// manifest, with the opaque states it saved).
 std::vector<std::string> checkpoint_files(const ParameterSet& state, int num_ranks);
 
 // Collective. `metadata` (a JSON object; rank 0's is written) must hold

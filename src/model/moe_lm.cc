@@ -95,6 +95,9 @@ MoeLm::MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make
     }
     layer_params_.push_back(p);
     layers_.push_back(std::make_unique<MoeLayer>(config_.layer, make_dispatcher(l), ledger_));
+    MoeLayer* layer = layers_.back().get();
+    state_.add_state({prefix + "balance_state", [layer] { return layer->balance_state(); },
+                      [layer](const std::vector<std::int64_t>& saved) { layer->restore_balance_state(saved); }});
     EPMOE_CHECK_EQ(layers_.back()->num_local_experts(), static_cast<int>(local));
   }
   final_norm_ = &state_.add("final_norm", {h}, true, false);
@@ -161,9 +164,10 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
     layer.set_random_router_stream((static_cast<std::uint64_t>(step) * num_layers + l) * num_ranks_ + rank_);
     const MoeWeights weights{&p.gate->value, &p.wi0->value, &p.wi1->value, &p.wo->value,
                              p.selection_bias != nullptr ? &p.selection_bias->value : nullptr};
-    // The weights change once per step: the step names their version, so
-    // replica slots are refreshed once per step, not once per call.
-    MoeForwardOutput out = layer.forward(a.normed[l], weights, static_cast<std::uint64_t>(step));
+    // The weights change once per step: the step names their version (from
+    // 1: 0 means "no weights held"), so replica slots are refreshed once per
+    // step, not once per call.
+    MoeForwardOutput out = layer.forward(a.normed[l], weights, static_cast<std::uint64_t>(step) + 1);
     const std::vector<std::int64_t> counts = count_expert_assignments(out.topk_ids, num_experts);
     std::copy(counts.begin(), counts.end(), result.expert_counts.begin() + l * num_experts);
     Tensor next = a.h[l].clone();

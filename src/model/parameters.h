@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -28,16 +30,28 @@ struct Buffer {
   Tensor value;      // replicated, updated outside the optimizer
 };
 
+// State that is not a tensor of fixed shape but that later steps depend on
+// (a layer's replica planning state): a checkpoint saves it as a 1-D i64
+// array (rank 0's copy; it is the same on every rank) when save() returns a
+// non-empty one, and restores it on every rank.
+struct OpaqueState {
+  std::string name;
+  std::function<std::vector<std::int64_t>()> save;
+  std::function<void(const std::vector<std::int64_t>&)> restore;
+};
+
 class ParameterSet {
  public:
   // Zero gradient and moments, value uninitialised (the model fills it).
   Parameter& add(std::string name, Shape shape, bool replicated, bool decay);
   Buffer& add_buffer(std::string name, Shape shape);  // zeros
+  void add_state(OpaqueState state) { states_.push_back(std::move(state)); }
 
   std::deque<Parameter>& parameters() { return parameters_; }
   const std::deque<Parameter>& parameters() const { return parameters_; }
   std::deque<Buffer>& buffers() { return buffers_; }
   const std::deque<Buffer>& buffers() const { return buffers_; }
+  const std::vector<OpaqueState>& states() const { return states_; }
 
   // Elements of the replicated parameters, all ranks' sharded ones excluded.
   std::int64_t replicated_elements() const;
@@ -47,6 +61,7 @@ class ParameterSet {
   // Deques: references returned by add() stay valid as more are added.
   std::deque<Parameter> parameters_;
   std::deque<Buffer> buffers_;
+  std::vector<OpaqueState> states_;
 };
 
 }  // namespace epmoe

@@ -175,6 +175,21 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
   return out;
 }
 
+std::vector<std::int64_t> MoeLayer::balance_state() const {
+  const ep::ReplicaExchange* replicas = dispatcher_->replicas();
+  return replicas != nullptr ? replicas->planning_state() : std::vector<std::int64_t>{};
+}
+
+void MoeLayer::restore_balance_state(const std::vector<std::int64_t>& state) {
+  if (state.empty()) return;
+  ep::ReplicaExchange* replicas = dispatcher_->replicas();
+  if (replicas == nullptr) {
+    throw ConfigError("the checkpoint holds replica balancing state but this run has no replicas "
+                      "(balance=off or redundant_slots=0); resume with the checkpoint's balance settings");
+  }
+  replicas->restore_planning_state(state);
+}
+
 const RouterOutput& MoeLayer::last_routing() const {
   EPMOE_CHECK(saved_ != nullptr);  // between a forward and its backward only
   return saved_->routing;

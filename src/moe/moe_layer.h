@@ -118,6 +118,12 @@ class MoeLayer {
   // resumed run draws what an uninterrupted one would have.
   void set_random_router_stream(std::uint64_t stream) { router_.set_stream(stream); }
 
+  // Dynamic replicas: what later steps' replica plans depend on
+  // (ep::ReplicaExchange::planning_state), for checkpoints; empty without
+  // replicas. Restoring an empty state is a no-op.
+  std::vector<std::int64_t> balance_state() const;
+  void restore_balance_state(const std::vector<std::int64_t>& state);
+
   const MoeLayerStats& stats() const { return stats_; }
   const ep::DispatchStats& dispatch_stats() const { return dispatcher_->stats(); }
   int num_local_experts() const { return dispatcher_->num_local_experts(); }

@@ -145,3 +145,33 @@ TEST_F(TrainerCheckpoint, KeepsTheNewestCheckpoints) {
 
 }  // namespace
 }  // namespace epmoe::testing
+
+namespace epmoe::testing {
+namespace {
+
+// With replicas, later plans depend on earlier steps (dynamic keeps an
+// expert in its slot; periodic places from a window of counts every
+// period), so the checkpoint carries that state and resuming stays exact.
+TEST(TrainerCheckpointWithReplicas, ResumeIsBitExactForDynamicAndPeriodicBalancing) {
+  for (const ep::BalanceMode mode : {ep::BalanceMode::dynamic, ep::BalanceMode::periodic}) {
+    SCOPED_TRACE(ep::to_string(mode));
+    ScratchDir uninterrupted, interrupted;
+    TrainSetup setup = checkpointing_setup(uninterrupted.path());
+    setup.ep.balance = mode;
+    setup.ep.redundant_slots = 1;
+    setup.ep.rebalance_threshold = 1.0;
+    setup.ep.balance_window = 3;
+    setup.ep.balance_period = 4;
+    const std::vector<double> losses = train_losses(setup);
+    fs::copy(uninterrupted.path() / "step_00000010", interrupted.path() / "step_00000010",
+             fs::copy_options::recursive);
+    EXPECT_TRUE(fs::exists(interrupted.path() / "step_00000010" / "replicated" / "layer_1.balance_state.npy"));
+    setup.trainer.checkpoint_dir = interrupted.path().string();
+    setup.trainer.resume = true;
+    EXPECT_EQ(train_losses(setup), std::vector<double>(losses.begin() + 10, losses.end()));
+    EXPECT_EQ(checksums(interrupted.path(), 20), checksums(uninterrupted.path(), 20));
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::testing
