@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, then run one MoE layer
-# forward + backward on generated inputs (the trainer replaces this once it
-# exists). Outputs land in build/demo/out.
+# The main job: install what is missing, build, then train the tiny MoE
+# language model with the defaults of `epmoe train` (500 steps, 4 rank
+# threads, Zipf data). Metrics land in runs/train/metrics.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
-demo=build/demo
-rm -rf "$demo"
-./build/epmoe gen-inputs --out "$demo/in" num_tokens=4096 hidden=512 ffn=256 num_experts=16 seed=1
-./build/epmoe layer --in "$demo/in" --out "$demo/out" top_k=2 router=softmax_topk
-echo "main: outputs in $demo/out:"
-ls "$demo/out"
+./build/epmoe train "$@"

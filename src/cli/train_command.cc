@@ -116,10 +116,10 @@ void run_train_command(const TrainArguments& arguments) {
   progress.reset();  // ends an in-place line before the summary
   const double tokens = static_cast<double>(summary->steps_run * trainer.batch_size * trainer.data.seq_len);
   std::printf("epmoe train: %lld steps on %d rank(s) (%s, dispatch=%s) in %.1f s, %.1fk tok/s; loss %.4f -> %.4f "
-              "(data entropy %.4f)",
+              "(floor: the data's entropy rate %.4f)",
               static_cast<long long>(summary->steps_run), settings.num_ranks, to_string(settings.transport).c_str(),
               ep::to_string(settings.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3,
-              summary->losses.front(), summary->losses.back(), SyntheticTokens(trainer.data).entropy_nats());
+              summary->losses.front(), summary->losses.back(), SyntheticTokens(trainer.data).entropy_rate_nats());
   if (metrics) std::printf("; metrics in %s", metrics->path().c_str());
   if (summary->last_checkpoint) {
     std::printf("; checkpoint %s",

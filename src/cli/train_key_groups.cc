@@ -81,6 +81,10 @@ KeyGroup data_keys() {
            .choices = {"zipf", "uniform"}},
           {.name = "zipf_exponent", .type = KeyType::real, .default_value = "1.25",
            .help = "data=zipf: the exponent a", .min_value = 0, .min_exclusive = true},
+          {.name = "repeat_probability", .type = KeyType::real, .default_value = "0.5",
+           .help = "each token repeats the previous one with this probability, else a fresh draw: every "
+                   "token keeps the data= distribution, and the model has its input to learn from; 0 = i.i.d.",
+           .min_value = 0, .max_value = 0.999},
           {.name = "data_seed", .type = KeyType::integer, .default_value = "0",
            .help = "seed of the batches; sequence s of step t comes from its own stream", .min_value = 0},
       },
@@ -133,6 +137,7 @@ TrainerConfig trainer_config_from(const ConfigValues& values, const MoeLmConfig&
   config.data.seq_len = values.get_int("seq_len");
   config.data.distribution = parse_token_distribution("data", values.get_string("data"));
   config.data.zipf_exponent = values.get_float("zipf_exponent");
+  config.data.repeat_probability = values.get_float("repeat_probability");
   config.data.seed = static_cast<std::uint64_t>(values.get_int("data_seed"));
   config.adamw.beta1 = values.get_float("adam_beta1");
   config.adamw.beta2 = values.get_float("adam_beta2");

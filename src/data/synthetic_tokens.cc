@@ -44,13 +44,40 @@ void SyntheticTokensConfig::validate() const {
     throw ConfigError("zipf_exponent=" + number_text(zipf_exponent) +
                       ": must be a finite number > 0 (p(i) ∝ (i+1)^-zipf_exponent)");
   }
+  if (!(repeat_probability >= 0.0 && repeat_probability < 1.0)) {
+    throw ConfigError("repeat_probability=" + number_text(repeat_probability) + ": must be in [0, 1)");
+  }
 }
+
+namespace {
+
+// sum_x p(x) H(q_x), q_x = r [y = x] + (1 - r) p(y): with A = sum_y p(y) log((1-r) p(y)),
+// H(q_x) = -c_x log c_x - (1 - r) (A - p(x) log((1-r) p(x))), c_x = r + (1-r) p(x).
+double repeat_chain_entropy_rate(const SyntheticTokens& tokens, double r) {
+  const std::int64_t vocab = tokens.config().vocab_size;
+  if (r == 0.0) return tokens.entropy_nats();
+  double a = 0.0;
+  for (std::int64_t y = 0; y < vocab; ++y) {
+    const double p = tokens.probability(y);
+    a += p * std::log((1.0 - r) * p);
+  }
+  double rate = 0.0;
+  for (std::int64_t x = 0; x < vocab; ++x) {
+    const double p = tokens.probability(x);
+    const double c = r + (1.0 - r) * p;
+    rate += p * (-c * std::log(c) - (1.0 - r) * (a - p * std::log((1.0 - r) * p)));
+  }
+  return rate;
+}
+
+}  // namespace
 
 SyntheticTokens::SyntheticTokens(SyntheticTokensConfig config) : config_(config) {
   config_.validate();
   const std::int64_t vocab = config_.vocab_size;
   if (config_.distribution == TokenDistribution::uniform) {
     entropy_nats_ = std::log(static_cast<double>(vocab));
+    entropy_rate_nats_ = repeat_chain_entropy_rate(*this, config_.repeat_probability);
     return;
   }
   // Inverse-CDF table: exact sampling with one uniform draw and a binary
@@ -73,6 +100,7 @@ SyntheticTokens::SyntheticTokens(SyntheticTokensConfig config) : config_(config)
   // H = -sum p_i log p_i with p_i = w_i / Z and log w_i = -a log(i+1):
   // H = log Z + a * sum p_i log(i+1).
   entropy_nats_ = std::log(sum) + a * weighted_log_sum / sum;
+  entropy_rate_nats_ = repeat_chain_entropy_rate(*this, config_.repeat_probability);
 }
 
 double SyntheticTokens::probability(std::int64_t id) const {
@@ -105,8 +133,11 @@ Tensor SyntheticTokens::batch(std::int64_t step, std::int64_t first_sequence, st
   for (std::int64_t row = 0; row < count; ++row) {
     Rng sequence_rng = step_rng.fork(static_cast<std::uint64_t>(first_sequence + row));
     std::int32_t* sequence = out + row * row_length;
+    const double repeat = config_.repeat_probability;
     for (std::int64_t position = 0; position < row_length; ++position) {
-      sequence[position] = draw(sequence_rng);
+      // With repeat = 0 no extra number is drawn: the i.i.d. stream is unchanged.
+      const bool repeats = repeat > 0.0 && position > 0 && sequence_rng.uniform01() < repeat;
+      sequence[position] = repeats ? sequence[position - 1] : draw(sequence_rng);
     }
   }
   return tokens;

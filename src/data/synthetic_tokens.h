@@ -1,6 +1,14 @@
-// SyntheticTokens: language-model batches of i.i.d. token ids, uniform or
-// Zipf-skewed (the skew is what makes some experts hot, the case the
+// SyntheticTokens: language-model batches of token ids distributed uniform
+// or Zipf-skewed (the skew is what makes some experts hot, the case the
 // redundant-expert machinery exists for).
+//
+// Optional structure, `repeat_probability` p: each token after the first
+// repeats the previous one with probability p, else it is a fresh draw. The
+// chain's stationary distribution is the chosen one (a repeat keeps it, a
+// draw is it), so every token is still uniform / Zipf distributed; but the
+// next token now depends on the current one, so a model has something to
+// learn from its input and its routing stays token-dependent (with i.i.d.
+// tokens the best model ignores its input and every token routes alike).
 //
 // Every sequence has its own generator, Rng(seed).fork(step).fork(sequence),
 // and never a global one (DESIGN.md §6): the global batch of a step is the
@@ -31,10 +39,11 @@ struct SyntheticTokensConfig {
   std::int64_t seq_len = 0;
   TokenDistribution distribution = TokenDistribution::zipf;
   double zipf_exponent = 1.25;  // a in p(i) ∝ (i+1)^-a
+  double repeat_probability = 0.0;  // 0: i.i.d. tokens
   std::uint64_t seed = 0;
 
   // ConfigError naming the key: vocab_size in [2, 2^31 - 1] (ids are int32),
-  // seq_len >= 1, zipf_exponent > 0 and finite.
+  // seq_len >= 1, zipf_exponent > 0 and finite, repeat_probability in [0, 1).
   void validate() const;
 };
 
@@ -51,9 +60,14 @@ class SyntheticTokens {
   // four calls of 2. Thread-safe (const, no shared state).
   Tensor batch(std::int64_t step, std::int64_t first_sequence, std::int64_t count) const;
 
-  // Entropy in nats of the token distribution: the loss floor of a model
-  // that predicts i.i.d. tokens perfectly; log(vocab_size) for uniform.
+  // Entropy in nats of the token distribution (log(vocab_size) for
+  // uniform): the loss floor of a model that predicts i.i.d. tokens
+  // perfectly.
   double entropy_nats() const { return entropy_nats_; }
+  // The loss floor of a model that predicts each token from the previous
+  // one perfectly: the chain's entropy rate, sum_x p(x) H(next | x). Equals
+  // entropy_nats() when repeat_probability is 0.
+  double entropy_rate_nats() const { return entropy_rate_nats_; }
 
   // Probability of token `id` in [0, vocab_size); id 0 is the most frequent
   // under zipf.
@@ -68,6 +82,7 @@ class SyntheticTokens {
   std::vector<double> cdf_;
   double zipf_normaliser_ = 1.0;  // sum over i of (i+1)^-a
   double entropy_nats_ = 0.0;
+  double entropy_rate_nats_ = 0.0;
 };
 
 }  // namespace epmoe

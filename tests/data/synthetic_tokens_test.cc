@@ -317,3 +317,80 @@ TEST(SyntheticTokens, ParseTokenDistribution) {
 
 }  // namespace
 }  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+SyntheticTokensConfig repeating_config(double repeat) {
+  SyntheticTokensConfig config{.vocab_size = 50, .seq_len = 999, .distribution = TokenDistribution::zipf,
+                               .zipf_exponent = 1.25, .repeat_probability = repeat, .seed = 3};
+  return config;
+}
+
+// Repeats keep every token Zipf distributed: the top ids' frequencies match
+// probability() within 4.5 deviations of a chain whose draws are correlated
+// (a repeat chain's variance is (1 + r) / (1 - r) times the i.i.d. one).
+TEST(SyntheticTokensRepeat, TokensStayZipfDistributed) {
+  const double r = 0.5;
+  const SyntheticTokens tokens(repeating_config(r));
+  std::vector<std::int64_t> counts(50, 0);
+  std::int64_t n = 0;
+  for (std::int64_t step = 0; step < 200; ++step) {
+    const Tensor batch = tokens.batch(step, 0, 1);
+    for (const std::int32_t id : batch.span<std::int32_t>()) ++counts[static_cast<std::size_t>(id)];
+    n += batch.numel();
+  }
+  const double effective_n = static_cast<double>(n) * (1 - r) / (1 + r);
+  for (int id = 0; id < 20; ++id) {
+    const double p = tokens.probability(id);
+    const double sigma = std::sqrt(p * (1 - p) / effective_n);
+    EXPECT_LT(std::abs(static_cast<double>(counts[id]) / static_cast<double>(n) - p), 4.5 * sigma) << id;
+  }
+}
+
+TEST(SyntheticTokensRepeat, NextTokenEqualsTheCurrentOneAsOftenAsTheChainSays) {
+  const double r = 0.5;
+  const SyntheticTokens tokens(repeating_config(r));
+  double sum_p2 = 0;
+  for (int id = 0; id < 50; ++id) sum_p2 += tokens.probability(id) * tokens.probability(id);
+  const double expected = r + (1 - r) * sum_p2;  // a repeat, or a fresh draw of the same id
+  std::int64_t same = 0, pairs = 0;
+  for (std::int64_t step = 0; step < 100; ++step) {
+    const Tensor batch = tokens.batch(step, 0, 1);
+    const std::int32_t* t = batch.data<std::int32_t>();
+    for (std::int64_t i = 1; i < batch.numel(); ++i, ++pairs) same += t[i] == t[i - 1];
+  }
+  const double fraction = static_cast<double>(same) / static_cast<double>(pairs);
+  EXPECT_NEAR(fraction, expected, 5 * std::sqrt(expected * (1 - expected) / static_cast<double>(pairs)));
+  EXPECT_GT(fraction, 0.5);  // i.i.d. Zipf tokens would repeat ~sum p^2 = 0.18 of the time
+}
+
+TEST(SyntheticTokensRepeat, EntropyRateMatchesADirectDoubleSum) {
+  for (const double r : {0.0, 0.3, 0.9}) {
+    const SyntheticTokens tokens(repeating_config(r));
+    double rate = 0;
+    for (int x = 0; x < 50; ++x) {
+      double h = 0;
+      for (int y = 0; y < 50; ++y) {
+        const double q = (x == y ? r : 0.0) + (1 - r) * tokens.probability(y);
+        h -= q * std::log(q);
+      }
+      rate += tokens.probability(x) * h;
+    }
+    EXPECT_NEAR(tokens.entropy_rate_nats(), rate, 1e-12) << r;
+    if (r > 0) EXPECT_LT(tokens.entropy_rate_nats(), tokens.entropy_nats());
+  }
+}
+
+TEST(SyntheticTokensRepeat, ValidateNamesTheKey) {
+  SyntheticTokensConfig config = repeating_config(1.0);
+  try {
+    config.validate();
+    FAIL() << "repeat_probability=1 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("repeat_probability=1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace epmoe

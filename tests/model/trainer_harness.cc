@@ -28,6 +28,7 @@ TrainerConfig small_trainer() {
   trainer.data.vocab_size = 64;
   trainer.data.seq_len = 16;
   trainer.data.distribution = TokenDistribution::zipf;
+  trainer.data.repeat_probability = 0.5;
   trainer.data.seed = 11;
   trainer.learning_rate.peak = 3e-3;
   trainer.learning_rate.warmup_steps = 5;
