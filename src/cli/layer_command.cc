@@ -70,12 +70,8 @@ void run_layer_command(const LayerArguments& arguments) {
   // Validation: keys, then --out, then every input file, then the config
   // rules that need the files' dimensions. Nothing has been computed or
   // written when one of these throws.
-  std::vector<KeyAssignment> assignments;
-  if (!arguments.config_file.empty()) assignments = load_yaml_overrides(arguments.config_file);
-  for (KeyAssignment& assignment : parse_assignments(arguments.assignments, kCommand)) {
-    assignments.push_back(std::move(assignment));  // after the file: the command line wins
-  }
-  const ConfigValues values = layer_key_registry().parse(assignments);
+  const ConfigValues values =
+      layer_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kCommand));
   StagedOutputDir::check_usable(arguments.out_dir);
   const LayerInputs inputs = read_layer_inputs(arguments.in_dir);
   const MoeLayerConfig config =

@@ -176,9 +176,8 @@ struct PlanArguments {
 };
 
 void run_plan_command(const PlanArguments& arguments) {
-  std::vector<KeyAssignment> assignments;
-  if (!arguments.config_file.empty()) assignments = load_yaml_overrides(arguments.config_file);
-  for (KeyAssignment& a : parse_assignments(arguments.assignments, kCommand)) assignments.push_back(std::move(a));
+  const std::vector<KeyAssignment> assignments =
+      command_assignments(arguments.config_file, arguments.assignments, kCommand);
   const KeyRegistry& registry = plan_key_registry();
   const ConfigValues values = registry.parse(assignments);
   const std::string& sweep_text = values.get_string("sweep");

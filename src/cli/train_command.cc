@@ -4,6 +4,8 @@
 // checked, before any rank starts; then each rank runs model/trainer.h and
 // rank 0 writes the metrics and the progress line.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +19,7 @@
 #include "cli/train_key_groups.h"
 #include "cli/training_output.h"
 #include "cli/yaml_overrides.h"
+#include "core/error.h"
 #include "data/checkpoint_store.h"
 #include "ep/local_dispatcher.h"
 #include "model/trainer.h"
@@ -59,17 +62,27 @@ DispatcherFactory dispatcher_factory(const ExpertParallelSettings& settings, tra
   };
 }
 
+// A checkpoint directory that cannot be written would fail the run at its
+// first checkpoint, after the work; found out before instead.
+void check_checkpoint_dir_writable(const std::filesystem::path& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  const std::filesystem::path probe = dir / ".epmoe_write_probe";
+  if (!error) std::ofstream(probe) << "probe";
+  if (error || !std::filesystem::exists(probe)) {
+    throw FileError("checkpoint_dir=" + dir.string() + ": cannot be created or written" +
+                    (error ? ": " + error.message() : ""));
+  }
+  std::filesystem::remove(probe, error);
+}
+
 ProgressMode progress_mode(const std::string& value) {
   return value == "on" ? ProgressMode::on : value == "off" ? ProgressMode::off : ProgressMode::auto_detect;
 }
 
 void run_train_command(const TrainArguments& arguments) {
-  std::vector<KeyAssignment> assignments;
-  if (!arguments.config_file.empty()) assignments = load_yaml_overrides(arguments.config_file);
-  for (KeyAssignment& assignment : parse_assignments(arguments.assignments, kCommand)) {
-    assignments.push_back(std::move(assignment));  // after the file: the command line wins
-  }
-  const ConfigValues values = train_key_registry().parse(assignments);
+  const ConfigValues values =
+      train_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kCommand));
   const MoeLmConfig model = moe_lm_config_from(values);
   // The rank count first (ranks= or the mpirun world), then every rule that
   // involves it: batch_size, then num_experts (in the EP settings).
@@ -83,6 +96,7 @@ void run_train_command(const TrainArguments& arguments) {
   const std::string metrics_path = values.get_string("metrics_file");
   const bool writes = settings.transport == TransportKind::threads ||
                       mpi_launch_from_environment().value_or(MpiLaunch{}).world_rank == 0;
+  if (writes && !trainer.checkpoint_dir.empty()) check_checkpoint_dir_writable(trainer.checkpoint_dir);
   if (writes && !metrics_path.empty()) MetricsFile::check_writable(metrics_path);
   if (resume_from && *resume_from >= trainer.steps) {
     if (writes) {

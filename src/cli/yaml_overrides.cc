@@ -71,4 +71,15 @@ std::vector<KeyAssignment> load_yaml_overrides(const std::filesystem::path& path
   return assignments;
 }
 
+std::vector<KeyAssignment> command_assignments(const std::filesystem::path& config_file,
+                                               const std::vector<std::string>& arguments,
+                                               std::string_view command) {
+  std::vector<KeyAssignment> assignments;
+  if (!config_file.empty()) assignments = load_yaml_overrides(config_file);
+  for (KeyAssignment& assignment : parse_assignments(arguments, command)) {
+    assignments.push_back(std::move(assignment));  // after the file: the command line wins
+  }
+  return assignments;
+}
+
 }  // namespace epmoe::cli

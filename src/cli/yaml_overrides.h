@@ -11,6 +11,8 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/config_keys.h"
@@ -22,5 +24,12 @@ namespace epmoe::cli {
 // value or a key without a value. Keys are not checked here; the command's
 // KeyRegistry does that. An empty file gives no assignments.
 std::vector<KeyAssignment> load_yaml_overrides(const std::filesystem::path& path);
+
+// A command's key assignments: the YAML file's (when `config_file` is not
+// empty), then the command line's key=value arguments, which come later and
+// win. ConfigError / FileError as above; keys are checked by the registry.
+std::vector<KeyAssignment> command_assignments(const std::filesystem::path& config_file,
+                                               const std::vector<std::string>& arguments,
+                                               std::string_view command);
 
 }  // namespace epmoe::cli

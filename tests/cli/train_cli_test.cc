@@ -87,6 +87,8 @@ TEST_F(TrainCli, BadInputIsOneLineBeforeAnyWork) {
   expect_refused(train({"ranks=4", "batch_size=6"}), "batch_size=6: must be divisible by ranks=4");
   expect_refused(train({"ranks=4", "resume=true"}), "resume=true: needs checkpoint_dir");
   expect_refused(train({"ranks=4", "router=random", "aux_loss_coef=0.1"}), "aux_loss_coef");
+  write_bytes(scratch_ / "a_file", "not a directory");
+  expect_refused(train({"ranks=4", "checkpoint_dir=" + (scratch_ / "a_file" / "ckpt").string()}), "checkpoint_dir=");
 }
 
 TEST_F(TrainCli, ResumeFromTheCommandLineContinuesTheCurveBitForBit) {
