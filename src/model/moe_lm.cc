@@ -107,6 +107,11 @@ MoeLm::MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make
 
 MoeLm::~MoeLm() = default;
 
+Tensor* MoeLm::selection_bias(int l) {
+  Buffer* bias = layer_params_.at(static_cast<std::size_t>(l)).selection_bias;
+  return bias != nullptr ? &bias->value : nullptr;
+}
+
 void MoeLm::initialise() {
   const Rng root(config_.init_seed);
   const std::int64_t local = config_.layer.router.num_experts / num_ranks_;

@@ -66,6 +66,9 @@ class MoeLm {
   ParameterSet& state() { return state_; }
   const ParameterSet& state() const { return state_; }
   const MoeLayer& layer(int l) const { return *layers_[static_cast<std::size_t>(l)]; }
+  // Layer l's selection bias [E] (router=sigmoid_grouped; null otherwise),
+  // updated by the trainer's aux-loss-free balancing.
+  Tensor* selection_bias(int l);
 
   // tokens [B_l, S + 1] i32: inputs are columns [0, S), targets [1, S].
   // `global_tokens` (N over all ranks) scales the loss gradient to the mean.

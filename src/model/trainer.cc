@@ -236,6 +236,15 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
       }
     }
     const double grad_norm = std::sqrt(replicated_sq + expert_sq);
+    const double cross_entropy = loss_sum / static_cast<double>(global_tokens);
+    const double loss = cross_entropy + aux_loss;
+    // Checked before the update, so the parameters (and the last checkpoint) stay finite.
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(loss) +
+                  " and the gradient norm " + std::to_string(grad_norm) +
+                  " (training diverged); lower learning_rate or set grad_clip");
+    }
+    summary.losses.push_back(loss);
     const float clip = config.grad_clip > 0 && grad_norm > config.grad_clip
                            ? static_cast<float>(config.grad_clip / grad_norm)
                            : 1.0f;
@@ -251,24 +260,13 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
         adamw_update(config.adamw, step + 1, lr, p.decay, clip, p.value.span<float>(), grad, p.adam_m.span<float>(),
                      p.adam_v.span<float>());
       }
-      if (update_bias) {
-        int l = 0;
-        for (Buffer& b : state.buffers()) {
-          update_selection_bias(std::span<const std::int64_t>(counts).subspan(static_cast<std::size_t>(l * num_experts),
-                                                                             static_cast<std::size_t>(num_experts)),
-                                static_cast<float>(config.bias_update_rate), b.value);
-          ++l;
-        }
+      for (int l = 0; update_bias && l < num_layers; ++l) {
+        update_selection_bias(std::span<const std::int64_t>(counts).subspan(static_cast<std::size_t>(l * num_experts),
+                                                                           static_cast<std::size_t>(num_experts)),
+                              static_cast<float>(config.bias_update_rate), *model.selection_bias(l));
       }
     }
 
-    const double cross_entropy = loss_sum / static_cast<double>(global_tokens);
-    const double loss = cross_entropy + aux_loss;
-    if (!std::isfinite(loss)) {
-      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(loss) +
-                  " (training diverged); lower learning_rate or set grad_clip");
-    }
-    summary.losses.push_back(loss);
 
     // The record: rank 0's timings; bytes, loads and peaks from every rank.
     StepRecord record;

@@ -91,6 +91,15 @@ TEST_F(TrainCli, BadInputIsOneLineBeforeAnyWork) {
   expect_refused(train({"ranks=4", "checkpoint_dir=" + (scratch_ / "a_file" / "ckpt").string()}), "checkpoint_dir=");
 }
 
+TEST_F(TrainCli, ADivergedRunStopsWithAClearErrorAndKeepsItsMetrics) {
+  const ProcessResult result = train({"ranks=2", "learning_rate=1e30", "grad_clip=0"});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.stderr_text.find("training diverged"), std::string::npos) << result.stderr_text;
+  const std::vector<nlohmann::json> lines = read_metrics_lines(metrics());
+  ASSERT_FALSE(lines.empty());  // the finite steps before it are kept
+  EXPECT_TRUE(std::isfinite(lines.back()["loss"].get<double>()));
+}
+
 TEST_F(TrainCli, ResumeFromTheCommandLineContinuesTheCurveBitForBit) {
   const fs::path reference_metrics = scratch_ / "reference.jsonl";
   std::vector<std::string> keys = {"ranks=2", "checkpoint_every=10", "checkpoint_dir=" + checkpoints().string()};
