@@ -33,6 +33,19 @@ TEST_F(TrainerParity, RankCountsMatchOneRankWithin1e5) {
   }
 }
 
+TEST_F(TrainerParity, ThreeRanksMatchOneRankWithin1e5) {
+  // An odd rank count needs E and the batch divisible by 3.
+  TrainSetup one = small_setup(1);
+  one.model.layer.router.num_experts = 6;
+  one.trainer.batch_size = 6;
+  TrainSetup three = one;
+  three.ranks = 3;
+  for (const ep::DispatchKind dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    three.dispatch = dispatch;
+    EXPECT_LT(max_relative_difference(train_losses(three), train_losses(one)), 1e-5) << ep::to_string(dispatch);
+  }
+}
+
 TEST_F(TrainerParity, RingDispatchMatchesOneRankWithin1e5) {
   TrainSetup setup = small_setup(4);
   setup.dispatch = ep::DispatchKind::ring;
