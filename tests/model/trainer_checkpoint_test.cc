@@ -175,3 +175,25 @@ TEST(TrainerCheckpointWithReplicas, ResumeIsBitExactForDynamicAndPeriodicBalanci
 
 }  // namespace
 }  // namespace epmoe::testing
+
+namespace epmoe::testing {
+namespace {
+
+// The random router (a performance mode) draws from a stream of (step,
+// layer, rank), not from a generator's history: a resumed run draws what
+// the uninterrupted one did.
+TEST(TrainerCheckpointRandomRouter, ResumeIsBitExact) {
+  ScratchDir uninterrupted, interrupted;
+  TrainSetup setup = checkpointing_setup(uninterrupted.path());
+  setup.model.layer.router.kind = RouterKind::random;
+  setup.model.layer.router.seed = 9;
+  const std::vector<double> losses = train_losses(setup);
+  EXPECT_LT(losses.back(), losses.front() - 0.3);  // the experts still learn
+  fs::copy(uninterrupted.path() / "step_00000010", interrupted.path() / "step_00000010", fs::copy_options::recursive);
+  setup.trainer.checkpoint_dir = interrupted.path().string();
+  setup.trainer.resume = true;
+  EXPECT_EQ(train_losses(setup), std::vector<double>(losses.begin() + 10, losses.end()));
+}
+
+}  // namespace
+}  // namespace epmoe::testing
