@@ -64,6 +64,15 @@ std::map<std::string, double> moe_phase_totals(const MoeLm& model) {
   return totals;
 }
 
+// The ring all-reduce (fixed-order reduce-scatter + all-gather, comm/
+// all_reduce.h) moves each of the R blocks R-1 hops in each phase: 2(R-1)S
+// bytes over all ranks for S bytes of gradients. Ranks report equal shares;
+// rank 0 takes the remainder so that the sum is exact.
+std::int64_t gradient_all_reduce_bytes(std::int64_t bytes, int num_ranks, int rank) {
+  const std::int64_t total = 2 * (num_ranks - 1) * bytes;
+  return total / num_ranks + (rank == 0 ? total % num_ranks : 0);
+}
+
 // What one rank measured in a step, gathered to rank 0 for the record.
 nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes) {
   std::map<std::string, std::int64_t> bytes;
@@ -277,7 +286,7 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
     record.grad_norm = grad_norm;
     record.learning_rate = lr;
     const std::vector<std::string> reports = comm::all_gather_texts(
-        comm, rank_report(model, num_ranks > 1 ? replicated * 4 * 2 * (num_ranks - 1) / num_ranks : 0).dump(),
+        comm, rank_report(model, gradient_all_reduce_bytes(replicated * 4, num_ranks, rank)).dump(),
         tags + kRankReports, timeout);
     const bool last = step + 1 == config.steps;
     if (store && (last || (config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0))) {
