@@ -285,9 +285,13 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
     record.aux_loss = aux_loss;
     record.grad_norm = grad_norm;
     record.learning_rate = lr;
-    const std::vector<std::string> reports = comm::all_gather_texts(
-        comm, rank_report(model, gradient_all_reduce_bytes(replicated * 4, num_ranks, rank)).dump(),
-        tags + kRankReports, timeout);
+    std::vector<std::string> reports;
+    {
+      ScopedPhase phase(times, "metrics_exchange");
+      reports = comm::all_gather_texts(
+          comm, rank_report(model, gradient_all_reduce_bytes(replicated * 4, num_ranks, rank)).dump(),
+          tags + kRankReports, timeout);
+    }
     const bool last = step + 1 == config.steps;
     if (store && (last || (config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0))) {
       ScopedPhase phase(times, "checkpoint");
