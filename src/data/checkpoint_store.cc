@@ -399,6 +399,10 @@ nlohmann::json CheckpointStore::verify(std::int64_t step) const {
   return std::move(manifest.json);
 }
 
+nlohmann::json CheckpointStore::manifest(std::int64_t step) const {
+  return std::move(load_manifest(step_dir(step), step).json);
+}
+
 Tensor CheckpointStore::read_tensor(std::int64_t step, const std::string& relative_path) const {
   check_caller_relative_path(relative_path);
   const fs::path dir = step_dir(step);

@@ -90,6 +90,10 @@ class CheckpointStore {
   // FileError naming the offending file (the manifest or a data file) and
   // the rule. Reads only; never modifies anything.
   nlohmann::json verify(std::int64_t step) const;
+  // The manifest of `step` with the same checks of the manifest itself, but
+  // without reading the data files (read_tensor checks each as it reads it):
+  // what a rank that loads only its own shard needs.
+  nlohmann::json manifest(std::int64_t step) const;
 
   // Checks that one file's size and CRC-32 match the manifest, then reads it
   // with read_npy in the dtype its header declares (f32, i32 or i64).

@@ -44,7 +44,8 @@ std::vector<std::string> checkpoint_files(const ParameterSet& state, int num_ran
 std::int64_t save_checkpoint(const CheckpointStore& store, std::int64_t step, const ParameterSet& state,
                              const nlohmann::json& metadata, const CheckpointContext& context);
 
-// The manifest's metadata of step `step` after verifying the manifest; then
+// The manifest's metadata of step `step` after checking the manifest (not
+// the data files: load_checkpoint checks each file it reads); then
 // ConfigError when its "compatibility" object differs from `compatibility`
 // in any key (naming the key, both values and the checkpoint).
 nlohmann::json check_checkpoint_compatibility(const CheckpointStore& store, std::int64_t step,
