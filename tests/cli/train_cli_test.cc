@@ -62,6 +62,22 @@ TEST_F(TrainCli, WritesOneMetricsLinePerStepAndShowsTheLossFalling) {
   EXPECT_NE(result.stdout_text.find("epmoe train: 20 steps on 4 rank(s)"), std::string::npos);
 }
 
+// On a terminal (a pseudo-terminal from util-linux `script`, part of every
+// Debian system) the progress line is redrawn in place on stderr.
+TEST_F(TrainCli, OnATerminalTheProgressLineIsRedrawnInPlace) {
+  std::string command = std::string(EPMOE_BINARY) + " train threads=1 ranks=2 progress=auto";
+  for (const std::string& key : tiny_train_keys(metrics())) {
+    if (key != "progress=off") command += " " + key;
+  }
+  const ProcessResult result = run_program(scratch_, {"/usr/bin/script", "-qec", command, "/dev/null"});
+  ASSERT_EQ(result.exit_code, 0) << result.stdout_text << result.stderr_text;
+  // The terminal's output (stdout and stderr merged) arrives on script's stdout.
+  EXPECT_NE(result.stdout_text.find("\rstep "), std::string::npos) << result.stdout_text;
+  EXPECT_NE(result.stdout_text.find("\033[K"), std::string::npos);
+  EXPECT_NE(result.stdout_text.find("step 20/20"), std::string::npos);
+  EXPECT_NE(result.stdout_text.find("epmoe train: 20 steps"), std::string::npos);
+}
+
 TEST_F(TrainCli, YamlConfigWithCommandLineOverrides) {
   write_bytes(scratch_ / "train.yaml", "steps: 7\nnum_layers: 1\nremat_policy: full\n");
   const ProcessResult result =
