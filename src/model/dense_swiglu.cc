@@ -15,6 +15,21 @@ void check_matrix(const Tensor& t, std::int64_t rows, std::int64_t cols) {
   EPMOE_CHECK_EQ(t.dim(1), cols);
 }
 
+struct Dims {
+  std::int64_t num_tokens, hidden, ffn;
+};
+
+// The shapes both directions share: x [N, H], w0 and w1 [H, F], wo [F, H].
+Dims check_operands(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo) {
+  EPMOE_CHECK_EQ(w0.rank(), 2);
+  const Dims d{x.rank() == 2 ? x.dim(0) : -1, w0.dim(0), w0.dim(1)};
+  check_matrix(x, d.num_tokens, d.hidden);
+  check_matrix(w0, d.hidden, d.ffn);
+  check_matrix(w1, d.hidden, d.ffn);
+  check_matrix(wo, d.ffn, d.hidden);
+  return d;
+}
+
 void ensure_shape(Tensor& t, std::int64_t rows, std::int64_t cols) {
   if (t.dtype() != DType::f32 || t.shape() != Shape{rows, cols}) t = Tensor(DType::f32, {rows, cols});
 }
@@ -23,13 +38,7 @@ void ensure_shape(Tensor& t, std::int64_t rows, std::int64_t cols) {
 
 void dense_swiglu_forward(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo,
                           Tensor& y, DenseSwigluSaved& saved) {
-  EPMOE_CHECK_EQ(w0.rank(), 2);
-  const std::int64_t num_tokens = x.rank() == 2 ? x.dim(0) : -1;
-  const std::int64_t hidden = w0.dim(0), ffn = w0.dim(1);
-  check_matrix(x, num_tokens, hidden);
-  check_matrix(w0, hidden, ffn);
-  check_matrix(w1, hidden, ffn);
-  check_matrix(wo, ffn, hidden);
+  const auto [num_tokens, hidden, ffn] = check_operands(x, w0, w1, wo);
   check_matrix(y, num_tokens, hidden);
   ensure_shape(saved.h0, num_tokens, ffn);
   ensure_shape(saved.h1, num_tokens, ffn);
@@ -51,13 +60,7 @@ void dense_swiglu_forward(const Tensor& x, const Tensor& w0, const Tensor& w1, c
 void dense_swiglu_backward(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo,
                            const DenseSwigluSaved& saved, const Tensor& dy, Tensor& dx, Tensor& dw0,
                            Tensor& dw1, Tensor& dwo) {
-  EPMOE_CHECK_EQ(w0.rank(), 2);
-  const std::int64_t num_tokens = x.rank() == 2 ? x.dim(0) : -1;
-  const std::int64_t hidden = w0.dim(0), ffn = w0.dim(1);
-  check_matrix(x, num_tokens, hidden);
-  check_matrix(w0, hidden, ffn);
-  check_matrix(w1, hidden, ffn);
-  check_matrix(wo, ffn, hidden);
+  const auto [num_tokens, hidden, ffn] = check_operands(x, w0, w1, wo);
   check_matrix(saved.h0, num_tokens, ffn);
   check_matrix(saved.h1, num_tokens, ffn);
   check_matrix(saved.act, num_tokens, ffn);

@@ -172,7 +172,6 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
     summary.resumed_from = resume_from;
   }
   const std::int64_t first_step = resume_from.value_or(0);
-  summary.first_step = first_step;
   if (rank == 0 && observer.on_start) observer.on_start(first_step, resume_from);
   const CheckpointContext checkpoint_context{&comm, tags + kCheckpoint, timeout};
 

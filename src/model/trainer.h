@@ -79,7 +79,6 @@ struct StepRecord {
 void to_json(nlohmann::json& out, const StepRecord& record);
 
 struct TrainSummary {
-  std::int64_t first_step = 0;  // 0, or the step resumed from
   std::int64_t steps_run = 0;
   std::vector<double> losses;   // one per step run
   double seconds = 0;
