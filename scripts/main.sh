@@ -4,5 +4,5 @@
 # threads, Zipf data). Metrics land in runs/train/metrics.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh build
+bash scripts/setup.sh --target epmoe build
 ./build/epmoe train "$@"
