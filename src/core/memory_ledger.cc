@@ -70,7 +70,11 @@ LedgerCharge::LedgerCharge(LedgerCharge&& other) noexcept
 
 LedgerCharge& LedgerCharge::operator=(LedgerCharge&& other) noexcept {
   if (this != &other) {
-    this->~LedgerCharge();
+    // Release this charge in place. Calling ~LedgerCharge() here would also
+    // end name_'s lifetime, and the assignment below would then write into a
+    // destroyed std::string (a heap use-after-free once the name is too long
+    // for the small-string buffer, as AddressSanitizer reports).
+    release();
     ledger_ = std::exchange(other.ledger_, nullptr);
     name_ = std::move(other.name_);
     bytes_ = other.bytes_;
@@ -78,7 +82,7 @@ LedgerCharge& LedgerCharge::operator=(LedgerCharge&& other) noexcept {
   return *this;
 }
 
-LedgerCharge::~LedgerCharge() {
+void LedgerCharge::release() noexcept {
   if (ledger_ == nullptr) return;
   try {
     ledger_->on_release(name_, bytes_);
@@ -87,5 +91,7 @@ LedgerCharge::~LedgerCharge() {
   }
   ledger_ = nullptr;
 }
+
+LedgerCharge::~LedgerCharge() { release(); }
 
 }  // namespace epmoe

@@ -58,6 +58,8 @@ class LedgerCharge {
   ~LedgerCharge();
 
  private:
+  void release() noexcept;  // gives the bytes back to the ledger, once
+
   MemoryLedger* ledger_ = nullptr;  // not owned
   std::string name_;
   std::int64_t bytes_ = 0;

@@ -49,5 +49,28 @@ TEST(MemoryLedger, ConcurrentUpdatesBalance) {
   EXPECT_GE(ledger.peak_bytes("x"), 8);
 }
 
+// Move assignment onto a live charge releases the old bytes, takes over the
+// new ones, and keeps both names intact. Names longer than the 15 characters
+// of libstdc++'s small-string buffer live on the heap: the old operator=
+// destroyed *this (its name included) and then assigned into the dead
+// string, a use-after-free that AddressSanitizer reports in this test.
+TEST(LedgerCharge, MoveAssignmentKeepsLongNames) {
+  MemoryLedger ledger;
+  const std::string old_name = "saved/x_sorted/a_name_longer_than_sso";
+  const std::string new_name = "saved/mlpwi_0/another_long_heap_name";
+  LedgerCharge charge(&ledger, old_name, 100);
+  LedgerCharge other(&ledger, new_name, 30);
+  charge = std::move(other);
+  EXPECT_EQ(ledger.live_bytes(old_name), 0);
+  EXPECT_EQ(ledger.live_bytes(new_name), 30);
+  // Reassigning again releases under the moved-in name: only right if the
+  // name survived the first assignment.
+  charge = LedgerCharge(&ledger, old_name, 7);
+  EXPECT_EQ(ledger.live_bytes(new_name), 0);
+  EXPECT_EQ(ledger.live_bytes(old_name), 7);
+  charge = LedgerCharge();
+  EXPECT_EQ(ledger.total_live_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace epmoe
