@@ -1,6 +1,7 @@
 // Errors, the two kinds (as gloo does it):
 //  * epmoe::Error and its subclasses: recoverable, caused by the outside world
-//    (a bad config key, a malformed file, a peer that timed out). The message
+//    (a bad config key, a malformed file, a peer that timed out, a NaN in an
+//    input). The message
 //    names the key / file / peer and the rule that was broken.
 //  * EPMOE_CHECK*: always-on checks of internal invariants. A failure is a bug
 //    in epmoe, reported as InternalError with both operands printed.
@@ -33,6 +34,15 @@ class FileError : public Error {
 
 // A peer rank failed, timed out or sent something unexpected.
 class PeerError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A tensor holds a NaN or an infinity where finite numbers are required: an
+// input (the message names the tensor and the first bad index) or a value a
+// step produced (the message names the layer, the phase and the row).
+// core/finite_check.h raises it.
+class NumericError : public Error {
  public:
   using Error::Error;
 };
