@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/finite_check.h"
 #include "ep/local_dispatcher.h"
 #include "ep/replica_exchange.h"
 #include "kernels/gemm.h"
@@ -83,6 +84,51 @@ void check_weights(const MoeLayerConfig& config, int num_local_experts, const Te
   if (w.bias != nullptr) EPMOE_CHECK(w.bias->shape() == (Shape{e}));
 }
 
+std::string layer_label(const MoeLayerConfig& config) {
+  return config.label.empty() ? std::string("moe layer") : config.label;
+}
+
+// An input of the layer: refused with its name and first bad index.
+void check_input(const MoeLayerConfig& config, std::string_view name, const Tensor& tensor) {
+  check_finite(layer_label(config) + ": " + std::string(name), tensor);
+}
+
+// A value the step produced. `where(index)` turns the flat index of the first
+// bad element into words ("row 5 of chunk 0 (local expert 2)").
+template <typename Where>
+void check_produced(const MoeLayerConfig& config, std::string_view what, std::string_view phase,
+                    std::span<const float> values, Where where) {
+  const std::int64_t index = find_non_finite(values);
+  if (index < 0) return;
+  throw NumericError(layer_label(config) + ": non-finite value in " + std::string(what) + " (" +
+                     std::string(phase) + ") at " + where(index) + ": " + value_to_string(values[index]));
+}
+
+// Rows of a [rows, width] tensor.
+auto at_row(std::int64_t width) {
+  return [width](std::int64_t index) { return "row " + std::to_string(index / width); };
+}
+
+// Rows of one chunk's expert rows, with the local expert each belongs to.
+auto at_expert_row(const ep::ExpertRows& rows, std::int64_t width, int chunk) {
+  return [&rows, width, chunk](std::int64_t index) {
+    const std::int64_t row = index / width;
+    std::int64_t expert = 0, end = 0;
+    while (expert < static_cast<std::int64_t>(rows.group_sizes.size()) && row >= end + rows.group_sizes[expert])
+      end += rows.group_sizes[expert++];
+    return "row " + std::to_string(row) + " of chunk " + std::to_string(chunk) + " (local expert " +
+           std::to_string(expert) + ")";
+  };
+}
+
+// An index of a weight-shaped tensor [E_l, a, b].
+auto at_weight_index(const Tensor& tensor) {
+  return [&tensor](std::int64_t index) {
+    return index_to_string(tensor.shape(), index) + " (local expert " +
+           std::to_string(index / (tensor.dim(1) * tensor.dim(2))) + ")";
+  };
+}
+
 LocalExpertWeights expert_weights(const MoeWeights& w) {
   return {w.wi0->data<float>(), w.wi1->data<float>(), w.wo->data<float>()};
 }
@@ -92,6 +138,14 @@ LocalExpertWeights expert_weights(const MoeWeights& w) {
 MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
                                    std::optional<std::uint64_t> weight_version) {
   check_weights(config_, dispatcher_->num_local_experts(), x, weights);
+  // Before any work or communication, so a refused input leaves the layer
+  // (and its peers) as they were.
+  check_input(config_, "x", x);
+  check_input(config_, "gate", *weights.gate);
+  check_input(config_, "wi0", *weights.wi0);
+  check_input(config_, "wi1", *weights.wi1);
+  check_input(config_, "wo", *weights.wo);
+  if (weights.bias != nullptr) check_input(config_, "bias", *weights.bias);
   PhaseTimes& times = stats_.phase_seconds;
   if (ledger_ != nullptr) ledger_->reset_peaks();
   const ExpertShape shape{config_.hidden, config_.ffn, config_.compute_dtype};
@@ -103,6 +157,9 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
   {
     ScopedPhase phase(times, "route");
     s.routing = router_.forward(x, *weights.gate, weights.bias);
+    const int num_experts = config_.router.num_experts, top_k = config_.router.top_k;
+    check_produced(config_, "router logits", "forward/route", s.routing.logits.span<float>(), at_row(num_experts));
+    check_produced(config_, "routing weights", "forward/route", s.routing.topk_weights.span<float>(), at_row(top_k));
   }
   const int num_chunks = dispatcher_->num_chunks();
   s.rows.resize(static_cast<std::size_t>(num_chunks));
@@ -150,6 +207,14 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
     {
       ScopedPhase phase(times, "experts");
       slot_outputs = experts_forward(shape, s.rows[c], s.expert_weights, s.activations[c]);
+      // mlpwo is per row (so the message names the expert); the weighted
+      // slot sums can still overflow on their own.
+      check_produced(config_, "expert output", "forward/experts", s.activations[c].mlpwo.span<float>(),
+                     at_expert_row(s.rows[c], config_.hidden, c));
+      check_produced(config_, "weighted expert output", "forward/experts", slot_outputs.span<float>(),
+                     [this, c](std::int64_t i) {
+                       return "slot " + std::to_string(i / config_.hidden) + " of chunk " + std::to_string(c);
+                     });
     }
     if (remat.save_x_sorted) {
       s.rows[c].x.attribute_to(ledger_, "saved/x_sorted");
@@ -168,6 +233,7 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
   {
     ScopedPhase phase(times, "combine");
     out.y = dispatcher_->finish_forward();
+    check_produced(config_, "layer output y", "forward/combine", out.y.span<float>(), at_row(config_.hidden));
   }
   out.topk_ids = s.routing.topk_ids.clone();
   out.topk_weights = s.routing.topk_weights.clone();
@@ -197,6 +263,9 @@ const RouterOutput& MoeLayer::last_routing() const {
 
 MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) {
   EPMOE_CHECK(saved_ != nullptr);  // backward needs a forward first
+  // Before the saved state is taken: a refused dy leaves it for a retry.
+  check_input(config_, "dy", dy);
+  if (extra_d_logits != nullptr) check_input(config_, "extra_d_logits", *extra_d_logits);
   std::unique_ptr<Saved> saved = std::move(saved_);
   Saved& s = *saved;
   const Tensor& x = *s.x;
@@ -249,6 +318,12 @@ MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) 
       ScopedPhase phase(times, "backward_experts");
       expert_grads = experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c],
                                       slot_dy, dwi0, dwi1, dwo, /*accumulate=*/c > 0);
+      check_produced(config_, "expert input gradient", "backward/experts", expert_grads.slot_dx.span<float>(),
+                     [c, hidden](std::int64_t i) {
+                       return "slot " + std::to_string(i / hidden) + " of chunk " + std::to_string(c);
+                     });
+      check_produced(config_, "routing weight gradient", "backward/experts", expert_grads.row_dweights,
+                     at_expert_row(s.rows[c], 1, c));
     }
     // The chunk's saved state is no longer needed.
     s.rows[c] = ep::ExpertRows();
@@ -263,6 +338,7 @@ MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) 
     routed = dispatcher_->finish_backward();
   }
   grads.dx = std::move(routed.dx);
+  check_produced(config_, "input gradient dx", "backward/dispatch", grads.dx.span<float>(), at_row(hidden));
   if (replicas != nullptr) {
     ScopedPhase phase(times, "backward_replica_gradients");
     replicas->reduce_slot_gradients({dwi0.data<float>(), dwi1.data<float>(), dwo.data<float>(), hidden, ffn});
@@ -279,6 +355,7 @@ MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) 
       grads.dgate.fill_zero();
     } else {
       Tensor d_logits = router_.backward(s.routing, routed.d_topk_weights);
+      check_produced(config_, "router logit gradient", "backward/router", d_logits.span<float>(), at_row(num_experts));
       if (extra_d_logits != nullptr) {
         EPMOE_CHECK(extra_d_logits->shape() == d_logits.shape());
         float* d = d_logits.data<float>();
@@ -291,8 +368,14 @@ MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) 
       gemm({.a = d_logits.data<float>(), .b = s.weights.gate->data<float>(),
             .c = grads.dx.data<float>(), .m = num_tokens, .n = hidden, .k = num_experts,
             .transpose_b = true, .accumulate = true});
+      check_produced(config_, "gate gradient dgate", "backward/router", grads.dgate.span<float>(),
+                     [&grads](std::int64_t i) { return index_to_string(grads.dgate.shape(), i); });
+      check_produced(config_, "input gradient dx", "backward/router", grads.dx.span<float>(), at_row(hidden));
     }
   }
+  check_produced(config_, "expert weight gradient dwi0", "backward/experts", grads.dwi0.span<float>(), at_weight_index(grads.dwi0));
+  check_produced(config_, "expert weight gradient dwi1", "backward/experts", grads.dwi1.span<float>(), at_weight_index(grads.dwi1));
+  check_produced(config_, "expert weight gradient dwo", "backward/experts", grads.dwo.span<float>(), at_weight_index(grads.dwo));
   return grads;
 }
 

@@ -45,7 +45,10 @@ struct MoeLayerConfig {
   std::int64_t ffn = 0;          // F
   RouterConfig router;           // router.num_experts is E
   ComputeDType compute_dtype = ComputeDType::f32;
-  ep::RematPolicy remat;         // what backward finds saved (default: everything)
+  ep::RematPolicy remat = {};    // what backward finds saved (default: everything)
+  // Names the layer in error messages ("moe layer 1: ..."); empty means
+  // "moe layer". A trainer sets it to the layer's index.
+  std::string label = {};  // "= {}" (also on remat): designated initialisers may skip both without -Wextra warnings
 
   void validate() const;  // ConfigError naming the key
 };
@@ -97,6 +100,21 @@ class MoeLayer {
 
   // Validates shapes (InternalError for a mismatch; callers validate files
   // first) and keeps what backward needs.
+  // Non-finite numbers never pass silently (NumericError, core/finite_check.h):
+  //  * inputs: a NaN or infinity in x, gate, wi0, wi1, wo or bias (dy and
+  //    extra_d_logits in backward) is refused before any work or
+  //    communication, naming the tensor and the first bad index:
+  //    "moe layer 1: x[3, 17] = nan: inputs must be finite";
+  //  * values the step produces (overflow from finite inputs): the router's
+  //    logits and weights, each chunk's expert outputs, y; in backward the
+  //    expert and router gradients, dx, dgate and dW are checked as they are
+  //    made and the first bad one is reported with the layer and the phase:
+  //    "moe layer 1: non-finite value in expert output (forward/experts) at
+  //    row 5 of chunk 0 (local expert 2): inf". After such an error the step
+  //    is abandoned: under expert parallelism the peers learn of it through
+  //    the transport (their waits end), and the layer must not be backwarded.
+  // Each check is one vectorised pass over a tensor the step reads or writes
+  // anyway.
   // `weight_version` (dynamic replicas): identifies the values of the
   // experts' weights, the same on every rank of the step; replica slots are
   // not resent while it is unchanged. Default: a new version every forward
