@@ -1,11 +1,15 @@
 #include "ep/token_codec.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "comm/all_gather.h"
 
+#include "core/finite_check.h"
 #include "core/threading.h"
 #include "kernels/convert.h"
 
@@ -23,34 +27,64 @@ std::int64_t TokenCodec::row_bytes() const {
 }
 
 float absmax(const float* values, std::int64_t n) {
+  // std::max(m, NaN) keeps m, so a NaN would vanish from a plain max.
+  if (find_non_finite({values, static_cast<std::size_t>(n)}) >= 0) return std::numeric_limits<float>::infinity();
   float m = 0.0f;
   for (std::int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(values[i]));
   return m;
 }
 
-float fp8_scale_for(float max_magnitude) { return max_magnitude > 0 ? max_magnitude / kFp8E4m3Max : 1.0f; }
+float fp8_scale_for(float max_magnitude) {
+  if (!std::isfinite(max_magnitude))
+    throw NumericError("fp8 token scale: the absmax is " + value_to_string(max_magnitude) +
+                       ", so no finite scale exists; fp8 e4m3 tokens must be finite");
+  return max_magnitude > 0 ? max_magnitude / kFp8E4m3Max : 1.0f;
+}
 
 float agree_on_tensor_scale(transport::Communicator& comm, const float* rows, std::int64_t num_values,
                             std::uint32_t tag, std::chrono::milliseconds timeout) {
+  // A non-finite value travels as an absmax of inf, so every rank sees it in
+  // the gathered maxima and throws, instead of one rank throwing here and
+  // leaving its peers waiting in the all-gather.
   float local_max = absmax(rows, num_values);
   std::vector<float> all_max(static_cast<std::size_t>(comm.size()));
   comm::ring_all_gather(comm, {.input = &local_max, .output = all_max.data(), .num_elements_per_rank = 1,
                                .tag = tag, .timeout = timeout})
       .wait();
   float global_max = 0;
-  for (float m : all_max) global_max = std::max(global_max, m);
+  for (int r = 0; r < comm.size(); ++r) {
+    if (!std::isfinite(all_max[r])) {
+      std::string message = "fp8_tokens=tensor: rank " + std::to_string(r) +
+                            "'s tokens hold a non-finite value, so no finite per-tensor scale exists";
+      const std::int64_t index = find_non_finite({rows, static_cast<std::size_t>(num_values)});
+      if (index >= 0)
+        message += " (value " + std::to_string(index) + " of this rank's chunk = " + value_to_string(rows[index]) + ")";
+      throw NumericError(message + "; fp8 e4m3 tokens must be finite");
+    }
+    global_max = std::max(global_max, all_max[r]);
+  }
   return fp8_scale_for(global_max);
 }
 
 void TokenCodec::encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows,
                         float tensor_scale, std::byte* out) const {
   const std::int64_t row_size = row_bytes(), hidden = hidden_;
+  // The first rows[row] holding a non-finite value (fp8 only), reported after
+  // the parallel loop: an exception may not leave an OpenMP region.
+  std::atomic<std::int64_t> first_bad_row{std::numeric_limits<std::int64_t>::max()};
   parallel_for(num_rows, 64, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) {
-      const float* src = rows + (row_index ? row_index[i] : i) * hidden;
+      const std::int64_t row = row_index ? row_index[i] : i;
+      const float* src = rows + row * hidden;
       std::byte* dst = out + i * row_size;
       if (format_ == TokenFormat::f32) {
         std::memcpy(dst, src, static_cast<std::size_t>(row_size));
+        continue;
+      }
+      if (find_non_finite({src, static_cast<std::size_t>(hidden)}) >= 0) {
+        std::int64_t seen = first_bad_row.load(std::memory_order_relaxed);
+        while (row < seen && !first_bad_row.compare_exchange_weak(seen, row, std::memory_order_relaxed)) {
+        }
         continue;
       }
       const float scale = format_ == TokenFormat::fp8_token ? fp8_scale_for(absmax(src, hidden)) : tensor_scale;
@@ -60,6 +94,14 @@ void TokenCodec::encode(const float* rows, const std::int64_t* row_index, std::i
       if (format_ == TokenFormat::fp8_token) std::memcpy(dst + hidden, &scale, sizeof scale);
     }
   });
+  const std::int64_t bad_row = first_bad_row.load();
+  if (bad_row != std::numeric_limits<std::int64_t>::max()) {
+    const float* src = rows + bad_row * hidden;
+    const std::int64_t j = find_non_finite({src, static_cast<std::size_t>(hidden)});
+    throw NumericError("fp8_tokens=" + to_string(format_) + ": token row " + std::to_string(bad_row) + " holds " +
+                       value_to_string(src[j]) + " at element " + std::to_string(j) +
+                       ": fp8 e4m3 tokens must be finite");
+  }
 }
 
 void TokenCodec::decode(const std::byte* in, std::int64_t num_rows, float tensor_scale, float* out) const {

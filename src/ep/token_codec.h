@@ -4,6 +4,19 @@
 // the dispatcher agrees on with its peers) or one per token (stored as 4
 // bytes after the row's H bytes). A row of all zeros gets scale 1.
 //
+// Non-finite values are refused, not encoded (NumericError): e4m3fn has no
+// infinity, so an inf would either saturate to ±448·s silently or, through
+// an absmax of inf, give scale inf and turn every value of the tensor (or
+// the token) into NaN. MoeLayer refuses non-finite x before dispatch, so
+// these errors fire only for callers that use the codec directly:
+//  * encode (both fp8 formats): "fp8_tokens=token: token row 3 holds inf at
+//    element 17: fp8 e4m3 tokens must be finite" (the row of `rows`);
+//  * agree_on_tensor_scale: every rank learns, through the all-gather that
+//    agrees on the scale, that some rank holds a non-finite value, and every
+//    rank throws (no rank is left waiting): "fp8_tokens=tensor: rank 2's
+//    tokens hold a non-finite value, so no finite per-tensor scale exists
+//    (value 5 of this rank's chunk = nan); fp8 e4m3 tokens must be finite".
+//
 // Error of an fp8 round trip (derived in docs/NUMERICS.md): with scale
 // s = absmax / 448, |decode(encode(v)) - v| <= 2^-4 |v| + 2^-10 s
 // (relative rounding of a normal e4m3 value, plus half the subnormal step
@@ -38,8 +51,10 @@ class TokenCodec {
   std::int64_t hidden_;
 };
 
+// max |v|; +inf when any value is NaN or ±inf (never a NaN dropped by max).
 float absmax(const float* values, std::int64_t n);
 // The scale that maps `max_magnitude` to e4m3's largest value (1 for zero).
+// Throws NumericError for a non-finite max_magnitude (no finite scale fits).
 float fp8_scale_for(float max_magnitude);
 
 // fp8_tokens=tensor: the one scale every rank uses for a chunk, from the

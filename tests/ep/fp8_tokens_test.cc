@@ -7,12 +7,19 @@
 //     2^-4·|x| + 2^-10·s (+ float slack), s = the scale (absmax / 448 of
 //     the tensor or of the token); propagated by the BoundedValue reference
 //     to every output, |got - exact| <= bound + 1e-5·max|exact|.
+//  3. Non-finite tokens are refused (never encoded): by encode in both
+//     formats, by the per-tensor scale agreement on every rank (3 ranks as
+//     threads, one holding the bad value), and by the layer before dispatch.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <mutex>
 
+#include "core/error.h"
 #include "ep/token_codec.h"
 #include "ep_harness.h"
+#include "transport/threads/launcher.h"
 
 namespace epmoe {
 namespace {
@@ -105,6 +112,102 @@ TEST(Fp8Tokens, HalvesOrQuartersTheTokenBytes) {
   EXPECT_EQ(bytes[ep::TokenFormat::fp8_tensor] * 4, bytes[ep::TokenFormat::f32]);
   // Per-token scales: 4 more bytes per row of H = 32.
   EXPECT_EQ(bytes[ep::TokenFormat::fp8_token], bytes[ep::TokenFormat::fp8_tensor] * (32 + 4) / 32);
+}
+
+const float kBadValues[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()};
+const char* const kBadNames[] = {"nan", "inf", "-inf"};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const NumericError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Before the fix, one inf made absmax inf, scale inf and every decoded value
+// NaN (per tensor: the whole chunk; per token: the row). Now encode refuses
+// it, naming the format, the row and the element, for NaN, +inf and -inf at
+// the first and the last element.
+TEST(Fp8Tokens, EncodeRefusesNonFiniteValuesByRowAndElement) {
+  const std::int64_t n = 5, h = 16;
+  Tensor x(DType::f32, {n, h});
+  for (std::int64_t i = 0; i < n * h; ++i) x.data<float>()[i] = 0.25f * float(i % 7) - 0.5f;
+  const float finite_scale = ep::fp8_scale_for(ep::absmax(x.data<float>(), x.numel()));
+  for (ep::TokenFormat format : {ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
+    const ep::TokenCodec codec(format, h);
+    std::vector<std::byte> wire(static_cast<std::size_t>(n * codec.row_bytes()));
+    for (int b = 0; b < 3; ++b) {
+      for (std::int64_t flat : {std::int64_t{0}, 3 * h + 7, n * h - 1}) {
+        const float saved = x.data<float>()[flat];
+        x.data<float>()[flat] = kBadValues[b];
+        const std::string expected = "fp8_tokens=" + ep::to_string(format) + ": token row " +
+                                     std::to_string(flat / h) + " holds " + kBadNames[b] + " at element " +
+                                     std::to_string(flat % h) + ": fp8 e4m3 tokens must be finite";
+        EXPECT_EQ(error_of([&] { codec.encode(x.data<float>(), nullptr, n, finite_scale, wire.data()); }), expected);
+        // Through a row index (the all-to-all's gather), the message names
+        // the source row.
+        const std::vector<std::int64_t> order = {4, 3, 2, 1, 0};
+        EXPECT_EQ(error_of([&] { codec.encode(x.data<float>(), order.data(), n, finite_scale, wire.data()); }),
+                  expected);
+        // absmax never drops a NaN, and no scale comes from a non-finite max.
+        EXPECT_EQ(ep::absmax(x.data<float>(), x.numel()), std::numeric_limits<float>::infinity());
+        EXPECT_NE(error_of([&] { ep::fp8_scale_for(ep::absmax(x.data<float>(), x.numel())); })
+                      .find("fp8 token scale: the absmax is inf, so no finite scale exists"),
+                  std::string::npos);
+        x.data<float>()[flat] = saved;
+      }
+    }
+    // Finite rows still encode: the check refuses nothing else.
+    EXPECT_NO_THROW(codec.encode(x.data<float>(), nullptr, n, finite_scale, wire.data()));
+  }
+}
+
+// fp8_tokens=tensor over 3 ranks as threads: rank 1 holds the bad value; every
+// rank throws NumericError naming rank 1 (none waits for a scale that never
+// comes, none gets scale inf).
+TEST(Fp8Tokens, TensorScaleAgreementFailsOnEveryRank) {
+  const int num_ranks = 3;
+  const std::int64_t n = 4, h = 8;
+  for (int b = 0; b < 3; ++b) {
+    std::vector<std::string> messages(num_ranks);
+    std::mutex mutex;
+    transport::threads::run_ranks(num_ranks, {}, [&](transport::Communicator& comm) {
+      std::vector<float> rows(static_cast<std::size_t>(n * h), 1.0f + comm.rank());
+      if (comm.rank() == 1) rows[static_cast<std::size_t>(n * h - 1)] = kBadValues[b];
+      const std::string message = error_of([&] {
+        ep::agree_on_tensor_scale(comm, rows.data(), n * h, /*tag=*/7, std::chrono::milliseconds(20000));
+      });
+      std::lock_guard<std::mutex> lock(mutex);
+      messages[comm.rank()] = message;
+    });
+    for (int r = 0; r < num_ranks; ++r) {
+      std::string expected =
+          "fp8_tokens=tensor: rank 1's tokens hold a non-finite value, so no finite per-tensor scale exists";
+      if (r == 1) expected += " (value 31 of this rank's chunk = " + std::string(kBadNames[b]) + ")";
+      EXPECT_EQ(messages[r], expected + "; fp8 e4m3 tokens must be finite") << "rank " << r;
+    }
+  }
+}
+
+// The layer refuses the bad token before any dispatch: a run with an inf in
+// rank 1's x fails with that rank's NumericError, not with NaN outputs.
+TEST(Fp8Tokens, LayerRefusesNonFiniteTokensBeforeDispatch) {
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 6, .top_k = 2};
+  MoeProblem p = testing::make_problem(9, 8, 8, router, 33);
+  // 3 ranks hold 3 tokens each: token 4 is rank 1's row 1.
+  p.x.data<float>()[4 * 8 + 5] = std::numeric_limits<float>::infinity();
+  for (ep::TokenFormat format : {ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
+    for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+      EpRunOptions options{.num_ranks = 3, .dispatch = dispatch};
+      options.ep.token_format = format;
+      EXPECT_NE(error_of([&] { testing::run_ep_layer(p, options); }).find("x[1, 5] = inf: inputs must be finite"),
+                std::string::npos)
+          << ep::to_string(format) << " " << ep::to_string(dispatch);
+    }
+  }
 }
 
 }  // namespace
