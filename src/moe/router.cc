@@ -58,20 +58,25 @@ void RouterConfig::validate() const {
   if (num_experts < 1) fail("num_experts=" + e + ": must be at least 1");
   if (top_k < 1 || top_k > num_experts)
     fail("top_k=" + std::to_string(top_k) + ": must be in [1, num_experts=" + e + "]");
-  if (kind == RouterKind::sigmoid_grouped) {
-    if (n_groups < 1 || num_experts % n_groups != 0)
-      fail("n_groups=" + std::to_string(n_groups) + ": must divide num_experts=" + e);
-    if (topk_groups < 1 || topk_groups > n_groups)
-      fail("topk_groups=" + std::to_string(topk_groups) + ": must be in [1, n_groups=" +
-           std::to_string(n_groups) + "]");
-    const int experts_per_group = num_experts / n_groups;
-    if (top_k > topk_groups * experts_per_group)
-      fail("top_k=" + std::to_string(top_k) + ": must be at most topk_groups * num_experts / n_groups = " +
-           std::to_string(topk_groups * experts_per_group));
-    if (!(routed_scaling_factor > 0.0f) || !std::isfinite(routed_scaling_factor))
-      fail("routed_scaling_factor=" + std::to_string(routed_scaling_factor) +
-           ": must be a finite number > 0");
-  }
+  // Every router honours the group and scaling keys (softmax_topk and random
+  // as DeepSeek-V2's group-limited greedy routing), so every router checks them.
+  if (n_groups < 1 || num_experts % n_groups != 0)
+    fail("n_groups=" + std::to_string(n_groups) + ": must divide num_experts=" + e);
+  if (topk_groups < 1 || topk_groups > n_groups)
+    fail("topk_groups=" + std::to_string(topk_groups) + ": must be in [1, n_groups=" +
+         std::to_string(n_groups) + "]");
+  const int experts_per_group = num_experts / n_groups;
+  if (top_k > topk_groups * experts_per_group)
+    fail("top_k=" + std::to_string(top_k) + ": must be at most topk_groups * num_experts / n_groups = " +
+         std::to_string(topk_groups * experts_per_group));
+  // A single group is never scored (every token keeps it), so only real
+  // groups need a second expert for the top-2 sum.
+  if (kind == RouterKind::sigmoid_grouped && n_groups > 1 && experts_per_group < 2)
+    fail("n_groups=" + std::to_string(n_groups) + " with num_experts=" + e +
+         ": router=sigmoid_grouped scores a group by the sum of its top-2 experts, so each group needs at "
+         "least 2 experts (num_experts / n_groups >= 2)");
+  if (!(routed_scaling_factor > 0.0f) || !std::isfinite(routed_scaling_factor))
+    fail("routed_scaling_factor=" + std::to_string(routed_scaling_factor) + ": must be a finite number > 0");
 }
 
 Router::Router(RouterConfig config) : config_(std::move(config)), rng_(config_.seed) {
@@ -110,7 +115,8 @@ RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* 
   parallel_for(num_tokens, 64, [&](std::int64_t begin, std::int64_t end) {
     std::vector<int> all_experts(static_cast<std::size_t>(num_experts));
     std::iota(all_experts.begin(), all_experts.end(), 0);
-    std::vector<int> chosen, chosen_groups, candidates;
+    std::vector<int> chosen, chosen_groups, candidates, group_ids;
+    std::vector<float> group_max;
     std::vector<float> scores(static_cast<std::size_t>(num_experts));
     std::vector<float> selection(static_cast<std::size_t>(num_experts));
     for (std::int64_t t = begin; t < end; ++t) {
@@ -148,9 +154,26 @@ RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* 
           row_weights[k] = weight * cfg.routed_scaling_factor;
         }
       } else {  // softmax_topk and random
-        top_indices<float>(std::span<const float>(row, num_experts), all_experts, top_k, chosen);
+        const std::span<const float> row_logits(row, num_experts);
+        if (cfg.n_groups > 1) {
+          // DeepSeek-V2 group-limited greedy: a group scores its max logit.
+          const int group_size = num_experts / cfg.n_groups;
+          group_max.resize(static_cast<std::size_t>(cfg.n_groups));
+          for (int g = 0; g < cfg.n_groups; ++g)
+            group_max[g] = *std::max_element(row + g * group_size, row + (g + 1) * group_size);
+          group_ids.resize(static_cast<std::size_t>(cfg.n_groups));
+          std::iota(group_ids.begin(), group_ids.end(), 0);
+          top_indices<float>(group_max, group_ids, cfg.topk_groups, chosen_groups);
+          std::sort(chosen_groups.begin(), chosen_groups.end());
+          candidates.clear();
+          for (int g : chosen_groups)
+            for (int e = g * group_size; e < (g + 1) * group_size; ++e) candidates.push_back(e);
+          top_indices<float>(row_logits, candidates, top_k, chosen);
+        } else {
+          top_indices<float>(row_logits, all_experts, top_k, chosen);
+        }
         // Softmax over the K (norm) or over all E, shifted by the max logit,
-        // which is chosen[0] either way.
+        // which is chosen[0] either way (its group is always kept).
         const float max_logit = row[chosen[0]];
         float denominator = 0.0f;
         if (cfg.norm_topk_prob) {
@@ -160,7 +183,8 @@ RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* 
         }
         for (int k = 0; k < top_k; ++k) {
           row_ids[k] = chosen[k];
-          row_weights[k] = std::exp(row[chosen[k]] - max_logit) / denominator;
+          // x * 1.0f is exact: the default scaling changes no bit.
+          row_weights[k] = std::exp(row[chosen[k]] - max_logit) / denominator * cfg.routed_scaling_factor;
         }
       }
     }
@@ -209,23 +233,27 @@ Tensor Router::backward(const RouterOutput& forward_output, const Tensor& d_topk
           row_d_logits[e] = d_score * s * (1.0f - s);
         }
       } else if (cfg.norm_topk_prob) {
-        // Softmax over the K chosen logits: dl_k = w_k (dw_k - sum_j w_j dw_j).
+        // w_k = c p_k, p the softmax over the K chosen logits:
+        // dl_k = p_k (dp_k - sum_j p_j dp_j) with dp = c dw. Grouping only
+        // selects, so it has no gradient. At c = 1, p = w and dp = dw exactly.
+        const float c = cfg.routed_scaling_factor;
         float weighted = 0.0f;
-        for (int k = 0; k < top_k; ++k) weighted += row_weights[k] * row_d_weights[k];
+        for (int k = 0; k < top_k; ++k) weighted += (row_weights[k] / c) * (c * row_d_weights[k]);
         for (int k = 0; k < top_k; ++k)
-          row_d_logits[row_ids[k]] = row_weights[k] * (row_d_weights[k] - weighted);
+          row_d_logits[row_ids[k]] = (row_weights[k] / c) * (c * row_d_weights[k] - weighted);
       } else {
         // Softmax over all E, K of them kept: dl_e = p_e (dp_e - sum_j p_j dp_j),
-        // dp_e = dw for the chosen experts, 0 for the rest.
+        // dp_e = c dw for the chosen experts, 0 for the rest.
+        const float c = cfg.routed_scaling_factor;
         float max_logit = row[row_ids[0]];
         float denominator = 0.0f;
         for (int e = 0; e < num_experts; ++e) denominator += std::exp(row[e] - max_logit);
         for (int e = 0; e < num_experts; ++e)
           probabilities[e] = std::exp(row[e] - max_logit) / denominator;
         float weighted = 0.0f;
-        for (int k = 0; k < top_k; ++k) weighted += row_weights[k] * row_d_weights[k];
+        for (int k = 0; k < top_k; ++k) weighted += (row_weights[k] / c) * (c * row_d_weights[k]);
         for (int e = 0; e < num_experts; ++e) row_d_logits[e] = -probabilities[e] * weighted;
-        for (int k = 0; k < top_k; ++k) row_d_logits[row_ids[k]] += row_weights[k] * row_d_weights[k];
+        for (int k = 0; k < top_k; ++k) row_d_logits[row_ids[k]] += (row_weights[k] / c) * (c * row_d_weights[k]);
       }
     }
   });

@@ -2,19 +2,36 @@
 // [H, E] to, per token, K expert ids and K combine weights. Ties in a score
 // are broken toward the lower expert id, everywhere.
 //
-//  * softmax_topk (Mixtral / Qwen): logits = x gate. norm_topk_prob=true
-//    (default): top-K of the logits, softmax over those K (Mixtral).
-//    norm_topk_prob=false: softmax over all E, the top-K probabilities kept
-//    un-normalised (Qwen's norm_topk_prob=false).
+//  * softmax_topk (Mixtral / Qwen / DeepSeek-V2): logits = x gate.
+//    norm_topk_prob=true (default): top-K of the logits, softmax over those
+//    K (Mixtral). norm_topk_prob=false: softmax over all E, the top-K
+//    probabilities kept un-normalised (Qwen's norm_topk_prob=false).
+//    n_groups > 1 is DeepSeek-V2's group-limited greedy routing
+//    (topk_method=group_limited_greedy): experts form n_groups contiguous
+//    groups, a group's score is the MAX softmax probability of its experts
+//    (= its max logit: softmax is monotone, so groups and experts are ranked
+//    on the logits, as the ungrouped top-K is), the best topk_groups groups
+//    are kept and the top-K experts are chosen among them; the weights are
+//    the chosen experts' probabilities as above (a softmax over all E keeps
+//    DeepSeek-V2's scores = softmax(logits) over every expert). The group
+//    holding the largest logit is always kept, so the softmax's max shift is
+//    the chosen[0] logit either way. Finally every weight is multiplied by
+//    routed_scaling_factor (as Megatron-Core's topk scaling factor and
+//    DeepSeek-V3 do; DeepSeek-V2's reference code scales only when
+//    norm_topk_prob=false, which is how DeepSeek-V2 itself is configured, so
+//    its weights are the same). At the defaults (n_groups=1,
+//    routed_scaling_factor=1) nothing changes, bit for bit.
 //  * sigmoid_grouped (DeepSeek-V3): s = sigmoid(logits); selection uses
 //    s + bias (bias [E] only selects, never weighs); experts form n_groups
 //    contiguous groups, a group's score is the sum of its top-2 selection
-//    scores, the best topk_groups groups are kept and the top-K experts are
+//    scores (so with n_groups > 1 every group needs 2 experts: a
+//    ConfigError otherwise), the best topk_groups groups are kept and the
+//    top-K experts are
 //    chosen among them. Weights come from the pre-bias s of the chosen
 //    experts, divided by their sum when norm_topk_prob, times
 //    routed_scaling_factor.
 //  * random: logits drawn uniformly from a seeded generator (a performance
-//    mode), then softmax_topk. The gate is not used, so its gradient is
+//    mode), then softmax_topk (groups and scaling included). The gate is not used, so its gradient is
 //    exactly zero by construction; no other router has a zero dgate.
 //
 // The backward maps d(topk_weights) [N, K] to d(logits) [N, E]; the layer
@@ -41,14 +58,15 @@ struct RouterConfig {
   int num_experts = 0;
   int top_k = 2;
   bool norm_topk_prob = true;
-  int n_groups = 1;       // sigmoid_grouped only
-  int topk_groups = 1;    // sigmoid_grouped only
-  float routed_scaling_factor = 1.0f;  // sigmoid_grouped only
+  int n_groups = 1;       // every router: expert groups for group-limited routing
+  int topk_groups = 1;    // groups kept per token
+  float routed_scaling_factor = 1.0f;  // multiplies every routing weight
   std::uint64_t seed = 0;              // random only
 
   // Throws ConfigError naming the key and the rule: top_k in [1, E],
   // n_groups divides E, topk_groups in [1, n_groups], K <= topk_groups * E/n_groups,
-  // at least 2 experts per group when group scores are top-2 sums, ...
+  // at least 2 experts per group when group scores are top-2 sums
+  // (sigmoid_grouped, n_groups > 1), routed_scaling_factor finite and > 0.
   void validate() const;
 };
 

@@ -1,5 +1,7 @@
 // Finite-difference gradient checks on a tiny problem (N=5, H=6, F=5, E=4,
-// K=2). Two layers of evidence:
+// K=2), for every router: softmax_topk with and without norm_topk_prob,
+// grouped (2 groups, 1 kept) with routed_scaling_factor, and sigmoid_grouped.
+// Two layers of evidence:
 //  1. the double reference's hand-derived backward against central
 //     differences of its own loss sum(dy * y) (tight: 1e-6);
 //  2. the float layer's gradients against central differences of the
@@ -51,7 +53,13 @@ std::vector<RouterConfig> routers() {
   return {{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = true},
           {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = false},
           {.kind = RouterKind::sigmoid_grouped, .num_experts = 4, .top_k = 2, .n_groups = 2,
-           .topk_groups = 2, .routed_scaling_factor = 2.5f}};
+           .topk_groups = 2, .routed_scaling_factor = 2.5f},
+          // DeepSeek-V2 group-limited greedy with the scaling factor: the
+          // gradient through w = c * softmax must carry c.
+          {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = true,
+           .n_groups = 2, .topk_groups = 1, .routed_scaling_factor = 2.5f},
+          {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = false,
+           .n_groups = 2, .topk_groups = 1, .routed_scaling_factor = 16.0f}};
 }
 
 TEST(GradientCheck, ReferenceBackwardMatchesFiniteDifferences) {

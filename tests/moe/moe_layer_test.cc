@@ -75,6 +75,32 @@ TEST_P(SoftmaxTopk, MatchesDoubleReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, SoftmaxTopk,
                          ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Bool()));
 
+// DeepSeek-V2 group-limited greedy routing (softmax_topk with groups) and
+// routed_scaling_factor, against the reference's own formulation (group =
+// max softmax probability).
+TEST(SoftmaxTopkGrouped, MatchesDoubleReference) {
+  struct Grouped {
+    Case shape;
+    int n_groups, topk_groups;
+    float scaling;
+    bool norm;
+  };
+  const Grouped cases[] = {{{7, 13, 11, 6, 2}, 3, 1, 1.0f, true},
+                           {{33, 16, 24, 8, 4}, 4, 2, 2.5f, true},
+                           {{64, 32, 48, 12, 3}, 4, 3, 16.0f, false},
+                           {{20, 16, 16, 16, 6}, 8, 3, 2.5f, false},
+                           {{9, 8, 8, 4, 2}, 4, 2, 1.0f, true}};  // one expert per group
+  for (const Grouped& g : cases) {
+    const Case c = g.shape;
+    RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = c.e, .top_k = c.k,
+                        .norm_topk_prob = g.norm, .n_groups = g.n_groups, .topk_groups = g.topk_groups,
+                        .routed_scaling_factor = g.scaling};
+    const MoeProblem p = testing::make_problem(c.n, c.h, c.f, router, 3000 + c.n + c.e);
+    SCOPED_TRACE("E=" + std::to_string(c.e) + " n_groups=" + std::to_string(g.n_groups));
+    expect_matches_reference(p, run_layer(p), 1e-5);
+  }
+}
+
 struct GroupedCase {
   Case shape;
   int n_groups, topk_groups;

@@ -34,6 +34,10 @@ std::vector<int> top_indices(const std::vector<T>& score, std::vector<int> candi
   return candidates;
 }
 
+// The central value of a reference scalar (selection ignores error bounds).
+double central(double a) { return a; }
+double central(BoundedValue a) { return a.value; }
+
 // Experts chosen for one token from its logits (double).
 template <typename T>
 std::vector<int> choose_experts(const RouterConfig& cfg, const std::vector<T>& logits,
@@ -41,7 +45,28 @@ std::vector<int> choose_experts(const RouterConfig& cfg, const std::vector<T>& l
   const int num_experts = cfg.num_experts;
   std::vector<int> all(static_cast<std::size_t>(num_experts));
   std::iota(all.begin(), all.end(), 0);
-  if (cfg.kind != RouterKind::sigmoid_grouped) return top_indices<T>(logits, all, cfg.top_k);
+  if (cfg.kind != RouterKind::sigmoid_grouped) {
+    if (cfg.n_groups == 1) return top_indices<T>(logits, all, cfg.top_k);
+    // DeepSeek-V2 group-limited greedy: scores = softmax(logits) over all E,
+    // a group scores its max probability, the top topk_groups groups are
+    // kept, top-K among their experts. Written on the probabilities, as
+    // DeepSeek-V2 does (the layer ranks logits; softmax is monotone).
+    std::vector<double> probability(static_cast<std::size_t>(num_experts));
+    double max_logit = central(logits[0]), denominator = 0;
+    for (int e = 0; e < num_experts; ++e) max_logit = std::max(max_logit, central(logits[e]));
+    for (int e = 0; e < num_experts; ++e) denominator += std::exp(central(logits[e]) - max_logit);
+    for (int e = 0; e < num_experts; ++e) probability[e] = std::exp(central(logits[e]) - max_logit) / denominator;
+    const int group_size = num_experts / cfg.n_groups;
+    std::vector<double> group_score(static_cast<std::size_t>(cfg.n_groups), 0.0);
+    for (int g = 0; g < cfg.n_groups; ++g)
+      for (int e = g * group_size; e < (g + 1) * group_size; ++e) group_score[g] = std::max(group_score[g], probability[e]);
+    std::vector<int> groups(static_cast<std::size_t>(cfg.n_groups));
+    std::iota(groups.begin(), groups.end(), 0);
+    std::vector<int> candidates;
+    for (int g : top_indices(group_score, groups, cfg.topk_groups))
+      for (int e = g * group_size; e < (g + 1) * group_size; ++e) candidates.push_back(e);
+    return top_indices(probability, candidates, cfg.top_k);
+  }
   std::vector<double> selection(static_cast<std::size_t>(num_experts));
   for (int e = 0; e < num_experts; ++e) selection[e] = magnitude(sigmoid(logits[e])) + bias[e];
   const int group_size = num_experts / cfg.n_groups;
@@ -80,7 +105,7 @@ std::vector<T> routing_weights(const RouterConfig& cfg, const std::vector<T>& lo
   } else {
     for (const T& l : logits) denominator += exp(l);
   }
-  for (int k = 0; k < top_k; ++k) w[k] = exp(logits[ids[k]]) / denominator;
+  for (int k = 0; k < top_k; ++k) w[k] = exp(logits[ids[k]]) / denominator * T(cfg.routed_scaling_factor);
   return w;
 }
 
@@ -102,8 +127,13 @@ std::vector<T> routing_weights_backward(const RouterConfig& cfg, const std::vect
       dl[ids[k]] = ds * s * (T(1) - s);
     }
   } else if (cfg.norm_topk_prob) {
-    for (int k = 0; k < top_k; ++k) dl[ids[k]] = w[k] * (dw[k] - weighted);
+    // w = c p, p = softmax over the K: dl_k = p_k (c dw_k - sum_j p_j c dw_j),
+    // and sum_j p_j c dw_j = sum_j w_j dw_j = weighted.
+    const T c = cfg.routed_scaling_factor;
+    for (int k = 0; k < top_k; ++k) dl[ids[k]] = w[k] / c * (c * dw[k] - weighted);
   } else {
+    // w_k = c P_k, P = softmax over all E: dl_e = P_e (dP_e - sum_j P_j dP_j),
+    // dP = c dw on the chosen experts.
     T denominator = 0;
     for (const T& l : logits) denominator += exp(l);
     for (std::size_t e = 0; e < logits.size(); ++e) dl[e] = -(exp(logits[e]) / denominator * weighted);
