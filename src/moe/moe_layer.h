@@ -114,7 +114,8 @@ class MoeLayer {
   //    is abandoned: under expert parallelism the peers learn of it through
   //    the transport (their waits end), and the layer must not be backwarded.
   // Each check is one vectorised pass over a tensor the step reads or writes
-  // anyway.
+  // anyway; wi0/wi1/wo are not re-checked when `weight_version` and their
+  // buffers are those of an earlier forward that found them finite.
   // `weight_version` (dynamic replicas): identifies the values of the
   // experts' weights, the same on every rank of the step; replica slots are
   // not resent while it is unchanged. Default: a new version every forward
@@ -158,6 +159,15 @@ class MoeLayer {
   struct CombinedWeights;
   std::unique_ptr<CombinedWeights> combined_;
   std::uint64_t auto_version_ = 0;
+  // The expert weights last found finite: (caller's version, buffers).
+  struct ExpertWeightsSeen {
+    std::optional<std::uint64_t> version;
+    const void* wi0 = nullptr;
+    const void* wi1 = nullptr;
+    const void* wo = nullptr;
+    bool operator==(const ExpertWeightsSeen&) const = default;
+  };
+  ExpertWeightsSeen finite_weights_seen_;
 };
 
 }  // namespace epmoe

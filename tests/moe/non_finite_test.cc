@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -124,6 +125,28 @@ TEST(NonFiniteInputs, RefusalLeavesTheLayerUsable) {
   EXPECT_EQ(std::memcmp(a.y.raw(), b.y.raw(), a.y.size_bytes()), 0);
   EXPECT_EQ(std::memcmp(ga.dx.raw(), gb.dx.raw(), ga.dx.size_bytes()), 0);
   EXPECT_EQ(std::memcmp(ga.dgate.raw(), gb.dgate.raw(), ga.dgate.size_bytes()), 0);
+}
+
+// wi0/wi1/wo are re-checked unless the caller's weight version and buffers
+// are those of a forward that found them finite (the version's contract:
+// same version, same values).
+TEST(NonFiniteInputs, ExpertWeightsRecheckedOnANewVersion) {
+  MoeProblem p = testing::make_problem(6, 8, 8, routers()[0], 47);
+  MoeLayer layer(layer_config(p));
+  auto forward_error = [&](std::optional<std::uint64_t> version) -> std::string {
+    try {
+      layer.forward(p.x, weights_of(p), version);
+    } catch (const NumericError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  ASSERT_EQ(forward_error(5), "");
+  p.wi1.data<float>()[7] = kBadValues[1];
+  const std::string refused = "moe layer 1: wi1[0, 0, 7] = inf: inputs must be finite";
+  EXPECT_EQ(forward_error(6), refused);
+  EXPECT_EQ(forward_error(std::nullopt), refused);
+  EXPECT_EQ(forward_error(5), refused) << "a refusal forgets the versions seen before";
 }
 
 TEST(NonFiniteInsideStep, RouterLogitOverflowNamesForwardRoute) {
