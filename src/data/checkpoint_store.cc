@@ -1,6 +1,7 @@
 #include "data/checkpoint_store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -390,6 +391,39 @@ std::optional<std::int64_t> CheckpointStore::latest_step() const {
   return steps.back();
 }
 
+std::vector<std::int64_t> CheckpointStore::uncommitted_steps() const {
+  std::vector<std::int64_t> steps;
+  std::error_code error;
+  if (!fs::exists(fs::status(root_, error))) return steps;
+  fs::directory_iterator it(root_, error);
+  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
+  for (const fs::directory_iterator end; it != end; it.increment(error)) {
+    const std::optional<std::int64_t> step = parse_step_name(kStepPrefix, it->path().filename().string());
+    std::error_code entry_error;
+    if (step && !fs::is_regular_file(fs::status(it->path() / kManifestName, entry_error))) steps.push_back(*step);
+  }
+  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::vector<std::filesystem::path> CheckpointStore::remove_stale_leftovers() const {
+  std::vector<fs::path> stale;
+  std::error_code error;
+  if (!fs::exists(fs::status(root_, error))) return stale;
+  for (fs::directory_iterator it(root_, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (parse_step_name(kStagingPrefix, name) || parse_step_name(kRemovingPrefix, name)) stale.push_back(it->path());
+  }
+  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
+  std::sort(stale.begin(), stale.end());
+  for (const fs::path& path : stale) {
+    fs::remove_all(path, error);
+    if (error) fail(path, "cannot remove this leftover of a killed run: " + error.message());
+  }
+  return stale;
+}
+
 nlohmann::json CheckpointStore::verify(std::int64_t step) const {
   const fs::path dir = step_dir(step);
   Manifest manifest = load_manifest(dir, step);
@@ -443,6 +477,44 @@ void CheckpointStore::remove_all_but_latest(int keep) const {
     fs::remove_all(path, error);
     if (error) fail(path, "cannot remove: " + error.message());
   }
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::filesystem::path& root) {
+  std::error_code error;
+  fs::create_directories(root, error);
+  if (error) throw FileError("checkpoint_dir=" + root.string() + ": cannot be created: " + error.message());
+  const fs::path path = root / kLockName;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(path, "cannot create the lock file of checkpoint_dir=" + root.string() + ": " + system_reason());
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int saved_errno = errno;
+    // The holder writes its pid right after locking; read what is there.
+    char text[32] = {};
+    const ssize_t num_read = ::pread(fd_, text, sizeof(text) - 1, 0);
+    std::string holder = num_read > 0 ? std::string(text, static_cast<std::size_t>(num_read)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (saved_errno == EWOULDBLOCK) {
+      throw FileError("checkpoint_dir=" + root.string() + " is in use by another epmoe train (pid " +
+                      (holder.empty() ? std::string("unknown") : holder) + ", lock " + path.string() +
+                      "); two trainers must not write one checkpoint directory: wait for it to end or "
+                      "choose another checkpoint_dir");
+    }
+    errno = saved_errno;
+    fail(path, "cannot lock: " + system_reason());
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    const std::string reason = system_reason();
+    ::close(fd_);
+    fd_ = -1;
+    fail(path, "cannot write the lock file: " + reason);
+  }
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing drops the flock
 }
 
 }  // namespace epmoe

@@ -20,7 +20,8 @@
 // atomic rename. A run killed at any moment therefore leaves every earlier
 // step_* directory untouched and loadable and no step_* directory that is
 // half written; a stale staging directory is ignored by readers and removed
-// by the next begin_staging() of its step.
+// by the next begin_staging() of its step, or at the start of a run by
+// remove_stale_leftovers() (under the CheckpointDirLock below).
 //
 // Errors with files are FileError naming the file's full path and the rule
 // ("…/rank_1/layer_0.wi0.npy: CRC-32 0x1234abcd does not match the
@@ -84,6 +85,18 @@ class CheckpointStore {
   // gives an empty list. Does not verify the checkpoints.
   std::vector<std::int64_t> committed_steps() const;
   std::optional<std::int64_t> latest_step() const;
+  // Directories named step_<N> that hold no manifest.json, ascending. commit()
+  // never leaves one (the manifest is inside the directory before the rename)
+  // and pruning renames a checkpoint away before deleting it, so one is a
+  // partial copy or a damaged checkpoint; the trainer refuses to start over
+  // one newer than its resume point instead of failing at that step later.
+  std::vector<std::int64_t> uncommitted_steps() const;
+
+  // Leftovers of killed runs: staging directories (.staging_step_*) and
+  // checkpoints half removed by pruning (.removing_step_*). Call only while
+  // holding the CheckpointDirLock: then no live trainer owns them. Returns
+  // the paths removed (FileError naming one that cannot be removed).
+  std::vector<std::filesystem::path> remove_stale_leftovers() const;
 
   // Checks and returns the manifest of `step`: valid JSON, format, version,
   // step, and every listed file present with the recorded size and CRC-32.
@@ -109,6 +122,28 @@ class CheckpointStore {
 
  private:
   std::filesystem::path root_;
+};
+
+// An exclusive lock of a checkpoint directory for one trainer: flock(2) on
+// <root>/.epmoe_train.lock, which then holds the owner's pid as text. The
+// kernel drops a flock when its process dies (SIGKILL included), so a stale
+// lock file never blocks a later run. The file itself stays (removing it
+// would race with a third trainer opening it). Not re-entrant within a
+// process: take it once per run.
+class CheckpointDirLock {
+ public:
+  static constexpr const char* kLockName = ".epmoe_train.lock";
+
+  // Creates `root` if needed. FileError naming the directory, the lock file
+  // and the holder's pid when another process holds it (nothing is written
+  // then), or naming the path and the reason when it cannot be created.
+  explicit CheckpointDirLock(const std::filesystem::path& root);
+  ~CheckpointDirLock();  // releases the lock
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
 };
 
 }  // namespace epmoe

@@ -12,6 +12,8 @@
 // Values depend on the step, so checkpoints of different steps differ.
 #include "data/checkpoint_store.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <set>
@@ -390,6 +392,50 @@ TEST(CheckpointStore, RemoveAllButLatestKeepsTheNewest) {
   EXPECT_NO_THROW(store.verify(5));
   EXPECT_THROW(store.remove_all_but_latest(0), InternalError);
   EXPECT_EQ(store.latest_step(), 5);
+}
+
+// flock locks belong to an open file description, so a second lock of the
+// same directory is refused within one process as it is across processes.
+TEST(CheckpointDirLock, ASecondLockIsRefusedNamingTheDirectoryAndThePid) {
+  ScratchDir scratch;
+  const fs::path root = scratch.path() / "checkpoints";
+  {
+    const CheckpointDirLock first(root);
+    EXPECT_EQ(read_bytes(root / CheckpointDirLock::kLockName), std::to_string(::getpid()) + "\n");
+    try {
+      const CheckpointDirLock second(root);
+      ADD_FAILURE() << "a second lock was granted";
+    } catch (const FileError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("checkpoint_dir=" + root.string() + " is in use"), std::string::npos) << message;
+      EXPECT_NE(message.find("pid " + std::to_string(::getpid())), std::string::npos) << message;
+    }
+  }
+  EXPECT_NO_THROW(CheckpointDirLock again(root));  // released with its holder
+}
+
+TEST(CheckpointStore, UncommittedStepsAreTheStepDirectoriesWithoutManifest) {
+  ScratchDir scratch;
+  const CheckpointStore store(scratch.path());
+  save(store, 3);
+  fs::create_directories(store.step_dir(9) / "rank_0");
+  fs::create_directories(store.staging_dir(12));
+  EXPECT_EQ(store.committed_steps(), std::vector<std::int64_t>{3});
+  EXPECT_EQ(store.uncommitted_steps(), std::vector<std::int64_t>{9});
+}
+
+TEST(CheckpointStore, RemoveStaleLeftoversRemovesStagingAndHalfRemovedOnly) {
+  ScratchDir scratch;
+  const CheckpointStore store(scratch.path());
+  save(store, 3);
+  fs::create_directories(store.staging_dir(4) / "rank_1");
+  fs::create_directories(scratch.path() / ".removing_step_00000002");
+  write_bytes(scratch.path() / "notes.txt", "kept");
+  const std::vector<fs::path> removed = store.remove_stale_leftovers();
+  EXPECT_EQ(removed, (std::vector<fs::path>{scratch.path() / ".removing_step_00000002", store.staging_dir(4)}));
+  EXPECT_FALSE(fs::exists(store.staging_dir(4)));
+  EXPECT_TRUE(fs::exists(scratch.path() / "notes.txt"));
+  EXPECT_NO_THROW(store.verify(3));
 }
 
 }  // namespace
