@@ -1,10 +1,12 @@
 #include "model/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "comm/barrier.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 
 namespace epmoe {
 namespace {
@@ -39,14 +41,83 @@ void wait_for_all(const CheckpointContext& context, std::uint32_t offset) {
   comm::barrier(*context.comm, {.tag = context.barrier_tag + offset, .timeout = context.timeout}).wait();
 }
 
-void copy_checked(const CheckpointStore& store, std::int64_t step, const std::string& file, Tensor& target) {
+// "[3, 17, 2]": the C-order index of `flat` in `shape`.
+std::string index_in(const Shape& shape, std::int64_t flat) {
+  std::vector<std::int64_t> index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = shape[d] > 0 ? flat % shape[d] : 0;
+    flat = shape[d] > 0 ? flat / shape[d] : 0;
+  }
+  std::string text = "[";
+  for (std::size_t d = 0; d < index.size(); ++d) text += (d ? ", " : "") + std::to_string(index[d]);
+  return text + "]";
+}
+
+// A NaN or infinity in a checkpoint would poison every later step (AdamW
+// spreads it through the moments), and a run never saves one (it stops on a
+// non-finite loss or gradient norm before the update), so one found here is
+// damage: refused, naming the file and the first bad element. (Written here
+// rather than with core/finite_check.h, which was not committed yet.)
+void check_finite_file(const std::filesystem::path& path, const Tensor& loaded) {
+  if (loaded.dtype() != DType::f32) return;
+  const float* values = loaded.data<float>();
+  for (std::int64_t i = 0; i < loaded.numel(); ++i) {
+    if (!std::isfinite(values[i])) {
+      throw FileError(path.string() + ": element " + index_in(loaded.shape(), i) + " is " +
+                      (std::isnan(values[i]) ? "nan" : values[i] > 0 ? "inf" : "-inf") +
+                      "; a checkpoint holds finite numbers only (this one is damaged)");
+    }
+  }
+}
+
+Tensor read_checked(const CheckpointStore& store, std::int64_t step, const std::string& file) {
   Tensor loaded = store.read_tensor(step, file);
+  check_finite_file(store.step_dir(step) / file, loaded);
+  return loaded;
+}
+
+[[noreturn]] void refuse_shape(const CheckpointStore& store, std::int64_t step, const std::string& file,
+                               const Shape& got, const Shape& expected) {
+  throw FileError((store.step_dir(step) / file).string() + ": holds " + shape_to_string(got) +
+                  " but this run's tensor is " + shape_to_string(expected) +
+                  "; the checkpoint belongs to a different model");
+}
+
+void copy_checked(const CheckpointStore& store, std::int64_t step, const std::string& file, Tensor& target) {
+  Tensor loaded = read_checked(store, step, file);
   if (loaded.dtype() != target.dtype() || loaded.shape() != target.shape()) {
-    throw FileError((store.step_dir(step) / file).string() + ": holds " + shape_to_string(loaded.shape()) +
-                    " but this run's tensor is " + shape_to_string(target.shape()) +
-                    "; the checkpoint belongs to a different model");
+    refuse_shape(store, step, file, loaded.shape(), target.shape());
   }
   if (target.size_bytes() > 0) std::memcpy(target.raw(), loaded.raw(), static_cast<std::size_t>(target.size_bytes()));
+}
+
+// Rank `rank` of `num_ranks`' experts of one sharded tensor (value or a
+// moment, [E/R', ...]) from the files of a checkpoint of `saved_ranks` ranks
+// ([E/R, ...] each): expert by expert, reading each source file once.
+void gather_experts(const CheckpointStore& store, std::int64_t step, const std::string& name_suffix,
+                    const std::string& parameter, int rank, int num_ranks, int saved_ranks, Tensor& target) {
+  const std::int64_t local = target.shape().at(0);
+  const std::int64_t num_experts = local * num_ranks;
+  const std::int64_t saved_local = num_experts / saved_ranks;
+  Shape saved_shape = target.shape();
+  saved_shape[0] = saved_local;
+  const std::int64_t expert_bytes = local > 0 ? target.size_bytes() / local : 0;
+  int loaded_rank = -1;
+  Tensor loaded;
+  for (std::int64_t e = rank * local; e < (rank + 1) * local; ++e) {
+    const int source = static_cast<int>(e / saved_local);
+    const std::string file = "rank_" + std::to_string(source) + "/" + parameter + name_suffix;
+    if (source != loaded_rank) {
+      loaded = read_checked(store, step, file);
+      if (loaded.dtype() != target.dtype() || loaded.shape() != saved_shape) {
+        refuse_shape(store, step, file, loaded.shape(), saved_shape);
+      }
+      loaded_rank = source;
+    }
+    std::memcpy(static_cast<char*>(target.raw()) + (e - rank * local) * expert_bytes,
+                static_cast<const char*>(loaded.raw()) + (e % saved_local) * expert_bytes,
+                static_cast<std::size_t>(expert_bytes));
+  }
 }
 
 }  // namespace
@@ -88,8 +159,17 @@ std::int64_t save_checkpoint(const CheckpointStore& store, std::int64_t step, co
       files.push_back(file);
     }
   }
+  // Test hook (core/fault_injection.h): a rank failing with its files
+  // written and the checkpoint not committed; every rank must stop and no
+  // step_<N> may appear.
+  fault_point("checkpoint", rank);
   wait_for_all(context, 1);  // every rank's files are written
-  if (rank == 0) store.commit(step, files, metadata);
+  if (rank == 0) {
+    store.commit(step, files, metadata);
+    // Test hook: a run killed right after a commit (its metrics line must
+    // already be on disk).
+    fault_point("checkpoint_committed", rank);
+  }
   wait_for_all(context, 2);  // committed: no rank runs ahead of a checkpoint that may still fail
   return bytes;
 }
@@ -116,27 +196,57 @@ nlohmann::json check_checkpoint_compatibility(const CheckpointStore& store, std:
   return metadata;
 }
 
-void load_checkpoint(const CheckpointStore& store, std::int64_t step, int rank, ParameterSet& state) {
+CheckpointLoad load_checkpoint(const CheckpointStore& store, std::int64_t step, int rank, int num_ranks,
+                               ParameterSet& state) {
+  const nlohmann::json manifest = store.manifest(step);
+  const nlohmann::json& metadata = manifest["metadata"];
+  const std::string where = store.step_dir(step).string();
+  if (!metadata.contains("num_ranks") || !metadata["num_ranks"].is_number_integer() ||
+      metadata["num_ranks"].get<std::int64_t>() < 1) {
+    throw FileError(where + "/manifest.json: metadata has no positive integer \"num_ranks\" (the rank count "
+                    "that wrote it); not a checkpoint of epmoe train");
+  }
+  CheckpointLoad result;
+  result.saved_num_ranks = metadata["num_ranks"].get<int>();
+  const int saved_ranks = result.saved_num_ranks;
   for (Parameter& p : state.parameters()) {
-    const auto files = files_of(p, rank);
-    copy_checked(store, step, files[0].first, p.value);
-    copy_checked(store, step, files[1].first, p.adam_m);
-    copy_checked(store, step, files[2].first, p.adam_v);
+    if (p.replicated || saved_ranks == num_ranks) {
+      const auto files = files_of(p, rank);
+      copy_checked(store, step, files[0].first, p.value);
+      copy_checked(store, step, files[1].first, p.adam_m);
+      copy_checked(store, step, files[2].first, p.adam_v);
+      continue;
+    }
+    const std::int64_t num_experts = p.value.shape().at(0) * num_ranks;
+    if (num_experts % saved_ranks != 0) {
+      throw ConfigError("num_experts=" + std::to_string(num_experts) + " does not divide over the " +
+                        std::to_string(saved_ranks) + " ranks of the checkpoint " + where +
+                        " (its manifest is inconsistent with this model)");
+    }
+    gather_experts(store, step, ".npy", p.name, rank, num_ranks, saved_ranks, p.value);
+    gather_experts(store, step, ".adam_m.npy", p.name, rank, num_ranks, saved_ranks, p.adam_m);
+    gather_experts(store, step, ".adam_v.npy", p.name, rank, num_ranks, saved_ranks, p.adam_v);
   }
   for (Buffer& b : state.buffers()) copy_checked(store, step, buffer_file(b), b.value);
   // States the checkpoint has (a run without replicas saved none).
-  const nlohmann::json manifest = store.manifest(step);
   for (const OpaqueState& s : state.states()) {
     const std::string file = state_file(s);
     const bool present = std::any_of(manifest["files"].begin(), manifest["files"].end(),
                                      [&](const nlohmann::json& f) { return f["path"] == file; });
     if (!present) continue;
+    if (saved_ranks != num_ranks) {
+      result.notes.push_back(s.name + ": the replica planning state of " + std::to_string(saved_ranks) +
+                             " ranks does not apply to " + std::to_string(num_ranks) +
+                             "; it is reset (replicas are planned afresh; they change where experts compute, not what, so the losses differ only by fp32 rounding)");
+      continue;
+    }
     const Tensor saved = store.read_tensor(step, file);
     if (saved.dtype() != DType::i64 || saved.rank() != 1) {
       throw FileError((store.step_dir(step) / file).string() + ": expected a 1-D int64 array");
     }
     s.restore({saved.data<std::int64_t>(), saved.data<std::int64_t>() + saved.numel()});
   }
+  return result;
 }
 
 }  // namespace epmoe

@@ -11,8 +11,17 @@
 // N counts completed steps, so resuming from step_<N> runs step N next. A
 // checkpoint is written collectively (every rank calls save_checkpoint): rank
 // 0 stages, everyone writes its files, rank 0 commits. Loading checks that
-// the checkpoint was written for the same model shape and rank count and
-// verifies every file it reads against the manifest's checksum.
+// the checkpoint was written for the same model shape, verifies every file
+// it reads against the manifest's checksum and refuses non-finite numbers.
+//
+// Elastic resume: a checkpoint of R ranks loads on R' ranks (E divisible by
+// both). Expert e is row e % (E/R) of rank_<e / (E/R)>/'s files; rank r' of
+// the new run gathers rows [r'·E/R', (r'+1)·E/R') from the one or several
+// files that hold them, AdamW moments with them, so the state is exactly
+// the saved one, resharded. Replica planning state (balance=dynamic or
+// periodic) describes slots of R ranks and cannot be resharded: it is reset
+// (fresh plans from the next step, which changes no loss: replicas move
+// where experts compute, not what) and a note says so.
 #pragma once
 
 #include <chrono>
@@ -51,8 +60,17 @@ std::int64_t save_checkpoint(const CheckpointStore& store, std::int64_t step, co
 nlohmann::json check_checkpoint_compatibility(const CheckpointStore& store, std::int64_t step,
                                               const nlohmann::json& compatibility);
 
+struct CheckpointLoad {
+  int saved_num_ranks = 0;         // R of the run that wrote it
+  std::vector<std::string> notes;  // what was not restored as saved, and why
+};
+
 // Reads this rank's parameters, moments and buffers of step `step` into
-// `state` (shapes must match: FileError naming the file otherwise).
-void load_checkpoint(const CheckpointStore& store, std::int64_t step, int rank, ParameterSet& state);
+// `state`, this rank being `rank` of `num_ranks` (resharding the experts when
+// the checkpoint has another rank count). FileError naming the file when a
+// shape does not match or a value is NaN/inf (with its first index);
+// ConfigError when the experts do not divide over the checkpoint's ranks.
+CheckpointLoad load_checkpoint(const CheckpointStore& store, std::int64_t step, int rank, int num_ranks,
+                               ParameterSet& state);
 
 }  // namespace epmoe

@@ -4,11 +4,13 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <typeinfo>
 
 #include "comm/all_gather.h"
 #include "comm/all_gather_texts.h"
 #include "comm/all_reduce.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/timer.h"
 #include "model/checkpoint.h"
 #include "moe/load_balance.h"
@@ -76,18 +78,45 @@ std::int64_t gradient_all_reduce_bytes(std::int64_t bytes, int num_ranks, int ra
 // What one rank measured in a step, gathered to rank 0 for the record.
 nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes) {
   std::map<std::string, std::int64_t> bytes;
-  std::int64_t saved_peak = 0;
+  std::int64_t saved_peak = 0, dropped = 0;
   nlohmann::json after = nlohmann::json::array();
   for (int l = 0; l < model.config().num_layers; ++l) {
     const MoeLayer& layer = model.layer(l);
     for (const auto& [name, count] : layer.dispatch_stats().bytes_sent) bytes["moe/" + name] += count;
     saved_peak = std::max(saved_peak, layer.stats().saved_activation_peak_bytes);
+    dropped += layer.dispatch_stats().dropped_pairs;
     // The replica plan's per-rank loads after balancing (null without replicas).
     const ep::DispatchStats& stats = layer.dispatch_stats();
     after.push_back(stats.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(stats.max_over_mean_after));
   }
   bytes["gradients/all_reduce"] = grad_bytes;
-  return {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"after", after}};
+  return {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"dropped", dropped}, {"after", after}};
+}
+
+// An error raised inside step N (a layer's non-finite check, a peer's
+// failure, a checkpoint write) is rethrown as the same kind with "step N: "
+// in front, so the message says when; one that already names its step (the
+// divergence check) passes unchanged.
+[[noreturn]] void rethrow_naming_step(std::int64_t step) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    const std::string prefix = "step " + std::to_string(step) + ": ";
+    const std::string what = e.what();
+    if (what.rfind(prefix, 0) == 0) throw;
+    // Rebuilt only as one of the kinds known here, matched exactly: any other
+    // subclass passes as it is, because its type carries meaning (a peer
+    // woken by another rank's failure is told from the root cause by its
+    // type, and its text is that rank's, step included).
+    const std::type_info& kind = typeid(e);
+    if (kind == typeid(InjectedFault)) throw InjectedFault(prefix + what);
+    if (kind == typeid(NumericError)) throw NumericError(prefix + what);
+    if (kind == typeid(ConfigError)) throw ConfigError(prefix + what);
+    if (kind == typeid(FileError)) throw FileError(prefix + what);
+    if (kind == typeid(PeerError)) throw PeerError(prefix + what);
+    if (kind == typeid(Error)) throw Error(prefix + what);
+    throw;
+  }
 }
 
 }  // namespace
@@ -106,7 +135,9 @@ void to_json(nlohmann::json& out, const StepRecord& r) {
          {"expert_load_max_over_mean", r.expert_load_max_over_mean},
          {"rank_load_max_over_mean_before", r.rank_load_max_over_mean_before},
          {"rank_load_max_over_mean_after", r.rank_load_max_over_mean_after},
-         {"saved_activation_peak_bytes", r.saved_activation_peak_bytes}};
+         {"saved_activation_peak_bytes", r.saved_activation_peak_bytes},
+         {"dropped_pairs", r.dropped_pairs},
+         {"routed_pairs", r.routed_pairs}};
   if (r.checkpoint_step) out["checkpoint_step"] = *r.checkpoint_step;
 }
 
@@ -136,6 +167,16 @@ std::optional<std::int64_t> checkpoint_to_resume(const TrainerConfig& config) {
   if (config.checkpoint_dir.empty()) return std::nullopt;
   const CheckpointStore store(config.checkpoint_dir);
   const std::optional<std::int64_t> latest = store.latest_step();
+  // A step_N/ without a manifest past the resume point would make the run
+  // fail at step N ("refusing to overwrite") after the work: named now.
+  for (const std::int64_t step : store.uncommitted_steps()) {
+    if (step > latest.value_or(0)) {
+      throw FileError(store.step_dir(step).string() + ": a checkpoint directory without " +
+                      CheckpointStore::kManifestName + " (a partial copy or a damaged checkpoint: commit "
+                      "never leaves one); it is not resumable and this run would stop at step " +
+                      std::to_string(step) + " rather than overwrite it; remove or repair it");
+    }
+  }
   if (!latest) return std::nullopt;  // resume=true with nothing to resume: a fresh start
   if (!config.resume) {
     throw ConfigError("checkpoint_dir=" + config.checkpoint_dir + " already holds checkpoints (newest: " +
@@ -168,8 +209,15 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
       config.checkpoint_dir.empty() ? std::nullopt : std::optional<CheckpointStore>(config.checkpoint_dir);
   const std::optional<std::int64_t> resume_from = checkpoint_to_resume(config);
   if (resume_from) {
-    load_checkpoint(*store, *resume_from, rank, state);
+    const CheckpointLoad loaded = load_checkpoint(*store, *resume_from, rank, num_ranks, state);
     summary.resumed_from = resume_from;
+    if (rank == 0 && observer.on_note) {
+      if (loaded.saved_num_ranks != num_ranks) {
+        observer.on_note("resharding the experts of " + store->step_dir(*resume_from).string() + " from " +
+                         std::to_string(loaded.saved_num_ranks) + " to " + std::to_string(num_ranks) + " ranks");
+      }
+      for (const std::string& note : loaded.notes) observer.on_note(note);
+    }
   }
   const std::int64_t first_step = resume_from.value_or(0);
   if (rank == 0 && observer.on_start) observer.on_start(first_step, resume_from);
@@ -179,7 +227,10 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
   const std::int64_t replicated = state.replicated_elements();
   std::vector<float> flat(static_cast<std::size_t>(replicated));
   Stopwatch run_watch;
-  for (std::int64_t step = first_step; step < config.steps; ++step) {
+  // The checkpoint after step N is written after N's metrics line; its time
+  // is reported in the line of step N + 1 (phase "checkpoint").
+  double previous_checkpoint_seconds = -1;  // < 0: none
+  for (std::int64_t step = first_step; step < config.steps; ++step) try {
     Stopwatch step_watch;
     PhaseTimes times;
     const std::map<std::string, double> moe_before = moe_phase_totals(model);
@@ -291,22 +342,27 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
           comm, rank_report(model, gradient_all_reduce_bytes(replicated * 4, num_ranks, rank)).dump(),
           tags + kRankReports, timeout);
     }
-    const bool last = step + 1 == config.steps;
-    if (store && (last || (config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0))) {
-      ScopedPhase phase(times, "checkpoint");
-      nlohmann::json metadata = config.checkpoint_metadata;
-      metadata["step"] = step + 1;
-      metadata["num_ranks"] = num_ranks;
-      metadata["loss"] = loss;
-      save_checkpoint(*store, step + 1, state, metadata, checkpoint_context);
-      if (rank == 0) store->remove_all_but_latest(config.checkpoint_keep);
-      record.checkpoint_step = step + 1;
-      summary.last_checkpoint = step + 1;
+    // Drops on every rank (the reports reach all ranks), so every rank's
+    // summary holds the run's total.
+    for (const std::string& text : reports) {
+      record.dropped_pairs += nlohmann::json::parse(text)["dropped"].get<std::int64_t>();
     }
+    record.routed_pairs = global_tokens * model_config.layer.router.top_k * num_layers;
+    summary.dropped_pairs += record.dropped_pairs;
+    summary.routed_pairs += record.routed_pairs;
+    const bool last = step + 1 == config.steps;
+    const bool checkpoint_now =
+        store && (last || (config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0));
+    if (checkpoint_now) record.checkpoint_step = step + 1;
+    // The metrics line of step N goes out (flushed, and fsynced when a
+    // checkpoint follows) before checkpoint N is committed: a run killed
+    // right after the commit must not leave a checkpoint whose step has no
+    // line, which a resume could not regenerate.
     if (rank == 0) {
       record.step_seconds = step_watch.elapsed_seconds();
       record.tokens_per_second = static_cast<double>(global_tokens) / record.step_seconds;
       record.phase_seconds = times.seconds();
+      if (previous_checkpoint_seconds >= 0) record.phase_seconds["checkpoint"] = previous_checkpoint_seconds;
       for (const auto& [phase, total] : moe_phase_totals(model)) {
         const auto before = moe_before.find(phase);
         record.phase_seconds[phase] = total - (before == moe_before.end() ? 0.0 : before->second);
@@ -335,7 +391,21 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
       }
       if (observer.on_step) observer.on_step(record);
     }
+    previous_checkpoint_seconds = -1;
+    if (checkpoint_now) {
+      Stopwatch checkpoint_watch;
+      nlohmann::json metadata = config.checkpoint_metadata;
+      metadata["step"] = step + 1;
+      metadata["num_ranks"] = num_ranks;
+      metadata["loss"] = loss;
+      save_checkpoint(*store, step + 1, state, metadata, checkpoint_context);
+      if (rank == 0) store->remove_all_but_latest(config.checkpoint_keep);
+      summary.last_checkpoint = step + 1;
+      previous_checkpoint_seconds = checkpoint_watch.elapsed_seconds();
+    }
     ++summary.steps_run;
+  } catch (const Error&) {
+    rethrow_naming_step(step + 1);
   }
   summary.seconds = run_watch.elapsed_seconds();
   return summary;

@@ -73,7 +73,14 @@ struct StepRecord {
   std::vector<double> rank_load_max_over_mean_before;   // [L] rows per rank, every expert at home
   std::vector<double> rank_load_max_over_mean_after;    // [L] after replica balancing
   std::int64_t saved_activation_peak_bytes = 0;         // max over ranks, all layers
-  std::optional<std::int64_t> checkpoint_step;          // when this step wrote one
+  // (token, expert) pairs lost to capacity_factor, summed over ranks and
+  // layers; always 0 with capacity_factor=0 (exact buffers).
+  std::int64_t dropped_pairs = 0;
+  std::int64_t routed_pairs = 0;                        // N * K * L: what dropped_pairs is out of
+  // When a checkpoint of this step follows: it is written after this record
+  // is reported (the run stops with an error if it fails); its time is in
+  // the next record's phase_seconds["checkpoint"].
+  std::optional<std::int64_t> checkpoint_step;
 };
 
 void to_json(nlohmann::json& out, const StepRecord& record);
@@ -81,6 +88,8 @@ void to_json(nlohmann::json& out, const StepRecord& record);
 struct TrainSummary {
   std::int64_t steps_run = 0;
   std::vector<double> losses;   // one per step run
+  std::int64_t dropped_pairs = 0;  // over the steps run, all ranks and layers
+  std::int64_t routed_pairs = 0;   // the (token, expert) pairs of those steps
   double seconds = 0;
   std::optional<std::int64_t> resumed_from;
   std::optional<std::int64_t> last_checkpoint;
@@ -89,6 +98,10 @@ struct TrainSummary {
 // Rank 0 only: told about each step and each checkpoint as they finish.
 struct TrainObserver {
   std::function<void(std::int64_t first_step, std::optional<std::int64_t> resumed_from)> on_start;
+  // Before the first step, once per thing the run did differently from what
+  // it was asked (an elastic resume, a reset replica plan).
+  std::function<void(const std::string&)> on_note;
+  // Step N's record, before checkpoint N (if any) is written.
   std::function<void(const StepRecord&)> on_step;
 };
 
@@ -106,7 +119,7 @@ namespace epmoe {
 // committed checkpoint's step with resume=true (its manifest verified and its
 // compatibility checked). Throws ConfigError when checkpoints exist and
 // resume=false (they are never overwritten), FileError for an unreadable
-// manifest. Read-only: the CLI calls it before any work starts.
+// manifest or a step_N/ without a manifest newer than the resume point. Read-only: the CLI calls it before any work starts.
 std::optional<std::int64_t> checkpoint_to_resume(const TrainerConfig& config);
 
 }  // namespace epmoe
