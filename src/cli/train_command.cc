@@ -92,12 +92,28 @@ void run_train_command(const TrainArguments& arguments) {
   const TrainerConfig trainer = trainer_config_from(values, model, world);
   const ExpertParallelSettings settings =
       expert_parallel_settings_from(values, model.layer, trainer.batch_size * trainer.data.seq_len);
-  const std::optional<std::int64_t> resume_from = checkpoint_to_resume(trainer);
-  const std::string metrics_path = values.get_string("metrics_file");
   const bool writes = settings.transport == TransportKind::threads ||
                       mpi_launch_from_environment().value_or(MpiLaunch{}).world_rank == 0;
-  if (writes && !trainer.checkpoint_dir.empty()) check_checkpoint_dir_writable(trainer.checkpoint_dir);
+  // One trainer per checkpoint directory, held by the writing process for
+  // the whole run. Taken before anything is read from the directory, so what
+  // is read (the resume point, leftovers) cannot change under us. Other MPI
+  // ranks never write it (rank 0 commits) and take no lock.
+  std::optional<CheckpointDirLock> checkpoint_lock;
+  if (writes && !trainer.checkpoint_dir.empty()) {
+    checkpoint_lock.emplace(trainer.checkpoint_dir);  // a second trainer is refused before writing anything
+    check_checkpoint_dir_writable(trainer.checkpoint_dir);
+  }
+  const std::optional<std::int64_t> resume_from = checkpoint_to_resume(trainer);
+  const std::string metrics_path = values.get_string("metrics_file");
   if (writes && !metrics_path.empty()) MetricsFile::check_writable(metrics_path);
+  if (checkpoint_lock) {
+    // With the lock held no live trainer owns these: they are a killed
+    // run's. Said, not silently dropped.
+    for (const std::filesystem::path& stale : CheckpointStore(trainer.checkpoint_dir).remove_stale_leftovers()) {
+      std::printf("epmoe train: removed %s (left by a run killed while writing or pruning checkpoints)\n",
+                  stale.c_str());
+    }
+  }
   if (resume_from && *resume_from >= trainer.steps) {
     if (writes) {
       std::printf("epmoe train: the newest checkpoint (%s) is at step %lld of steps=%lld; nothing to do\n",
@@ -116,6 +132,7 @@ void run_train_command(const TrainArguments& arguments) {
     if (resumed) std::printf("epmoe train: resuming from step %lld\n", static_cast<long long>(*resumed));
     progress->start(first_step);
   };
+  observer.on_note = [&](const std::string& note) { std::printf("epmoe train: note: %s\n", note.c_str()); };
   observer.on_step = [&](const StepRecord& record) {
     if (metrics) metrics->append(record);
     progress->update(record);
@@ -134,6 +151,13 @@ void run_train_command(const TrainArguments& arguments) {
               static_cast<long long>(summary->steps_run), settings.num_ranks, to_string(settings.transport).c_str(),
               ep::to_string(settings.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3,
               summary->losses.front(), summary->losses.back(), SyntheticTokens(trainer.data).entropy_rate_nats());
+  std::printf("; dropped %lld of %lld (token, expert) pairs", static_cast<long long>(summary->dropped_pairs),
+              static_cast<long long>(summary->routed_pairs));
+  if (summary->dropped_pairs > 0) {
+    std::printf(" (%.2f%%, capacity_factor=%g)",
+                100.0 * static_cast<double>(summary->dropped_pairs) / static_cast<double>(summary->routed_pairs),
+                settings.ep.capacity_factor);
+  }
   if (metrics) std::printf("; metrics in %s", metrics->path().c_str());
   if (summary->last_checkpoint) {
     std::printf("; checkpoint %s",

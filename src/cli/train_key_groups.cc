@@ -168,15 +168,15 @@ TrainerConfig trainer_config_from(const ConfigValues& values, const MoeLmConfig&
   config.checkpoint_keep = values.get_int32("checkpoint_keep");
   config.resume = values.get_bool("resume");
   config.comm_timeout = std::chrono::milliseconds(values.get_int("comm_timeout_ms"));
-  // What a resumed run must share with the checkpoint: the tensors' shapes,
-  // their sharding and what their values mean.
+  // What a resumed run must share with the checkpoint: the tensors' shapes
+  // and what their values mean. Not the rank count: a checkpoint reshards
+  // onto any R' dividing num_experts (model/checkpoint.h).
   const nlohmann::json all_keys = config_to_json(values);
   nlohmann::json compatibility = nlohmann::json::object();
   for (const char* key : {"vocab_size", "hidden", "ffn", "num_experts", "num_layers", "shared_expert_ffn",
                           "router", "top_k", "n_groups"}) {
     compatibility[key] = all_keys[key];
   }
-  compatibility["ranks"] = num_ranks;
   config.checkpoint_metadata = {{"compatibility", compatibility}, {"config", all_keys}};
   config.validate(num_ranks);
   return config;

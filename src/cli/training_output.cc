@@ -1,5 +1,6 @@
 #include "cli/training_output.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,6 +72,20 @@ void MetricsFile::append(const StepRecord& record) {
   out_.flush();
   if (!out_) throw FileError(path_.string() + ": writing the metrics of step " + std::to_string(record.step) +
                              " failed: " + system_reason());
+  // A checkpoint of this step is committed next: the line must be on disk
+  // first, or a crash could leave checkpoint N with no line N (a resume
+  // keeps lines <= N and cannot recompute a lost one). fsync through a
+  // second descriptor flushes the file's pages as well (one inode).
+  if (record.checkpoint_step) {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || (::fsync(fd) != 0 && errno != EINVAL)) {
+      const std::string reason = system_reason();
+      if (fd >= 0) ::close(fd);
+      throw FileError(path_.string() + ": flushing the metrics of step " + std::to_string(record.step) +
+                      " to disk failed: " + reason);
+    }
+    ::close(fd);
+  }
 }
 
 ProgressLine::ProgressLine(ProgressMode mode, std::int64_t total_steps, std::int64_t log_every)
@@ -103,11 +118,15 @@ void ProgressLine::update(const StepRecord& record) {
   const double eta = done > 0 ? elapsed / done * static_cast<double>(total_steps_ - record.step) : 0;
   double load = 1.0;
   for (const double l : record.expert_load_max_over_mean) load = std::max(load, l);
-  char line[256];
+  char line[320];
+  // Dropped pairs always show (0 included): a capacity limit never loses
+  // tokens out of sight.
   std::snprintf(line, sizeof line,
-                "step %lld/%lld  loss %.4f  grad %.3f  lr %.2e  %.1fk tok/s  expert load max/mean %.2f  ETA %s",
+                "step %lld/%lld  loss %.4f  grad %.3f  lr %.2e  %.1fk tok/s  expert load max/mean %.2f  "
+                "dropped %lld/%lld  ETA %s",
                 static_cast<long long>(record.step), static_cast<long long>(total_steps_), record.loss,
                 record.grad_norm, record.learning_rate, record.tokens_per_second / 1e3, load,
+                static_cast<long long>(record.dropped_pairs), static_cast<long long>(record.routed_pairs),
                 format_duration(eta).c_str());
   if (in_place_) {
     std::fprintf(stderr, "\r%s\033[K", line);

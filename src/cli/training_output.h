@@ -1,7 +1,8 @@
 // What `epmoe train` shows and records while it runs (rank 0 only):
 //  * MetricsFile: JSON lines, one object per step (model/trainer.h
 //    StepRecord), flushed as each step ends so a killed run keeps every
-//    finished step. A resumed run first drops the lines after the step it
+//    finished step, and fsynced before a checkpoint of that step is
+//    committed, so a checkpoint never outlives its step's line. A resumed run first drops the lines after the step it
 //    resumed from (the interrupted run's steps that are being redone), so the
 //    file reads as one run.
 //  * ProgressLine: on a terminal one line rewritten in place (step, loss,

@@ -2,11 +2,22 @@
 // model with the same losses as ranks=4 threads (bit for bit: the same
 // algorithms, one compute thread per rank in both) and as ranks=1 (within
 // 1e-5: only the order of fp32 sums differs), and a checkpoint written by
-// the MPI run resumes under the threads transport.
+// the MPI run resumes under the threads transport. And under -np 3 a rank
+// that throws between writing its checkpoint files and the commit (fault
+// point "checkpoint", EPMOE_FAULT_INJECTION passed with -x) ends every
+// process within 2 s with that rank's error and commits nothing.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/checkpoint_store.h"
@@ -16,6 +27,12 @@ namespace epmoe::testing {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Complete lines in a metrics file being written (a torn last line is not counted).
+std::size_t read_metrics_lines_prefix(const fs::path& path) {
+  const std::string text = read_bytes(path);
+  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
 
 class MpirunTrain : public EpmoeCli {
  protected:
@@ -52,6 +69,56 @@ TEST_F(MpirunTrain, ProcessesTrainLikeThreadsAndLikeOneRank) {
   const std::vector<double> resumed =
       train_threads("resumed", {"ranks=4", "resume=true", "checkpoint_dir=" + copy.string()});
   EXPECT_EQ(resumed, std::vector<double>(mpi.begin() + 10, mpi.end()));  // a new metrics file: steps 11..20
+}
+
+TEST_F(MpirunTrain, ARankFailingMidCheckpointEndsEveryProcessWithinTwoSeconds) {
+  const fs::path checkpoints = scratch_ / "faulty_checkpoints";
+  const fs::path metrics = scratch_ / "faulty.jsonl";
+  std::vector<std::string> argv = {EPMOE_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                                   "-x", "EPMOE_FAULT_INJECTION", "-np", "3", EPMOE_BINARY, "train",
+                                   "transport=mpi", "threads=1", "checkpoint_dir=" + checkpoints.string()};
+  for (const std::string& key : tiny_train_keys(metrics)) argv.push_back(key);
+  // E=6 over 3 ranks, 12 sequences; the checkpoint at the end of step 10.
+  for (const std::string key : {"num_experts=6", "batch_size=12", "steps=10"}) argv.push_back(key);
+  ::setenv("EPMOE_FAULT_INJECTION", "1:checkpoint", 1);
+  const fs::path stderr_path = scratch_ / "faulty.stderr";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDOUT_FILENO);
+    ::dup2(err, STDERR_FILENO);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::unsetenv("EPMOE_FAULT_INJECTION");
+  // Rank 0 writes step 10's metrics line just before the checkpoint starts.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  int status = 0;
+  bool ended = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(metrics) && read_metrics_lines_prefix(metrics) >= 10) break;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      ended = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto fault_time = std::chrono::steady_clock::now();
+  if (!ended) ::waitpid(pid, &status, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fault_time).count();
+  const std::string stderr_text = read_bytes(stderr_path);
+  std::printf("mpirun -np 3 ended %.3f s after step 10's line (the faulty checkpoint's start)\n", seconds);
+  EXPECT_FALSE(ended) << "ended before step 10: " << stderr_text;
+  EXPECT_LT(seconds, 2.0) << stderr_text;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << stderr_text;
+  EXPECT_NE(stderr_text.find("rank 1: injected fault at checkpoint"), std::string::npos) << stderr_text;
+  const CheckpointStore store(checkpoints);
+  EXPECT_TRUE(store.committed_steps().empty());
+  EXPECT_FALSE(fs::exists(store.step_dir(10)));
 }
 
 }  // namespace
