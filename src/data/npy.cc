@@ -1,5 +1,9 @@
 #include "data/npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -200,11 +204,28 @@ OpenedNpy open_npy(const std::filesystem::path& path) {
   const auto status = std::filesystem::status(path, status_error);
   if (!std::filesystem::exists(status)) fail(path, "no such file");
   if (std::filesystem::is_directory(status)) fail(path, "is a directory, not an .npy file");
+  // Only regular files: opening a FIFO blocks until a writer comes (forever),
+  // a device such as /dev/zero has no size to check the data against.
+  if (!std::filesystem::is_regular_file(status)) {
+    fail(path, "not a regular file (a FIFO, socket or device); an .npy input must be a file");
+  }
 
   OpenedNpy opened;
-  opened.file.reset(std::fopen(path.c_str(), "rb"));
-  if (!opened.file) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  opened.file_size_bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
+  // O_NONBLOCK: should a FIFO replace the file between the check and the
+  // open, the open returns at once and fstat below refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat opened_status {};
+  if (::fstat(fd, &opened_status) != 0 || !S_ISREG(opened_status.st_mode)) {
+    ::close(fd);
+    fail(path, "not a regular file; an .npy input must be a file");
+  }
+  opened.file.reset(::fdopen(fd, "rb"));
+  if (!opened.file) {
+    ::close(fd);
+    fail(path, std::string("cannot open: ") + std::strerror(errno));
+  }
+  opened.file_size_bytes = static_cast<std::int64_t>(opened_status.st_size);
 
   unsigned char prefix[kPrefixBytesV2] = {};
   const std::size_t prefix_read = std::fread(prefix, 1, sizeof(prefix), opened.file.get());

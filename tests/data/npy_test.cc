@@ -4,6 +4,10 @@
 // one-line FileError naming the file and the rule.
 #include "data/npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -118,6 +122,33 @@ TEST(Npy, FortranOrderIsFineForOneDimension) {
 TEST(NpyErrors, MissingFile) {
   ScratchDir dir;
   expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); }, {"x.npy: no such file"});
+}
+
+// Inputs are regular files only. A FIFO used to block the open until a
+// writer came (forever); the test holds a read-write end open so the old
+// code would not hang here but fail on the size instead.
+TEST(NpyErrors, FifoIsRefusedWithoutBlocking) {
+  ScratchDir dir;
+  ASSERT_EQ(::mkfifo((dir / "x.npy").c_str(), 0644), 0);
+  const int keep_open = ::open((dir / "x.npy").c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_GE(keep_open, 0);
+  expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); }, {"x.npy: not a regular file"});
+  ::close(keep_open);
+}
+
+// /dev/zero opens and reads fine but has no size; it used to escape as a
+// std::filesystem error ("internal error", exit 1).
+TEST(NpyErrors, DeviceIsRefused) {
+  ScratchDir dir;
+  std::filesystem::create_symlink("/dev/zero", dir / "x.npy");
+  expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); }, {"x.npy: not a regular file"});
+  expect_file_error([] { read_npy_header("/dev/zero"); }, {"/dev/zero: not a regular file"});
+}
+
+TEST(NpyErrors, ZeroByteFile) {
+  ScratchDir dir;
+  write_bytes(dir / "x.npy", "");
+  expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); }, {"x.npy: not an .npy file"});
 }
 
 TEST(NpyErrors, BadMagic) {
