@@ -28,6 +28,11 @@ std::vector<KeyAssignment> load_yaml_overrides(const std::filesystem::path& path
 // A command's key assignments: the YAML file's (when `config_file` is not
 // empty), then the command line's key=value arguments, which come later and
 // win. ConfigError / FileError as above; keys are checked by the registry.
+// For CLI11's Option::check on --config: "" when `path` is usable as a path,
+// else why not. `--config ""` would otherwise read as "no config file" and
+// the run would go ahead without the settings the user meant to give.
+std::string non_empty_config_path(const std::string& path);
+
 std::vector<KeyAssignment> command_assignments(const std::filesystem::path& config_file,
                                                const std::vector<std::string>& arguments,
                                                std::string_view command);

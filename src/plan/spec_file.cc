@@ -2,7 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <map>
+#include <system_error>
 #include <set>
 #include <stdexcept>
 
@@ -38,11 +40,22 @@ void flatten(const std::filesystem::path& path, const YAML::Node& map, const std
 
 void read_spec_file(const std::filesystem::path& path, const std::string& kind,
                     const std::vector<SpecField>& fields) {
-  if (!std::filesystem::is_regular_file(path))
+  std::error_code status_error;
+  const auto status = std::filesystem::status(path, status_error);
+  if (!std::filesystem::exists(status))
     throw FileError(path.string() + ": no such " + kind + " file (and not a " + kind + " preset name)");
+  // Only regular files: a FIFO would block the read forever, /dev/zero never ends.
+  if (!std::filesystem::is_regular_file(status))
+    throw FileError(path.string() + ": not a regular file (a directory, FIFO or device); a " + kind +
+                    " spec is a YAML file");
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path.string());
+    // LoadAll: LoadFile would read the first document and drop any after '---'.
+    const std::vector<YAML::Node> documents = YAML::LoadAllFromFile(path.string());
+    if (documents.size() > 1)
+      throw FileError(path.string() + ": holds " + std::to_string(documents.size()) +
+                      " YAML documents (separated by '---'); a " + kind + " spec is one map");
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::ParserException& e) {
     throw FileError(path.string() + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
   } catch (const YAML::BadFile&) {
@@ -91,7 +104,7 @@ long long parse_count(const std::string& text, long long min_value) {
 double parse_positive(const std::string& text) {
   std::size_t used = 0;
   const double value = std::stod(text, &used);
-  if (used != text.size() || !(value > 0)) throw std::invalid_argument(text);
+  if (used != text.size() || !(value > 0) || !std::isfinite(value)) throw std::invalid_argument(text);
   return value;
 }
 

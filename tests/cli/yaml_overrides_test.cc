@@ -2,6 +2,11 @@
 // line numbers, and a one-line FileError for every malformed file.
 #include "cli/yaml_overrides.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -95,6 +100,63 @@ TEST(YamlOverrides, ListAndMissingValuesAreRejected) {
   write_bytes(dir / "null_value.yaml", "remat:\n  x_sorted:\n");
   EXPECT_EQ(file_error(dir / "null_value.yaml"),
             (dir / "null_value.yaml").string() + ":2: key 'remat.x_sorted' has no value");
+}
+
+TEST(YamlOverrides, DuplicateKeysAreRefusedNamingBothLines) {
+  ScratchDir dir;
+  // yaml-cpp keeps both pairs; the run would have used one without a word.
+  write_bytes(dir / "dup.yaml", "top_k: 2\nrouter: random\ntop_k: 1\n");
+  EXPECT_EQ(file_error(dir / "dup.yaml"), (dir / "dup.yaml").string() + ":3: key 'top_k' is set twice (first at " +
+                                              (dir / "dup.yaml").string() + ":1); a config file sets each key once");
+  write_bytes(dir / "nested.yaml", "remat:\n  x_sorted: save\n  x_sorted: remat\n");
+  EXPECT_NE(file_error(dir / "nested.yaml").find(":3: key 'remat.x_sorted' is set twice"), std::string::npos);
+  // The same flattened key spelled two ways.
+  write_bytes(dir / "dotted.yaml", "remat:\n  x_sorted: save\nremat.x_sorted: remat\n");
+  EXPECT_NE(file_error(dir / "dotted.yaml").find(":3: key 'remat.x_sorted' is set twice"), std::string::npos);
+}
+
+TEST(YamlOverrides, SeveralDocumentsAreRefused) {
+  ScratchDir dir;
+  // yaml-cpp's Load reads the first document and drops the rest.
+  write_bytes(dir / "two.yaml", "top_k: 2\n---\ntop_k: 1\n");
+  EXPECT_EQ(file_error(dir / "two.yaml"), (dir / "two.yaml").string() +
+                                              ": holds 2 YAML documents (separated by '---'); a config file is one "
+                                              "map of keys");
+  write_bytes(dir / "one.yaml", "---\ntop_k: 2\n...\n");  // explicit start and end of one document: fine
+  EXPECT_EQ(load_yaml_overrides(dir / "one.yaml").size(), 1u);
+}
+
+// Special files are refused before they are opened. Run in a child with a
+// deadline: the old reader blocked forever on a FIFO (and read /dev/zero
+// without end), which would stall the suite instead of failing the test.
+void expect_refused_in_child(const std::filesystem::path& path) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(10);  // SIGALRM ends a blocked child
+    try {
+      load_yaml_overrides(path);
+    } catch (const FileError& e) {
+      ::_exit(std::string(e.what()) == path.string() +
+                                           ": not a regular file (a FIFO, socket or device); a YAML config is a file"
+                  ? 0
+                  : 1);
+    } catch (...) {
+      ::_exit(2);
+    }
+    ::_exit(3);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << path << ": " << (WIFSIGNALED(status) ? "blocked (killed by the deadline)" : "wrong or no error");
+}
+
+TEST(YamlOverrides, FifoAndDeviceAreRefusedWithoutBlocking) {
+  ScratchDir dir;
+  ASSERT_EQ(::mkfifo((dir / "fifo.yaml").c_str(), 0644), 0);
+  expect_refused_in_child(dir / "fifo.yaml");
+  std::filesystem::create_symlink("/dev/zero", dir / "zero.yaml");
+  expect_refused_in_child(dir / "zero.yaml");
 }
 
 }  // namespace
