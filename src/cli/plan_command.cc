@@ -214,7 +214,8 @@ void add_plan_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       kCommand, "Project memory per device (FITS / EXCEEDS), bytes per collective and step time of MoE training "
                 "for a model on a cluster (formulas; nothing runs)");
-  command->add_option("--config", arguments->config_file, "YAML file of keys; key=value arguments override it");
+  command->add_option("--config", arguments->config_file, "YAML file of keys; key=value arguments override it")
+      ->check(non_empty_config_path);
   command->add_flag("--json", arguments->json, "print JSON instead of text");
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
   command->footer(plan_key_registry().help_text());

@@ -1,6 +1,7 @@
 #include "plan/plan_config.h"
 
 #include <cmath>
+#include <utility>
 
 #include "core/error.h"
 
@@ -43,6 +44,31 @@ void require(bool ok, const std::string& setting, const std::string& rule) {
 
 void PlanConfig::validate() const {
   const ParallelismSpec& p = parallel;
+  // Every count below is multiplied with others (devices, shards, tokens
+  // per step); an overflow would wrap to a negative device count and a
+  // FITS verdict. A product that fits int64 keeps every partial product in
+  // range too (all factors are >= 1).
+  // The message names all four keys: the one that overflows last need not be
+  // the one that is too big (fsdp=2^63-1 with ep=8 overflows at ep).
+  const std::string layout = "dp=" + std::to_string(p.dp) + " fsdp=" + std::to_string(p.fsdp) +
+                             " ep=" + std::to_string(p.ep) + " tp=" + std::to_string(p.tp);
+  std::int64_t devices = 1;
+  for (const auto& [key, value] : {std::pair<const char*, std::int64_t>{"dp", p.dp}, {"fsdp", p.fsdp},
+                                   {"ep", p.ep}, {"tp", p.tp}}) {
+    require(value >= 1, std::string(key) + "=" + std::to_string(value), "must be >= 1");
+    require(!__builtin_mul_overflow(devices, value, &devices), layout,
+            "the device count dp*fsdp*ep*tp overflows a 64-bit integer");
+  }
+  // Tokens per step (devices * batch * seq_len) and the byte counts derived
+  // from them are doubles; beyond 2^53 they stop being exact integers, far
+  // beyond any real cluster, so that is the honest limit.
+  const double tokens_per_step = double(devices) * p.per_device_batch_size * double(p.seq_len);
+  require(tokens_per_step <= 9007199254740992.0,
+          "per_device_batch_size=" + std::to_string(p.per_device_batch_size) + " seq_len=" + std::to_string(p.seq_len),
+          "tokens per step = devices*per_device_batch_size*seq_len = " + std::to_string(tokens_per_step) +
+              " exceeds 2^53, where the byte counts stop being exact");
+  require(redundant_slots <= (std::int64_t{1} << 31), "redundant_slots=" + std::to_string(redundant_slots),
+          "must be <= 2^31 replica slots per rank");
   const std::string ep_setting = "ep=" + std::to_string(p.ep);
   require(model.num_experts % p.ep == 0, ep_setting,
           "must divide the model's num_experts=" + std::to_string(model.num_experts) + " (" + model.name + ")");

@@ -9,6 +9,9 @@
 //  * spec files: unknown / missing fields named with file and line.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -165,6 +168,23 @@ TEST(Config, RulesNameTheKey) {
   }
   EXPECT_THROW(load_model("model", "no-such-model"), ConfigError);
   EXPECT_THROW(load_hardware("hardware", "tpu-v9"), ConfigError);
+}
+
+// fsdp = 2^63 - 1 used to wrap the device count to -8 and report FITS.
+TEST(Config, DeviceCountOverflowIsRefusedNamingTheKey) {
+  PlanConfig c = seed_recipe(1);
+  c.parallel.fsdp = std::numeric_limits<std::int64_t>::max();
+  try {
+    c.validate();
+    FAIL() << "dp*fsdp*ep*tp overflows int64";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fsdp=9223372036854775807"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("overflows"), std::string::npos) << e.what();
+  }
+  c.parallel.fsdp = std::int64_t{1} << 40;  // fits int64, but tokens per step exceed 2^53
+  EXPECT_THROW(c.validate(), ConfigError);
+  c.parallel.fsdp = 64;
+  EXPECT_NO_THROW(c.validate());
 }
 
 std::filesystem::path write_file(const std::string& name, const std::string& text) {
