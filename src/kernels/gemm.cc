@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstring>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/threading.h"
 #include "kernels/convert.h"
 
@@ -72,7 +74,18 @@ dnnl::matmul make_primitive(const PrimitiveKey& key) {
     attr.set_post_ops(ops);
   }
   const dnnl::matmul::desc desc(descs.a, descs.b, descs.c);
-  return dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  try {
+    return dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+  } catch (const dnnl::error& e) {
+    // oneDNN's own text ("could not create a primitive descriptor
+    // iterator") names neither the key nor the cause.
+    auto dim = [](std::int64_t v) { return v == DNNL_RUNTIME_DIM_VAL ? std::string("runtime") : std::to_string(v); };
+    if (key.compute_dtype == ComputeDType::bf16)
+      throw ConfigError("compute_dtype=bf16: oneDNN has no bf16 matmul on this CPU for m=" + dim(key.m) +
+                        " n=" + dim(key.n) + " k=" + dim(key.k) +
+                        " (its bf16 kernels need AVX-512); use compute_dtype=f32");
+    throw;
+  }
 }
 
 // Everything a calling thread needs, owned by that thread: rank threads and
@@ -153,6 +166,20 @@ void gemm(const GemmArgs& args) {
   primitive.execute(state.stream,
                     {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
   // Runs are synchronous on a CPU stream with the OpenMP runtime; no wait needed.
+}
+
+bool bf16_gemm_supported() {
+  static const bool supported = [] {
+    const float a[4] = {1, 2, 3, 4};
+    float c[4];
+    try {
+      gemm({.a = a, .b = a, .c = c, .m = 2, .n = 2, .k = 2, .compute_dtype = ComputeDType::bf16});
+    } catch (const ConfigError&) {
+      return false;
+    }
+    return true;
+  }();
+  return supported;
 }
 
 }  // namespace epmoe

@@ -39,6 +39,14 @@ struct GemmArgs {
 };
 
 // m, n or k may be zero: then c is left alone (accumulate) or zero-filled.
+// compute_dtype=bf16 where oneDNN has no bf16 matmul on this CPU (its bf16
+// kernels need AVX-512; on an AVX2-only AMD EPYC, 2026-12-01, every bf16
+// primitive failed) throws ConfigError naming the key and the shape.
 void gemm(const GemmArgs& args);
+
+// Whether oneDNN offers bf16 x bf16 -> f32 matmul on this CPU (probed once
+// with a 2x2 product), so that a caller can refuse
+// compute_dtype=bf16 up front and tests can skip what this CPU cannot run.
+bool bf16_gemm_supported();
 
 }  // namespace epmoe
