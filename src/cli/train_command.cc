@@ -128,7 +128,14 @@ void run_train_command(const TrainArguments& arguments) {
   progress.emplace(progress_mode(values.get_string("progress")), trainer.steps, values.get_int("log_every"));
   TrainObserver observer;
   observer.on_start = [&](std::int64_t first_step, std::optional<std::int64_t> resumed) {
-    if (!metrics_path.empty()) metrics.emplace(metrics_path, resumed);
+    if (!metrics_path.empty()) {
+      metrics.emplace(metrics_path, resumed);
+      if (!metrics->missing_steps().empty()) {
+        std::printf("epmoe train: note: metrics_file=%s has no lines for steps %s of the checkpoint's past "
+                    "(another metrics_file, or lost); this run appends from step %lld\n",
+                    metrics_path.c_str(), metrics->missing_steps().c_str(), static_cast<long long>(*resumed + 1));
+      }
+    }
     if (resumed) std::printf("epmoe train: resuming from step %lld\n", static_cast<long long>(*resumed));
     progress->start(first_step);
   };

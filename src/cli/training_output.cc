@@ -53,13 +53,28 @@ MetricsFile::MetricsFile(std::filesystem::path path, std::optional<std::int64_t>
   if (resumed_from) {
     std::ifstream in(path_);
     std::string line;
+    std::vector<bool> present(static_cast<std::size_t>(*resumed_from + 1), false);
     while (std::getline(in, line)) {
       const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       // A torn last line (the run was killed mid-write) or a step being redone is dropped.
       if (record.is_object() && record.value("step", std::int64_t{-1}) >= 0 &&
           record.value("step", std::int64_t{-1}) <= *resumed_from) {
         kept += line + "\n";
+        present[static_cast<std::size_t>(record.value("step", std::int64_t{0}))] = true;
       }
+    }
+    for (std::int64_t step = 1; step <= *resumed_from; ++step) {
+      if (present[static_cast<std::size_t>(step)]) continue;
+      std::int64_t last = step;
+      while (last < *resumed_from && !present[static_cast<std::size_t>(last + 1)]) ++last;
+      // Built by append: GCC 12 warns falsely (-Wrestrict, PR105651) on "-" + string.
+      if (!missing_steps_.empty()) missing_steps_ += ", ";
+      missing_steps_ += std::to_string(step);
+      if (last > step) {
+        missing_steps_ += '-';
+        missing_steps_ += std::to_string(last);
+      }
+      step = last;
     }
   }
   write_file_atomically(path_, {kept});

@@ -33,9 +33,14 @@ class MetricsFile {
   MetricsFile(std::filesystem::path path, std::optional<std::int64_t> resumed_from);
   void append(const StepRecord& record);
   const std::filesystem::path& path() const { return path_; }
+  // Resumed from step N: the steps <= N the file had no line for, as ranges
+  // ("1-10, 14"); empty when it had them all. They cannot be recomputed, so
+  // the caller says so instead of leaving a silent hole in the curve.
+  const std::string& missing_steps() const { return missing_steps_; }
 
  private:
   std::filesystem::path path_;
+  std::string missing_steps_;
   std::ofstream out_;
 };
 

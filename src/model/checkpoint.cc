@@ -1,12 +1,12 @@
 #include "model/checkpoint.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "comm/barrier.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
+#include "core/finite_check.h"
 
 namespace epmoe {
 namespace {
@@ -41,33 +41,16 @@ void wait_for_all(const CheckpointContext& context, std::uint32_t offset) {
   comm::barrier(*context.comm, {.tag = context.barrier_tag + offset, .timeout = context.timeout}).wait();
 }
 
-// "[3, 17, 2]": the C-order index of `flat` in `shape`.
-std::string index_in(const Shape& shape, std::int64_t flat) {
-  std::vector<std::int64_t> index(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    index[d] = shape[d] > 0 ? flat % shape[d] : 0;
-    flat = shape[d] > 0 ? flat / shape[d] : 0;
-  }
-  std::string text = "[";
-  for (std::size_t d = 0; d < index.size(); ++d) text += (d ? ", " : "") + std::to_string(index[d]);
-  return text + "]";
-}
-
 // A NaN or infinity in a checkpoint would poison every later step (AdamW
 // spreads it through the moments), and a run never saves one (it stops on a
 // non-finite loss or gradient norm before the update), so one found here is
-// damage: refused, naming the file and the first bad element. (Written here
-// rather than with core/finite_check.h, which was not committed yet.)
+// damage: refused as a bad file, naming it and its first bad element.
 void check_finite_file(const std::filesystem::path& path, const Tensor& loaded) {
-  if (loaded.dtype() != DType::f32) return;
-  const float* values = loaded.data<float>();
-  for (std::int64_t i = 0; i < loaded.numel(); ++i) {
-    if (!std::isfinite(values[i])) {
-      throw FileError(path.string() + ": element " + index_in(loaded.shape(), i) + " is " +
-                      (std::isnan(values[i]) ? "nan" : values[i] > 0 ? "inf" : "-inf") +
-                      "; a checkpoint holds finite numbers only (this one is damaged)");
-    }
-  }
+  const std::int64_t bad = find_non_finite(loaded);  // integer tensors are always finite
+  if (bad < 0) return;
+  throw FileError(path.string() + ": element " + index_to_string(loaded.shape(), bad) + " is " +
+                  value_to_string(loaded.data<float>()[bad]) +
+                  "; a checkpoint holds finite numbers only (this one is damaged)");
 }
 
 Tensor read_checked(const CheckpointStore& store, std::int64_t step, const std::string& file) {

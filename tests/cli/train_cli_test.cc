@@ -321,7 +321,26 @@ TEST_F(TrainCli, ARunKilledJustAfterACheckpointCommitKeepsThatStepsMetricsLine) 
   resume.push_back("resume=true");
   const ProcessResult resumed = train(resume);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
+  EXPECT_EQ(resumed.stdout_text.find("has no lines"), std::string::npos) << resumed.stdout_text;
   EXPECT_EQ(losses_of(read_metrics_lines(metrics())), uninterrupted);  // one curve, no step missing
+}
+
+// Lines of steps before the resume point cannot be recomputed; a resume
+// says which are missing instead of leaving a silent hole.
+TEST_F(TrainCli, AResumeNamesTheMetricsLinesItCannotRecompute) {
+  const std::vector<std::string> keys = {"ranks=2", "steps=10", "checkpoint_dir=" + checkpoints().string()};
+  ASSERT_EQ(train(keys).exit_code, 0);
+  std::string kept;
+  for (const nlohmann::json& line : read_metrics_lines(metrics())) {
+    if (line["step"] != 3 && line["step"] != 4) kept += line.dump() + "\n";
+  }
+  write_bytes(metrics(), kept);
+  const ProcessResult resumed = train({"ranks=2", "steps=12", "resume=true", "checkpoint_dir=" + checkpoints().string()});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
+  EXPECT_NE(resumed.stdout_text.find("note: metrics_file=" + metrics().string() + " has no lines for steps 3-4 "),
+            std::string::npos)
+      << resumed.stdout_text;
+  EXPECT_EQ(read_metrics_lines(metrics()).size(), 10u);  // 8 kept + steps 11, 12
 }
 
 TEST_F(TrainCli, ACheckpointDirectoryWithoutManifestIsReportedAtStart) {
