@@ -276,7 +276,9 @@ struct ScopedEnvironment {
 
 TEST_F(TrainCli, ASecondTrainerOnTheSameCheckpointDirIsRefusedNamingThePid) {
   const std::string dir = "checkpoint_dir=" + checkpoints().string();
-  const pid_t first = spawn_train({"ranks=2", "steps=100000", "checkpoint_every=50", dir}, scratch_ / "first.jsonl");
+  // Checkpoints only at its (never reached) end: the directory holds still
+  // while the second trainer tries.
+  const pid_t first = spawn_train({"ranks=2", "steps=100000", dir}, scratch_ / "first.jsonl");
   const fs::path lock = checkpoints() / ".epmoe_train.lock";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (read_bytes_or_empty(lock) != std::to_string(first) + "\n" && std::chrono::steady_clock::now() < deadline) {
