@@ -32,12 +32,13 @@ CollectiveHandle ring_all_gather(transport::Communicator& comm, const AllGatherO
     detail::run_native(name, [&] { native->all_gather(options.input, options.output, chunk_bytes); });
     return CollectiveHandle{};
   }
-  return launch_collective(name, options.timeout, [&comm, options, esize, chunk_bytes, output,
+  return launch_collective(comm, name, options.timeout, [&comm, options, esize, chunk_bytes, output,
                                                    own_slot](transport::Deadline deadline) {
     if (chunk_bytes > 0 && options.input != own_slot) std::memcpy(own_slot, options.input, chunk_bytes);
     detail::ring_all_gather_blocks(
         comm, detail::BlockLayout::equal(comm.size(), options.num_elements_per_rank), esize, output,
-        options.direction == RingDirection::bidirectional, options.pipe, options.tag, deadline);
+        options.direction == RingDirection::bidirectional, options.pipe, CollectiveKind::all_gather,
+        options.tag, deadline);
   });
 }
 

@@ -28,7 +28,7 @@ CollectiveHandle all_reduce(transport::Communicator& comm, const AllReduceOption
     });
     return CollectiveHandle{};
   }
-  return launch_collective(
+  return launch_collective(comm,
       detail::collective_name("all_reduce", options.tag), options.timeout,
       [&comm, options](transport::Deadline deadline) {
         const detail::BlockLayout layout = detail::BlockLayout::split(comm.size(), options.num_elements);
@@ -36,9 +36,9 @@ CollectiveHandle all_reduce(transport::Communicator& comm, const AllReduceOption
         auto* data = static_cast<std::byte*>(options.data);
         std::byte* own_block = data + layout.offset[comm.rank()] * esize;
         detail::ring_reduce_scatter_blocks(comm, layout, options.dtype, data, own_block,
-                                           /*bidirectional=*/true, options.tag, deadline);
+                                           /*bidirectional=*/true, CollectiveKind::all_reduce, options.tag, deadline);
         detail::ring_all_gather_blocks(comm, layout, esize, data, /*bidirectional=*/true, /*pipe=*/1,
-                                       options.tag, deadline);
+                                       CollectiveKind::all_reduce, options.tag, deadline);
       });
 }
 

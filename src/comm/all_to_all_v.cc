@@ -39,7 +39,7 @@ void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& op
   recv_counts[rank] = options.send_counts[rank];
 
   // Counts: one 8-byte message per pair.
-  const transport::Tag counts_tag = make_tag(options.tag, Slot::counts);
+  const transport::Tag counts_tag = make_tag(CollectiveKind::all_to_all_v, options.tag, Slot::counts);
   std::vector<std::unique_ptr<Request>> requests;
   requests.reserve(2 * num_ranks);
   for (int step = 1; step < num_ranks; ++step) {
@@ -50,6 +50,7 @@ void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& op
     const int to = wrap(rank + step, num_ranks);
     requests.push_back(comm.isend(to, counts_tag, &options.send_counts[to], sizeof(std::int64_t)));
   }
+  detail::collective_fault_point(comm);  // the counts are in flight
   for (auto& request : requests) request->wait_until(deadline);
   requests.clear();
   for (int peer = 0; peer < num_ranks; ++peer) {
@@ -65,7 +66,7 @@ void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& op
   options.output->resize(static_cast<std::size_t>(total_of(recv_counts) * esize));
   std::byte* output = options.output->data();
   const auto* input = static_cast<const std::byte*>(options.input);
-  const transport::Tag data_tag = make_tag(options.tag, Slot::data);
+  const transport::Tag data_tag = make_tag(CollectiveKind::all_to_all_v, options.tag, Slot::data);
   for (int step = 1; step < num_ranks; ++step) {
     const int from = wrap(rank - step, num_ranks);
     if (recv_counts[from] == 0) continue;
@@ -126,7 +127,7 @@ CollectiveHandle all_to_all_v(transport::Communicator& comm, const AllToAllVOpti
                        [&] { exchange_native(native, comm.size(), options); });
     return CollectiveHandle{};
   }
-  return launch_collective(detail::collective_name("all_to_all_v", options.tag), options.timeout,
+  return launch_collective(comm, detail::collective_name("all_to_all_v", options.tag), options.timeout,
                            [&comm, options](transport::Deadline deadline) {
                              exchange_pairwise(comm, options, deadline);
                            });

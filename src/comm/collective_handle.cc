@@ -4,6 +4,7 @@
 
 #include "comm/progress_threads.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 
 namespace epmoe::comm {
 namespace {
@@ -26,7 +27,19 @@ CollectiveHandle::~CollectiveHandle() { finish_quietly(); }
 void CollectiveHandle::finish_quietly() noexcept {
   if (!state_) return;
   std::unique_lock<std::mutex> lock(state_->mutex);
-  // Bounded: the body's own waits end by state_->deadline.
+  if (!state_->done && std::uncaught_exceptions() > 0) {
+    // The caller is failing with this collective in flight: its buffers are
+    // about to go, and waiting out the deadline (60 s by default) would hold
+    // the error back from the launcher that tells the peers.
+    lock.unlock();
+    try {
+      state_->comm->cancel_pending("rank " + std::to_string(state_->comm->rank()) + " is failing: " +
+                                   state_->name + " was abandoned in flight by an exception");
+    } catch (...) {  // destructors never throw; the wait below stays bounded by the deadline
+    }
+    lock.lock();
+  }
+  // Bounded: the body's own waits end by state_->deadline, or at once when cancelled.
   state_->finished.wait(lock, [&] { return state_->done; });
 }
 
@@ -63,19 +76,40 @@ bool CollectiveHandle::test() {
   return true;
 }
 
-CollectiveHandle launch_collective(std::string name, std::chrono::milliseconds timeout,
+namespace detail {
+
+void collective_fault_point(const transport::Communicator& comm) { fault_point("collective", comm.rank()); }
+
+}  // namespace detail
+
+CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
+                                   std::chrono::milliseconds timeout,
                                    std::function<void(transport::Deadline)> body) {
   auto state = std::make_shared<detail::CollectiveState>();
   state->deadline = transport::Clock::now() + timeout;
   state->name = std::move(name);
+  state->comm = &comm;
   detail::ProgressThreads::instance().submit([state, body = std::move(body)] {
     std::exception_ptr error;
+    std::string root_cause;  // non-empty: this collective is where the failure started
     try {
       body(state->deadline);
+    } catch (const transport::AbortedError& e) {
+      error = std::make_exception_ptr(transport::AbortedError(state->name + ": " + e.what()));
     } catch (const PeerError& e) {
-      error = std::make_exception_ptr(PeerError(state->name + ": " + e.what()));
-    } catch (...) {
+      root_cause = state->name + ": " + e.what();
+      error = std::make_exception_ptr(PeerError(root_cause));
+    } catch (const std::exception& e) {
+      root_cause = state->name + ": " + e.what();
       error = std::current_exception();
+    } catch (...) {
+      root_cause = state->name + ": unknown exception";
+      error = std::current_exception();
+    }
+    // Before the error is published: peers hear of it now, not at their
+    // deadlines. On mpi this ends the job here (MPI_Abort), printing the text.
+    if (!root_cause.empty()) {
+      state->comm->abort("rank " + std::to_string(state->comm->rank()) + " failed: " + root_cause, error);
     }
     std::lock_guard<std::mutex> lock(state->mutex);
     state->error = std::move(error);  // the progress thread keeps no reference

@@ -7,7 +7,21 @@
 // transport wait inside it uses the deadline start + timeout, so a missing peer
 // surfaces as PeerError ("ring_all_gather tag 7: rank 0: timed out after
 // 50 ms waiting to receive from peer 1, tag 113") on the rank that waited for
-// it - and, through the launchers' abort, on every other rank.
+// it - and on every other rank at once, because a collective whose algorithm
+// fails aborts the group from inside (below).
+//
+// Failure (DESIGN.md §5, "a rank that fails raises on every rank"):
+//  * the algorithm throws (a timeout, a size mismatch, an injected fault):
+//    launch_collective aborts the group with "rank r failed: <name>: <what>"
+//    before the error reaches wait(), so peers wake with that text now, not
+//    at their own deadlines (threads: AbortedError on every wait; mpi: the
+//    message is printed and the job ends through MPI_Abort). The first reason
+//    wins. An AbortedError is a consequence, not a cause: it aborts nothing.
+//  * the handle is destroyed unfinished while an exception unwinds (the
+//    caller failed with the collective in flight): the rank's pending waits
+//    are cancelled (Communicator::cancel_pending), so the destructor returns
+//    within milliseconds and the exception reaches the launcher, which
+//    aborts the group with the real error text.
 //
 // Buffers named in the options belong to the collective until wait() returned
 // (or threw) or test() returned true.
@@ -38,6 +52,7 @@ struct CollectiveState {
   bool error_reported = false;  // wait()/test() rethrow the error once
   transport::Deadline deadline;
   std::string name;  // "ring_all_gather tag 7"
+  transport::Communicator* comm = nullptr;  // not owned; outlives every handle on it
 };
 }  // namespace detail
 
@@ -48,8 +63,9 @@ class CollectiveHandle {
   CollectiveHandle& operator=(CollectiveHandle&& other) noexcept;
   CollectiveHandle(const CollectiveHandle&) = delete;
   CollectiveHandle& operator=(const CollectiveHandle&) = delete;
-  // Waits for a collective still in flight (it ends by its deadline, since
-  // every wait inside it does) and drops its error: never throws.
+  // Waits for a collective still in flight and drops its error: never
+  // throws. During unwinding it first cancels the rank's pending waits, so
+  // the wait is short; otherwise it is bounded by the collective's deadline.
   ~CollectiveHandle();
 
   // Blocks until the collective ends; rethrows its error (later calls throw a
@@ -60,7 +76,8 @@ class CollectiveHandle {
   bool test();
 
  private:
-  friend CollectiveHandle launch_collective(std::string name, std::chrono::milliseconds timeout,
+  friend CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
+                                            std::chrono::milliseconds timeout,
                                             std::function<void(transport::Deadline)> body);
   explicit CollectiveHandle(std::shared_ptr<detail::CollectiveState> state)
       : state_(std::move(state)) {}
@@ -71,8 +88,17 @@ class CollectiveHandle {
 };
 
 // Runs body(deadline) on a progress thread; PeerErrors it throws are prefixed
-// with `name`. Used by every collective in comm/.
-CollectiveHandle launch_collective(std::string name, std::chrono::milliseconds timeout,
+// with `name` (AbortedErrors stay AbortedErrors), and any error but an
+// AbortedError aborts comm's group (above). Used by every collective in comm/.
+CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
+                                   std::chrono::milliseconds timeout,
                                    std::function<void(transport::Deadline)> body);
+
+namespace detail {
+// fault_point("collective", rank) (core/fault_injection.h): every algorithm
+// calls it once its first messages are posted, so an injected fault fails a
+// rank with messages in flight.
+void collective_fault_point(const transport::Communicator& comm);
+}  // namespace detail
 
 }  // namespace epmoe::comm

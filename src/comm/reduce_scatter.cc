@@ -47,13 +47,14 @@ CollectiveHandle reduce_scatter(transport::Communicator& comm, const ReduceScatt
     layout.offset.push_back(offset);
     offset += count;
   }
-  return launch_collective(
+  return launch_collective(comm,
       detail::collective_name("reduce_scatter", options.tag), options.timeout,
       [&comm, options, layout = std::move(layout)](transport::Deadline deadline) {
         detail::ring_reduce_scatter_blocks(comm, layout, options.dtype,
                                            static_cast<const std::byte*>(options.input),
                                            static_cast<std::byte*>(options.output),
-                                           options.direction == RingDirection::bidirectional, options.tag,
+                                           options.direction == RingDirection::bidirectional,
+                                           CollectiveKind::reduce_scatter, options.tag,
                                            deadline);
       });
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "comm/collective_handle.h"
 #include "core/error.h"
 
 namespace epmoe::comm::detail {
@@ -79,14 +80,15 @@ LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional) {
 
 void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout,
                             std::size_t element_size_bytes, std::byte* output, bool bidirectional,
-                            std::int64_t pipe, std::uint32_t collective_tag, Deadline deadline) {
+                            std::int64_t pipe, CollectiveKind kind, std::uint32_t collective_tag,
+                            Deadline deadline) {
   const int num_ranks = comm.size();
   const int rank = comm.rank();
   if (num_ranks == 1) return;
   const int num_steps = num_ranks - 1;
   const int peer_to[2] = {wrap(rank + 1, num_ranks), wrap(rank - 1, num_ranks)};
-  const transport::Tag tags[2] = {make_tag(collective_tag, Slot::ring_clockwise),
-                                  make_tag(collective_tag, Slot::ring_counter_clockwise)};
+  const transport::Tag tags[2] = {make_tag(kind, collective_tag, Slot::ring_clockwise),
+                                  make_tag(kind, collective_tag, Slot::ring_counter_clockwise)};
   const auto esize = static_cast<std::int64_t>(element_size_bytes);
 
   // Piece p of lane `lane` of block `block`, in bytes within output.
@@ -142,6 +144,7 @@ void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout,
         sends.push_back(comm.isend(peer_to[lane], tags[lane], out.data, out.num_bytes));
       }
     }
+    if (step == 0) collective_fault_point(comm);  // step 0's messages are in flight
   }
   for (auto& request : recvs) {
     if (request) request->wait_until(deadline);
@@ -151,7 +154,7 @@ void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout,
 
 void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, DType dtype,
                                 const std::byte* input, std::byte* output, bool bidirectional,
-                                std::uint32_t collective_tag, Deadline deadline) {
+                                CollectiveKind kind, std::uint32_t collective_tag, Deadline deadline) {
   EPMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16);
   const int num_ranks = comm.size();
   const int rank = comm.rank();
@@ -194,8 +197,8 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
   std::int64_t max_block = 0;
   for (std::int64_t n : layout.num_elements) max_block = std::max(max_block, n);
   Lane lanes[2] = {
-      {+1, make_tag(collective_tag, Slot::reduce), {nullptr, nullptr}, nullptr, nullptr},
-      {-1, make_tag(collective_tag, Slot::reduce_counter_clockwise), {nullptr, nullptr}, nullptr, nullptr}};
+      {+1, make_tag(kind, collective_tag, Slot::reduce), {nullptr, nullptr}, nullptr, nullptr},
+      {-1, make_tag(kind, collective_tag, Slot::reduce_counter_clockwise), {nullptr, nullptr}, nullptr, nullptr}};
   // Where lane `l` of block `b` sits inside the block.
   auto lane_begin = [&](int l, int b) { return split_lanes(layout.num_elements[b], bidirectional).lane_begin[l]; };
   auto lane_size = [&](int l, int b) { return split_lanes(layout.num_elements[b], bidirectional).lane_size[l]; };
@@ -222,6 +225,7 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
     lane.send = comm.isend(next, lane.tag, first_send, lane_bytes(l, first_block));
     lane.recv = comm.irecv(prev, lane.tag, lane.partials[0], lane_bytes(l, received_block(lane, 0)));
   }
+  collective_fault_point(comm);  // the first partial sums are in flight
 
   const int num_steps = num_ranks - 1;
   for (int step = 0; step < num_steps; ++step) {

@@ -43,7 +43,7 @@ LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional);
 // s a lane forwards the block it received at step s-1, piece by piece.
 void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& layout,
                             std::size_t element_size_bytes, std::byte* output, bool bidirectional,
-                            std::int64_t pipe, std::uint32_t collective_tag,
+                            std::int64_t pipe, CollectiveKind kind, std::uint32_t collective_tag,
                             transport::Deadline deadline);
 
 // Sums block b of every rank's input into output (this rank's block), for
@@ -58,7 +58,7 @@ void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& la
 // `output` may alias this rank's block inside `input`.
 void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout,
                                 DType dtype, const std::byte* input, std::byte* output,
-                                bool bidirectional, std::uint32_t collective_tag,
+                                bool bidirectional, CollectiveKind kind, std::uint32_t collective_tag,
                                 transport::Deadline deadline);
 
 }  // namespace epmoe::comm::detail

@@ -10,7 +10,7 @@ void validate_collective_tag(const char* what, std::uint64_t collective_tag) {
   if (collective_tag > kMaxCollectiveTag) {
     std::ostringstream msg;
     msg << what << ": tag = " << collective_tag << ": must be <= " << kMaxCollectiveTag
-        << " (27 bits; comm/tag.h)";
+        << " (24 bits; comm/tag.h)";
     throw ConfigError(msg.str());
   }
 }

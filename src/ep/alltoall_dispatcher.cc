@@ -6,6 +6,7 @@
 #include "comm/all_gather.h"
 #include "comm/all_to_all_v.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "ep/collective_tags.h"
 
 namespace epmoe::ep {
@@ -208,6 +209,8 @@ ExpertRows AllToAllDispatcher::redispatch_rows(int c) {
 // Waits for chunk c's tokens and routing words and sorts them into rows.
 ExpertRows AllToAllDispatcher::collect_rows(int c) {
   Chunk& chunk = *chunks_[c];
+  // Test hook (core/fault_injection.h): fail with the token exchange in flight.
+  fault_point("dispatch", comm_.rank());
   chunk.tokens_in_flight.wait();
   chunk.metadata_in_flight.wait();
 

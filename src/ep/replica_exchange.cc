@@ -144,7 +144,8 @@ ExpertSlices slices(const CombinedExpertTensors& t, int local_expert) {
 }
 
 transport::Tag slot_tag(std::uint32_t tag_base, int slot, EpOp op, int part) {
-  return comm::make_tag(ep_tag(tag_base, slot, static_cast<EpOp>(static_cast<std::uint32_t>(op) + part)),
+  return comm::make_tag(comm::CollectiveKind::point_to_point,
+                        ep_tag(tag_base, slot, static_cast<EpOp>(static_cast<std::uint32_t>(op) + part)),
                         comm::Slot::data);
 }
 

@@ -5,6 +5,7 @@
 #include "comm/all_gather.h"
 #include "comm/reduce_scatter.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "ep/collective_tags.h"
 
 namespace epmoe::ep {
@@ -115,6 +116,8 @@ ExpertRows RingDispatcher::redispatch_rows(int c) {
 // Waits for chunk c's gathers and keeps the rows routed to local experts.
 ExpertRows RingDispatcher::collect_rows(int c) {
   Chunk& chunk = *chunks_[c];
+  // Test hook (core/fault_injection.h): fail with the token all-gather in flight.
+  fault_point("dispatch", comm_.rank());
   chunk.tokens_in_flight.wait();
   chunk.routing_in_flight.wait();
 

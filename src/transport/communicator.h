@@ -8,18 +8,32 @@
 // sent. A receive must be posted for exactly the number of bytes sent; a size
 // mismatch fails both requests with a PeerError naming peer, tag and sizes.
 //
-// Errors: a wait that passes its deadline, or that is woken by abort(), throws
-// epmoe::PeerError whose message names this rank, the peer and the tag.
+// Errors: a wait that passes its deadline throws epmoe::PeerError whose
+// message names this rank, the peer and the tag (and, where the transport can
+// tell, the late rank the wait is stuck behind). A wait woken by abort() or
+// cancel_pending() throws AbortedError, a PeerError that marks a consequence
+// of a failure elsewhere, so launchers can report the root cause instead.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "core/error.h"
+
 namespace epmoe::transport {
+
+// A wait that failed because the group was aborted or this rank is failing:
+// never the root cause of a failure, always a consequence of one (whose text
+// it carries).
+class AbortedError : public PeerError {
+ public:
+  using PeerError::PeerError;
+};
 
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
@@ -72,10 +86,21 @@ class Communicator {
                                          std::int64_t num_bytes) = 0;
 
   // Fails the whole group with `reason`: every rank's pending and future waits
-  // throw PeerError carrying it (threads), or the job ends through MPI_Abort
-  // after printing it (mpi). Called by the launchers when a rank throws; safe
-  // to call from any thread, more than once (the first reason wins).
-  virtual void abort(const std::string& reason) = 0;
+  // throw AbortedError carrying it (threads), or the job ends through
+  // MPI_Abort after printing it (mpi). Called by the launchers when a rank
+  // throws and by a collective whose algorithm fails; safe to call from any
+  // thread, more than once (the first reason wins). `cause`, the exception
+  // behind the reason, lets the threads launcher rethrow the root error even
+  // when it was thrown on a progress thread and never reached a caller.
+  virtual void abort(const std::string& reason, std::exception_ptr cause = nullptr) = 0;
+
+  // This rank is failing (an exception is unwinding through a collective in
+  // flight): wakes every pending wait on this rank's requests and fails it,
+  // and every later one, with AbortedError carrying `reason`, so the rank's
+  // progress threads let go at once instead of at their deadlines. Peers are
+  // not told; the launcher aborts the group with the root error. Safe from
+  // any thread, more than once (the first reason wins).
+  virtual void cancel_pending(const std::string& reason) = 0;
 
   // The transport's own collectives (MPI's), for algorithm=native; nullptr when
   // the transport has none (threads).

@@ -8,6 +8,8 @@
 // ctest's PASS_REGULAR_EXPRESSION), not hang.
 #include <gtest/gtest.h>
 
+#include <time.h>
+
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -25,6 +27,12 @@ namespace epmoe::comm {
 namespace {
 
 transport::Communicator* g_comm = nullptr;
+
+double thread_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
 
 TEST(CollectivesMpi, OurAlgorithmsMatchTheNaiveReference) {
   testing::check_everything(*g_comm, Algorithm::ring);
@@ -44,14 +52,22 @@ TEST(CollectivesMpi, TimeoutNamesPeerAndTag) {
   if (comm.rank() == 0) {
     int value = 0;
     auto request = comm.irecv(1, 12345, &value, sizeof(value));
+    const double cpu_before = thread_cpu_seconds();
+    const auto wall_before = std::chrono::steady_clock::now();
     try {
-      request->wait(std::chrono::milliseconds(100));
+      request->wait(std::chrono::milliseconds(300));
       ADD_FAILURE() << "no timeout";
     } catch (const PeerError& e) {
       const std::string message = e.what();
       EXPECT_EQ(message.rfind("rank 0: timed out after ", 0), 0u) << message;
       EXPECT_NE(message.find(" ms waiting to receive from peer 1, tag 12345"), std::string::npos) << message;
+      // Rank 1 is alive (its liveness helper answers): nobody is named late.
+      EXPECT_EQ(message.find("liveness probe"), std::string::npos) << message;
     }
+    // Waiting backs off to 1 ms sleeps: a waiting rank costs ~1% of a core,
+    // not the ~40% that 20 us polling cost.
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_before).count();
+    EXPECT_LT(thread_cpu_seconds() - cpu_before, 0.05 * wall) << "the wait spins";
   }
   barrier(comm, BarrierOptions{.tag = 77}).wait();
 }

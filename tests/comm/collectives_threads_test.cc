@@ -5,6 +5,7 @@
 // that no OpenMP region runs here (TSan reports libgomp's own barriers).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -15,6 +16,7 @@
 
 #include "collective_checks.h"
 #include "comm/all_gather.h"
+#include "comm/all_reduce.h"
 #include "comm/barrier.h"
 #include "comm/reduce_scatter.h"
 #include "comm/tag.h"
@@ -44,6 +46,43 @@ TEST_P(CollectivesThreads, EveryCollectiveMatchesTheNaiveReference) {
 TEST_P(CollectivesThreads, TwoCollectivesInFlightWithDifferentTags) {
   run_ranks(GetParam(), one_thread_per_rank(),
             [](Communicator& comm) { testing::check_two_in_flight(comm, 301); });
+}
+
+TEST_P(CollectivesThreads, DifferentCollectivesWithTheSameTagInFlightDoNotCollide) {
+  // An all-gather and an all-reduce, both tag 5, with equal message sizes
+  // (the all-reduce's blocks are the all-gather's chunks): even ranks start
+  // the all-gather first and wait for both, odd ranks finish the all-reduce
+  // before they start the all-gather. Without the kind in the tag (comm/tag.h)
+  // the all-reduce's gather phase meets the all-gather's receives.
+  const int num_ranks = GetParam();
+  run_ranks(num_ranks, one_thread_per_rank(), [](Communicator& comm) {
+    const int num_ranks = comm.size(), rank = comm.rank();
+    const std::int64_t n = 37;
+    std::vector<float> gather_input(n), gathered(n * num_ranks), reduced(n * num_ranks);
+    for (std::int64_t i = 0; i < n; ++i) gather_input[i] = static_cast<float>(1000 * rank + i);
+    std::fill(reduced.begin(), reduced.end(), static_cast<float>(rank + 1));
+    auto start_gather = [&] {
+      return ring_all_gather(comm, {.input = gather_input.data(), .output = gathered.data(),
+                                    .num_elements_per_rank = n, .tag = 5});
+    };
+    auto start_reduce = [&] {
+      return all_reduce(comm, {.data = reduced.data(), .num_elements = n * num_ranks, .tag = 5});
+    };
+    if (rank % 2 == 0) {
+      CollectiveHandle gather = start_gather();
+      CollectiveHandle reduce = start_reduce();
+      reduce.wait();
+      gather.wait();
+    } else {
+      start_reduce().wait();
+      start_gather().wait();
+    }
+    const float sum = static_cast<float>(num_ranks * (num_ranks + 1) / 2);
+    for (std::int64_t i = 0; i < n * num_ranks; ++i) {
+      ASSERT_EQ(reduced[i], sum) << "rank " << rank << " element " << i;
+      ASSERT_EQ(gathered[i], static_cast<float>(1000 * (i / n) + i % n)) << "rank " << rank << " element " << i;
+    }
+  });
 }
 
 TEST_P(CollectivesThreads, BarrierLetsNoRankPassBeforeAllArrived) {
@@ -117,9 +156,11 @@ TEST(CollectivesThreadsErrors, TimeoutNamesCollectivePeerAndTag) {
     EXPECT_NE(message.find("ring_all_gather tag 9"), std::string::npos) << message;
     EXPECT_NE(message.find("timed out"), std::string::npos) << message;
     EXPECT_NE(message.find("peer 1"), std::string::npos) << message;
-    // Raw transport tag = 9 << 4 | lane slot (comm/tag.h).
-    EXPECT_TRUE(message.find("tag 144") != std::string::npos || message.find("tag 145") != std::string::npos)
-        << message;
+    // Raw transport tag = kind all_gather << 27 | 9 << 3 | lane slot (comm/tag.h).
+    const std::string lane0 = "tag " + std::to_string(make_tag(CollectiveKind::all_gather, 9, Slot::ring_clockwise));
+    const std::string lane1 =
+        "tag " + std::to_string(make_tag(CollectiveKind::all_gather, 9, Slot::ring_counter_clockwise));
+    EXPECT_TRUE(message.find(lane0) != std::string::npos || message.find(lane1) != std::string::npos) << message;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(3)) << "no hang past the timeout";
 }

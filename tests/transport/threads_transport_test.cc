@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -113,19 +114,74 @@ TEST(ThreadsTransport, AbortWakesWaitsOnEveryRankWithTheReason) {
 }
 
 TEST(ThreadsTransport, DestroyingAPendingRequestCancelsIt) {
+  // Rank 0 sends only after rank 1 said (tag 5) that its abandoned receive
+  // is gone and the live one is posted, so the send can only meet the live
+  // one - or, were the abandoned receive still queued, that one, first.
   run_ranks(2, one_thread_per_rank(), [](Communicator& comm) {
     int value = 0;
     if (comm.rank() == 1) {
-      { auto abandoned = comm.irecv(0, 4, &value, sizeof(value)); }  // cancelled
+      int abandoned_value = -1;
+      { auto abandoned = comm.irecv(0, 4, &abandoned_value, sizeof(abandoned_value)); }  // cancelled
       auto request = comm.irecv(0, 4, &value, sizeof(value));
+      comm.isend(0, 5, nullptr, 0)->wait(5s);
       request->wait(5s);
       EXPECT_EQ(value, 42);  // the one live receive got the message
+      EXPECT_EQ(abandoned_value, -1) << "the destroyed receive was written to";
     } else {
+      comm.irecv(1, 5, nullptr, 0)->wait(5s);
       value = 42;
-      std::this_thread::sleep_for(10ms);
       comm.isend(1, 4, &value, sizeof(value))->wait(5s);
     }
   });
+}
+
+TEST(ThreadsTransport, CancelPendingFailsThisRanksWaitsAtOnceWithTheReason) {
+  run_ranks(2, one_thread_per_rank(), [](Communicator& comm) {
+    if (comm.rank() != 0) return;
+    int value = 0;
+    auto request = comm.irecv(1, 8, &value, sizeof(value));
+    std::thread canceller([&] { comm.cancel_pending("rank 0 is failing: test"); });
+    const auto start = Clock::now();
+    try {
+      request->wait(30s);
+      ADD_FAILURE() << "wait returned although nothing was sent";
+    } catch (const AbortedError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0: cancelled while receiving from peer 1, tag 8: rank 0 is failing: test"),
+                std::string::npos)
+          << e.what();
+    }
+    canceller.join();
+    EXPECT_LT(seconds_since(start), 5.0);
+    // Later waits fail too: the rank is going down.
+    EXPECT_THROW(comm.irecv(1, 9, &value, sizeof(value))->wait(30s), AbortedError);
+  });
+}
+
+TEST(ThreadsTransport, TimeoutNamesTheRankTheWaitIsStuckBehind) {
+  // Rank 0 waits for rank 1, which waits for rank 2, which waits for no one
+  // (it blocks outside the transport until rank 0 timed out).
+  std::promise<void> timed_out;
+  std::string message;
+  run_ranks(3, one_thread_per_rank(), [&](Communicator& comm) {
+    int value = 0;
+    if (comm.rank() == 2) {
+      timed_out.get_future().wait();
+      comm.isend(1, 3, &value, sizeof(value))->wait(5s);
+    } else if (comm.rank() == 1) {
+      comm.irecv(2, 3, &value, sizeof(value))->wait(30s);
+      comm.isend(0, 3, &value, sizeof(value))->wait(5s);
+    } else {
+      try {
+        comm.irecv(1, 3, &value, sizeof(value))->wait(300ms);
+        ADD_FAILURE() << "no timeout";
+      } catch (const PeerError& e) {
+        message = e.what();
+      }
+      timed_out.set_value();
+      comm.irecv(1, 3, &value, sizeof(value))->wait(5s);  // the chain completes
+    }
+  });
+  EXPECT_NE(message.find("waiting to receive from peer 1, tag 3; the late rank is 2"), std::string::npos) << message;
 }
 
 TEST(ThreadsTransport, LauncherSplitsComputeThreadsAcrossRanks) {

@@ -2,8 +2,11 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -12,6 +15,7 @@
 
 #include "core/error.h"
 #include "transport/mpi/launcher.h"
+#include "transport/mpi/liveness.h"
 #include "transport/mpi/native_collectives.h"
 
 namespace epmoe::transport::mpi {
@@ -20,18 +24,43 @@ namespace {
 // Largest piece one MPI message carries (MPI counts are int).
 constexpr std::int64_t kMaxMessageBytes = std::int64_t{1} << 30;
 // Polling: MPI_Test and yield for the first kSpinTime of a wait (short
-// messages complete within it), then sleeps of kPollSleep, so that R ranks on
-// 2 cores (mpirun --oversubscribe) leave the cores to whoever has work (a
-// rank's compute, overlapped with its collective). Polling without sleeps
-// was no faster in bench_collectives mpi (np 4, 64 KiB..8 MiB, within the
-// +-30% run-to-run spread of this shared machine).
+// messages complete within it), then sleeps that double from kFirstSleep up
+// to kMaxSleep, so that R ranks on 2 cores (mpirun --oversubscribe) leave the
+// cores to whoever has work (a rank's compute, overlapped with its
+// collective), and a rank waiting for a late peer costs ~1000 wake-ups a
+// second instead of the ~0.4 core that fixed 20 us sleeps cost. The sleep is
+// at most the time already waited, so a long wait is stretched by < 2x of
+// its own length at worst, by <= 1 ms once it is long.
 constexpr auto kSpinTime = std::chrono::microseconds(200);
-constexpr auto kPollSleep = std::chrono::microseconds(20);
+constexpr auto kFirstSleep = std::chrono::microseconds(20);
+constexpr auto kMaxSleep = std::chrono::microseconds(1000);
+
+}  // namespace
+
+// What every request of one communicator shares: its failing state
+// (cancel_pending) and the liveness probe its timeouts consult.
+struct MpiCommunicator::RankState {
+  int rank = 0;
+  std::atomic<bool> failing{false};
+  std::mutex mutex;  // guards failing_reason
+  std::string failing_reason;
+  std::unique_ptr<LivenessProbe> liveness;
+
+  void throw_if_failing(int peer, Tag tag, bool is_send) {
+    if (!failing.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(mutex);
+    throw AbortedError(describe_wait(rank, is_send ? "cancelled while sending to" : "cancelled while receiving from",
+                                     peer, tag) +
+                       ": " + failing_reason);
+  }
+};
+
+namespace {
 
 class MpiRequest final : public Request {
  public:
-  MpiRequest(int rank, int peer, Tag tag, bool is_send)
-      : rank_(rank), peer_(peer), tag_(tag), is_send_(is_send), posted_at_(Clock::now()) {}
+  MpiRequest(MpiCommunicator::RankState& state, int peer, Tag tag, bool is_send)
+      : state_(state), rank_(state.rank), peer_(peer), tag_(tag), is_send_(is_send), posted_at_(Clock::now()) {}
 
   ~MpiRequest() override {
     if (complete_) return;
@@ -50,6 +79,7 @@ class MpiRequest final : public Request {
 
   bool test() override {
     if (complete_) return true;
+    state_.throw_if_failing(peer_, tag_, is_send_);
     int flag = 0;
     std::vector<MPI_Status> statuses(pieces_.size());
     const int rc = MPI_Testall(static_cast<int>(pieces_.size()), pieces_.data(), &flag, statuses.data());
@@ -73,6 +103,7 @@ class MpiRequest final : public Request {
 
   void wait_until(Deadline deadline) override {
     const Clock::time_point started = Clock::now();
+    auto sleep = kFirstSleep;
     for (;;) {
       if (test()) return;
       const Clock::time_point now = Clock::now();
@@ -81,12 +112,13 @@ class MpiRequest final : public Request {
         std::ostringstream what;
         what << "timed out after " << waited.count() << " ms waiting to "
              << (is_send_ ? "send to" : "receive from");
-        throw PeerError(describe_wait(rank_, what.str(), peer_, tag_));
+        throw PeerError(describe_wait(rank_, what.str(), peer_, tag_) + state_.liveness->late_rank_note(peer_));
       }
       if (now - started < kSpinTime) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(kPollSleep);
+        std::this_thread::sleep_for(std::min<Clock::duration>(sleep, deadline - now));
+        sleep = std::min(sleep * 2, kMaxSleep);
       }
     }
   }
@@ -100,6 +132,7 @@ class MpiRequest final : public Request {
                                   peer_, tag_));
   }
 
+  MpiCommunicator::RankState& state_;  // the communicator's; outlives its requests
   int rank_;
   int peer_;
   Tag tag_;
@@ -128,10 +161,13 @@ void check_arguments(int rank, int size, int peer, Tag tag, std::int64_t num_byt
 
 struct MpiCommunicator::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm control = MPI_COMM_NULL;  // the liveness probe's, apart from every data tag
 };
 
-MpiCommunicator::MpiCommunicator(const MpiScope& scope) : handle_(std::make_unique<Handle>()) {
+MpiCommunicator::MpiCommunicator(const MpiScope& scope)
+    : handle_(std::make_unique<Handle>()), state_(std::make_unique<RankState>()) {
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &handle_->comm), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &handle_->control), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(handle_->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(handle_->comm, &rank_);
   MPI_Comm_size(handle_->comm, &size_);
@@ -143,16 +179,20 @@ MpiCommunicator::MpiCommunicator(const MpiScope& scope) : handle_(std::make_uniq
                       ", below the 2^31-1 tags comm/tag.h lays out");
   }
   native_ = std::make_unique<MpiNativeCollectives>(handle_->comm);
+  state_->rank = rank_;
+  state_->liveness = std::make_unique<LivenessProbe>(handle_->control, rank_, size_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  if (state_) state_->liveness.reset();  // joins the helper before its communicator goes
+  if (handle_ && handle_->control != MPI_COMM_NULL) MPI_Comm_free(&handle_->control);
   if (handle_ && handle_->comm != MPI_COMM_NULL) MPI_Comm_free(&handle_->comm);
 }
 
 std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* data,
                                                 std::int64_t num_bytes) {
   check_arguments(rank_, size_, peer, tag, num_bytes, "isend");
-  auto request = std::make_unique<MpiRequest>(rank_, peer, tag, /*is_send=*/true);
+  auto request = std::make_unique<MpiRequest>(*state_, peer, tag, /*is_send=*/true);
   const char* bytes = static_cast<const char*>(data);
   std::int64_t offset = 0;
   do {  // at least one message, also for 0 bytes
@@ -170,7 +210,7 @@ std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* d
 std::unique_ptr<Request> MpiCommunicator::irecv(int peer, Tag tag, void* data,
                                                 std::int64_t num_bytes) {
   check_arguments(rank_, size_, peer, tag, num_bytes, "irecv");
-  auto request = std::make_unique<MpiRequest>(rank_, peer, tag, /*is_send=*/false);
+  auto request = std::make_unique<MpiRequest>(*state_, peer, tag, /*is_send=*/false);
   char* bytes = static_cast<char*>(data);
   std::int64_t offset = 0;
   do {
@@ -185,11 +225,26 @@ std::unique_ptr<Request> MpiCommunicator::irecv(int peer, Tag tag, void* data,
   return request;
 }
 
-void MpiCommunicator::abort(const std::string& reason) {
+void MpiCommunicator::abort(const std::string& reason, std::exception_ptr /*cause*/) {
+  // First reason wins: a second thread that gets here (a progress thread and
+  // the launcher at once) waits for the first one's MPI_Abort to end the process.
+  static std::atomic<bool> aborting{false};
+  if (aborting.exchange(true)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   std::fprintf(stderr, "epmoe: rank %d: %s\n", rank_, reason.c_str());
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]]-style control flow honest
+}
+
+void MpiCommunicator::cancel_pending(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->failing.load(std::memory_order_relaxed)) return;
+    state_->failing_reason = reason;
+  }
+  state_->failing.store(true, std::memory_order_release);  // waits see it at their next poll (<= 1 ms)
 }
 
 NativeCollectives* MpiCommunicator::native_collectives() { return native_.get(); }

@@ -8,8 +8,12 @@
 //
 // run_rank(argc, argv, fn): opens the scope, runs fn on a communicator over
 // all processes and returns 0. If fn throws, the message is printed as
-// "rank r failed: <what>" on stderr and the job ends with MPI_Abort, so every
-// rank fails with it instead of waiting for the failed one.
+// "epmoe: rank r: rank r failed: <what>" on stderr and the job ends with
+// MPI_Abort, so every rank fails with it instead of waiting for the failed
+// one. The text is the root error: a collective whose algorithm fails aborts
+// the job from its progress thread with its own error first (comm/
+// collective_handle.h), and collectives abandoned by the unwinding exception
+// are cancelled without printing anything (Communicator::cancel_pending).
 #pragma once
 
 #include <functional>

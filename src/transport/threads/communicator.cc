@@ -44,6 +44,12 @@ class ThreadsRequest final : public Request {
   }
 
   void wait_until(Deadline deadline) override {
+    struct WaitEdge {  // this thread waits for peer_ while in scope
+      ThreadsWorld& world;
+      int rank, peer;
+      WaitEdge(ThreadsWorld& w, int r, int p) : world(w), rank(r), peer(p) { world.begin_wait(rank, peer); }
+      ~WaitEdge() { world.end_wait(rank, peer); }
+    } edge(world_, rank_, peer_);
     std::unique_lock<std::mutex> lock(mailbox_.mutex);
     for (;;) {
       const Clock::time_point now = Clock::now();
@@ -76,9 +82,14 @@ class ThreadsRequest final : public Request {
     if (state_.phase == RequestPhase::done && now >= state_.ready_at) return true;
     if (state_.phase == RequestPhase::failed) throw PeerError(state_.error);
     if (world_.aborted()) {
-      throw PeerError(describe_wait(rank_, is_send_ ? "aborted while sending to" : "aborted while receiving from",
-                                    peer_, tag_) +
-                      ": " + world_.abort_reason());
+      throw AbortedError(describe_wait(rank_, is_send_ ? "aborted while sending to" : "aborted while receiving from",
+                                       peer_, tag_) +
+                         ": " + world_.abort_reason());
+    }
+    if (world_.failing(rank_)) {
+      throw AbortedError(describe_wait(rank_, is_send_ ? "cancelled while sending to" : "cancelled while receiving from",
+                                       peer_, tag_) +
+                         ": " + world_.failing_reason(rank_));
     }
     return false;
   }
@@ -88,7 +99,7 @@ class ThreadsRequest final : public Request {
     std::ostringstream what;
     what << "timed out after " << waited.count() << " ms waiting to "
          << (is_send_ ? "send to" : "receive from");
-    throw PeerError(describe_wait(rank_, what.str(), peer_, tag_));
+    throw PeerError(describe_wait(rank_, what.str(), peer_, tag_) + world_.late_rank_note(rank_, peer_));
   }
 
   ThreadsWorld& world_;
@@ -131,7 +142,10 @@ void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedS
 }  // namespace
 
 ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links)
-    : links_(num_ranks, links) {
+    : links_(num_ranks, links),
+      failing_(static_cast<std::size_t>(std::max(num_ranks, 0))),
+      failing_reasons_(static_cast<std::size_t>(std::max(num_ranks, 0))),
+      waits_(static_cast<std::size_t>(std::max(num_ranks, 0)) * std::max(num_ranks, 0)) {
   if (num_ranks < 1) {
     throw ConfigError("threads transport: num_ranks = " + std::to_string(num_ranks) +
                       ": must be >= 1");
@@ -149,11 +163,12 @@ Communicator& ThreadsWorld::communicator(int rank) {
   return *communicators_[rank];
 }
 
-void ThreadsWorld::abort(const std::string& reason) {
+void ThreadsWorld::abort(const std::string& reason, std::exception_ptr cause) {
   {
     std::lock_guard<std::mutex> lock(abort_mutex_);
     if (aborted_.load(std::memory_order_relaxed)) return;
     abort_reason_ = reason;
+    abort_cause_ = std::move(cause);
     aborted_.store(true, std::memory_order_release);
   }
   // Taking each mutex before notifying closes the window in which a waiter
@@ -167,6 +182,61 @@ void ThreadsWorld::abort(const std::string& reason) {
 std::string ThreadsWorld::abort_reason() const {
   std::lock_guard<std::mutex> lock(abort_mutex_);
   return abort_reason_;
+}
+
+std::exception_ptr ThreadsWorld::abort_cause() const {
+  std::lock_guard<std::mutex> lock(abort_mutex_);
+  return abort_cause_;
+}
+
+void ThreadsWorld::cancel_pending(int rank, const std::string& reason) {
+  EPMOE_CHECK(rank >= 0 && rank < size());
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (failing_[rank].load(std::memory_order_relaxed)) return;
+    failing_reasons_[rank] = reason;
+    failing_[rank].store(true, std::memory_order_release);
+  }
+  // The rank's receives wait in its own mailbox, its sends in the peers':
+  // wake them all (as abort() does).
+  for (auto& mailbox : mailboxes_) {
+    std::lock_guard<std::mutex> lock(mailbox->mutex);
+    mailbox->changed.notify_all();
+  }
+}
+
+std::string ThreadsWorld::failing_reason(int rank) const {
+  std::lock_guard<std::mutex> lock(abort_mutex_);
+  return failing_reasons_[rank];
+}
+
+// Breadth-first from `peer` along "waits for" edges, never back to `rank`
+// (which is waiting by definition): the first rank found that waits for no
+// one is the one the chain is stuck behind. The counts change while we read
+// them; the note is a diagnosis for the error message, not a decision.
+std::string ThreadsWorld::late_rank_note(int rank, int peer) const {
+  const int num_ranks = size();
+  std::vector<bool> seen(static_cast<std::size_t>(num_ranks), false);
+  std::vector<int> frontier = {peer};
+  seen[rank] = true;
+  seen[peer] = true;
+  for (std::size_t i = 0; i < frontier.size(); ++i) {
+    const int at = frontier[i];
+    bool waits_for_someone = false;
+    for (int next = 0; next < num_ranks; ++next) {
+      if (waits_[edge(at, next)].load(std::memory_order_relaxed) <= 0) continue;
+      waits_for_someone = true;
+      if (!seen[next]) {
+        seen[next] = true;
+        frontier.push_back(next);
+      }
+    }
+    if (waits_for_someone) continue;
+    if (at == peer) return "; peer " + std::to_string(peer) + " is not waiting for any rank: it is the late rank";
+    return "; the late rank is " + std::to_string(at) + ": peer " + std::to_string(peer) +
+           " waits for it (directly or through other ranks) and it waits for no rank";
+  }
+  return "";  // every rank reachable is waiting: a cycle, nobody to blame
 }
 
 void ThreadsCommunicator::check_peer(int peer, Tag tag, std::int64_t num_bytes,

@@ -23,7 +23,13 @@ class ThreadsCommunicator;
 // communicators; must outlive every Request posted through them.
 // Lock order: a mailbox mutex may be taken while holding nothing else, or
 // before EmulatedLinks' mutex; abort_mutex_ is never held while taking a
-// mailbox mutex.
+// mailbox mutex (it may be taken while holding one).
+//
+// Late rank: the world counts, per (rank, peer), the threads of `rank` that
+// are blocked in a wait for `peer`. A wait that times out follows these edges
+// from its peer to a rank that waits for no one - the rank the others are
+// stuck behind - and names it, rather than only the ring neighbour it waited
+// for (late_rank_note()).
 class ThreadsWorld {
  public:
   ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links);
@@ -35,9 +41,22 @@ class ThreadsWorld {
   Communicator& communicator(int rank);
 
   // First reason wins; wakes every waiter of every rank.
-  void abort(const std::string& reason);
+  void abort(const std::string& reason, std::exception_ptr cause = nullptr);
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   std::string abort_reason() const;
+  std::exception_ptr abort_cause() const;  // the first abort's cause, if it gave one
+
+  // Rank `rank` is failing: fails its pending and later waits (first reason wins).
+  void cancel_pending(int rank, const std::string& reason);
+  bool failing(int rank) const { return failing_[rank].load(std::memory_order_acquire); }
+  std::string failing_reason(int rank) const;
+
+  // The wait-for edges (see above): a thread of `rank` starts / stops waiting for `peer`.
+  void begin_wait(int rank, int peer) { waits_[edge(rank, peer)].fetch_add(1, std::memory_order_relaxed); }
+  void end_wait(int rank, int peer) { waits_[edge(rank, peer)].fetch_sub(1, std::memory_order_relaxed); }
+  // For a wait of `rank` on `peer` that timed out: "" when no rank can be
+  // blamed, else "; ..." naming the late rank.
+  std::string late_rank_note(int rank, int peer) const;
 
   detail::Mailbox& mailbox(int rank) { return *mailboxes_[rank]; }
   EmulatedLinks& links() { return links_; }
@@ -46,9 +65,15 @@ class ThreadsWorld {
   std::vector<std::unique_ptr<detail::Mailbox>> mailboxes_;  // [destination rank]
   EmulatedLinks links_;
   std::atomic<bool> aborted_{false};
-  mutable std::mutex abort_mutex_;  // guards abort_reason_
+  mutable std::mutex abort_mutex_;  // guards abort_reason_, abort_cause_
   std::string abort_reason_;
+  std::exception_ptr abort_cause_;
+  std::vector<std::atomic<bool>> failing_;      // [rank]
+  std::vector<std::string> failing_reasons_;    // [rank], guarded by abort_mutex_
+  std::vector<std::atomic<int>> waits_;         // [rank * R + peer]: threads of rank waiting for peer
   std::vector<std::unique_ptr<ThreadsCommunicator>> communicators_;  // [rank]
+
+  std::size_t edge(int rank, int peer) const { return static_cast<std::size_t>(rank) * size() + peer; }
 };
 
 class ThreadsCommunicator final : public Communicator {
@@ -61,7 +86,10 @@ class ThreadsCommunicator final : public Communicator {
   std::unique_ptr<Request> isend(int peer, Tag tag, const void* data,
                                  std::int64_t num_bytes) override;
   std::unique_ptr<Request> irecv(int peer, Tag tag, void* data, std::int64_t num_bytes) override;
-  void abort(const std::string& reason) override { world_.abort(reason); }
+  void abort(const std::string& reason, std::exception_ptr cause = nullptr) override {
+    world_.abort(reason, std::move(cause));
+  }
+  void cancel_pending(const std::string& reason) override { world_.cancel_pending(rank_, reason); }
 
  private:
   void check_peer(int peer, Tag tag, std::int64_t num_bytes, const char* op) const;

@@ -41,19 +41,33 @@ void run_ranks(int num_ranks, const ThreadsOptions& options,
                                   ? options.compute_threads_per_rank
                                   : std::max(1, hardware_cores() / num_ranks);
 
-  std::mutex first_error_mutex;  // guards first_error
-  std::exception_ptr first_error;
+  // The error rethrown: the first abort's cause, else the first root cause
+  // (not an AbortedError, which only says that some other rank failed), else
+  // the first error of any kind. A rank woken by the abort may record its
+  // AbortedError before the failing rank's own exception arrives here.
+  std::mutex first_error_mutex;  // guards first_error, first_root_error
+  std::exception_ptr first_error, first_root_error;
   auto run_one = [&](int rank) {
     try {
       set_compute_threads(threads_per_rank);
       fn(world.communicator(rank));
+    } catch (const AbortedError& e) {
+      {
+        std::lock_guard<std::mutex> lock(first_error_mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+      // Usually a no-op (the group is aborted already, first reason wins);
+      // it matters only if this rank's waits were cancelled and no abort
+      // followed.
+      world.abort("rank " + std::to_string(rank) + " failed: " + e.what());
     } catch (...) {
       const std::exception_ptr error = std::current_exception();
       {
         std::lock_guard<std::mutex> lock(first_error_mutex);
         if (!first_error) first_error = error;
+        if (!first_root_error) first_root_error = error;
       }
-      world.abort("rank " + std::to_string(rank) + " failed: " + describe_exception(error));
+      world.abort("rank " + std::to_string(rank) + " failed: " + describe_exception(error), error);
     }
   };
 
@@ -66,7 +80,13 @@ void run_ranks(int num_ranks, const ThreadsOptions& options,
   run_one(0);
   set_compute_threads(caller_compute_threads);
   for (auto& thread : threads) thread.join();
-  if (first_error) std::rethrow_exception(first_error);
+  if (!first_error) return;
+  // The cause of the first abort is the root error by definition - also when
+  // it was thrown inside a collective's algorithm whose handle was dropped
+  // unwinding (its rank waited on another collective first), so that no
+  // rank's own exception is it.
+  if (const std::exception_ptr cause = world.abort_cause()) std::rethrow_exception(cause);
+  std::rethrow_exception(first_root_error ? first_root_error : first_error);
 }
 
 }  // namespace epmoe::transport::threads

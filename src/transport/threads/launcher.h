@@ -8,10 +8,14 @@
 // is 0, instead of R x cores threads oversubscribing the machine.
 //
 // Failure: if fn throws on any rank, the world is aborted with
-// "rank r failed: <what>", which wakes every other rank's waits with a
-// PeerError carrying that text (no deadlock, no wait past its timeout), and
-// the first failing rank's own exception is rethrown here once all threads
-// have ended.
+// "rank r failed: <what>" (the first reason wins), which wakes every other
+// rank's waits with an AbortedError carrying that text (no deadlock, no wait
+// past its timeout). Once all threads have ended, the root-cause exception is
+// rethrown here: the cause of the first abort (a rank's exception, or the
+// error a collective's algorithm threw on a progress thread, comm/
+// collective_handle.h), else the first exception that is not an
+// AbortedError - a peer woken by the abort never masks the error that caused
+// it.
 #pragma once
 
 #include <functional>
