@@ -1,5 +1,12 @@
-// ring_all_gather: every rank contributes num_elements_per_rank elements; every
-// rank ends with all contributions in rank order, bit-equal to a naive gather.
+// ring_all_gather: every rank contributes num_elements_per_rank elements (or,
+// for blocks of unequal size, num_elements_by_rank[rank]); every rank ends
+// with all contributions concatenated in rank order, bit-equal to a naive
+// gather.
+//
+// Unequal blocks (a ring of experts whose ranks hold 3 and 5 tokens): every
+// rank passes the same num_elements_by_rank, block r starts at the sum of the
+// counts before it. Counts may be 0. The ring is the same: each block's
+// halves travel both ways; a link carries whatever block is due at the step.
 //
 // Bidirectional (the default, DESIGN.md §4.4): each rank's chunk is split in
 // two lanes, the first ceil(n/2) elements travel clockwise (to rank+1), the
@@ -19,6 +26,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "comm/algorithm.h"
 #include "comm/collective_handle.h"
@@ -28,9 +36,12 @@
 namespace epmoe::comm {
 
 struct AllGatherOptions {
-  const void* input = nullptr;  // num_elements_per_rank elements; may be output's own slot
-  void* output = nullptr;       // size() * num_elements_per_rank elements, rank order
-  std::int64_t num_elements_per_rank = 0;
+  const void* input = nullptr;  // this rank's block; may be output's own slot
+  void* output = nullptr;       // every rank's block, rank order
+  std::int64_t num_elements_per_rank = 0;  // equal blocks: every rank's count
+  // Unequal blocks: [size()] counts, the same on every rank; then
+  // num_elements_per_rank must be 0. Empty: equal blocks.
+  std::vector<std::int64_t> num_elements_by_rank = {};
   DType dtype = DType::f32;     // only its size matters: any dtype moves as bytes
   RingDirection direction = RingDirection::bidirectional;
   std::int64_t pipe = 1;        // messages per lane per step, >= 1
@@ -39,6 +50,9 @@ struct AllGatherOptions {
   std::chrono::milliseconds timeout = kDefaultTimeout;
 
   void validate(const transport::Communicator& comm) const;  // throws ConfigError
+  // Element count of rank r's block, for either form.
+  std::int64_t block_elements(int rank) const;
+  std::int64_t total_elements(int num_ranks) const;
 };
 
 // Starts the all-gather and returns at once; output is complete after wait().

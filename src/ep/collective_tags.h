@@ -27,6 +27,7 @@ enum class EpOp : std::uint32_t {
   replica_dwi1 = 13,
   replica_dwo = 14,
   replica_counts = 15,     // chunk 0: the all-gather of [R, E] counts
+  ring_token_counts = 15,  // chunk 1 (chunk 0 is replica_counts): the ring's per-rank token counts
 };
 
 constexpr std::uint32_t ep_tag(std::uint32_t tag_base, int chunk, EpOp op) {

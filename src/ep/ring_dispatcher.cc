@@ -10,8 +10,44 @@
 
 namespace epmoe::ep {
 
+namespace {
+
+// Scales every rank's count by `per_row` (rows -> elements).
+std::vector<std::int64_t> times(const std::vector<std::int64_t>& rows, std::int64_t per_row) {
+  std::vector<std::int64_t> out(rows.size());
+  for (std::size_t r = 0; r < rows.size(); ++r) out[r] = rows[r] * per_row;
+  return out;
+}
+
+// Bytes this rank sends in a bidirectional ring all-gather of these blocks
+// (comm/ring.h): the clockwise lane forwards the first ceil(n/2) elements of
+// every block but rank+1's, the other lane the rest of every block but rank-1's.
+std::int64_t all_gather_bytes_sent(const std::vector<std::int64_t>& elements, int rank, std::int64_t element_bytes) {
+  const int num_ranks = static_cast<int>(elements.size());
+  if (num_ranks == 1) return 0;
+  std::int64_t sent = 0;
+  for (int b = 0; b < num_ranks; ++b) {
+    if (b != (rank + 1) % num_ranks) sent += (elements[b] + 1) / 2;
+    if (b != (rank + num_ranks - 1) % num_ranks) sent += elements[b] / 2;
+  }
+  return sent * element_bytes;
+}
+
+// A ring reduce-scatter sends a partial sum of every block but this rank's, as f32.
+std::int64_t reduce_scatter_bytes_sent(const std::vector<std::int64_t>& elements, int rank) {
+  std::int64_t sent = 0;
+  for (std::size_t b = 0; b < elements.size(); ++b)
+    if (static_cast<int>(b) != rank) sent += elements[b] * 4;
+  return sent;
+}
+
+}  // namespace
+
 struct RingDispatcher::Chunk {
   ChunkRange range;
+  std::vector<std::int64_t> rows_by_rank;  // [R] this chunk's tokens on every rank
+  std::vector<std::int64_t> slot_offset;   // [R] first slot of rank r's tokens
+  std::int64_t num_slots = 0;              // sum of rows_by_rank
   float tensor_scale = 1.0f;
   std::vector<std::byte> local_tokens, gathered_tokens;
   std::vector<std::int32_t> local_routing, gathered_routing;  // per token: K ids, K weight bits
@@ -48,10 +84,26 @@ void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) 
   x_ = &x;
   routing_ = routing;
   stats_.reset(num_local_experts_);
+  const int num_ranks = comm_.size();
+  tokens_by_rank_.assign(static_cast<std::size_t>(num_ranks), routing.num_tokens);
+  if (num_ranks > 1) {
+    const std::int64_t own = routing.num_tokens;
+    comm::ring_all_gather(comm_, {.input = &own, .output = tokens_by_rank_.data(), .num_elements_per_rank = 1,
+                                  .dtype = DType::i64,
+                                  .tag = ep_tag(config_.tag_base, 1, EpOp::ring_token_counts),
+                                  .timeout = config_.timeout})
+        .wait();
+  }
   chunks_.clear();
   for (int c = 0; c < config_.num_chunks; ++c) {
     chunks_.push_back(std::make_unique<Chunk>());
-    chunks_.back()->range = chunk_range(routing.num_tokens, config_.num_chunks, c);
+    Chunk& chunk = *chunks_.back();
+    chunk.range = chunk_range(routing.num_tokens, config_.num_chunks, c);
+    for (int r = 0; r < num_ranks; ++r) {
+      chunk.slot_offset.push_back(chunk.num_slots);
+      chunk.rows_by_rank.push_back(chunk_range(tokens_by_rank_[r], config_.num_chunks, c).size());
+      chunk.num_slots += chunk.rows_by_rank.back();
+    }
   }
   if (replicas_) {
     ScopedPhase phase(stats_.phase_seconds, "balance");
@@ -66,7 +118,7 @@ void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) 
 void RingDispatcher::start_gather(int c, bool remat) {
   Chunk& chunk = *chunks_[c];
   chunk.gather_started = true;
-  const int num_ranks = comm_.size(), top_k = config_.top_k;
+  const int top_k = config_.top_k;
   const std::int64_t hidden = config_.hidden, n = chunk.range.size();
   if (config_.token_format == TokenFormat::fp8_tensor && !remat)
     chunk.tensor_scale = agree_on_tensor_scale(comm_, x_->data<float>() + chunk.range.begin * hidden, n * hidden,
@@ -75,7 +127,7 @@ void RingDispatcher::start_gather(int c, bool remat) {
   chunk.local_tokens.resize(static_cast<std::size_t>(n * row_bytes));
   codec_.encode(x_->data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
                 chunk.local_tokens.data());
-  chunk.gathered_tokens.resize(static_cast<std::size_t>(num_ranks * n * row_bytes));
+  chunk.gathered_tokens.resize(static_cast<std::size_t>(chunk.num_slots * row_bytes));
   chunk.local_routing.resize(static_cast<std::size_t>(n * 2 * top_k));
   for (std::int64_t t = 0; t < n; ++t)
     for (int k = 0; k < top_k; ++k) {
@@ -83,19 +135,20 @@ void RingDispatcher::start_gather(int c, bool remat) {
       chunk.local_routing[(t * 2) * top_k + k] = routing_.topk_ids[pair];
       std::memcpy(&chunk.local_routing[(t * 2 + 1) * top_k + k], &routing_.topk_weights[pair], 4);
     }
-  chunk.gathered_routing.resize(static_cast<std::size_t>(num_ranks * n * 2 * top_k));
-  // A ring all-gather sends R-1 blocks of this size from every rank.
+  chunk.gathered_routing.resize(static_cast<std::size_t>(chunk.num_slots * 2 * top_k));
+  const std::vector<std::int64_t> token_bytes = times(chunk.rows_by_rank, row_bytes);
+  const std::vector<std::int64_t> routing_words = times(chunk.rows_by_rank, 2 * top_k);
   const std::string prefix = remat ? "backward/remat " : "forward/";
-  stats_.bytes_sent[prefix + "ring_all_gather tokens"] += (num_ranks - 1) * n * row_bytes;
-  stats_.bytes_sent[prefix + "ring_all_gather routing"] += (num_ranks - 1) * n * 2 * top_k * 4;
+  stats_.bytes_sent[prefix + "ring_all_gather tokens"] += all_gather_bytes_sent(token_bytes, comm_.rank(), 1);
+  stats_.bytes_sent[prefix + "ring_all_gather routing"] += all_gather_bytes_sent(routing_words, comm_.rank(), 4);
   chunk.tokens_in_flight = comm::ring_all_gather(
       comm_, {.input = chunk.local_tokens.data(), .output = chunk.gathered_tokens.data(),
-              .num_elements_per_rank = n * row_bytes, .dtype = DType::fp8_e4m3,
+              .num_elements_by_rank = token_bytes, .dtype = DType::fp8_e4m3,
               .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
               .timeout = config_.timeout});
   chunk.routing_in_flight = comm::ring_all_gather(
       comm_, {.input = chunk.local_routing.data(), .output = chunk.gathered_routing.data(),
-              .num_elements_per_rank = n * 2 * top_k, .dtype = DType::i32,
+              .num_elements_by_rank = routing_words, .dtype = DType::i32,
               .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_metadata : EpOp::forward_metadata),
               .timeout = config_.timeout});
 }
@@ -122,7 +175,7 @@ ExpertRows RingDispatcher::collect_rows(int c) {
   chunk.routing_in_flight.wait();
 
   const int top_k = config_.top_k;
-  const std::int64_t num_slots = comm_.size() * chunk.range.size();
+  const std::int64_t num_slots = chunk.num_slots;
   Tensor x_all(DType::f32, {num_slots, config_.hidden});
   codec_.decode(chunk.gathered_tokens.data(), num_slots, chunk.tensor_scale, x_all.data<float>());
   chunk.gathered_tokens = {};
@@ -143,25 +196,28 @@ ExpertRows RingDispatcher::collect_rows(int c) {
     }
     seen = chunk.pairs_seen_start;
   }
-  const std::int64_t n = chunk.range.size();
-  for (std::int64_t g = 0; g < num_slots; ++g)
-    for (int k = 0; k < top_k; ++k) {
-      const std::int32_t expert = chunk.gathered_routing[(g * 2) * top_k + k];
-      int local = expert - first;
-      if (replicas_) {
-        const int source = static_cast<int>(g / n);
-        const PairDestination dest =
-            replicas_->destination(source, expert, seen[static_cast<std::size_t>(source) * num_experts + expert]++);
-        if (dest.rank != comm_.rank()) continue;
-        local = dest.local_expert;
-      } else if (local < 0 || local >= num_local_experts_) {
-        continue;
+  // Slot g of source rank `source`'s block: its tokens arrive in token order.
+  for (int source = 0; source < comm_.size(); ++source) {
+    const std::int64_t end = chunk.slot_offset[source] + chunk.rows_by_rank[source];
+    for (std::int64_t g = chunk.slot_offset[source]; g < end; ++g) {
+      for (int k = 0; k < top_k; ++k) {
+        const std::int32_t expert = chunk.gathered_routing[(g * 2) * top_k + k];
+        int local = expert - first;
+        if (replicas_) {
+          const PairDestination dest = replicas_->destination(
+              source, expert, seen[static_cast<std::size_t>(source) * num_experts + expert]++);
+          if (dest.rank != comm_.rank()) continue;
+          local = dest.local_expert;
+        } else if (local < 0 || local >= num_local_experts_) {
+          continue;
+        }
+        float weight;
+        std::memcpy(&weight, &chunk.gathered_routing[(g * 2 + 1) * top_k + k], sizeof weight);
+        entries.add(local, weight, g, g);
+        chunk.entry_slot_k.push_back(g * top_k + k);
       }
-      float weight;
-      std::memcpy(&weight, &chunk.gathered_routing[(g * 2 + 1) * top_k + k], sizeof weight);
-      entries.add(local, weight, g, g);
-      chunk.entry_slot_k.push_back(g * top_k + k);
     }
+  }
   if (replicas_ && first_collect) pairs_seen_ = seen;
   ExpertRows rows = build_expert_rows(x_all.data<float>(), config_.hidden, entries, num_compute_experts(),
                                       num_slots, &chunk.entry_of_row);
@@ -173,13 +229,14 @@ ExpertRows RingDispatcher::collect_rows(int c) {
 void RingDispatcher::send_outputs(int c, Tensor slot_outputs) {
   Chunk& chunk = *chunks_[c];
   const std::int64_t n = chunk.range.size(), hidden = config_.hidden;
-  EPMOE_CHECK_EQ(slot_outputs.numel(), comm_.size() * n * hidden);
+  EPMOE_CHECK_EQ(slot_outputs.numel(), chunk.num_slots * hidden);
   chunk.slot_outputs = std::move(slot_outputs);
   chunk.y_chunk = Tensor(DType::f32, {n, hidden});
-  stats_.bytes_sent["forward/reduce_scatter combine"] += (comm_.size() - 1) * n * hidden * 4;
+  const std::vector<std::int64_t> output_elements = times(chunk.rows_by_rank, hidden);
+  stats_.bytes_sent["forward/reduce_scatter combine"] += reduce_scatter_bytes_sent(output_elements, comm_.rank());
   chunk.combine_in_flight = comm::reduce_scatter(
       comm_, {.input = chunk.slot_outputs.raw(), .output = chunk.y_chunk.raw(),
-              .num_elements_per_rank = std::vector<std::int64_t>(comm_.size(), n * hidden),
+              .num_elements_per_rank = output_elements,
               .tag = ep_tag(config_.tag_base, c, EpOp::forward_combine), .timeout = config_.timeout});
 }
 
@@ -205,12 +262,13 @@ void RingDispatcher::start_backward(const Tensor& dy) {
 void RingDispatcher::start_cotangent_gather(int c) {
   Chunk& chunk = *chunks_[c];
   chunk.cotangent_started = true;
-  const std::int64_t n = chunk.range.size(), hidden = config_.hidden;
-  chunk.gathered_dy = Tensor(DType::f32, {comm_.size() * n, hidden});
-  stats_.bytes_sent["backward/ring_all_gather cotangent"] += (comm_.size() - 1) * n * hidden * 4;
+  const std::int64_t hidden = config_.hidden;
+  chunk.gathered_dy = Tensor(DType::f32, {chunk.num_slots, hidden});
+  const std::vector<std::int64_t> dy_elements = times(chunk.rows_by_rank, hidden);
+  stats_.bytes_sent["backward/ring_all_gather cotangent"] += all_gather_bytes_sent(dy_elements, comm_.rank(), 4);
   chunk.cotangent_in_flight = comm::ring_all_gather(
       comm_, {.input = dy_->data<float>() + chunk.range.begin * hidden, .output = chunk.gathered_dy.raw(),
-              .num_elements_per_rank = n * hidden, .dtype = DType::f32,
+              .num_elements_by_rank = dy_elements, .dtype = DType::f32,
               .tag = ep_tag(config_.tag_base, c, EpOp::backward_cotangent), .timeout = config_.timeout});
 }
 
@@ -227,25 +285,27 @@ Tensor RingDispatcher::receive_cotangents(int c) {
 
 void RingDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float> row_dweights) {
   Chunk& chunk = *chunks_[c];
-  const int num_ranks = comm_.size(), top_k = config_.top_k;
+  const int top_k = config_.top_k;
   const std::int64_t n = chunk.range.size(), hidden = config_.hidden;
-  EPMOE_CHECK_EQ(slot_dx.numel(), num_ranks * n * hidden);
+  EPMOE_CHECK_EQ(slot_dx.numel(), chunk.num_slots * hidden);
   EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size());
   chunk.slot_dx = std::move(slot_dx);
   chunk.dx_chunk = Tensor(DType::f32, {n, hidden});
-  chunk.slot_dweights = Tensor::zeros(DType::f32, {num_ranks * n, top_k});
+  chunk.slot_dweights = Tensor::zeros(DType::f32, {chunk.num_slots, top_k});
   for (std::size_t r = 0; r < row_dweights.size(); ++r)
     chunk.slot_dweights.data<float>()[chunk.entry_slot_k[chunk.entry_of_row[r]]] = row_dweights[r];
   chunk.dweights_chunk = Tensor(DType::f32, {n, top_k});
-  stats_.bytes_sent["backward/reduce_scatter dx"] += (num_ranks - 1) * n * hidden * 4;
-  stats_.bytes_sent["backward/reduce_scatter dweights"] += (num_ranks - 1) * n * top_k * 4;
+  const std::vector<std::int64_t> dx_elements = times(chunk.rows_by_rank, hidden);
+  const std::vector<std::int64_t> dweight_elements = times(chunk.rows_by_rank, top_k);
+  stats_.bytes_sent["backward/reduce_scatter dx"] += reduce_scatter_bytes_sent(dx_elements, comm_.rank());
+  stats_.bytes_sent["backward/reduce_scatter dweights"] += reduce_scatter_bytes_sent(dweight_elements, comm_.rank());
   chunk.dx_in_flight = comm::reduce_scatter(
       comm_, {.input = chunk.slot_dx.raw(), .output = chunk.dx_chunk.raw(),
-              .num_elements_per_rank = std::vector<std::int64_t>(num_ranks, n * hidden),
+              .num_elements_per_rank = dx_elements,
               .tag = ep_tag(config_.tag_base, c, EpOp::backward_dx), .timeout = config_.timeout});
   chunk.dweights_in_flight = comm::reduce_scatter(
       comm_, {.input = chunk.slot_dweights.raw(), .output = chunk.dweights_chunk.raw(),
-              .num_elements_per_rank = std::vector<std::int64_t>(num_ranks, n * top_k),
+              .num_elements_per_rank = dweight_elements,
               .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights), .timeout = config_.timeout});
 }
 

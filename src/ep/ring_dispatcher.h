@@ -11,6 +11,12 @@
 // Each (token, k) weight gradient is computed on exactly one rank and is zero
 // on the others, so its reduce-scatter sum is exact.
 //
+// Ranks may hold different numbers of tokens (N = 7 over 2 ranks: 4 and 3).
+// start_forward all-gathers every rank's token count (one int64 each, a
+// blocking collective of a few microseconds), and chunk c's slots are then
+// rank 0's chunk-c tokens, then rank 1's, ... - the all-gathers and
+// reduce-scatters move blocks of unequal size (comm/all_gather.h).
+//
 // Per rank and chunk of n tokens it receives ·n·row_bytes of tokens,
 // against ≈ K·n·row_bytes·(R-1)/R for the all-to-all: the ring wins when R < K.
 //
@@ -75,6 +81,7 @@ class RingDispatcher final : public Dispatcher {
   const Tensor* dy_ = nullptr;
   RoutingView routing_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::vector<std::int64_t> tokens_by_rank_;  // [R] this step's token count of every rank
   DispatchStats stats_;
   // Dynamic replicas (null when off). Pairs seen so far this step per
   // (source rank, expert), [R * E]: the ring rank's running positions.

@@ -20,6 +20,9 @@ class NativeCollectives {
 
   // output = concatenation of every rank's `num_bytes_per_rank` input bytes.
   virtual void all_gather(const void* input, void* output, std::int64_t num_bytes_per_rank) = 0;
+  // Unequal blocks: rank r contributes num_bytes_by_rank[r] bytes; output
+  // is their concatenation in rank order.
+  virtual void all_gather_v(const void* input, void* output, std::span<const std::int64_t> num_bytes_by_rank) = 0;
   // Sums f32 blocks: input holds size() blocks of num_elements_per_rank[r]
   // floats; output receives the sum of block rank(). Uses
   // MPI_Reduce_scatter_block when all counts are equal.

@@ -105,6 +105,37 @@ void check_all_gather(transport::Communicator& comm, std::int64_t num_elements_p
                                   << num_elements_per_rank << " rank=" << comm.rank();
 }
 
+void check_all_gather_v(transport::Communicator& comm, const std::vector<std::int64_t>& counts, DType dtype,
+                        RingDirection direction, std::int64_t pipe, Algorithm algorithm, std::uint32_t tag) {
+  const int num_ranks = comm.size();
+  const auto esize = static_cast<std::int64_t>(dtype_size_bytes(dtype));
+  std::uint64_t seed = 3000;
+  for (std::int64_t count : counts) seed = seed * 31 + static_cast<std::uint64_t>(count);
+  std::vector<std::byte> expected;  // the naive gather: blocks concatenated in rank order
+  std::int64_t own_offset = 0;
+  for (int r = 0; r < num_ranks; ++r) {
+    if (r == comm.rank()) own_offset = static_cast<std::int64_t>(expected.size());
+    const auto block = random_bytes(seed, r, counts[r] * esize);
+    expected.insert(expected.end(), block.begin(), block.end());
+  }
+  const std::vector<std::byte> input = random_bytes(seed, comm.rank(), counts[comm.rank()] * esize);
+  std::vector<std::byte> output(expected.size(), std::byte{0xA5});
+  AllGatherOptions options{.input = input.data(), .output = output.data(), .num_elements_by_rank = counts,
+                           .dtype = dtype, .direction = direction, .pipe = pipe, .algorithm = algorithm, .tag = tag};
+  std::string what = "R=" + std::to_string(num_ranks) + " counts=";
+  for (std::int64_t count : counts) what += std::to_string(count) + ",";
+  what += " dtype=" + std::string(dtype_name(dtype)) + " pipe=" + std::to_string(pipe) +
+          " rank=" + std::to_string(comm.rank());
+  ring_all_gather(comm, options).wait();
+  ASSERT_TRUE(output == expected) << "unequal all-gather differs from the naive gather: " << what;
+  std::fill(output.begin(), output.end(), std::byte{0xA5});  // in place
+  std::copy(input.begin(), input.end(), output.begin() + own_offset);
+  options.input = output.data() + own_offset;
+  options.tag = tag + 1000;
+  ring_all_gather(comm, options).wait();
+  ASSERT_TRUE(output == expected) << "in-place unequal all-gather differs: " << what;
+}
+
 void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::int64_t>& counts,
                           DType dtype, RingDirection direction, Algorithm algorithm, std::uint32_t tag) {
   const int num_ranks = comm.size();
@@ -345,6 +376,28 @@ void check_everything(transport::Communicator& comm, Algorithm algorithm) {
       }
       for (auto direction : {RingDirection::bidirectional, RingDirection::unidirectional}) {
         for (std::int64_t pipe : {1, 3}) check_all_gather(comm, n, dtype, direction, pipe, algorithm, tag++);
+      }
+    }
+  }
+  // Unequal all-gather: ragged counts with zero-sized blocks, one non-empty
+  // block, and counts of 1 (blocks that cannot be halved).
+  {
+    std::vector<std::vector<std::int64_t>> ragged(4);
+    for (int r = 0; r < num_ranks; ++r) {
+      ragged[0].push_back(r % 3 == 1 ? 0 : 3 + 2 * r);  // 3, 0, 7, 9, 0, ...
+      ragged[1].push_back(r == num_ranks - 1 ? 1001 : 0);
+      ragged[2].push_back(r % 2);
+      ragged[3].push_back(517 - 64 * r);
+    }
+    for (const auto& counts : ragged) {
+      for (DType dtype : {DType::f32, DType::fp8_e4m3}) {
+        if (algorithm == Algorithm::native) {
+          check_all_gather_v(comm, counts, dtype, RingDirection::bidirectional, 1, algorithm, tag++);
+          continue;
+        }
+        for (auto direction : {RingDirection::bidirectional, RingDirection::unidirectional}) {
+          for (std::int64_t pipe : {1, 3}) check_all_gather_v(comm, counts, dtype, direction, pipe, algorithm, tag++);
+        }
       }
     }
   }

@@ -26,6 +26,10 @@ std::uint16_t float_to_bf16_bits(float value);  // nearest even
 void check_all_gather(transport::Communicator& comm, std::int64_t num_elements_per_rank, DType dtype,
                       RingDirection direction, std::int64_t pipe, Algorithm algorithm,
                       std::uint32_t tag);
+// Unequal blocks (num_elements_by_rank = counts): bit-equal to a naive
+// gather, also in place.
+void check_all_gather_v(transport::Communicator& comm, const std::vector<std::int64_t>& counts, DType dtype,
+                        RingDirection direction, std::int64_t pipe, Algorithm algorithm, std::uint32_t tag);
 // counts[r] elements in block r. Ring: bit-equal to the documented ring
 // order; every algorithm: within R * epsilon * sum|x| of a double reference;
 // a second run gives the same bits.

@@ -52,7 +52,12 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   threads_options.compute_threads_per_rank = 1;
   transport::threads::run_ranks(num_ranks, threads_options, [&](transport::Communicator& comm) {
     const int r = comm.rank();
-    const std::int64_t t0 = n * r / num_ranks, t1 = n * (r + 1) / num_ranks;
+    std::int64_t t0 = n * r / num_ranks, t1 = n * (r + 1) / num_ranks;
+    if (!options.tokens_by_rank.empty()) {
+      t0 = 0;
+      for (int q = 0; q < r; ++q) t0 += options.tokens_by_rank[q];
+      t1 = t0 + options.tokens_by_rank[r];
+    }
     const std::int64_t el = e / num_ranks, e0 = r * el;
     const Tensor x = slice_rows(p.x, t0, t1), dy = slice_rows(p.dy, t0, t1);
     const Tensor wi0 = slice_rows(p.wi0, e0, e0 + el), wi1 = slice_rows(p.wi1, e0, e0 + el),

@@ -1,5 +1,5 @@
 // Runs one MoE layer forward + backward over R ranks as threads, each rank
-// holding tokens [r·N/R, (r+1)·N/R) and experts [r·E/R, (r+1)·E/R), and
+// holding tokens [r·N/R, (r+1)·N/R) (or EpRunOptions::tokens_by_rank) and experts [r·E/R, (r+1)·E/R), and
 // gathers the results back into single-rank shapes (dgate summed over
 // ranks) so they compare directly with the double reference.
 #pragma once
@@ -25,6 +25,9 @@ struct EpRunOptions {
   // layer (empty: one step, the layer's automatic version). Results are the
   // last step's.
   std::vector<std::uint64_t> weight_versions;
+  // Tokens each rank holds, in rank order, summing to N (3 and 5 on two
+  // ranks, zeros allowed); empty: rank r holds [r·N/R, (r+1)·N/R).
+  std::vector<std::int64_t> tokens_by_rank = {};
 };
 
 // What one rank's memory ledger and layer saw.

@@ -57,6 +57,18 @@ void MpiNativeCollectives::all_gather(const void* input, void* output,
             "MPI_Allgather");
 }
 
+void MpiNativeCollectives::all_gather_v(const void* input, void* output,
+                                        std::span<const std::int64_t> num_bytes_by_rank) {
+  const std::vector<int> counts = to_mpi_counts(num_bytes_by_rank, "bytes of a rank");
+  const std::vector<int> displs = displacements(counts, "output offset");
+  int rank = 0;
+  MPI_Comm_rank(comm_, &rank);
+  const bool in_place = input == static_cast<const char*>(output) + displs[rank];
+  check_mpi(MPI_Allgatherv(in_place ? MPI_IN_PLACE : input, counts[rank], MPI_BYTE, output, counts.data(),
+                           displs.data(), MPI_BYTE, comm_),
+            "MPI_Allgatherv");
+}
+
 void MpiNativeCollectives::reduce_scatter_sum_f32(
     const float* input, float* output, std::span<const std::int64_t> num_elements_per_rank) {
   const std::vector<int> counts = to_mpi_counts(num_elements_per_rank, "elements per rank");

@@ -17,6 +17,7 @@ class MpiNativeCollectives final : public NativeCollectives {
   explicit MpiNativeCollectives(MPI_Comm comm) : comm_(comm) {}
 
   void all_gather(const void* input, void* output, std::int64_t num_bytes_per_rank) override;
+  void all_gather_v(const void* input, void* output, std::span<const std::int64_t> num_bytes_by_rank) override;
   void reduce_scatter_sum_f32(const float* input, float* output,
                               std::span<const std::int64_t> num_elements_per_rank) override;
   void all_reduce_sum_f32(float* data, std::int64_t num_elements) override;
