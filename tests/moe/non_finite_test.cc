@@ -7,20 +7,27 @@
 //     the bits of a fresh layer);
 //  3. finite inputs whose step overflows are reported with the phase: router
 //     logits (forward/route), expert output (forward/experts, naming the row
-//     and its local expert), and a gradient in backward/experts.
+//     and its local expert), and a gradient in backward/experts;
+//  4. under expert parallelism (2 ranks as threads, both dispatchers), an
+//     overflow in rank 1's experts mid-step fails the run with rank 1's
+//     NumericError, and rank 0, waiting for rank 1's outputs, is woken with
+//     a PeerError that carries rank 1's message (no hang).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <string>
 
 #include "core/error.h"
 #include "core/finite_check.h"
+#include "ep/ep_config.h"
 #include "moe/moe_layer.h"
 #include "reference_moe.h"
+#include "transport/threads/launcher.h"
 
 namespace epmoe {
 namespace {
@@ -189,6 +196,51 @@ TEST(NonFiniteInsideStep, GradientOverflowNamesABackwardPhase) {
   const std::string message = step_error(layer, p);
   EXPECT_EQ(message.rfind("moe layer 1: non-finite value in ", 0), 0u) << message;
   EXPECT_NE(message.find("(backward/experts)"), std::string::npos) << message;
+}
+
+TEST(NonFiniteInsideStep, ExpertParallelOverflowFailsEveryRankWithoutHanging) {
+  const int num_ranks = 2;
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2};
+  const MoeProblem p = testing::make_problem(16, 8, 8, router, 48);
+  for (ep::DispatchKind dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    ep::EpConfig config{.num_experts = 4, .top_k = 2, .hidden = 8};
+    std::vector<std::string> seen(num_ranks);
+    std::mutex mutex;
+    std::string thrown;
+    try {
+      transport::threads::run_ranks(num_ranks, {}, [&](transport::Communicator& comm) {
+        const int r = comm.rank();
+        // Rank r holds tokens [8r, 8r + 8) and experts {2r, 2r + 1}; rank
+        // 1's wi0 and wi1 at 1e20 make silu(x wi0) * (x wi1) ~ 1e40 = inf.
+        Tensor x(DType::f32, {8, 8});
+        std::copy_n(p.x.data<float>() + r * 64, 64, x.data<float>());
+        Tensor wi0(DType::f32, {2, 8, 8}), wi1(DType::f32, {2, 8, 8}), wo(DType::f32, {2, 8, 8});
+        const float scale = r == 1 ? 1e20f : 1.0f;
+        for (std::int64_t i = 0; i < 128; ++i) {
+          wi0.data<float>()[i] = p.wi0.data<float>()[r * 128 + i] * scale;
+          wi1.data<float>()[i] = p.wi1.data<float>()[r * 128 + i] * scale;
+          wo.data<float>()[i] = p.wo.data<float>()[r * 128 + i];
+        }
+        MoeLayer layer(layer_config(p), ep::make_dispatcher(dispatch, comm, config));
+        try {
+          layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias});
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> lock(mutex);
+          seen[r] = std::string(dynamic_cast<const NumericError*>(&e) ? "NumericError: " :
+                                dynamic_cast<const PeerError*>(&e)    ? "PeerError: "
+                                                                      : "Error: ") + e.what();
+          throw;
+        }
+      });
+    } catch (const NumericError& e) {
+      thrown = e.what();
+    }
+    const std::string cause = "moe layer 1: non-finite value in expert output (forward/experts) at row ";
+    EXPECT_EQ(thrown.rfind(cause, 0), 0u) << ep::to_string(dispatch) << ": " << thrown;
+    EXPECT_EQ(seen[1].rfind("NumericError: " + cause, 0), 0u) << seen[1];
+    EXPECT_EQ(seen[0].rfind("PeerError: ", 0), 0u) << seen[0];
+    EXPECT_NE(seen[0].find(cause), std::string::npos) << "rank 0 is told rank 1's cause: " << seen[0];
+  }
 }
 
 }  // namespace
