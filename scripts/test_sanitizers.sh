@@ -58,8 +58,9 @@ cmake --build build-tsan -j "$jobs" --target transport_threads_test comm_threads
 #    oneDNN primitives exist only on AVX-512 machines (it fails on AVX2-only
 #    CPUs in every build, which is not a race).
 # Measured 2026-12-01 (AMD EPYC, 2 cores shared with other builds): cold
-# TSan build 301 s, the 216 TSan tests 79 s (ep 106 s, moe 44 s, comm 7 s of
-# test time over 2 jobs).
+# TSan build 301 s, then the 217 TSan tests 79-107 s (ep ~106 s, moe ~45 s,
+# comm 7 s of test time over 2 jobs); 151 s for the whole TSan part after a
+# small change with ccache.
 tsan_exclude='^moe_test\.(GradientCheck|Bf16Compute)\.'
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan_suppressions.txt" \
   ctest --test-dir build-tsan --no-tests=error --output-on-failure -j "$jobs" -E "$tsan_exclude"
