@@ -8,8 +8,14 @@
 // step. The replay prints, per policy, mean and worst max/mean rank load and
 // the expert weights moved per step; --json prints the same as one JSON
 // object for scripts.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,8 +93,29 @@ struct BalanceArguments {
 
 // --- --generate ----------------------------------------------------------
 
+// The target of --generate is checked before the (seconds-long) generation,
+// so an unwritable path fails at once. A real mkdir in the directory, since
+// access() answers yes to root where creating fails (/proc, read-only mounts).
+void check_generate_target(const std::filesystem::path& file) {
+  std::error_code error;
+  const auto status = std::filesystem::status(file, error);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw FileError(file.string() + ": exists and is not a regular file (--generate writes an .npy file)");
+  }
+  const std::filesystem::path dir = std::filesystem::absolute(file).parent_path();
+  if (!std::filesystem::is_directory(dir)) {
+    throw FileError(file.string() + ": directory " + dir.string() + " does not exist (--generate creates no directories)");
+  }
+  const std::filesystem::path probe = dir / (".epmoe-probe-" + std::to_string(::getpid()));
+  if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw FileError(file.string() + ": cannot create files in " + dir.string() + ": " + std::strerror(errno));
+  }
+  ::rmdir(probe.c_str());
+}
+
 void run_generate(const BalanceArguments& arguments) {
   const ConfigValues values = generate_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  check_generate_target(arguments.generate_file);
   balance::LoadGeneratorOptions options;
   options.num_experts = values.get_int32("experts");
   options.num_ranks = values.get_int32("ranks");
@@ -129,6 +156,9 @@ void run_generate(const BalanceArguments& arguments) {
 balance::ExpertLoadHistory read_loads(const std::string& file) {
   const Tensor loads = read_npy(file, DType::i64,
                                 ExpectedShape{{ExpectedShape::kAnyDim, ExpectedShape::kAnyDim}, {"steps", "E"}, ""});
+  if (loads.dim(0) > std::numeric_limits<int>::max() || loads.dim(1) > std::numeric_limits<int>::max()) {
+    throw FileError(file + ": shape " + shape_to_string(loads.shape()) + " has more than 2^31-1 steps or experts");
+  }
   balance::ExpertLoadHistory history;
   history.num_steps = static_cast<int>(loads.dim(0));
   history.num_experts = static_cast<int>(loads.dim(1));
@@ -137,11 +167,21 @@ balance::ExpertLoadHistory read_loads(const std::string& file) {
   }
   const auto counts = loads.span<std::int64_t>();
   history.counts.assign(counts.begin(), counts.end());
+  // The replay adds loads up (per rank, per step, over windows of steps) in
+  // int64; a file whose total overflows would wrap to negative sums and
+  // report nonsense such as max/mean 0.000. The total bounds every partial
+  // sum, so checking it once suffices.
+  std::int64_t total = 0;
   for (std::size_t i = 0; i < history.counts.size(); ++i) {
+    const std::string index =
+        "loads[" + std::to_string(i / history.num_experts) + ", " + std::to_string(i % history.num_experts) + "]";
     if (history.counts[i] < 0) {
-      throw FileError(file + ": loads[" + std::to_string(i / history.num_experts) + ", " +
-                      std::to_string(i % history.num_experts) + "] = " + std::to_string(history.counts[i]) +
+      throw FileError(file + ": " + index + " = " + std::to_string(history.counts[i]) +
                       "; expert loads are token counts >= 0");
+    }
+    if (__builtin_add_overflow(total, history.counts[i], &total)) {
+      throw FileError(file + ": the loads' sum overflows a 64-bit integer at " + index + " = " +
+                      std::to_string(history.counts[i]) + "; expert loads are token counts (at most 2^63-1 in all)");
     }
   }
   return history;

@@ -12,6 +12,10 @@ namespace epmoe::cli {
 namespace {
 
 std::string format_number(double value) {
+  // Whole bounds print exactly ("must be <= 86400000", not "8.64e+07").
+  if (std::abs(value) < 1e15 && value == std::floor(value)) {
+    return std::to_string(static_cast<std::int64_t>(value));
+  }
   std::ostringstream text;
   text << value;
   return text.str();

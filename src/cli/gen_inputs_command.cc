@@ -4,6 +4,8 @@
 // Scaling keeps activations O(1): x and dy ~ N(0, 1), each weight matrix
 // ~ N(0, scale^2 / fan_in), so x wi0, x wi1 and the expert outputs have unit
 // variance at scale=1.
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -13,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/config_keys.h"
 #include "cli/json_output.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "data/npy.h"
@@ -67,10 +70,41 @@ struct GenInputsArguments {
   std::vector<std::string> assignments;
 };
 
+// The bytes of every array, or ConfigError naming the keys when they do not
+// fit int64 or this machine's memory: the arrays are made in memory before
+// any is written, so a size that cannot be held would end in an allocation
+// failure (or the OOM killer) after seconds of work instead of a message.
+void check_input_sizes(const ConfigValues& values) {
+  const std::int64_t n = values.get_int("num_tokens"), h = values.get_int("hidden"),
+                     f = values.get_int("ffn"), e = values.get_int("num_experts");
+  const std::string setting = "num_tokens=" + std::to_string(n) + " hidden=" + std::to_string(h) +
+                              " ffn=" + std::to_string(f) + " num_experts=" + std::to_string(e);
+  // x, dy [N,H]; gate [H,E]; wi0, wi1 [E,H,F]; wo [E,F,H]; bias [E]; float32.
+  std::int64_t token_elements = 0, gate_elements = 0, weight_elements = 0, total_bytes = 0;
+  const bool overflows = __builtin_mul_overflow(n, h, &token_elements) ||
+                         __builtin_mul_overflow(h, e, &gate_elements) ||
+                         __builtin_mul_overflow(gate_elements, f, &weight_elements) ||
+                         __builtin_mul_overflow(weight_elements, std::int64_t{3}, &weight_elements) ||
+                         __builtin_mul_overflow(token_elements, std::int64_t{2}, &token_elements) ||
+                         __builtin_add_overflow(token_elements, weight_elements, &total_bytes) ||
+                         __builtin_add_overflow(total_bytes, gate_elements, &total_bytes) ||
+                         __builtin_add_overflow(total_bytes, e, &total_bytes) ||
+                         __builtin_mul_overflow(total_bytes, std::int64_t{4}, &total_bytes);
+  if (overflows) throw ConfigError(setting + ": the arrays' sizes overflow a 64-bit byte count");
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_bytes = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page_bytes > 0 && total_bytes / page_bytes > pages) {
+    throw ConfigError(setting + ": the arrays need " + std::to_string(total_bytes) + " bytes, more than this "
+                      "machine's memory (" + std::to_string(static_cast<std::int64_t>(pages) * page_bytes) + " bytes)");
+  }
+}
+
 void run_gen_inputs_command(const GenInputsArguments& arguments) {
   const ConfigValues values =
       gen_inputs_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
-  StagedOutputDir::check_usable(arguments.out_dir);
+  check_input_sizes(values);
+  // Claimed (locked) before the arrays are made: a second gen-inputs into the
+  // same --out is refused before any work.
+  StagedOutputDir staged(arguments.out_dir);
   const std::int64_t n = values.get_int("num_tokens"), h = values.get_int("hidden"),
                      f = values.get_int("ffn"), e = values.get_int("num_experts");
   const double scale = values.get_float("scale");
@@ -100,7 +134,6 @@ void run_gen_inputs_command(const GenInputsArguments& arguments) {
     obsolete_files.push_back("bias.npy");
   }
 
-  StagedOutputDir staged(arguments.out_dir);
   std::vector<std::string> file_names;
   nlohmann::json shapes;
   for (const NamedInput& input : inputs) {

@@ -79,19 +79,27 @@ void run_layer_command(const LayerArguments& arguments) {
   check_bias_is_used(inputs, config);
   const ExpertParallelSettings settings = expert_parallel_settings_from(values, config, inputs.num_tokens);
 
+  // The output directory is claimed (locked, staging created) before the
+  // compute, so a second run into the same --out is refused at once rather
+  // than after its work. Not under mpirun: the ranks meet in MPI_Init, and
+  // rank 0 alone refusing there would leave the others waiting; rank 0
+  // claims it after the compute instead.
+  std::optional<StagedOutputDir> staged;
+  if (settings.transport == TransportKind::threads) staged.emplace(arguments.out_dir);
+
   const std::optional<LayerRunResult> run = run_layer_across_ranks(inputs, config, settings);
   if (!run) return;  // an MPI rank other than 0: rank 0 writes the gathered outputs
 
   const std::vector<NamedOutput> outputs = layer_outputs(*run);
-  StagedOutputDir staged(arguments.out_dir);
+  if (!staged) staged.emplace(arguments.out_dir);
   std::vector<std::string> file_names;
   for (const NamedOutput& output : outputs) {
-    write_npy(staged.staged_path(output.file_name), *output.tensor);
+    write_npy(staged->staged_path(output.file_name), *output.tensor);
     file_names.push_back(output.file_name);
   }
   const nlohmann::json metrics = layer_metrics(values, inputs, config, settings, *run, file_names);
-  write_json_file(staged.staged_path(kMetricsFile), metrics);
-  staged.commit(file_names, kMetricsFile, run->gradients ? std::vector<std::string>{} : kGradientFiles);
+  write_json_file(staged->staged_path(kMetricsFile), metrics);
+  staged->commit(file_names, kMetricsFile, run->gradients ? std::vector<std::string>{} : kGradientFiles);
   // One line for a person at a terminal; the numbers live in metrics.json.
   char backward[64] = "";
   if (run->gradients)
@@ -124,7 +132,8 @@ void add_layer_command(CLI::App& app) {
       ->required();
   command->add_option("--config", arguments->config_file,
                       "YAML file of keys (e.g. configs/layer_example.yaml); key=value arguments "
-                      "override it");
+                      "override it")
+      ->check(non_empty_config_path);
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
   command->footer(layer_key_registry().help_text());
   command->callback([arguments] { run_layer_command(*arguments); });

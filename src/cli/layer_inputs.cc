@@ -10,7 +10,9 @@ namespace epmoe::cli {
 LayerInputs read_layer_inputs(const std::filesystem::path& in_dir) {
   constexpr auto kAnyDim = ExpectedShape::kAnyDim;
   if (!std::filesystem::is_directory(in_dir)) {
-    throw FileError("--in " + in_dir.string() + ": no such directory");
+    throw FileError("--in " + in_dir.string() +
+                    (std::filesystem::exists(in_dir) ? ": not a directory (--in names the directory of .npy files)"
+                                                     : ": no such directory"));
   }
   const auto f32 = DType::f32;
   LayerInputs in;
