@@ -11,6 +11,7 @@
 
 #include "cli/mpi_environment.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/threading.h"
 #include "kernels/compute_dtype.h"
 #include "moe/router.h"
@@ -68,7 +69,8 @@ KeyGroup runtime_keys() {
           {.name = "threads", .type = KeyType::integer, .default_value = std::to_string(hardware_cores()),
            .help = "compute threads (default: every core of this machine), split evenly over "
                    "ranks= ranks; under transport=mpi per process (default: cores / processes here)",
-           .min_value = 1},
+           // Bounded: threads=2000000 crashed the OpenMP runtime (SIGSEGV) instead of failing cleanly.
+           .min_value = 1, .max_value = 1024},
       },
   };
 }
@@ -138,8 +140,13 @@ KeyGroup expert_parallel_keys() {
           {.name = "balance_period", .type = KeyType::integer, .default_value = "50",
            .help = "balance=periodic: steps between placements (held in between)", .min_value = 1},
           {.name = "comm_timeout_ms", .type = KeyType::integer, .default_value = "60000",
-           .help = "a wait for a peer longer than this fails the run with an error naming the peer",
-           .min_value = 1},
+           .help = "a wait for a peer longer than this fails the run with an error naming the peer; at most "
+                   "a day",
+           // Bounded: now + 2^63-1 ms overflowed the deadline, which then expired at once ("timed out after 0 ms").
+           .min_value = 1, .max_value = 86400000},
+          {.name = "fault_injection", .type = KeyType::text, .default_value = "",
+           .help = "TEST HOOK, not for real runs: RANK:POINT[:throw|kill|stop[:NTH]] makes rank RANK fail at "
+                   "POINT (collective, dispatch, checkpoint) the NTH time it gets there (docs/RELIABILITY.md)"},
       },
   };
 }
@@ -237,6 +244,27 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertPara
   }
 }
 
+// fault_injection= (a test hook): configured once, here, where every command
+// that runs layers (layer, train) parses its expert-parallel keys, so the
+// spec is validated with the other keys, before any work. Left alone when
+// unset, so EPMOE_FAULT_INJECTION (passed on by mpirun -x) still applies.
+void configure_fault_injection_key(const ConfigValues& values, int num_ranks) {
+  if (!values.is_set("fault_injection")) return;
+  const std::string& spec = values.get_string("fault_injection");
+  if (spec.empty()) {
+    throw ConfigError("fault_injection='': empty; give RANK:POINT[:throw|kill|stop[:NTH]] or leave the key out");
+  }
+  configure_fault_injection(spec);  // ConfigError naming the key and the rule
+  // A rank the run does not have would never fail: the test would pass
+  // without testing anything.
+  const int rank = std::stoi(spec.substr(0, spec.find(':')));  // digits: checked above
+  if (rank >= num_ranks) {
+    configure_fault_injection("");
+    throw ConfigError("fault_injection=" + spec + ": RANK " + std::to_string(rank) + " is not a rank of this run (ranks=" +
+                      std::to_string(num_ranks) + ")");
+  }
+}
+
 }  // namespace
 
 ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer,
@@ -294,6 +322,7 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   links.topology = values.get_string("link_topology") == "ring" ? transport::threads::LinkTopology::ring
                                                                 : transport::threads::LinkTopology::full_mesh;
   links.validate();
+  configure_fault_injection_key(values, num_ranks);
 
   // Ranks share the machine's cores: threads= is the budget of the whole
   // run, split evenly (at least one each). Under mpirun each process only

@@ -20,7 +20,7 @@ KeyGroup moe_layer_keys();
 KeyGroup runtime_keys();
 // ranks, transport, dispatch, dedup, capacity_factor, token_chunks,
 // fp8_tokens, cotangent_all_gather, link_bandwidth_gbps, link_latency_us,
-// link_topology, comm_timeout_ms.
+// link_topology, comm_timeout_ms, fault_injection (a test hook).
 KeyGroup expert_parallel_keys();
 
 // The layer config for the given dimensions (from the input files) and the
@@ -35,7 +35,8 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
 // E, transport=mpi runs under mpirun with ranks= left unset or equal to the
 // world size, each dispatcher-specific key is non-default only with the
 // dispatcher that uses it, link emulation only on threads. ConfigError naming
-// the key and the rule.
+// the key and the rule. Configures fault_injection= (core/fault_injection.h)
+// when it is set.
 ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
                                                      const MoeLayerConfig& layer,
                                                      std::int64_t num_tokens);
