@@ -1,0 +1,388 @@
+// Bad input to every subcommand, as an adversary would give it: empty values,
+// huge and negative numbers, non-numbers, unknown keys, missing files,
+// directories, FIFOs and devices as files, zero-sized and wrong-dtype .npy,
+// duplicate keys and several documents in YAML, unwritable outputs. One table
+// row per case; each runs the built binary once (with a deadline, so a case
+// that hangs fails instead of stalling the suite) and asserts the bad-input
+// contract: exit code 2, exactly one stderr line "epmoe: error: ..."
+// containing every fragment (the key or file and the rule), and nothing
+// written (no --out directory, nothing new in the scratch directory).
+//
+// Inputs, when a case needs them: `epmoe gen-inputs` with N=16, H=8, F=12,
+// E=4 (tests/cli/epmoe_cli_fixture.h) into in/, where setups also put the
+// broken files. The table is docs/RELIABILITY.md's list of refused inputs.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/npy.h"
+#include "data/test_files.h"
+#include "epmoe_cli_fixture.h"
+
+namespace epmoe {
+namespace {
+
+using testing::EpmoeCli;
+using testing::numpy_file_bytes;
+using testing::ProcessResult;
+using testing::ScratchDir;
+using testing::write_bytes;
+
+constexpr auto kDeadline = std::chrono::seconds(60);
+
+// run_program with a deadline: SIGKILL after kDeadline (exit code 137), so a
+// regression to a blocking open shows as a failed case.
+ProcessResult run_with_deadline(const ScratchDir& scratch, std::vector<std::string> argv_strings) {
+  const auto stdout_path = scratch / "stdout.txt", stderr_path = scratch / "stderr.txt";
+  std::vector<char*> argv;
+  for (std::string& argument : argv_strings) argv.push_back(argument.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int out = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(err, STDERR_FILENO);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ProcessResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.stdout_text = testing::read_bytes(stdout_path);
+  result.stderr_text = testing::read_bytes(stderr_path);
+  std::filesystem::remove(stdout_path);
+  std::filesystem::remove(stderr_path);
+  return result;
+}
+
+struct Paths {
+  std::filesystem::path in;  // in/ (inputs, and every broken file a setup makes)
+};
+
+struct BadInputCase {
+  std::string name;                // gtest name: letters, digits, '_'
+  bool needs_inputs = false;       // gen-inputs into in/ first
+  std::function<void(const Paths&)> setup = {};
+  std::vector<std::string> arguments;  // "{in}" and "{out}" are replaced by the paths
+  std::vector<std::string> fragments;  // each must be in the error line
+};
+
+std::string npy_f32(const std::string& shape, std::size_t num_elements) {
+  return numpy_file_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }",
+                          std::string(num_elements * 4, '\0'));
+}
+
+std::string npy_i64(const std::string& shape, const std::vector<std::int64_t>& values) {
+  std::string data(values.size() * 8, '\0');
+  std::memcpy(data.data(), values.data(), data.size());
+  return numpy_file_bytes(1, "{'descr': '<i8', 'fortran_order': False, 'shape': " + shape + ", }", data);
+}
+
+std::function<void(const Paths&)> write_file(const std::string& name, const std::string& bytes) {
+  return [name, bytes](const Paths& p) {
+    std::filesystem::create_directories(p.in);
+    write_bytes(p.in / name, bytes);
+  };
+}
+
+std::function<void(const Paths&)> make_fifo(const std::string& name) {
+  return [name](const Paths& p) {
+    std::filesystem::create_directories(p.in);
+    std::filesystem::remove(p.in / name);
+    ASSERT_EQ(::mkfifo((p.in / name).c_str(), 0644), 0);
+  };
+}
+
+std::function<void(const Paths&)> link_dev_zero(const std::string& name) {
+  return [name](const Paths& p) {
+    std::filesystem::create_directories(p.in);
+    std::filesystem::remove(p.in / name);
+    std::filesystem::create_symlink("/dev/zero", p.in / name);
+  };
+}
+
+std::function<void(const Paths&)> make_directory(const std::string& name) {
+  return [name](const Paths& p) {
+    std::filesystem::remove(p.in / name);
+    std::filesystem::create_directories(p.in / name);
+  };
+}
+
+std::function<void(const Paths&)> remove_file(const std::string& name) {
+  return [name](const Paths& p) { std::filesystem::remove(p.in / name); };
+}
+
+// Layer cases: "layer --in {in} --out {out} threads=1" + extra.
+std::vector<std::string> layer(std::vector<std::string> extra) {
+  std::vector<std::string> arguments = {"layer", "--in", "{in}", "--out", "{out}", "threads=1"};
+  arguments.insert(arguments.end(), extra.begin(), extra.end());
+  return arguments;
+}
+
+std::vector<std::string> gen(std::vector<std::string> extra) {
+  std::vector<std::string> arguments = {"gen-inputs", "--out", "{out}"};
+  arguments.insert(arguments.end(), extra.begin(), extra.end());
+  return arguments;
+}
+
+const std::vector<BadInputCase>& bad_input_cases() {
+  const std::int64_t big = std::int64_t{1} << 62;
+  static const std::vector<BadInputCase> cases = {
+      // --- layer: keys ------------------------------------------------------
+      {"layer_unknown_key", true, {}, layer({"top_kk=2"}), {"unknown key 'top_kk'", "did you mean 'top_k'"}},
+      {"layer_empty_value", true, {}, layer({"top_k="}), {"top_k=", "expected an integer"}},
+      {"layer_not_a_number", true, {}, layer({"top_k=abc"}), {"top_k=abc", "expected an integer"}},
+      {"layer_huge_number", true, {}, layer({"top_k=99999999999999999999"}), {"top_k=", "64-bit integer range"}},
+      {"layer_beyond_int32", true, {}, layer({"top_k=4294967298"}), {"top_k=4294967298"}},
+      {"layer_negative", true, {}, layer({"top_k=-1"}), {"top_k=-1", "must be >= 1"}},
+      {"layer_top_k_above_experts", true, {}, layer({"top_k=5"}), {"top_k", "5"}},
+      {"layer_no_equals", true, {}, layer({"top_k"}), {"'top_k'", "expected key=value"}},
+      {"layer_empty_key", true, {}, layer({"=3"}), {"'=3'", "expected key=value"}},
+      {"layer_ranks_not_dividing_tokens", true, {}, layer({"ranks=3"}), {"ranks=3", "must divide"}},
+      {"layer_threads_zero", true, {}, layer({"threads=0"}), {"threads=0", "must be >= 1"}},
+      {"layer_nan_capacity", true, {}, layer({"capacity_factor=nan"}), {"capacity_factor=nan", "finite"}},
+      {"layer_inf_scaling", true, {}, layer({"routed_scaling_factor=inf"}), {"routed_scaling_factor=inf"}},
+      {"layer_bad_choice", true, {}, layer({"router=best"}), {"router=best", "expected one of"}},
+      {"layer_bad_bool", true, {}, layer({"dedup=yes"}), {"dedup=yes", "expected true, false"}},
+      {"layer_mpi_without_mpirun", true, {}, layer({"transport=mpi"}), {"transport=mpi", "mpirun"}},
+      {"layer_dedup_with_ring", true, {}, layer({"ranks=2", "dispatch=ring", "dedup=true"}), {"dedup=true"}},
+      {"layer_timeout_zero", true, {}, layer({"comm_timeout_ms=0"}), {"comm_timeout_ms=0"}},
+      {"layer_timeout_huge", true, {}, layer({"ranks=2", "comm_timeout_ms=9223372036854775807"}),
+       {"comm_timeout_ms=9223372036854775807", "must be <= 86400000"}},
+      {"layer_threads_huge", true, {}, layer({"threads=2000000"}), {"threads=2000000", "must be <= 1024"}},
+      {"layer_token_chunks_huge", true, {}, layer({"token_chunks=65"}), {"token_chunks=65", "<= 64"}},
+      // --- layer: fault_injection (a test hook) -----------------------------
+      {"layer_fault_injection_malformed", true, {}, layer({"fault_injection=banana"}), {"fault_injection", "banana"}},
+      {"layer_fault_injection_empty", true, {}, layer({"fault_injection="}), {"fault_injection", "empty"}},
+      {"layer_fault_injection_bad_action", true, {}, layer({"fault_injection=0:dispatch:explode"}),
+       {"fault_injection", "ACTION"}},
+      {"layer_fault_injection_bad_nth", true, {}, layer({"fault_injection=0:dispatch:throw:0"}),
+       {"fault_injection", "NTH"}},
+      {"layer_fault_injection_rank_out_of_range", true, {}, layer({"ranks=2", "fault_injection=7:dispatch"}),
+       {"fault_injection=7:dispatch", "ranks=2"}},
+      // --- layer: --out -----------------------------------------------------
+      {"layer_out_empty", true, {}, {"layer", "--in", "{in}", "--out", "", "threads=1"}, {"--out", "empty"}},
+      {"layer_out_is_a_file", true, {}, {"layer", "--in", "{in}", "--out", "{in}/x.npy", "threads=1"},
+       {"x.npy", "not a directory"}},
+      {"layer_out_below_a_file", true, {}, {"layer", "--in", "{in}", "--out", "{in}/x.npy/out", "threads=1"},
+       {"x.npy", "not a directory"}},
+      {"layer_out_unwritable", true, {}, {"layer", "--in", "{in}", "--out", "/proc/epmoe-no-such/out", "threads=1"},
+       {"/proc/epmoe-no-such/out", "cannot create files in /proc"}},
+      // --- layer: input files -----------------------------------------------
+      {"layer_in_missing", false, {}, {"layer", "--in", "{in}/missing", "--out", "{out}"}, {"--in", "no such directory"}},
+      {"layer_in_empty", false, {}, {"layer", "--in", "", "--out", "{out}"}, {"--in", "no such directory"}},
+      {"layer_x_missing", true, remove_file("x.npy"), layer({}), {"x.npy", "no such file"}},
+      {"layer_x_directory", true, make_directory("x.npy"), layer({}), {"x.npy", "is a directory"}},
+      {"layer_x_fifo", true, make_fifo("x.npy"), layer({}), {"x.npy", "not a regular file"}},
+      {"layer_x_dev_zero", true, link_dev_zero("x.npy"), layer({}), {"x.npy", "not a regular file"}},
+      {"layer_x_zero_bytes", true, write_file("x.npy", ""), layer({}), {"x.npy", "not an .npy file"}},
+      {"layer_x_float64", true,
+       write_file("x.npy", numpy_file_bytes(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (16, 8), }",
+                                            std::string(16 * 8 * 8, '\0'))),
+       layer({}), {"x.npy", "'<f8'", "float32"}},
+      {"layer_x_truncated", true, write_file("x.npy", npy_f32("(16, 8)", 100)), layer({}), {"x.npy", "truncated"}},
+      {"layer_x_huge_shape", true, write_file("x.npy", npy_f32("(4611686018427387904, 8)", 0)), layer({}),
+       {"x.npy", "overflows"}},
+      {"layer_gate_wrong_shape", true, write_file("gate.npy", npy_f32("(9, 4)", 36)), layer({}),
+       {"gate.npy", "shape [9, 4]"}},
+      {"layer_wo_int64", true, write_file("wo.npy", npy_i64("(1,)", {1})), layer({}), {"wo.npy", "'<i8'"}},
+      {"layer_dy_fifo", true, make_fifo("dy.npy"), layer({}), {"dy.npy", "not a regular file"}},
+      {"layer_bias_unused", true, write_file("bias.npy", npy_f32("(4,)", 4)), layer({}), {"bias.npy", "router"}},
+      // --- layer: --config --------------------------------------------------
+      {"layer_config_missing", true, {}, layer({"--config", "{in}/none.yaml"}), {"none.yaml", "no such file"}},
+      {"layer_config_empty_path", true, {}, layer({"--config", ""}), {"--config", "empty"}},
+      {"layer_config_directory", true, {}, layer({"--config", "{in}"}), {"is a directory"}},
+      {"layer_config_fifo", true, make_fifo("c.yaml"), layer({"--config", "{in}/c.yaml"}),
+       {"c.yaml", "not a regular file"}},
+      {"layer_config_dev_zero", true, link_dev_zero("c.yaml"), layer({"--config", "{in}/c.yaml"}),
+       {"c.yaml", "not a regular file"}},
+      {"layer_config_duplicate_key", true, write_file("c.yaml", "top_k: 2\nrouter: random\ntop_k: 1\n"),
+       layer({"--config", "{in}/c.yaml"}), {"c.yaml:3", "'top_k' is set twice", "c.yaml:1"}},
+      {"layer_config_duplicate_nested_and_dotted", true,
+       write_file("c.yaml", "remat_policy: custom\nremat:\n  x_sorted: save\nremat.x_sorted: remat\n"),
+       layer({"--config", "{in}/c.yaml"}), {"c.yaml:4", "'remat.x_sorted' is set twice"}},
+      {"layer_config_two_documents", true, write_file("c.yaml", "top_k: 2\n---\ntop_k: 1\n"),
+       layer({"--config", "{in}/c.yaml"}), {"c.yaml", "2 YAML documents"}},
+      {"layer_config_malformed", true, write_file("c.yaml", "top_k: [2\n"), layer({"--config", "{in}/c.yaml"}),
+       {"c.yaml", "malformed YAML"}},
+      {"layer_config_list_value", true, write_file("c.yaml", "top_k: [1, 2]\n"), layer({"--config", "{in}/c.yaml"}),
+       {"c.yaml:1", "'top_k' holds a list"}},
+      {"layer_config_bad_value", true, write_file("c.yaml", "\ntop_k: two\n"), layer({"--config", "{in}/c.yaml"}),
+       {"c.yaml:2", "top_k=two"}},
+      // --- gen-inputs ---------------------------------------------------------
+      {"gen_negative_tokens", false, {}, gen({"num_tokens=-1"}), {"num_tokens=-1", "must be >= 0"}},
+      {"gen_zero_hidden", false, {}, gen({"hidden=0"}), {"hidden=0", "must be >= 1"}},
+      {"gen_not_a_number", false, {}, gen({"ffn=12x"}), {"ffn=12x", "expected an integer"}},
+      {"gen_empty_value", false, {}, gen({"num_experts="}), {"num_experts=", "expected an integer"}},
+      {"gen_unknown_key", false, {}, gen({"seeds=1"}), {"unknown key 'seeds'", "did you mean 'seed'"}},
+      {"gen_bad_bool", false, {}, gen({"with_dy=maybe"}), {"with_dy=maybe"}},
+      {"gen_zero_scale", false, {}, gen({"scale=0"}), {"scale=0", "must be > 0"}},
+      {"gen_sizes_overflow", false, {}, gen({"num_tokens=9223372036854775807"}),
+       {"num_tokens=9223372036854775807", "overflow"}},
+      {"gen_sizes_beyond_memory", false, {}, gen({"num_experts=" + std::to_string(big >> 40), "hidden=4096", "ffn=4096"}),
+       {"num_experts=", "more than this machine's memory"}},
+      {"gen_out_empty", false, {}, {"gen-inputs", "--out", ""}, {"--out", "empty"}},
+      {"gen_out_unwritable", false, {}, {"gen-inputs", "--out", "/proc/epmoe-no-such/out"},
+       {"/proc/epmoe-no-such/out", "cannot create files in /proc"}},
+      {"gen_out_is_a_file", false, write_file("f", "x"), {"gen-inputs", "--out", "{in}/f"}, {"f", "not a directory"}},
+      // --- plan ---------------------------------------------------------------
+      {"plan_device_count_overflow", false, {}, {"plan", "fsdp=9223372036854775807"},
+       {"fsdp=9223372036854775807", "overflows"}},
+      {"plan_device_count_overflow_dp", false, {}, {"plan", "dp=4611686018427387904", "fsdp=2", "ep=8"},
+       {"overflows", "dp*fsdp*ep*tp"}},
+      {"plan_tokens_beyond_2_53", false, {}, {"plan", "per_device_batch_size=1e300"},
+       {"per_device_batch_size", "2^53"}},
+      {"plan_ep_zero", false, {}, {"plan", "ep=0"}, {"ep=0", "must be >= 1"}},
+      {"plan_ep_not_dividing", false, {}, {"plan", "ep=7"}, {"ep=7", "must divide"}},
+      {"plan_not_a_number", false, {}, {"plan", "seq_len=abc"}, {"seq_len=abc", "expected an integer"}},
+      {"plan_unknown_key", false, {}, {"plan", "fsdpp=2"}, {"unknown key 'fsdpp'"}},
+      {"plan_empty_value", false, {}, {"plan", "tp="}, {"tp=", "expected an integer"}},
+      {"plan_sweep_unknown_key", false, {}, {"plan", "sweep=bogus:1,2"}, {"sweep=bogus:1,2", "not a plan key"}},
+      {"plan_sweep_empty_item", false, {}, {"plan", "sweep=ep:8,,16"}, {"sweep=ep:8,,16", "empty value"}},
+      {"plan_sweep_bad_value", false, {}, {"plan", "sweep=ep:8,x"}, {"ep=x", "expected an integer"}},
+      {"plan_model_missing", false, {}, {"plan", "model={in}/none.yaml"}, {"none.yaml", "neither a model preset"}},
+      {"plan_model_fifo", false, make_fifo("m.yaml"), {"plan", "model={in}/m.yaml"}, {"m.yaml", "not a regular file"}},
+      {"plan_hardware_dev_zero", false, link_dev_zero("h.yaml"), {"plan", "hardware={in}/h.yaml"},
+       {"h.yaml", "not a regular file"}},
+      {"plan_hardware_two_documents", false, write_file("h.yaml", "name: a\n---\nname: b\n"),
+       {"plan", "hardware={in}/h.yaml"}, {"h.yaml", "2 YAML documents"}},
+      {"plan_config_duplicate_key", false, write_file("p.yaml", "ep: 8\nep: 16\n"), {"plan", "--config", "{in}/p.yaml"},
+       {"p.yaml:2", "'ep' is set twice"}},
+      {"plan_config_fifo", false, make_fifo("p.yaml"), {"plan", "--config", "{in}/p.yaml"},
+       {"p.yaml", "not a regular file"}},
+      {"plan_config_empty_path", false, {}, {"plan", "--config", ""}, {"--config", "empty"}},
+      // --- balance ------------------------------------------------------------
+      {"balance_loads_missing", false, {}, {"balance", "--loads", "{in}/none.npy"}, {"none.npy", "no such file"}},
+      {"balance_loads_fifo", false, make_fifo("l.npy"), {"balance", "--loads", "{in}/l.npy"},
+       {"l.npy", "not a regular file"}},
+      {"balance_loads_dev_zero", false, link_dev_zero("l.npy"), {"balance", "--loads", "{in}/l.npy"},
+       {"l.npy", "not a regular file"}},
+      {"balance_loads_directory", false, make_directory("l.npy"), {"balance", "--loads", "{in}/l.npy"},
+       {"l.npy", "is a directory"}},
+      {"balance_loads_zero_bytes", false, write_file("l.npy", ""), {"balance", "--loads", "{in}/l.npy"},
+       {"l.npy", "not an .npy file"}},
+      {"balance_loads_float32", false, write_file("l.npy", npy_f32("(2, 4)", 8)), {"balance", "--loads", "{in}/l.npy"},
+       {"l.npy", "'<f4'", "int64"}},
+      {"balance_loads_negative", false, write_file("l.npy", npy_i64("(2, 4)", {1, 2, 3, 4, 5, -6, 7, 8})),
+       {"balance", "--loads", "{in}/l.npy", "ranks=2", "slots=0"}, {"l.npy", "loads[1, 1] = -6", ">= 0"}},
+      {"balance_loads_sum_overflows", false, write_file("l.npy", npy_i64("(2, 4)", {big, big, big, big, 1, 1, 1, 1})),
+       {"balance", "--loads", "{in}/l.npy", "ranks=2", "slots=0"}, {"l.npy", "overflows", "loads[0, 1]"}},
+      {"balance_loads_no_steps", false, write_file("l.npy", npy_i64("(0, 4)", {})), {"balance", "--loads", "{in}/l.npy"},
+       {"l.npy", "no steps"}},
+      {"balance_loads_one_dimensional", false, write_file("l.npy", npy_i64("(4,)", {1, 2, 3, 4})),
+       {"balance", "--loads", "{in}/l.npy"}, {"l.npy", "shape [4]", "[steps, E]"}},
+      {"balance_ranks_not_dividing", false, write_file("l.npy", npy_i64("(1, 4)", {1, 2, 3, 4})),
+       {"balance", "--loads", "{in}/l.npy", "ranks=3"}, {"ranks=3"}},
+      {"balance_generate_key_with_loads", false, write_file("l.npy", npy_i64("(1, 4)", {1, 2, 3, 4})),
+       {"balance", "--loads", "{in}/l.npy", "experts=4"}, {"unknown key 'experts'"}},
+      {"balance_both_modes", false, {}, {"balance", "--loads", "{in}/a.npy", "--generate", "{in}/b.npy"},
+       {"exactly one of --loads"}},
+      {"balance_no_mode", false, {}, {"balance"}, {"exactly one of --loads"}},
+      {"balance_generate_not_a_number", false, {}, {"balance", "--generate", "{in}/g.npy", "experts=abc"},
+       {"experts=abc", "expected an integer"}},
+      {"balance_generate_unwritable", false, {}, {"balance", "--generate", "/proc/epmoe-no-such/g.npy"},
+       {"/proc/epmoe-no-such/g.npy", "does not exist"}},
+      {"balance_generate_into_directory", false, make_directory("d"), {"balance", "--generate", "{in}/d"},
+       {"d", "not a regular file"}},
+      // --- bench --------------------------------------------------------------
+      {"bench_unknown_benchmark", false, {}, {"bench", "gemm"}, {"bench gemm", "unknown benchmark"}},
+      {"bench_unknown_part", false, {}, {"bench", "collectives", "fast"}, {"unknown part 'fast'"}},
+      {"bench_two_parts", false, {}, {"bench", "layer", "remat", "replicas"}, {"two parts"}},
+      {"bench_layer_not_a_number", false, {}, {"bench", "layer", "ranks=abc"}, {"ranks=abc", "expected an integer"}},
+      {"bench_layer_unknown_key", false, {}, {"bench", "layer", "rnaks=4"}, {"unknown key 'rnaks'", "'ranks'"}},
+      {"bench_layer_negative_seconds", false, {}, {"bench", "layer", "min_seconds=-1"}, {"min_seconds=-1"}},
+      {"bench_layer_verify_two", false, {}, {"bench", "layer", "verify=2"}, {"verify=2", "<= 1"}},
+      {"bench_layer_slots_bad_item", false, {}, {"bench", "layer", "replicas", "slots=1,x"}, {"slots=1,x", "'x'"}},
+      {"bench_layer_fault_injection_malformed", false, {}, {"bench", "layer", "fault_injection=x"},
+       {"fault_injection", "'x'"}},
+      {"bench_collectives_zero_chunk", false, {}, {"bench", "collectives", "chunks=0"}, {"chunks=0", "item 0"}},
+      {"bench_collectives_huge_chunk", false, {}, {"bench", "collectives", "chunks=99999999M"}, {"chunks=99999999M"}},
+      {"bench_collectives_bad_ranks", false, {}, {"bench", "collectives", "ranks=a,b"}, {"ranks=a,b", "'a'"}},
+      {"bench_collectives_empty_value", false, {}, {"bench", "collectives", "bandwidth_gb_s="},
+       {"bandwidth_gb_s=", "expected a finite number"}},
+      {"bench_collectives_runs_inverted", false, {}, {"bench", "collectives", "min_runs=9", "max_runs=3"},
+       {"min_runs=9", "max_runs=3"}},
+      // --- train (keys on the command line) -------------------------------------
+      {"train_not_a_number", false, {}, {"train", "top_k=abc"}, {"top_k=abc", "expected an integer"}},
+      {"train_unknown_key", false, {}, {"train", "stepz=3"}, {"unknown key 'stepz'"}},
+      {"train_ranks_zero", false, {}, {"train", "ranks=0"}, {"ranks=0", "must be >= 1"}},
+      {"train_fault_injection_malformed", false, {}, {"train", "ranks=1", "fault_injection=0"}, {"fault_injection"}},
+      {"train_fault_injection_rank_out_of_range", false, {}, {"train", "ranks=2", "fault_injection=2:dispatch"},
+       {"fault_injection=2:dispatch", "ranks=2"}},
+      {"train_config_fifo", false, make_fifo("t.yaml"), {"train", "--config", "{in}/t.yaml"},
+       {"t.yaml", "not a regular file"}},
+      {"train_config_duplicate_key", false, write_file("t.yaml", "steps: 2\nsteps: 3\n"),
+       {"train", "--config", "{in}/t.yaml"}, {"t.yaml:2", "'steps' is set twice"}},
+  };
+  return cases;
+}
+
+// Every path below `dir` (empty when it does not exist).
+std::set<std::string> tree(const std::filesystem::path& dir) {
+  std::set<std::string> paths;
+  if (!std::filesystem::exists(dir)) return paths;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    paths.insert(std::filesystem::relative(entry.path(), dir).string());
+  }
+  return paths;
+}
+
+// gtest prints a failing case's parameter: its name, not its bytes.
+void PrintTo(const BadInputCase& c, std::ostream* os) { *os << c.name; }
+
+class BadInput : public EpmoeCli, public ::testing::WithParamInterface<BadInputCase> {};
+
+TEST_P(BadInput, ExitsTwoWithOneLineNamingTheCauseAndWritesNothing) {
+  const BadInputCase& c = GetParam();
+  if (c.needs_inputs) generate_inputs();
+  if (c.setup) c.setup(Paths{in_dir()});
+  if (::testing::Test::HasFatalFailure()) return;
+  std::vector<std::string> argv = {EPMOE_BINARY};
+  for (std::string argument : c.arguments) {
+    for (const auto& [placeholder, path] : {std::pair{std::string("{in}"), in_dir()}, {"{out}", out_dir()}}) {
+      for (std::size_t at; (at = argument.find(placeholder)) != std::string::npos;) {
+        argument.replace(at, placeholder.size(), path.string());
+      }
+    }
+    argv.push_back(argument);
+  }
+  const std::set<std::string> in_before = tree(in_dir());
+  const ProcessResult result = run_with_deadline(scratch_, argv);
+  // In --gtest_output=xml: the table of refused inputs and their messages.
+  RecordProperty("stderr", result.stderr_text.substr(0, result.stderr_text.find('\n')));
+  expect_rejected(result, {});  // exit 2, one line, no --out, nothing beside in/
+  EXPECT_EQ(tree(in_dir()), in_before) << "the run changed in/";
+  for (const std::string& fragment : c.fragments) {
+    EXPECT_NE(result.stderr_text.find(fragment), std::string::npos)
+        << "stderr: " << result.stderr_text << "missing: " << fragment;
+  }
+  EXPECT_EQ(result.stdout_text, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryCommand, BadInput, ::testing::ValuesIn(bad_input_cases()),
+                         [](const ::testing::TestParamInfo<BadInputCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace epmoe
