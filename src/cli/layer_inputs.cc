@@ -9,6 +9,7 @@ namespace epmoe::cli {
 
 LayerInputs read_layer_inputs(const std::filesystem::path& in_dir) {
   constexpr auto kAnyDim = ExpectedShape::kAnyDim;
+  if (in_dir.empty()) throw FileError("--in '': the input directory path is empty");
   if (!std::filesystem::is_directory(in_dir)) {
     throw FileError("--in " + in_dir.string() +
                     (std::filesystem::exists(in_dir) ? ": not a directory (--in names the directory of .npy files)"

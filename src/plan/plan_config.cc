@@ -1,6 +1,7 @@
 #include "plan/plan_config.h"
 
 #include <cmath>
+#include <sstream>
 #include <utility>
 
 #include "core/error.h"
@@ -63,9 +64,14 @@ void PlanConfig::validate() const {
   // from them are doubles; beyond 2^53 they stop being exact integers, far
   // beyond any real cluster, so that is the honest limit.
   const double tokens_per_step = double(devices) * p.per_device_batch_size * double(p.seq_len);
+  const auto shortest = [](double value) {
+    std::ostringstream text;
+    text << value;  // 1e+300, not 300 digits
+    return text.str();
+  };
   require(tokens_per_step <= 9007199254740992.0,
-          "per_device_batch_size=" + std::to_string(p.per_device_batch_size) + " seq_len=" + std::to_string(p.seq_len),
-          "tokens per step = devices*per_device_batch_size*seq_len = " + std::to_string(tokens_per_step) +
+          "per_device_batch_size=" + shortest(p.per_device_batch_size) + " seq_len=" + std::to_string(p.seq_len),
+          "tokens per step = devices*per_device_batch_size*seq_len = " + shortest(tokens_per_step) +
               " exceeds 2^53, where the byte counts stop being exact");
   require(redundant_slots <= (std::int64_t{1} << 31), "redundant_slots=" + std::to_string(redundant_slots),
           "must be <= 2^31 replica slots per rank");

@@ -192,7 +192,7 @@ const std::vector<BadInputCase>& bad_input_cases() {
        {"/proc/epmoe-no-such/out", "cannot create files in /proc"}},
       // --- layer: input files -----------------------------------------------
       {"layer_in_missing", false, {}, {"layer", "--in", "{in}/missing", "--out", "{out}"}, {"--in", "no such directory"}},
-      {"layer_in_empty", false, {}, {"layer", "--in", "", "--out", "{out}"}, {"--in", "no such directory"}},
+      {"layer_in_empty", false, {}, {"layer", "--in", "", "--out", "{out}"}, {"--in ''", "empty"}},
       {"layer_x_missing", true, remove_file("x.npy"), layer({}), {"x.npy", "no such file"}},
       {"layer_x_directory", true, make_directory("x.npy"), layer({}), {"x.npy", "is a directory"}},
       {"layer_x_fifo", true, make_fifo("x.npy"), layer({}), {"x.npy", "not a regular file"}},
@@ -253,7 +253,7 @@ const std::vector<BadInputCase>& bad_input_cases() {
       {"plan_device_count_overflow_dp", false, {}, {"plan", "dp=4611686018427387904", "fsdp=2", "ep=8"},
        {"overflows", "dp*fsdp*ep*tp"}},
       {"plan_tokens_beyond_2_53", false, {}, {"plan", "per_device_batch_size=1e300"},
-       {"per_device_batch_size", "2^53"}},
+       {"per_device_batch_size=1e+300", "2^53"}},
       {"plan_ep_zero", false, {}, {"plan", "ep=0"}, {"ep=0", "must be >= 1"}},
       {"plan_ep_not_dividing", false, {}, {"plan", "ep=7"}, {"ep=7", "must divide"}},
       {"plan_not_a_number", false, {}, {"plan", "seq_len=abc"}, {"seq_len=abc", "expected an integer"}},
