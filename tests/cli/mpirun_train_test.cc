@@ -2,7 +2,8 @@
 // model with the same losses as ranks=4 threads (bit for bit: the same
 // algorithms, one compute thread per rank in both) and as ranks=1 (within
 // 1e-5: only the order of fp32 sums differs), and a checkpoint written by
-// the MPI run resumes under the threads transport. And under -np 3 a rank
+// the MPI run resumes under the threads transport, on 4 ranks bit for bit
+// and on 2 (resharded) within 1e-5. And under -np 3 a rank
 // that throws between writing its checkpoint files and the commit (fault
 // point "checkpoint", EPMOE_FAULT_INJECTION passed with -x) ends every
 // process within 2 s with that rank's error and commits nothing.
@@ -69,6 +70,15 @@ TEST_F(MpirunTrain, ProcessesTrainLikeThreadsAndLikeOneRank) {
   const std::vector<double> resumed =
       train_threads("resumed", {"ranks=4", "resume=true", "checkpoint_dir=" + copy.string()});
   EXPECT_EQ(resumed, std::vector<double>(mpi.begin() + 10, mpi.end()));  // a new metrics file: steps 11..20
+
+  // And by two threads: the experts of 4 MPI ranks resharded onto 2, within
+  // the 1e-5 that separates rank counts.
+  const fs::path copy2 = scratch_ / "copy2";
+  fs::create_directories(copy2);
+  fs::copy(CheckpointStore(checkpoints).step_dir(10), CheckpointStore(copy2).step_dir(10), fs::copy_options::recursive);
+  const std::vector<double> resharded =
+      train_threads("resharded", {"ranks=2", "resume=true", "checkpoint_dir=" + copy2.string()});
+  EXPECT_LT(max_relative_difference(resharded, std::vector<double>(mpi.begin() + 10, mpi.end())), 1e-5);
 }
 
 TEST_F(MpirunTrain, ARankFailingMidCheckpointEndsEveryProcessWithinTwoSeconds) {
