@@ -107,6 +107,17 @@ void validate(const LoadGeneratorOptions& options) {
   }
   if (options.num_tokens_per_rank < 0) fail("tokens_per_rank must be >= 0");
   if (options.num_steps < 1) fail("steps=" + std::to_string(options.num_steps) + ": must be >= 1");
+  // Every (token, expert) pair of the file is counted in int64, and a replay
+  // sums them all: tokens_per_rank=2^63-1 wrapped to a negative token count
+  // and wrote a file of zeros.
+  std::int64_t pairs = 0;
+  if (__builtin_mul_overflow(options.num_tokens_per_rank, std::int64_t{options.num_ranks}, &pairs) ||
+      __builtin_mul_overflow(pairs, std::int64_t{options.top_k}, &pairs) ||
+      __builtin_mul_overflow(pairs, std::int64_t{options.num_steps}, &pairs)) {
+    fail("tokens_per_rank=" + std::to_string(options.num_tokens_per_rank) + " ranks=" +
+         std::to_string(options.num_ranks) + " top_k=" + std::to_string(options.top_k) + " steps=" +
+         std::to_string(options.num_steps) + ": the (token, expert) pairs of the file overflow a 64-bit count");
+  }
   if (!(options.zipf_exponent >= 0) || !std::isfinite(options.zipf_exponent)) fail("zipf must be a finite number >= 0");
   if (options.drift_interval_steps < 1) fail("drift_interval must be >= 1");
 }

@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "cli/config_keys.h"
 #include "cli/json_output.h"
+#include "cli/memory_budget.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "data/npy.h"
@@ -132,6 +133,9 @@ void run_generate(const BalanceArguments& arguments) {
   options.drift_interval_steps = values.get_int32("drift_interval");
   options.seed = static_cast<std::uint64_t>(values.get_int("seed"));
   balance::validate(options);  // before the (seconds-long) generation
+  // The history and the tensor written from it: two int64 [steps, E] arrays.
+  check_fits_in_memory("steps=" + std::to_string(options.num_steps) + " experts=" + std::to_string(options.num_experts),
+                       std::int64_t{16} * options.num_steps * options.num_experts);
 
   const balance::ExpertLoadHistory history = balance::generate_expert_loads(options);
   Tensor loads(DType::i64, {history.num_steps, history.num_experts});

@@ -4,8 +4,6 @@
 // Scaling keeps activations O(1): x and dy ~ N(0, 1), each weight matrix
 // ~ N(0, scale^2 / fan_in), so x wi0, x wi1 and the expert outputs have unit
 // variance at scale=1.
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -15,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/config_keys.h"
 #include "cli/json_output.h"
+#include "cli/memory_budget.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -91,11 +90,7 @@ void check_input_sizes(const ConfigValues& values) {
                          __builtin_add_overflow(total_bytes, e, &total_bytes) ||
                          __builtin_mul_overflow(total_bytes, std::int64_t{4}, &total_bytes);
   if (overflows) throw ConfigError(setting + ": the arrays' sizes overflow a 64-bit byte count");
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page_bytes = ::sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page_bytes > 0 && total_bytes / page_bytes > pages) {
-    throw ConfigError(setting + ": the arrays need " + std::to_string(total_bytes) + " bytes, more than this "
-                      "machine's memory (" + std::to_string(static_cast<std::int64_t>(pages) * page_bytes) + " bytes)");
-  }
+  check_fits_in_memory(setting + ": the arrays", total_bytes);
 }
 
 void run_gen_inputs_command(const GenInputsArguments& arguments) {
