@@ -70,7 +70,8 @@ KeyGroup runtime_keys() {
            .help = "compute threads (default: every core of this machine), split evenly over "
                    "ranks= ranks; under transport=mpi per process (default: cores / processes here)",
            // Bounded: threads=2000000 crashed the OpenMP runtime (SIGSEGV) instead of failing cleanly.
-           .min_value = 1, .max_value = 1024},
+           // (Never below the default, so a machine with more cores keeps a valid default.)
+           .min_value = 1, .max_value = std::max(1024, hardware_cores())},
       },
   };
 }
