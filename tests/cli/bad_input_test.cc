@@ -150,6 +150,12 @@ std::vector<std::string> gen(std::vector<std::string> extra) {
 const std::vector<BadInputCase>& bad_input_cases() {
   const std::int64_t big = std::int64_t{1} << 62;
   static const std::vector<BadInputCase> cases = {
+      // --- the command line itself ----------------------------------------------
+      {"no_subcommand", false, {}, {}, {"subcommand"}},
+      // CLI11 does not name the unknown word; main.cc (not this suite's) would have to.
+      {"unknown_subcommand", false, {}, {"lyaer"}, {"subcommand is required"}},
+      {"layer_without_in", false, {}, {"layer", "--out", "{out}"}, {"--in", "required"}},
+      {"layer_unknown_option", true, {}, layer({"--bogus"}), {"--bogus"}},
       // --- layer: keys ------------------------------------------------------
       {"layer_unknown_key", true, {}, layer({"top_kk=2"}), {"unknown key 'top_kk'", "did you mean 'top_k'"}},
       {"layer_empty_value", true, {}, layer({"top_k="}), {"top_k=", "expected an integer"}},
