@@ -44,7 +44,7 @@ class RankShard {
  public:
   RankShard(const LayerInputs& in, const ExpertParallelSettings& settings, int rank)
       : first_token_(settings.first_token(rank, in.num_tokens)),
-        num_tokens_(in.num_tokens / settings.num_ranks),
+        num_tokens_(settings.first_token(rank + 1, in.num_tokens) - first_token_),
         first_expert_(rank * settings.num_local_experts()),
         num_experts_(settings.num_local_experts()) {
     const bool whole = settings.num_ranks == 1;
@@ -139,17 +139,29 @@ class Gatherer {
   Gatherer(transport::Communicator& comm, std::chrono::milliseconds timeout) : comm_(comm), timeout_(timeout) {}
 
   // Starts the all-gather of `part` (this rank's block along the leading
-  // dimension) into a tensor R times as long; complete after wait_all().
-  Tensor start(const Tensor& part, GatherTag tag) {
+  // dimension) into a tensor holding every rank's block; complete after
+  // wait_all(). `rows_by_rank` gives every rank's leading dimension when the
+  // blocks differ (token rows with N not divisible by R); empty: all equal.
+  Tensor start(const Tensor& part, GatherTag tag, const std::vector<std::int64_t>& rows_by_rank = {}) {
     Shape shape = part.shape();
-    shape[0] *= comm_.size();
-    Tensor full(part.dtype(), shape);
-    if (part.numel() > 0) {
-      handles_.push_back(comm::ring_all_gather(
-          comm_, {.input = part.raw(), .output = full.raw(), .num_elements_per_rank = part.numel(),
-                  .dtype = part.dtype(), .tag = kGatherTagBase + static_cast<std::uint32_t>(tag),
-                  .timeout = timeout_}));
+    const std::int64_t row_elements = shape[0] > 0 ? part.numel() / shape[0] : 0;
+    comm::AllGatherOptions options{.input = part.raw(), .dtype = part.dtype(),
+                                   .tag = kGatherTagBase + static_cast<std::uint32_t>(tag), .timeout = timeout_};
+    if (rows_by_rank.empty()) {
+      shape[0] *= comm_.size();
+      options.num_elements_per_rank = part.numel();
+    } else {
+      EPMOE_CHECK_EQ(static_cast<int>(rows_by_rank.size()), comm_.size());
+      EPMOE_CHECK_EQ(rows_by_rank[static_cast<std::size_t>(comm_.rank())], shape[0]);
+      shape[0] = 0;
+      for (std::int64_t rows : rows_by_rank) {
+        shape[0] += rows;
+        options.num_elements_by_rank.push_back(rows * row_elements);
+      }
     }
+    Tensor full(part.dtype(), shape);
+    options.output = full.raw();
+    if (full.numel() > 0) handles_.push_back(comm::ring_all_gather(comm_, options));
     return full;
   }
 
@@ -190,18 +202,27 @@ Tensor sum_in_rank_order(const Tensor& parts, int num_ranks) {
   return sum;
 }
 
+// Token rows of every rank, [r*N/R, (r+1)*N/R): equal when R divides N.
+std::vector<std::int64_t> token_rows_by_rank(const ExpertParallelSettings& settings, std::int64_t num_tokens) {
+  std::vector<std::int64_t> rows;
+  for (int r = 0; r < settings.num_ranks; ++r) {
+    rows.push_back(settings.first_token(r + 1, num_tokens) - settings.first_token(r, num_tokens));
+  }
+  return rows;
+}
+
 LayerRunResult gather_results(transport::Communicator& comm, const RankRun& run,
-                              std::chrono::milliseconds timeout) {
+                              const std::vector<std::int64_t>& token_rows, std::chrono::milliseconds timeout) {
   Gatherer gatherer(comm, timeout);
   LayerRunResult result;
-  result.forward.y = gatherer.start(run.forward.y, GatherTag::y);
-  result.forward.topk_ids = gatherer.start(run.forward.topk_ids, GatherTag::topk_ids);
-  result.forward.topk_weights = gatherer.start(run.forward.topk_weights, GatherTag::topk_weights);
+  result.forward.y = gatherer.start(run.forward.y, GatherTag::y, token_rows);
+  result.forward.topk_ids = gatherer.start(run.forward.topk_ids, GatherTag::topk_ids, token_rows);
+  result.forward.topk_weights = gatherer.start(run.forward.topk_weights, GatherTag::topk_weights, token_rows);
   Tensor dgate_parts;
   if (run.gradients) {
     const MoeGradients& g = *run.gradients;
     MoeGradients& gathered = result.gradients.emplace();
-    gathered.dx = gatherer.start(g.dx, GatherTag::dx);
+    gathered.dx = gatherer.start(g.dx, GatherTag::dx, token_rows);
     Tensor dgate_part = g.dgate.clone();
     dgate_part.reshape({1, g.dgate.dim(0), g.dgate.dim(1)});
     dgate_parts = gatherer.start(dgate_part, GatherTag::dgate);
@@ -224,7 +245,7 @@ LayerRunResult run_and_gather(transport::Communicator& comm, const LayerInputs& 
   const RankShard shard(inputs, settings, comm.rank());
   const RankRun run =
       run_rank_layer(shard, config, ep::make_dispatcher(settings.dispatch, comm, settings.ep), comm.rank());
-  return gather_results(comm, run, settings.ep.timeout);
+  return gather_results(comm, run, token_rows_by_rank(settings, inputs.num_tokens), settings.ep.timeout);
 }
 
 }  // namespace

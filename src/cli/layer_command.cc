@@ -77,7 +77,7 @@ void run_layer_command(const LayerArguments& arguments) {
   const MoeLayerConfig config =
       moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
   check_bias_is_used(inputs, config);
-  const ExpertParallelSettings settings = expert_parallel_settings_from(values, config, inputs.num_tokens);
+  const ExpertParallelSettings settings = expert_parallel_settings_from(values, config);
 
   // The output directory is claimed (locked, staging created) before the
   // compute, so a second run into the same --out is refused at once rather

@@ -14,6 +14,7 @@
 #include "core/fault_injection.h"
 #include "core/threading.h"
 #include "kernels/compute_dtype.h"
+#include "kernels/gemm.h"
 #include "moe/router.h"
 
 namespace epmoe::cli {
@@ -31,11 +32,13 @@ KeyGroup moe_layer_keys() {
           {.name = "norm_topk_prob", .type = KeyType::boolean, .default_value = "true",
            .help = "normalise the K routing weights to sum to 1"},
           {.name = "n_groups", .type = KeyType::integer, .default_value = "1",
-           .help = "sigmoid_grouped: expert groups; must divide num_experts", .min_value = 1},
+           .help = "expert groups for group-limited routing (softmax_topk: a group scores its max probability, "
+                   "DeepSeek-V2; sigmoid_grouped: the sum of its top-2, so >= 2 experts per group); must divide "
+                   "num_experts", .min_value = 1},
           {.name = "topk_groups", .type = KeyType::integer, .default_value = "1",
-           .help = "sigmoid_grouped: groups kept per token; at most n_groups", .min_value = 1},
+           .help = "groups kept per token (top-K is taken among their experts); at most n_groups", .min_value = 1},
           {.name = "routed_scaling_factor", .type = KeyType::real, .default_value = "1.0",
-           .help = "sigmoid_grouped: multiplies the routing weights", .min_value = 0, .min_exclusive = true},
+           .help = "multiplies every routing weight (both routers)", .min_value = 0, .min_exclusive = true},
           {.name = "compute_dtype", .type = KeyType::choice, .default_value = to_string(ComputeDType::f32),
            .help = "GEMM operand type; accumulation is always fp32",
            .choices = {to_string(ComputeDType::f32), to_string(ComputeDType::bf16)}},
@@ -82,7 +85,7 @@ KeyGroup expert_parallel_keys() {
       {
           {.name = "ranks", .type = KeyType::integer, .default_value = "1",
            .help = "ranks R; rank r holds token rows [r*N/R, (r+1)*N/R) and experts [r*E/R, (r+1)*E/R); "
-                   "must divide N and E. transport=mpi: the mpirun world size (leave unset)",
+                   "must divide E (N need not: ranks then hold N/R rounded down or up). transport=mpi: the mpirun world size (leave unset)",
            .min_value = 1},
           {.name = "transport", .type = KeyType::choice, .default_value = "threads",
            .help = "threads: ranks are threads of this process; mpi: one process per rank, "
@@ -162,6 +165,10 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
   config.hidden = hidden;
   config.ffn = ffn;
   config.compute_dtype = parse_compute_dtype("compute_dtype", values.get_string("compute_dtype"));
+  if (config.compute_dtype == ComputeDType::bf16 && !bf16_gemm_supported()) {
+    throw ConfigError("compute_dtype=bf16: oneDNN has no bf16 matmul on this CPU (its bf16 kernels need "
+                      "AVX-512 with BF16 or AMX); use compute_dtype=f32");
+  }
   RouterConfig& router = config.router;
   router.kind = parse_router_kind("router", values.get_string("router"));
   router.num_experts = static_cast<int>(num_experts);
@@ -268,21 +275,11 @@ void configure_fault_injection_key(const ConfigValues& values, int num_ranks) {
 
 }  // namespace
 
-ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer,
-                                                     std::int64_t num_tokens) {
+ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer) {
   ExpertParallelSettings settings;
   settings.transport = values.get_string("transport") == "mpi" ? TransportKind::mpi : TransportKind::threads;
   settings.num_ranks = rank_count(values, settings.transport);
   const int num_ranks = settings.num_ranks;
-  const std::string ranks_setting = "ranks=" + std::to_string(num_ranks) +
-                                    (settings.transport == TransportKind::mpi && !values.is_set("ranks")
-                                         ? " (the mpirun world size)"
-                                         : "");
-  if (num_tokens % num_ranks != 0) {
-    throw ConfigError(ranks_setting + ": must divide the token count N=" + std::to_string(num_tokens) +
-                      " of x.npy (rank r holds token rows [r*N/ranks, (r+1)*N/ranks))");
-  }
-
   settings.dispatch = ep::parse_dispatch_kind("dispatch", values.get_string("dispatch"));
   ep::EpConfig& ep = settings.ep;
   ep.num_experts = layer.router.num_experts;

@@ -30,16 +30,15 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
                                      std::int64_t ffn, std::int64_t num_experts);
 
 // The keys of expert_parallel_keys() (and `threads` of runtime_keys(), split
-// over the ranks) for a layer of `num_tokens` tokens. Checks every rule that
-// can be checked before MPI_Init or any compute: the rank count divides N and
-// E, transport=mpi runs under mpirun with ranks= left unset or equal to the
+// over the ranks). Checks every rule that can be checked before MPI_Init or
+// any compute: the rank count divides E (N need not: rank r holds token rows
+// [r*N/R, (r+1)*N/R)), transport=mpi runs under mpirun with ranks= left unset or equal to the
 // world size, each dispatcher-specific key is non-default only with the
 // dispatcher that uses it, link emulation only on threads. ConfigError naming
 // the key and the rule. Configures fault_injection= (core/fault_injection.h)
 // when it is set.
 ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
-                                                     const MoeLayerConfig& layer,
-                                                     std::int64_t num_tokens);
+                                                     const MoeLayerConfig& layer);
 
 // Applies runtime_keys() to the calling thread (its compute thread budget).
 void apply_runtime_keys(const ConfigValues& values);

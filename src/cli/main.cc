@@ -1,10 +1,12 @@
 // The epmoe executable: dispatches to the subcommands (cli/commands.h) and
 // maps failures to one line on stderr and an exit code:
 //   0 success, 2 bad input (keys, files, command line), 1 internal error.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -34,6 +36,15 @@ int main(int argc, char** argv) {
   epmoe::cli::add_balance_command(app);
 
   try {
+    // CLI11 reports a misspelt subcommand only as "A subcommand is required".
+    const std::vector<CLI::App*> subcommands = app.get_subcommands({});
+    const bool known_subcommand = argc > 1 && std::any_of(subcommands.begin(), subcommands.end(),
+                                                          [&](const CLI::App* sub) { return sub->check_name(argv[1]); });
+    if (argc > 1 && argv[1][0] != '-' && !known_subcommand) {
+      std::string known;
+      for (const CLI::App* sub : subcommands) known += (known.empty() ? "" : ", ") + sub->get_name();
+      return report("error", "unknown subcommand '" + std::string(argv[1]) + "'; one of " + known, kExitBadInput);
+    }
     app.parse(argc, argv);  // runs the chosen subcommand's callback
     return 0;
   } catch (const CLI::ParseError& e) {

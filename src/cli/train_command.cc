@@ -91,7 +91,7 @@ void run_train_command(const TrainArguments& arguments) {
                         : values.get_int32("ranks");
   const TrainerConfig trainer = trainer_config_from(values, model, world);
   const ExpertParallelSettings settings =
-      expert_parallel_settings_from(values, model.layer, trainer.batch_size * trainer.data.seq_len);
+      expert_parallel_settings_from(values, model.layer);
   const bool writes = settings.transport == TransportKind::threads ||
                       mpi_launch_from_environment().value_or(MpiLaunch{}).world_rank == 0;
   // One trainer per checkpoint directory, held by the writing process for
@@ -181,7 +181,8 @@ void add_train_command(CLI::App& app) {
       kCommand, "Train a tiny MoE language model on synthetic uniform or Zipf tokens, expert-parallel over "
                 "ranks=R threads or mpirun processes (transport=mpi), with checkpoints and JSON-lines metrics");
   command->add_option("--config", arguments->config_file,
-                      "YAML file of keys (e.g. configs/train_example.yaml); key=value arguments override it");
+                      "YAML file of keys (e.g. configs/train_example.yaml); key=value arguments override it")
+      ->check(non_empty_config_path);
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
   command->footer(train_key_registry().help_text());
   command->callback([arguments] { run_train_command(*arguments); });

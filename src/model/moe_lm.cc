@@ -94,7 +94,9 @@ MoeLm::MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make
       p.selection_bias = &state_.add_buffer(prefix + "selection_bias", {num_experts});
     }
     layer_params_.push_back(p);
-    layers_.push_back(std::make_unique<MoeLayer>(config_.layer, make_dispatcher(l), ledger_));
+    MoeLayerConfig layer_config = config_.layer;
+    layer_config.label = "moe layer " + std::to_string(l);  // errors inside a step name the layer
+    layers_.push_back(std::make_unique<MoeLayer>(layer_config, make_dispatcher(l), ledger_));
     MoeLayer* layer = layers_.back().get();
     state_.add_state({prefix + "balance_state", [layer] { return layer->balance_state(); },
                       [layer](const std::vector<std::int64_t>& saved) { layer->restore_balance_state(saved); }});

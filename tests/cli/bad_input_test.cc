@@ -152,8 +152,7 @@ const std::vector<BadInputCase>& bad_input_cases() {
   static const std::vector<BadInputCase> cases = {
       // --- the command line itself ----------------------------------------------
       {"no_subcommand", false, {}, {}, {"subcommand"}},
-      // CLI11 does not name the unknown word; main.cc (not this suite's) would have to.
-      {"unknown_subcommand", false, {}, {"lyaer"}, {"subcommand is required"}},
+      {"unknown_subcommand", false, {}, {"lyaer"}, {"unknown subcommand 'lyaer'", "one of train, layer"}},
       {"layer_without_in", false, {}, {"layer", "--out", "{out}"}, {"--in", "required"}},
       {"layer_unknown_option", true, {}, layer({"--bogus"}), {"--bogus"}},
       // --- layer: keys ------------------------------------------------------
@@ -166,7 +165,7 @@ const std::vector<BadInputCase>& bad_input_cases() {
       {"layer_top_k_above_experts", true, {}, layer({"top_k=5"}), {"top_k", "5"}},
       {"layer_no_equals", true, {}, layer({"top_k"}), {"'top_k'", "expected key=value"}},
       {"layer_empty_key", true, {}, layer({"=3"}), {"'=3'", "expected key=value"}},
-      {"layer_ranks_not_dividing_tokens", true, {}, layer({"ranks=3"}), {"ranks=3", "must divide"}},
+      {"layer_ranks_not_dividing_experts", true, {}, layer({"ranks=3"}), {"ranks=3", "must divide num_experts"}},
       {"layer_threads_zero", true, {}, layer({"threads=0"}), {"threads=0", "must be >= 1"}},
       {"layer_nan_capacity", true, {}, layer({"capacity_factor=nan"}), {"capacity_factor=nan", "finite"}},
       {"layer_inf_scaling", true, {}, layer({"routed_scaling_factor=inf"}), {"routed_scaling_factor=inf"}},
@@ -346,6 +345,7 @@ const std::vector<BadInputCase>& bad_input_cases() {
        {"t.yaml", "not a regular file"}},
       {"train_config_duplicate_key", false, write_file("t.yaml", "steps: 2\nsteps: 3\n"),
        {"train", "--config", "{in}/t.yaml"}, {"t.yaml:2", "'steps' is set twice"}},
+      {"train_config_empty_path", false, {}, {"train", "--config", ""}, {"--config", "empty"}},
   };
   return cases;
 }

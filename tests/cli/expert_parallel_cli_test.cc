@@ -287,9 +287,56 @@ TEST_F(ExpertParallelCli, MetricsEchoTheResolvedDispatcher) {
 
 // --- bad input -------------------------------------------------------------------
 
-TEST_F(EpmoeCli, RejectsRanksThatDoNotDivideTheTokens) {
-  generate_inputs({"num_tokens=22", "num_experts=12"});
-  expect_rejected(run_layer({"ranks=4"}), {"ranks=4: must divide the token count N=22 of x.npy"});
+// N need not divide by R: with N=22 and R=4 the ranks hold 5, 6, 5 and 6
+// token rows ([r*22/4, (r+1)*22/4)); with N=7 and R=2 they hold 3 and 4. Both
+// dispatchers (the ring all-gathers and reduce-scatters unequal blocks) and
+// their chunked and fp8 forms give the ranks=1 outputs (fp8 within its bound,
+// against the alltoall in fp8, whose rows carry the same codes).
+TEST_F(EpmoeCli, UnequalTokenRowsPerRankMatchOneRank) {
+  for (const std::int64_t num_tokens : {22, 7}) {
+    SCOPED_TRACE("N=" + std::to_string(num_tokens));
+    generate_inputs({"num_tokens=" + std::to_string(num_tokens), "num_experts=12"});
+    const std::filesystem::path reference = scratch_ / ("reference_" + std::to_string(num_tokens));
+    const ProcessResult one = run_layer_into(reference, {"top_k=3"});
+    ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+    for (const std::vector<std::string>& keys : std::vector<std::vector<std::string>>{
+             {"ranks=2", "dispatch=ring"},
+             {"ranks=4", "dispatch=ring", "token_chunks=2"},
+             {"ranks=4", "dispatch=ring", "cotangent_all_gather=plain", "remat_policy=full"},
+             {"ranks=3", "dispatch=alltoall", "dedup=true"},
+             {"ranks=4", "dispatch=alltoall"}}) {
+      std::string name = "n" + std::to_string(num_tokens);
+      for (const std::string& key : keys) name += "_" + key;
+      SCOPED_TRACE(name);
+      const std::filesystem::path out = scratch_ / name;
+      std::vector<std::string> all = keys;
+      all.push_back("top_k=3");
+      const ProcessResult result = run_layer_into(out, all);
+      ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+      expect_outputs_match(out, reference, 1e-5);
+      const nlohmann::json metrics = read_metrics(out);
+      const nlohmann::json& per_rank = metrics["expert_parallel"]["per_rank"];
+      std::int64_t rows = 0;
+      for (std::size_t r = 0; r < per_rank.size(); ++r) {
+        const std::int64_t num_ranks = static_cast<std::int64_t>(per_rank.size());
+        const std::int64_t r64 = static_cast<std::int64_t>(r);
+        EXPECT_EQ(per_rank[r]["first_token"], r64 * num_tokens / num_ranks);
+        EXPECT_EQ(per_rank[r]["num_tokens"], (r64 + 1) * num_tokens / num_ranks - r64 * num_tokens / num_ranks);
+        rows += per_rank[r]["num_tokens"].get<std::int64_t>();
+      }
+      EXPECT_EQ(rows, num_tokens);
+    }
+    const ProcessResult ring_fp8 =
+        run_layer_into(scratch_ / ("ring_fp8_" + std::to_string(num_tokens)),
+                       {"top_k=3", "ranks=2", "dispatch=ring", "fp8_tokens=token"});
+    const ProcessResult a2a_fp8 =
+        run_layer_into(scratch_ / ("a2a_fp8_" + std::to_string(num_tokens)),
+                       {"top_k=3", "ranks=2", "dispatch=alltoall", "fp8_tokens=token"});
+    ASSERT_EQ(ring_fp8.exit_code, 0) << ring_fp8.stderr_text;
+    ASSERT_EQ(a2a_fp8.exit_code, 0) << a2a_fp8.stderr_text;
+    expect_outputs_match(scratch_ / ("ring_fp8_" + std::to_string(num_tokens)),
+                         scratch_ / ("a2a_fp8_" + std::to_string(num_tokens)), 1e-5);
+  }
 }
 
 TEST_F(EpmoeCli, RejectsRanksThatDoNotDivideTheExperts) {
