@@ -1,8 +1,10 @@
 #include "cli/layer_inputs.h"
 
 #include <string>
+#include <utility>
 
 #include "core/error.h"
+#include "core/finite_check.h"
 #include "data/npy.h"
 
 namespace epmoe::cli {
@@ -36,6 +38,14 @@ LayerInputs read_layer_inputs(const std::filesystem::path& in_dir) {
   if (std::filesystem::exists(in_dir / "dy.npy")) {
     in.dy = read_npy(in_dir / "dy.npy", f32, {{n, h}, {"N", "H"}, "x.npy"});
   }
+  // Refused here, by file and whole-array index, before any rank starts (the
+  // layer checks again, but only knows its own rank's rows).
+  for (const auto& [name, tensor] : {std::pair<const char*, const Tensor*>{"x.npy", &in.x}, {"gate.npy", &in.gate},
+                                     {"wi0.npy", &in.wi0}, {"wi1.npy", &in.wi1}, {"wo.npy", &in.wo}}) {
+    check_finite((in_dir / name).string(), *tensor, "npy inputs must be finite");
+  }
+  if (in.bias) check_finite((in_dir / "bias.npy").string(), *in.bias, "npy inputs must be finite");
+  if (in.dy) check_finite((in_dir / "dy.npy").string(), *in.dy, "npy inputs must be finite");
   return in;
 }
 

@@ -15,8 +15,8 @@
 
 namespace {
 
-constexpr int kExitBadInput = 2;
-constexpr int kExitInternalError = 1;
+using epmoe::kExitBadInput;
+using epmoe::kExitInternalError;
 
 int report(const std::string& kind, const std::string& message, int exit_code) {
   std::fprintf(stderr, "epmoe: %s: %s\n", kind.c_str(), message.c_str());

@@ -9,6 +9,7 @@
 // loops.
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -52,6 +53,14 @@ class InternalError : public std::logic_error {
  public:
   using std::logic_error::logic_error;
 };
+
+// The process exit codes of the epmoe tool, one mapping for every launcher
+// (cli/main.cc on one process or threads, the mpi launcher's MPI_Abort):
+// 0 success, 2 an epmoe::Error (bad input, a failed peer), 1 anything else
+// (an internal error, out of memory).
+constexpr int kExitBadInput = 2;
+constexpr int kExitInternalError = 1;
+int exit_code_for(const std::exception_ptr& error);
 
 namespace detail {
 

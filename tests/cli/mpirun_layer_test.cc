@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -86,6 +87,36 @@ TEST_F(MpirunLayer, RejectsRanksOtherThanTheWorldSize) {
                                     "world size (3); leave ranks unset or set ranks=3"),
             std::string::npos)
       << result.stderr_text;
+  EXPECT_FALSE(std::filesystem::exists(out_dir()));
+}
+
+// A NaN inside x.npy is refused naming the file and the whole-array index,
+// with the exit code the tool gives on one process: 2.
+TEST_F(MpirunLayer, ANonFiniteInputExitsTwoNamingTheFile) {
+  Tensor x = read_npy(in_dir() / "x.npy", DType::f32);
+  x.data<float>()[x.numel() - 1] = std::numeric_limits<float>::quiet_NaN();  // the last rank's last row
+  write_npy(in_dir() / "x.npy", x);
+  const ProcessResult threads = run_layer_into(scratch_ / "threads", {"top_k=3", "ranks=3"});
+  EXPECT_EQ(threads.exit_code, 2) << threads.stderr_text;
+  const ProcessResult result = run_mpirun_layer(out_dir(), {});
+  EXPECT_EQ(result.exit_code, 2) << result.stderr_text;
+  EXPECT_NE(threads.stderr_text.find("x.npy[23, 7] = nan: npy inputs must be finite"), std::string::npos)
+      << threads.stderr_text;
+  EXPECT_NE(result.stderr_text.find("x.npy[23, 7] = nan: npy inputs must be finite"), std::string::npos)
+      << result.stderr_text;
+  EXPECT_FALSE(std::filesystem::exists(out_dir()));
+}
+
+// An error raised inside a rank after MPI_Init (here the injected fault, an
+// epmoe::Error like a bad input) ends the job through MPI_Abort with the exit
+// code the tool gives for it on threads: 2, not MPI_Abort's conventional 1.
+TEST_F(MpirunLayer, AnErrorAfterStartupExitsWithTheCodeOfTheThreadsTransport) {
+  const ProcessResult threads =
+      run_layer_into(scratch_ / "threads", {"top_k=3", "ranks=3", "fault_injection=1:dispatch"});
+  EXPECT_EQ(threads.exit_code, 2) << threads.stderr_text;
+  const ProcessResult result = run_mpirun_layer(out_dir(), {"fault_injection=1:dispatch"});
+  EXPECT_EQ(result.exit_code, 2) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("rank 1: injected fault at dispatch"), std::string::npos) << result.stderr_text;
   EXPECT_FALSE(std::filesystem::exists(out_dir()));
 }
 

@@ -225,7 +225,7 @@ std::unique_ptr<Request> MpiCommunicator::irecv(int peer, Tag tag, void* data,
   return request;
 }
 
-void MpiCommunicator::abort(const std::string& reason, std::exception_ptr /*cause*/) {
+void MpiCommunicator::abort(const std::string& reason, std::exception_ptr cause) {
   // First reason wins: a second thread that gets here (a progress thread and
   // the launcher at once) waits for the first one's MPI_Abort to end the process.
   static std::atomic<bool> aborting{false};
@@ -234,7 +234,9 @@ void MpiCommunicator::abort(const std::string& reason, std::exception_ptr /*caus
   }
   std::fprintf(stderr, "epmoe: rank %d: %s\n", rank_, reason.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
+  // The job's exit code is the one the tool gives on one process: 2 for bad
+  // input (an epmoe::Error), 1 otherwise (cli/main.cc; core/error.h).
+  MPI_Abort(MPI_COMM_WORLD, exit_code_for(cause));
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]]-style control flow honest
 }
 

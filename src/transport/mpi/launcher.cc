@@ -35,17 +35,20 @@ MpiScope::~MpiScope() {
 int run_rank(int argc, char** argv, const std::function<void(Communicator&)>& fn) {
   MpiScope scope(&argc, &argv);
   std::string failure;
+  std::exception_ptr cause;
   {
     MpiCommunicator communicator(scope);
     try {
       fn(communicator);
     } catch (const std::exception& e) {
       failure = e.what();
+      cause = std::current_exception();
     } catch (...) {
       failure = "unknown exception";
+      cause = std::current_exception();
     }
     if (!failure.empty()) {
-      communicator.abort("rank " + std::to_string(scope.world_rank()) + " failed: " + failure);
+      communicator.abort("rank " + std::to_string(scope.world_rank()) + " failed: " + failure, cause);
     }
   }
   return 0;
