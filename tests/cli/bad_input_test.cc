@@ -381,7 +381,13 @@ TEST_P(BadInput, ExitsTwoWithOneLineNamingTheCauseAndWritesNothing) {
   }
   const std::set<std::string> in_before = tree(in_dir());
   const ProcessResult result = run_with_deadline(scratch_, argv);
-  // In --gtest_output=xml: the table of refused inputs and their messages.
+  // In --gtest_output=xml: the table of refused inputs and their messages
+  // (scripts/bad_input_table.py turns it into docs/RELIABILITY.md's table).
+  std::string command = "epmoe";
+  for (const std::string& argument : c.arguments) command += " " + (argument.empty() ? "''" : argument);
+  RecordProperty("command", command);
+  RecordProperty("in_dir", in_dir().string());
+  RecordProperty("out_dir", out_dir().string());
   RecordProperty("stderr", result.stderr_text.substr(0, result.stderr_text.find('\n')));
   expect_rejected(result, {});  // exit 2, one line, no --out, nothing beside in/
   EXPECT_EQ(tree(in_dir()), in_before) << "the run changed in/";
