@@ -366,24 +366,45 @@ void CheckpointStore::commit(std::int64_t step, const std::vector<std::string>& 
   fsync_directory(root_);
 }
 
-std::vector<std::int64_t> CheckpointStore::committed_steps() const {
-  std::vector<std::int64_t> steps;
+namespace {
+
+// Every step_<N> entry of `root` (none when it does not exist), ascending;
+// committed: a directory holding a manifest.json.
+struct StepEntry {
+  std::int64_t step;
+  bool committed;
+};
+
+std::vector<StepEntry> step_entries(const fs::path& root) {
+  std::vector<StepEntry> entries;
   std::error_code error;
-  if (!fs::exists(fs::status(root_, error))) return steps;
-  fs::directory_iterator it(root_, error);
-  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
+  if (!fs::exists(fs::status(root, error))) return entries;
+  fs::directory_iterator it(root, error);
+  if (error) fail(root, "cannot list the checkpoint directory: " + error.message());
   for (const fs::directory_iterator end; it != end; it.increment(error)) {
     const std::optional<std::int64_t> step = parse_step_name(kStepPrefix, it->path().filename().string());
+    if (!step) continue;
     std::error_code entry_error;
-    if (step && it->is_directory(entry_error) &&
-        fs::is_regular_file(fs::status(it->path() / kManifestName, entry_error))) {
-      steps.push_back(*step);
-    }
+    const bool committed = it->is_directory(entry_error) &&
+                           fs::is_regular_file(fs::status(it->path() / CheckpointStore::kManifestName, entry_error));
+    entries.push_back({*step, committed});
   }
-  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
-  std::sort(steps.begin(), steps.end());
+  if (error) fail(root, "cannot list the checkpoint directory: " + error.message());
+  std::sort(entries.begin(), entries.end(), [](const StepEntry& a, const StepEntry& b) { return a.step < b.step; });
+  return entries;
+}
+
+std::vector<std::int64_t> steps_where(const fs::path& root, bool committed) {
+  std::vector<std::int64_t> steps;
+  for (const StepEntry& entry : step_entries(root)) {
+    if (entry.committed == committed) steps.push_back(entry.step);
+  }
   return steps;
 }
+
+}  // namespace
+
+std::vector<std::int64_t> CheckpointStore::committed_steps() const { return steps_where(root_, true); }
 
 std::optional<std::int64_t> CheckpointStore::latest_step() const {
   const std::vector<std::int64_t> steps = committed_steps();
@@ -391,21 +412,7 @@ std::optional<std::int64_t> CheckpointStore::latest_step() const {
   return steps.back();
 }
 
-std::vector<std::int64_t> CheckpointStore::uncommitted_steps() const {
-  std::vector<std::int64_t> steps;
-  std::error_code error;
-  if (!fs::exists(fs::status(root_, error))) return steps;
-  fs::directory_iterator it(root_, error);
-  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
-  for (const fs::directory_iterator end; it != end; it.increment(error)) {
-    const std::optional<std::int64_t> step = parse_step_name(kStepPrefix, it->path().filename().string());
-    std::error_code entry_error;
-    if (step && !fs::is_regular_file(fs::status(it->path() / kManifestName, entry_error))) steps.push_back(*step);
-  }
-  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
+std::vector<std::int64_t> CheckpointStore::uncommitted_steps() const { return steps_where(root_, false); }
 
 std::vector<std::filesystem::path> CheckpointStore::remove_stale_leftovers() const {
   std::vector<fs::path> stale;

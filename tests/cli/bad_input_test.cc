@@ -42,39 +42,10 @@ using testing::write_bytes;
 
 constexpr auto kDeadline = std::chrono::seconds(60);
 
-// run_program with a deadline: SIGKILL after kDeadline (exit code 137), so a
-// regression to a blocking open shows as a failed case.
-ProcessResult run_with_deadline(const ScratchDir& scratch, std::vector<std::string> argv_strings) {
-  const auto stdout_path = scratch / "stdout.txt", stderr_path = scratch / "stderr.txt";
-  std::vector<char*> argv;
-  for (std::string& argument : argv_strings) argv.push_back(argument.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int out = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(out, STDOUT_FILENO);
-    ::dup2(err, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ProcessResult result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  result.stdout_text = testing::read_bytes(stdout_path);
-  result.stderr_text = testing::read_bytes(stderr_path);
-  std::filesystem::remove(stdout_path);
-  std::filesystem::remove(stderr_path);
-  return result;
+// run_program with a deadline, so a regression to a blocking open (a FIFO)
+// shows as a failed case.
+ProcessResult run_with_deadline(const ScratchDir& scratch, std::vector<std::string> argv) {
+  return testing::run_program(scratch, std::move(argv), kDeadline);
 }
 
 struct Paths {

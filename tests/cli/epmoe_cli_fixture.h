@@ -12,11 +12,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <initializer_list>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -33,8 +36,11 @@ struct ProcessResult {
 };
 
 // Runs argv[0] with its arguments, capturing stdout and stderr through files
-// in `scratch` (no shell, so no quoting issues).
-inline ProcessResult run_program(const ScratchDir& scratch, std::vector<std::string> argv_strings) {
+// in `scratch` (no shell, so no quoting issues). With a `deadline` the child
+// is SIGKILLed once it passes (exit code 137), so a run that hangs shows as
+// a failed result instead of a hung test.
+inline ProcessResult run_program(const ScratchDir& scratch, std::vector<std::string> argv_strings,
+                                 std::optional<std::chrono::milliseconds> deadline = std::nullopt) {
   const auto stdout_path = scratch / "stdout.txt", stderr_path = scratch / "stderr.txt";
   std::vector<char*> argv;
   for (std::string& argument : argv_strings) argv.push_back(argument.data());
@@ -50,7 +56,19 @@ inline ProcessResult run_program(const ScratchDir& scratch, std::vector<std::str
     ::_exit(127);
   }
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  if (!deadline) {
+    ::waitpid(pid, &status, 0);
+  } else {
+    const auto end = std::chrono::steady_clock::now() + *deadline;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > end) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
   ProcessResult result;
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   result.stdout_text = read_bytes(stdout_path);
