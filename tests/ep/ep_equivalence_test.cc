@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "ep_harness.h"
+#include "expect_reference.h"
 
 namespace epmoe {
 namespace {
@@ -19,17 +20,6 @@ using testing::ids_of;
 using testing::EpRunOptions;
 using testing::EpRunResult;
 using testing::MoeProblem;
-
-void expect_matches(const MoeProblem& p, const EpRunResult& run, const testing::ReferenceResult& ref,
-                    const std::string& what) {
-  EXPECT_EQ(ids_of(run.topk_ids), ref.topk_ids) << what;
-  EXPECT_LE(testing::relative_error(run.y, ref.y), 1e-5) << what << " y";
-  EXPECT_LE(testing::relative_error(run.grads.dx, ref.dx), 1e-5) << what << " dx";
-  EXPECT_LE(testing::relative_error(run.grads.dgate, ref.dgate), 1e-5) << what << " dgate";
-  EXPECT_LE(testing::relative_error(run.grads.dwi0, ref.dwi0), 1e-5) << what << " dwi0";
-  EXPECT_LE(testing::relative_error(run.grads.dwi1, ref.dwi1), 1e-5) << what << " dwi1";
-  EXPECT_LE(testing::relative_error(run.grads.dwo, ref.dwo), 1e-5) << what << " dwo";
-}
 
 struct Variant {
   ep::DispatchKind dispatch;
@@ -52,7 +42,7 @@ TEST_P(EpEquivalence, MatchesDoubleReference) {
   options.ep.dedup = variant.dedup;
   options.ep.num_chunks = chunks;
   const EpRunResult run = testing::run_ep_layer(p, options);
-  expect_matches(p, run, testing::reference_moe(p, ids_of(run.topk_ids)), "");
+  testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)), "");
   for (const auto& stats : run.stats) EXPECT_EQ(stats.dropped_pairs, 0);
 }
 
@@ -90,7 +80,7 @@ void expect_all_dispatchers_exact(const MoeProblem& p, int num_ranks, const std:
       options.ep.dedup = v.dedup;
       options.ep.num_chunks = chunks;
       const EpRunResult run = testing::run_ep_layer(p, options);
-      expect_matches(p, run, testing::reference_moe(p, ids_of(run.topk_ids)),
+      testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)),
                      what + " " + ep::to_string(v.dispatch) + (v.dedup ? " dedup" : "") + " chunks " +
                          std::to_string(chunks));
     }
@@ -125,7 +115,7 @@ TEST(EpAdversarial, MoreChunksThanTokens) {
     EpRunOptions options{.num_ranks = 2, .dispatch = dispatch};
     options.ep.num_chunks = 4;
     const EpRunResult run = testing::run_ep_layer(p, options);
-    expect_matches(p, run, testing::reference_moe(p, ids_of(run.topk_ids)), ep::to_string(dispatch));
+    testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)), ep::to_string(dispatch));
   }
 }
 

@@ -19,6 +19,7 @@
 #include "balance/routing_skew.h"
 #include "core/error.h"
 #include "ep_harness.h"
+#include "expect_reference.h"
 
 namespace epmoe {
 namespace {
@@ -58,13 +59,7 @@ void expect_close(const EpRunResult& got, const EpRunResult& want, const std::st
 
 void expect_matches_reference(const MoeProblem& p, const EpRunResult& run, const std::string& what) {
   const testing::ReferenceResult ref = testing::reference_moe(p, ids_of(run.topk_ids));
-  EXPECT_EQ(ids_of(run.topk_ids), ref.topk_ids) << what;
-  EXPECT_LE(testing::relative_error(run.y, ref.y), 1e-5) << what << " y";
-  EXPECT_LE(testing::relative_error(run.grads.dx, ref.dx), 1e-5) << what << " dx";
-  EXPECT_LE(testing::relative_error(run.grads.dgate, ref.dgate), 1e-5) << what << " dgate";
-  EXPECT_LE(testing::relative_error(run.grads.dwi0, ref.dwi0), 1e-5) << what << " dwi0";
-  EXPECT_LE(testing::relative_error(run.grads.dwi1, ref.dwi1), 1e-5) << what << " dwi1";
-  EXPECT_LE(testing::relative_error(run.grads.dwo, ref.dwo), 1e-5) << what << " dwo";
+  testing::expect_matches_reference(run, ref, what);
 }
 
 // Every copy computed exactly its quota; returns the plan's replica count.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ep_harness.h"
+#include "expect_reference.h"
 
 namespace epmoe {
 namespace {
@@ -48,16 +49,6 @@ std::vector<double> as_double(const Tensor& t) {
   return {values.begin(), values.end()};
 }
 
-void expect_close(const EpRunResult& run, const testing::ReferenceResult& ref, const std::string& what) {
-  EXPECT_EQ(ids_of(run.topk_ids), ref.topk_ids) << what;
-  EXPECT_LE(testing::relative_error(run.y, ref.y), 1e-5) << what << " y";
-  EXPECT_LE(testing::relative_error(run.grads.dx, ref.dx), 1e-5) << what << " dx";
-  EXPECT_LE(testing::relative_error(run.grads.dgate, ref.dgate), 1e-5) << what << " dgate";
-  EXPECT_LE(testing::relative_error(run.grads.dwi0, ref.dwi0), 1e-5) << what << " dwi0";
-  EXPECT_LE(testing::relative_error(run.grads.dwi1, ref.dwi1), 1e-5) << what << " dwi1";
-  EXPECT_LE(testing::relative_error(run.grads.dwo, ref.dwo), 1e-5) << what << " dwo";
-}
-
 TEST(UnequalTokens, RingMatchesTheDoubleReferenceForEveryVariant) {
   for (const auto& split : token_splits()) {
     const MoeProblem p = problem_for(split);
@@ -73,7 +64,7 @@ TEST(UnequalTokens, RingMatchesTheDoubleReferenceForEveryVariant) {
                                    (cotangent == ep::CotangentAllGather::plain ? " cotangent plain" : "") +
                                    (remat_dispatch ? " remat x_sorted" : "");
           const EpRunResult run = testing::run_ep_layer(p, options);
-          expect_close(run, testing::reference_moe(p, ids_of(run.topk_ids)), what);
+          testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)), what);
         }
       }
     }
@@ -86,7 +77,7 @@ TEST(UnequalTokens, AllToAllMatchesTheDoubleReference) {
     EpRunOptions options{.num_ranks = static_cast<int>(split.size()), .dispatch = ep::DispatchKind::alltoall};
     options.tokens_by_rank = split;
     const EpRunResult run = testing::run_ep_layer(p, options);
-    expect_close(run, testing::reference_moe(p, ids_of(run.topk_ids)), describe(split) + " alltoall");
+    testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)), describe(split) + " alltoall");
   }
 }
 
