@@ -67,7 +67,7 @@ std::string npy_f32(const std::string& shape, std::size_t num_elements) {
 
 std::string npy_i64(const std::string& shape, const std::vector<std::int64_t>& values) {
   std::string data(values.size() * 8, '\0');
-  std::memcpy(data.data(), values.data(), data.size());
+  if (!values.empty()) std::memcpy(data.data(), values.data(), data.size());  // data() may be null when empty
   return numpy_file_bytes(1, "{'descr': '<i8', 'fortran_order': False, 'shape': " + shape + ", }", data);
 }
 
