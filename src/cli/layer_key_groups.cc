@@ -143,6 +143,11 @@ KeyGroup expert_parallel_keys() {
            .help = "balance=periodic: steps of expert counts a placement is made from", .min_value = 1},
           {.name = "balance_period", .type = KeyType::integer, .default_value = "50",
            .help = "balance=periodic: steps between placements (held in between)", .min_value = 1},
+          {.name = "replica_choice", .type = KeyType::choice, .default_value = ep::to_string(ep::ReplicaChoice::dedup),
+           .help = "balance on, dispatch=alltoall dedup=true: which copy of a replicated expert a (token, expert) "
+                   "pair goes to; dedup = prefer a copy on a rank that already receives the token (fewer rows, "
+                   "same rows per copy), position = by global position (balance/replica_plan.h)",
+           .choices = {ep::to_string(ep::ReplicaChoice::dedup), ep::to_string(ep::ReplicaChoice::position)}},
           {.name = "comm_timeout_ms", .type = KeyType::integer, .default_value = "60000",
            .help = "a wait for a peer longer than this fails the run with an error naming the peer; at most "
                    "a day",
@@ -250,6 +255,14 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertPara
     throw ConfigError(setting(values, "cotangent_all_gather") + ": applies to dispatch=ring only (the "
                       "all-to-all backward sends dy rows point to point, it has no cotangent all-gather)");
   }
+  // Only the all-to-all with dedup chooses among copies; elsewhere the
+  // positional rule holds whatever the key says.
+  if (values.is_set("replica_choice") &&
+      !(settings.dispatch == ep::DispatchKind::alltoall && settings.ep.dedup && settings.ep.replicas_enabled())) {
+    throw ConfigError(setting(values, "replica_choice") + ": applies to dispatch=alltoall dedup=true with replicas "
+                      "(balance=dynamic|periodic, redundant_slots > 0) only; elsewhere pairs go to copies by "
+                      "global position");
+  }
 }
 
 // fault_injection= (a test hook): configured once, here, where every command
@@ -297,6 +310,7 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   ep.rebalance_threshold = values.get_float("rebalance_threshold");
   ep.balance_window = values.get_int32("balance_window");
   ep.balance_period = values.get_int32("balance_period");
+  ep.replica_choice = ep::parse_replica_choice("replica_choice", values.get_string("replica_choice"));
   if (settings.transport == TransportKind::mpi && !values.is_set("ranks")) {
     // EpConfig names the rank count "ranks=R"; say where R came from.
     try {

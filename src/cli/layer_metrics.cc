@@ -58,6 +58,7 @@ nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
           {"rebalance_threshold", ep.rebalance_threshold},
           {"balance_window", ep.balance_window},
           {"balance_period", ep.balance_period},
+          {"replica_choice", ep::to_string(ep.replica_choice)},
           {"compute_threads_per_rank", settings.compute_threads_per_rank},
           {"emulated_links", links}};
 }

@@ -82,6 +82,10 @@ void AllToAllDispatcher::start_forward(const Tensor& x, const RoutingView& routi
   if (replicas_) {
     ScopedPhase phase(stats_.phase_seconds, "balance");
     replicas_->plan_step(routing);
+    // With dedup, dedup-aware (ReplicaExchange::local_destinations). Nothing
+    // downstream assumes the positional rule: receivers take the local
+    // expert from the routing words, rows_per_slot counts received rows, and
+    // a remat re-sends this chunk's saved send plan.
     pair_destination_ = replicas_->local_destinations(routing);
   }
   plan_chunk(0);

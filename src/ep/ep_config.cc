@@ -40,6 +40,14 @@ BalanceMode parse_balance_mode(std::string_view key, std::string_view value) {
   bad_choice(key, value, "off, dynamic, periodic");
 }
 
+ReplicaChoice parse_replica_choice(std::string_view key, std::string_view value) {
+  if (value == "dedup") return ReplicaChoice::dedup;
+  if (value == "position") return ReplicaChoice::position;
+  bad_choice(key, value, "dedup, position");
+}
+
+std::string to_string(ReplicaChoice choice) { return choice == ReplicaChoice::dedup ? "dedup" : "position"; }
+
 std::string to_string(BalanceMode mode) {
   switch (mode) {
     case BalanceMode::off: return "off";

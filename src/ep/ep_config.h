@@ -30,11 +30,19 @@ enum class CotangentAllGather { ring, plain };
 // balance_window steps every balance_period steps and held in between
 // (balance/periodic_replicas.h). Homes never move in the engine.
 enum class BalanceMode { off, dynamic, periodic };
+// With replicas, which copy of an expert a (token, k) pair goes to: by global
+// position (balance/replica_plan.h), or, for the all-to-all with dedup,
+// dedup-aware (balance/dedup_aware_choice.h: the same per-(source, copy)
+// counts, pairs steered to ranks that already receive the token). The ring
+// and the all-to-all without dedup always use the positional rule.
+enum class ReplicaChoice { dedup, position };
 
 DispatchKind parse_dispatch_kind(std::string_view key, std::string_view value);
 TokenFormat parse_token_format(std::string_view key, std::string_view value);
 CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_view value);
 BalanceMode parse_balance_mode(std::string_view key, std::string_view value);
+ReplicaChoice parse_replica_choice(std::string_view key, std::string_view value);
+std::string to_string(ReplicaChoice choice);
 std::string to_string(DispatchKind kind);
 std::string to_string(BalanceMode mode);
 std::string to_string(TokenFormat format);
@@ -55,6 +63,7 @@ struct EpConfig {
   double rebalance_threshold = 1.05;
   int balance_window = 50;             // periodic: steps of counts a placement is made from
   int balance_period = 50;             // periodic: steps between placements
+  ReplicaChoice replica_choice = ReplicaChoice::dedup;  // alltoall with dedup only
   std::uint32_t tag_base = 0;          // separates layers' collectives; a multiple of 1024
   std::chrono::milliseconds timeout{60'000};
 

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 
+#include "balance/dedup_aware_choice.h"
 #include "balance/periodic_replicas.h"
 #include "balance/replica_planner.h"
 #include "comm/all_gather.h"
@@ -121,8 +122,20 @@ PairDestination ReplicaExchange::destination(int source, int expert, std::int64_
 std::vector<PairDestination> ReplicaExchange::local_destinations(const RoutingView& routing) const {
   const std::int64_t num_pairs = routing.num_tokens * routing.top_k;
   std::vector<PairDestination> out(static_cast<std::size_t>(num_pairs));
-  std::vector<std::int64_t> seen(static_cast<std::size_t>(num_experts_), 0);
   const int me = comm_.rank();
+  if (config_.dedup && config_.replica_choice == ReplicaChoice::dedup) {
+    // Same per-(source, copy) counts as the positional rule, so every copy
+    // still computes exactly its quota; receivers learn their rows from the
+    // routing words and never recompute positions.
+    const std::vector<int> choice = balance::dedup_aware_copy_choice(
+        plan_, counts_, me, {routing.topk_ids, static_cast<std::size_t>(num_pairs)}, routing.top_k);
+    for (std::int64_t i = 0; i < num_pairs; ++i) {
+      const int copy = plan_.copy_offsets[routing.topk_ids[i]] + choice[i];
+      out[i] = {plan_.copies[copy].rank, copy_local_[copy]};
+    }
+    return out;
+  }
+  std::vector<std::int64_t> seen(static_cast<std::size_t>(num_experts_), 0);
   for (std::int64_t i = 0; i < num_pairs; ++i) {
     const int expert = routing.topk_ids[i];
     out[i] = destination(me, expert, seen[expert]++);

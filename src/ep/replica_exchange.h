@@ -16,7 +16,14 @@
 //     run contains the position computes it. destination() answers that for
 //     any (source rank, expert, index), so the all-to-all's senders and the
 //     ring's receivers (which see every rank's tokens) agree, and every copy
-//     computes exactly its quota.
+//     computes exactly its quota. The all-to-all with dedup (and
+//     replica_choice=dedup, the default) instead chooses, within the same
+//     per-(source, copy) counts, copies on ranks that already receive the
+//     token (balance/dedup_aware_choice.h): local_destinations. The ring
+//     keeps the positional rule: its receivers compute destinations for
+//     every source chunk by chunk (they see only positions, not the source's
+//     whole step), and it has no dedup, every token reaching every rank once
+//     anyway, so there is nothing to save.
 //  3. exchange_slot_weights (MoeLayer, before the experts): each slot whose
 //     (expert, weight version) changed receives wi0/wi1/wo of its expert
 //     point-to-point from the expert's home rank; nothing moves when every
@@ -73,9 +80,12 @@ class ReplicaExchange {
   std::int64_t count(int rank, int expert) const { return counts_[rank * num_experts_ + expert]; }
 
   // Pair number `index` (0-based, over the step in (token, k) order) among
-  // source rank `source`'s pairs of `expert`.
+  // source rank `source`'s pairs of `expert`, by the positional rule (the
+  // ring's receivers).
   PairDestination destination(int source, int expert, std::int64_t index) const;
-  // Every pair of this rank's routing, [N_l * K] in (token, k) order.
+  // Every pair of this rank's routing, [N_l * K] in (token, k) order: the
+  // positional rule, or with dedup and replica_choice=dedup the dedup-aware
+  // choice (same count per copy). The all-to-all's senders only.
   std::vector<PairDestination> local_destinations(const RoutingView& routing) const;
 
   // Step 3. `weights` home rows must hold the current home weights at

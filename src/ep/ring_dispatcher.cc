@@ -204,6 +204,9 @@ ExpertRows RingDispatcher::collect_rows(int c) {
         const std::int32_t expert = chunk.gathered_routing[(g * 2) * top_k + k];
         int local = expert - first;
         if (replicas_) {
+          // The positional rule, not the dedup-aware choice: this receiver
+          // sees source chunks one at a time (the choice needs a source's
+          // whole step), and the ring has no dedup to save rows on.
           const PairDestination dest = replicas_->destination(
               source, expert, seen[static_cast<std::size_t>(source) * num_experts + expert]++);
           if (dest.rank != comm_.rank()) continue;

@@ -9,7 +9,10 @@
 //  * every replica's gradient goes home once (bytes), and the home dW equals
 //    the reference's, which holds every token's contribution exactly once;
 //  * replica weights are not resent while the weight version is unchanged,
-//    and are resent when it changes.
+//    and are resent when it changes;
+//  * the dedup-aware replica choice (balance/dedup_aware_choice.h) under
+//    packed Zipf routing with K = 4, R in {1, 2, 3, 4}: same checks, and never
+//    more token bytes than the positional rule (fewer in total).
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -227,6 +230,75 @@ TEST(Replicas, ConfigErrors) {
   config.rebalance_threshold = 0.5;
   EXPECT_THROW(config.validate(2), ConfigError);
   EXPECT_THROW(ep::parse_balance_mode("balance", "sometimes"), ConfigError);
+}
+
+// Dedup-aware replica choice (issue 13 item 2, balance/dedup_aware_choice.h):
+// K = 4 of E = 4R, hot experts packed on rank 0 (Zipf s = 1.2 selection bias),
+// R in {1, 2, 3, 4}, token chunks 1 and 2. For the all-to-all without dedup,
+// with dedup by position and with dedup dedup-aware, and the ring: y and every
+// gradient match the double reference, every copy computes exactly its quota
+// (the choice keeps the per-(source, copy) counts). The dedup-aware choice
+// never sends more token bytes than the positional one, and fewer in total.
+MoeProblem packed_problem_k4(int num_ranks) {
+  const int num_experts = 4 * num_ranks;
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 4};
+  MoeProblem p = testing::make_problem(24 * num_ranks, kHidden, kFfn, router, 500 + num_ranks);
+  const std::vector<float> bias = balance::zipf_selection_bias(
+      {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2,
+       .placement = balance::HotExpertPlacement::packed, .scale = 1.0});
+  for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
+  return p;
+}
+
+TEST(Replicas, DedupAwareChoiceUnderPackedZipf) {
+  struct ChoiceVariant {
+    ep::DispatchKind dispatch;
+    bool dedup;
+    ep::ReplicaChoice choice;
+    const char* name;
+  };
+  const ChoiceVariant variants[] = {
+      {ep::DispatchKind::alltoall, false, ep::ReplicaChoice::dedup, "alltoall"},
+      {ep::DispatchKind::alltoall, true, ep::ReplicaChoice::position, "alltoall dedup position"},
+      {ep::DispatchKind::alltoall, true, ep::ReplicaChoice::dedup, "alltoall dedup dedup-aware"},
+      {ep::DispatchKind::ring, false, ep::ReplicaChoice::dedup, "ring"},
+  };
+  std::int64_t total_position = 0, total_dedup_aware = 0;
+  for (int num_ranks : {1, 2, 3, 4}) {
+    const MoeProblem p = packed_problem_k4(num_ranks);
+    for (int chunks : {1, 2}) {
+      std::int64_t token_bytes[2] = {0, 0};  // dedup by position, dedup-aware
+      for (const ChoiceVariant& v : variants) {
+        const std::string what = "R" + std::to_string(num_ranks) + " chunks " + std::to_string(chunks) + " " + v.name;
+        EpRunOptions on = dynamic_replicas(num_ranks, v.dispatch, 2);
+        on.ep.dedup = v.dedup;
+        on.ep.replica_choice = v.choice;
+        on.ep.num_chunks = chunks;
+        const EpRunResult run = testing::run_ep_layer(p, on);
+        expect_matches_reference(p, run, what);
+        const int num_replicas = expect_quotas_met(run, what);
+        if (num_ranks > 1) EXPECT_GT(num_replicas, 0) << what << ": the skew must make the planner place replicas";
+        if (v.dedup) token_bytes[v.choice == ep::ReplicaChoice::dedup] = total_bytes(run.stats, "forward/all_to_all_v tokens");
+      }
+      EXPECT_LE(token_bytes[1], token_bytes[0]) << "R" << num_ranks << " chunks " << chunks;
+      total_position += token_bytes[0];
+      total_dedup_aware += token_bytes[1];
+    }
+  }
+  EXPECT_LT(total_dedup_aware, total_position) << "the dedup-aware choice saved no row anywhere";
+}
+
+// Recomputed x_sorted with the dedup-aware choice: the all-to-all re-sends
+// the rows it chose in the forward, so the copies get the same rows.
+TEST(Replicas, DedupAwareChoiceRematKeepsTheSameRows) {
+  const MoeProblem p = packed_problem_k4(3);
+  EpRunOptions on = dynamic_replicas(3, ep::DispatchKind::alltoall, 2);
+  on.ep.dedup = true;
+  on.ep.num_chunks = 2;
+  on.remat = ep::RematPolicy::preset("remat", "full");
+  const EpRunResult run = testing::run_ep_layer(p, on);
+  EXPECT_GT(expect_quotas_met(run, "remat"), 0);
+  expect_matches_reference(p, run, "remat");
 }
 
 }  // namespace
