@@ -135,6 +135,7 @@ void to_json(nlohmann::json& out, const StepRecord& r) {
          {"expert_load_max_over_mean", r.expert_load_max_over_mean},
          {"rank_load_max_over_mean_before", r.rank_load_max_over_mean_before},
          {"rank_load_max_over_mean_after", r.rank_load_max_over_mean_after},
+         {"expert_counts", r.expert_counts},
          {"saved_activation_peak_bytes", r.saved_activation_peak_bytes},
          {"dropped_pairs", r.dropped_pairs},
          {"routed_pairs", r.routed_pairs}};
@@ -376,6 +377,7 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
         for (int e = 0; e < num_experts; ++e) rank_loads[e / (num_experts / num_ranks)] += layer_counts[e];
         record.rank_load_max_over_mean_before.push_back(max_over_mean(rank_loads));
         record.rank_load_max_over_mean_after.push_back(max_over_mean(rank_loads));
+        record.expert_counts.push_back(layer_counts);
       }
       for (const std::string& text : reports) {
         const nlohmann::json report = nlohmann::json::parse(text);

@@ -72,6 +72,10 @@ struct StepRecord {
   std::vector<double> expert_load_max_over_mean;        // [L] over experts, from the counts
   std::vector<double> rank_load_max_over_mean_before;   // [L] rows per rank, every expert at home
   std::vector<double> rank_load_max_over_mean_after;    // [L] after replica balancing
+  // [L][E] global (token, k) pairs routed to each expert (summed over ranks,
+  // before any capacity cut): what `epmoe balance --loads metrics.jsonl`
+  // replays.
+  std::vector<std::vector<std::int64_t>> expert_counts;
   std::int64_t saved_activation_peak_bytes = 0;         // max over ranks, all layers
   // (token, expert) pairs lost to capacity_factor, summed over ranks and
   // layers; always 0 with capacity_factor=0 (exact buffers).
