@@ -1,7 +1,9 @@
 #include "balance/policy_replay.h"
 
 #include <algorithm>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "balance/eplb.h"
 #include "balance/hybrid_balancer.h"
@@ -24,12 +26,19 @@ class ResidencyTracker {
 
   void begin_step() { std::fill(next_.begin(), next_.end(), 0); }
   void hold(int rank, int expert) { next_[index(rank, expert)] = 1; }
-  // Pairs held now and not before; the new residency becomes the old.
-  int finish_step() {
-    int moves = 0;
-    for (std::size_t i = 0; i < held_.size(); ++i) moves += next_[i] && !held_[i];
+  // Pairs held now and not before, appended to `moves` (when not null) in
+  // ascending (rank, expert) order; the new residency becomes the old.
+  int finish_step(std::vector<WeightMove>* moves) {
+    int count = 0;
+    for (std::size_t i = 0; i < held_.size(); ++i) {
+      if (!next_[i] || held_[i]) continue;
+      ++count;
+      if (moves != nullptr) {
+        moves->push_back({static_cast<int>(i / num_experts_), static_cast<int>(i % num_experts_)});
+      }
+    }
     held_.swap(next_);
-    return moves;
+    return count;
   }
 
  private:
@@ -48,11 +57,22 @@ std::vector<std::int64_t> window_loads(const ExpertLoadHistory& history, int ste
   return history.window_sum(std::max(0, step - options.window_steps), step);
 }
 
-void hold_plan(const ReplicaPlan& plan, ResidencyTracker& residency) {
+// One step of a planner-based policy: the residency of `plan` (copies_of()
+// lists the home and every occupied slot of the expert) and, with
+// record_plans, its copies and moves.
+StepOutcome plan_outcome(const ReplicaPlan& plan, ResidencyTracker& residency, bool record_plans) {
+  StepOutcome outcome;
+  residency.begin_step();
   for (int e = 0; e < plan.num_experts; ++e) {
-    for (const ExpertCopy& copy : plan.copies_of(e)) residency.hold(copy.rank, e);
+    for (const ExpertCopy& copy : plan.copies_of(e)) {
+      residency.hold(copy.rank, e);
+      if (record_plans) outcome.copies.push_back({e, copy.rank, copy.token_quota});
+    }
   }
-  // copies_of() lists the home and every occupied slot of the expert.
+  outcome.max_over_mean = plan.after.max_over_mean();
+  outcome.expert_moves = residency.finish_step(record_plans ? &outcome.moves : nullptr);
+  outcome.active_replicas = plan.num_replicas();
+  return outcome;
 }
 
 std::vector<StepOutcome> replay_fixed_homes(const ExpertLoadHistory& history, const PolicyReplayOptions& options,
@@ -68,9 +88,7 @@ std::vector<StepOutcome> replay_fixed_homes(const ExpertLoadHistory& history, co
   for (int step = 0; step < history.num_steps; ++step) {
     const ReplicaPlan plan = plan_replicas(history.step(step), homes, planner_options, previous_slots);
     previous_slots = plan.slot_experts;
-    residency.begin_step();
-    hold_plan(plan, residency);
-    outcomes.push_back({plan.after.max_over_mean(), residency.finish_step(), plan.num_replicas()});
+    outcomes.push_back(plan_outcome(plan, residency, options.record_plans));
   }
   return outcomes;
 }
@@ -83,11 +101,25 @@ std::vector<StepOutcome> replay_hybrid(const ExpertLoadHistory& history, const P
   for (int step = 0; step < history.num_steps; ++step) {
     if (replans_at(step, options)) balancer.rehome(window_loads(history, step, options));
     const ReplicaPlan plan = balancer.plan_step(history.step(step));
-    residency.begin_step();
-    hold_plan(plan, residency);
-    outcomes.push_back({plan.after.max_over_mean(), residency.finish_step(), plan.num_replicas()});
+    outcomes.push_back(plan_outcome(plan, residency, options.record_plans));
   }
   return outcomes;
+}
+
+// An eplb step's copies: each expert's count split evenly over its copies
+// (split_evenly, the rule ExpertPlacement::rank_loads applies), copies of an
+// expert by ascending rank (slots are rank-major).
+void record_even_split(const ExpertPlacement& placement, std::span<const std::int64_t> counts,
+                       std::vector<PlannedCopy>& out) {
+  std::vector<std::vector<ExpertCopy>> copies(static_cast<std::size_t>(placement.num_experts));
+  for (std::size_t slot = 0; slot < placement.slot_experts.size(); ++slot) {
+    const int expert = placement.slot_experts[slot];
+    if (expert != kEmptySlot) copies[expert].push_back({static_cast<int>(slot) / placement.slots_per_rank, 0});
+  }
+  for (int e = 0; e < placement.num_experts; ++e) {
+    split_evenly(counts[e], copies[e]);
+    for (const ExpertCopy& copy : copies[e]) out.push_back({e, copy.rank, copy.token_quota});
+  }
 }
 
 std::vector<StepOutcome> replay_eplb(const ExpertLoadHistory& history, const PolicyReplayOptions& options) {
@@ -113,8 +145,12 @@ std::vector<StepOutcome> replay_eplb(const ExpertLoadHistory& history, const Pol
       residency.hold(static_cast<int>(slot) / slots_per_rank, placement.slot_experts[slot]);
       ++copies;
     }
-    const LoadImbalance imbalance = measure_load_imbalance(placement.rank_loads(history.step(step)));
-    outcomes.push_back({imbalance.max_over_mean(), residency.finish_step(), copies - num_experts});
+    StepOutcome outcome;
+    outcome.max_over_mean = measure_load_imbalance(placement.rank_loads(history.step(step))).max_over_mean();
+    outcome.expert_moves = residency.finish_step(options.record_plans ? &outcome.moves : nullptr);
+    outcome.active_replicas = copies - num_experts;
+    if (options.record_plans) record_even_split(placement, history.step(step), outcome.copies);
+    outcomes.push_back(std::move(outcome));
   }
   return outcomes;
 }

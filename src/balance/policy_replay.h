@@ -20,8 +20,15 @@
 // weights change every optimizer step, so every active replica must be
 // refreshed every step (counted separately as active replicas), and a re-home
 // also moves the optimizer state.
+//
+// Plans (options.record_plans): each step also keeps what was decided, for
+// `epmoe balance --json` — every copy (expert, rank, token quota) and every
+// weight move (rank, expert). Off by default: a summary needs none of it.
+// On, it costs (copies + moves) * 16 bytes per step: about 8 KB a step at
+// E=256 R=64 B=2, 1.6 MB for a 200-step replay of one policy.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -39,16 +46,38 @@ struct PolicyReplayOptions {
   double rebalance_threshold = 1.05;     // dynamic, hybrid
   int window_steps = 50;                 // eplb, hybrid: W
   int period_steps = 50;                 // eplb, hybrid: P
+  bool record_plans = false;             // keep StepOutcome::copies and moves
 };
 
 // ConfigError naming the key (ranks, slots, window, ...) and the rule;
 // `num_experts` comes from the loads.
 void validate(const PolicyReplayOptions& options, int num_experts);
 
+// One copy of an expert in a step's plan and the (token, k) pairs it computes.
+struct PlannedCopy {
+  int expert = 0;
+  int rank = 0;
+  std::int64_t quota = 0;
+};
+
+// A (rank, expert) pair that receives the expert's weights in this step.
+struct WeightMove {
+  int rank = 0;
+  int expert = 0;
+};
+
 struct StepOutcome {
   double max_over_mean = 1.0;
   int expert_moves = 0;     // weight transfers into this step (see above)
   int active_replicas = 0;  // expert copies beyond one per expert
+  // With record_plans only, else empty. `copies`: by expert, each expert's
+  // copies as the policy lists them — none, dynamic, hybrid: the plan's
+  // order, home first then replicas by ascending rank; eplb (no homes): by
+  // ascending rank — with quotas summing to the step's count of the expert
+  // (eplb: split_evenly over its copies, what its rank loads assume).
+  // `moves`: by ascending (rank, expert), expert_moves of them.
+  std::vector<PlannedCopy> copies;
+  std::vector<WeightMove> moves;
 };
 
 struct PolicyReplay {
