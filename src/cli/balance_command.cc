@@ -1,20 +1,25 @@
 // epmoe balance: offline expert load balancing on per-step expert loads.
 //   epmoe balance --generate FILE.npy [key=value ...]  writes Zipf-skewed loads
 //                                                     (balance/load_generator.h)
-//   epmoe balance --loads FILE.npy [key=value ...]     replays balancing
+//   epmoe balance --loads FILE [key=value ...]         replays balancing
 //                                                     policies over them
 //                                                     (balance/policy_replay.h)
-// A loads file is int64 [steps, E]: global (token, k) pairs per expert and
-// step. The replay prints, per policy, mean and worst max/mean rank load and
-// the expert weights moved per step; --json prints the same as one JSON
-// object for scripts.
+// A loads file is int64 .npy [steps, E] (global (token, k) pairs per expert
+// and step) or `epmoe train`'s metrics.jsonl, whose "expert_counts" hold them
+// per layer (cli/metrics_loads.h; each layer replayed on its own). The replay
+// prints, per policy, mean and worst max/mean rank load and the expert
+// weights moved per step; --json prints the same as one JSON object for
+// scripts, with every step's plan: copies (expert, rank, quota) and weight
+// moves (rank, expert).
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -28,6 +33,7 @@
 #include "cli/config_keys.h"
 #include "cli/json_output.h"
 #include "cli/memory_budget.h"
+#include "cli/metrics_loads.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "data/npy.h"
@@ -51,9 +57,26 @@ KeyGroup replay_keys() {
            .help = "dynamic, hybrid: stop adding replicas at this max/mean rank load", .min_value = 1},
           {.name = "hidden", .type = KeyType::integer, .default_value = "7168", .help = "hidden size H, for weight bytes (default: DeepSeek-V3)", .min_value = 1},
           {.name = "ffn", .type = KeyType::integer, .default_value = "2048", .help = "expert FFN size F; an expert move is 3*H*F*4 bytes", .min_value = 1},
+          {.name = "layer", .type = KeyType::text, .default_value = "all",
+           .help = "a metrics.jsonl's MoE layer to replay (0-based); all = every layer, each on its own"},
+          {.name = "plans", .type = KeyType::boolean, .default_value = "true",
+           .help = "with --json: every step's copies and weight moves per policy (false: the summary only)"},
       },
   };
 }
+
+// What --json prints, under "policies" (an .npy) or "layers"[i]."policies"
+// (a metrics.jsonl), kept next to the keys so --help shows it.
+constexpr char kJsonHelp[] =
+    "--loads FILE: a name ending in .jsonl, or a file starting with '{', is read as epmoe train's metrics.jsonl:\n"
+    "  its \"expert_counts\" [layers][E], one row per step in step order; a step on several lines takes the last.\n"
+    "--json (--loads): one JSON object: command, loads, source (\"npy\" or \"metrics\"), num_steps, num_experts,\n"
+    "  expert_weight_bytes, config, then for an .npy \"policies\": [...] and for a metrics.jsonl num_layers,\n"
+    "  superseded_lines and \"layers\": [{\"layer\": l, \"policies\": [...]}]. A policy: policy, the summary figures\n"
+    "  of the table, and with plans=true \"steps\": [{\"step\": s (0-based row), \"train_step\" (metrics only),\n"
+    "  max_over_mean, expert_moves, active_replicas, \"copies\": [[expert, rank, quota], ...] by expert (home\n"
+    "  first; eplb by rank; quotas sum to the expert's count), \"moves\": [[rank, expert], ...] the pairs that\n"
+    "  receive the expert's weights in this step (held now, not in the step before; before step 0: the homes)}].\n";
 
 KeyGroup generate_keys() {
   return {
@@ -200,49 +223,67 @@ std::vector<balance::BalancePolicy> policies_to_replay(const std::string& policy
   return {BalancePolicy::none, BalancePolicy::eplb, BalancePolicy::dynamic, BalancePolicy::hybrid};
 }
 
-void run_replay(const BalanceArguments& arguments) {
-  const ConfigValues values = replay_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
-  balance::PolicyReplayOptions options;
-  options.num_ranks = values.get_int32("ranks");
-  options.num_redundant_slots_per_rank = values.get_int32("slots");
-  options.rebalance_threshold = values.get_float("rebalance_threshold");
-  options.window_steps = values.get_int32("window");
-  options.period_steps = values.get_int32("period");
-  // fp32 wi0 [H, F], wi1 [H, F] and wo [F, H] of one expert.
-  const double expert_weight_bytes = 3.0 * static_cast<double>(values.get_int("hidden")) *
-                                     static_cast<double>(values.get_int("ffn")) * 4.0;
-
-  const balance::ExpertLoadHistory history = read_loads(arguments.loads_file);
-  balance::validate(options, history.num_experts);  // every key checked before any replay
-
-  nlohmann::json policies = nlohmann::json::array();
-  for (const balance::BalancePolicy policy : policies_to_replay(values.get_string("policy"))) {
-    const balance::PolicyReplay replay = balance::replay_policy(policy, history, options);
-    policies.push_back({{"policy", std::string(balance::policy_name(policy))},
-                        {"mean_max_over_mean", replay.mean_max_over_mean()},
-                        {"worst_max_over_mean", replay.worst_max_over_mean()},
-                        {"mean_max_over_mean_from_first_period", replay.mean_max_over_mean_from_first_period()},
-                        {"mean_expert_moves_per_step", replay.mean_expert_moves_per_step()},
-                        {"max_expert_moves_in_a_step", replay.max_expert_moves_in_a_step()},
-                        {"mean_weight_bytes_moved_per_step", replay.mean_expert_moves_per_step() * expert_weight_bytes},
-                        {"mean_active_replicas", replay.mean_active_replicas()}});
+// layer=: every layer (nullopt) or one, 0-based.
+std::optional<int> layer_to_replay(const ConfigValues& values) {
+  const std::string& text = values.get_string("layer");
+  if (text == "all") return std::nullopt;
+  int layer = -1;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), layer);
+  if (error != std::errc() || end != text.data() + text.size() || layer < 0) {
+    throw ConfigError("layer=" + text + ": expected a layer index >= 0 or all");
   }
+  return layer;
+}
 
-  if (arguments.json) {
-    const nlohmann::json report = {{"command", kCommand},
-                                   {"loads", arguments.loads_file},
-                                   {"num_steps", history.num_steps},
-                                   {"num_experts", history.num_experts},
-                                   {"expert_weight_bytes", expert_weight_bytes},
-                                   {"config", config_to_json(values)},
-                                   {"policies", policies}};
-    std::printf("%s\n", report.dump(2).c_str());
+// One loads history to replay: an .npy's, or one layer of a metrics file.
+struct LoadsToReplay {
+  std::optional<int> layer;  // metrics: the layer
+  const balance::ExpertLoadHistory* history = nullptr;
+};
+
+nlohmann::json step_to_json(const balance::StepOutcome& step, int s, const std::vector<std::int64_t>* train_steps) {
+  nlohmann::json copies = nlohmann::json::array(), moves = nlohmann::json::array();
+  for (const balance::PlannedCopy& copy : step.copies) copies.push_back({copy.expert, copy.rank, copy.quota});
+  for (const balance::WeightMove& move : step.moves) moves.push_back({move.rank, move.expert});
+  nlohmann::json out = {{"step", s}};
+  if (train_steps != nullptr) out["train_step"] = (*train_steps)[static_cast<std::size_t>(s)];
+  out["max_over_mean"] = step.max_over_mean;
+  out["expert_moves"] = step.expert_moves;
+  out["active_replicas"] = step.active_replicas;
+  out["copies"] = std::move(copies);
+  out["moves"] = std::move(moves);
+  return out;
+}
+
+// Indented like dump(2), except that an array holding no object is written
+// on one line: a step's copies and moves stay one line each.
+void write_json(const nlohmann::json& value, int indent, std::string& out) {
+  const auto compact = [](const nlohmann::json& v) {
+    return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  bool nested = value.is_object() && !value.empty();
+  if (value.is_array()) {
+    for (const nlohmann::json& item : value) nested = nested || item.is_object();
+  }
+  if (!nested) {
+    out += compact(value);
     return;
   }
-  std::printf("%s: %d steps, %d experts; ranks=%d slots=%d window=%d period=%d rebalance_threshold=%g\n",
-              arguments.loads_file.c_str(), history.num_steps, history.num_experts, options.num_ranks,
-              options.num_redundant_slots_per_rank, options.window_steps, options.period_steps,
-              options.rebalance_threshold);
+  out += value.is_object() ? "{\n" : "[\n";
+  bool first = true;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!first) out += ",\n";
+    first = false;
+    out.append(static_cast<std::size_t>(indent + 2), ' ');
+    if (value.is_object()) out += compact(it.key()) + ": ";
+    write_json(*it, indent + 2, out);
+  }
+  out += "\n";
+  out.append(static_cast<std::size_t>(indent), ' ');
+  out += value.is_object() ? "}" : "]";
+}
+
+void print_table(const nlohmann::json& policies) {
   std::printf("%-8s %14s %15s %15s %13s %11s %15s %16s\n", "policy", "mean max/mean", "worst max/mean",
               "mean from P", "moves/step", "max moves", "MB moved/step", "active replicas");
   for (const nlohmann::json& row : policies) {
@@ -252,6 +293,109 @@ void run_replay(const BalanceArguments& arguments) {
                 row["mean_expert_moves_per_step"].get<double>(), row["max_expert_moves_in_a_step"].get<int>(),
                 row["mean_weight_bytes_moved_per_step"].get<double>() / 1e6,
                 row["mean_active_replicas"].get<double>());
+  }
+}
+
+void run_replay(const BalanceArguments& arguments) {
+  const ConfigValues values = replay_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  balance::PolicyReplayOptions options;
+  options.num_ranks = values.get_int32("ranks");
+  options.num_redundant_slots_per_rank = values.get_int32("slots");
+  options.rebalance_threshold = values.get_float("rebalance_threshold");
+  options.window_steps = values.get_int32("window");
+  options.period_steps = values.get_int32("period");
+  // The plans are kept only where they are printed.
+  options.record_plans = arguments.json && values.get_bool("plans");
+  // fp32 wi0 [H, F], wi1 [H, F] and wo [F, H] of one expert.
+  const double expert_weight_bytes = 3.0 * static_cast<double>(values.get_int("hidden")) *
+                                     static_cast<double>(values.get_int("ffn")) * 4.0;
+  const std::optional<int> layer = layer_to_replay(values);
+
+  const bool from_metrics = is_metrics_file(arguments.loads_file);
+  std::optional<MetricsLoads> metrics;
+  balance::ExpertLoadHistory npy_history;
+  std::vector<LoadsToReplay> inputs;
+  if (from_metrics) {
+    metrics = read_metrics_loads(arguments.loads_file, layer);
+    for (std::size_t i = 0; i < metrics->layers.size(); ++i) inputs.push_back({metrics->layers[i], &metrics->history[i]});
+  } else {
+    if (layer) {
+      throw ConfigError("layer=" + values.get_string("layer") + ": only a metrics.jsonl has layers; " +
+                        arguments.loads_file + " is read as an .npy [steps, E] of one layer's loads");
+    }
+    npy_history = read_loads(arguments.loads_file);
+    inputs.push_back({std::nullopt, &npy_history});
+  }
+  const int num_steps = inputs.front().history->num_steps, num_experts = inputs.front().history->num_experts;
+  balance::validate(options, num_experts);  // every key checked before any replay
+
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LoadsToReplay& input : inputs) {
+    nlohmann::json policies = nlohmann::json::array();
+    for (const balance::BalancePolicy policy : policies_to_replay(values.get_string("policy"))) {
+      const balance::PolicyReplay replay = balance::replay_policy(policy, *input.history, options);
+      nlohmann::json row = {{"policy", std::string(balance::policy_name(policy))},
+                            {"mean_max_over_mean", replay.mean_max_over_mean()},
+                            {"worst_max_over_mean", replay.worst_max_over_mean()},
+                            {"mean_max_over_mean_from_first_period", replay.mean_max_over_mean_from_first_period()},
+                            {"mean_expert_moves_per_step", replay.mean_expert_moves_per_step()},
+                            {"max_expert_moves_in_a_step", replay.max_expert_moves_in_a_step()},
+                            {"mean_weight_bytes_moved_per_step", replay.mean_expert_moves_per_step() * expert_weight_bytes},
+                            {"mean_active_replicas", replay.mean_active_replicas()}};
+      if (options.record_plans) {
+        nlohmann::json steps = nlohmann::json::array();
+        for (std::size_t s = 0; s < replay.steps.size(); ++s) {
+          steps.push_back(step_to_json(replay.steps[s], static_cast<int>(s), metrics ? &metrics->train_steps : nullptr));
+        }
+        row["steps"] = std::move(steps);
+      }
+      policies.push_back(std::move(row));
+    }
+    layers.push_back({{"layer", input.layer ? nlohmann::json(*input.layer) : nlohmann::json()},
+                      {"policies", std::move(policies)}});
+  }
+
+  if (arguments.json) {
+    nlohmann::json report = {{"command", kCommand},
+                             {"loads", arguments.loads_file},
+                             {"source", from_metrics ? "metrics" : "npy"},
+                             {"num_steps", num_steps},
+                             {"num_experts", num_experts},
+                             {"expert_weight_bytes", expert_weight_bytes},
+                             {"config", config_to_json(values)}};
+    if (metrics) {
+      report["num_layers"] = metrics->num_layers;
+      report["superseded_lines"] = metrics->superseded_lines;
+      report["layers"] = std::move(layers);
+    } else {
+      report["policies"] = std::move(layers[0]["policies"]);
+    }
+    std::string text;
+    write_json(report, 0, text);
+    std::printf("%s\n", text.c_str());
+    return;
+  }
+  const std::string settings = "ranks=" + std::to_string(options.num_ranks) + " slots=" +
+                               std::to_string(options.num_redundant_slots_per_rank) + " window=" +
+                               std::to_string(options.window_steps) + " period=" +
+                               std::to_string(options.period_steps);
+  if (!metrics) {
+    std::printf("%s: %d steps, %d experts; %s rebalance_threshold=%g\n", arguments.loads_file.c_str(), num_steps,
+                num_experts, settings.c_str(), options.rebalance_threshold);
+    print_table(layers[0]["policies"]);
+    return;
+  }
+  std::printf("%s: %d steps (training steps %lld-%lld), %d layer%s of %d experts; %s rebalance_threshold=%g\n",
+              arguments.loads_file.c_str(), num_steps, static_cast<long long>(metrics->train_steps.front()),
+              static_cast<long long>(metrics->train_steps.back()), metrics->num_layers,
+              metrics->num_layers == 1 ? "" : "s", num_experts, settings.c_str(), options.rebalance_threshold);
+  if (metrics->superseded_lines > 0) {
+    std::printf("note: %d line(s) replaced by a later line of the same step (the last line of a step wins)\n",
+                metrics->superseded_lines);
+  }
+  for (const nlohmann::json& entry : layers) {
+    std::printf("layer %d\n", entry["layer"].get<int>());
+    print_table(entry["policies"]);
   }
 }
 
@@ -273,11 +417,13 @@ void add_balance_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       kCommand, "Replay expert-balancing policies (none, eplb, dynamic, hybrid) on per-step expert loads, "
                 "or generate such loads");
-  command->add_option("--loads", arguments->loads_file, "int64 .npy [steps, E] of global expert loads to replay");
+  command->add_option("--loads", arguments->loads_file,
+                      "global expert loads to replay: int64 .npy [steps, E], or epmoe train's metrics.jsonl "
+                      "(its expert_counts, per layer)");
   command->add_option("--generate", arguments->generate_file, "write Zipf-skewed loads to this .npy");
-  command->add_flag("--json", arguments->json, "print the results as one JSON object");
+  command->add_flag("--json", arguments->json, "print the results, with every step's plan, as one JSON object (below)");
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
-  command->footer(replay_key_registry().help_text() + "\n" + generate_key_registry().help_text());
+  command->footer(replay_key_registry().help_text() + "\n" + generate_key_registry().help_text() + "\n" + kJsonHelp);
   command->callback([arguments] { run_balance_command(*arguments); });
 }
 
