@@ -18,6 +18,10 @@ bool LoadImbalance::within(double threshold) const {
   return static_cast<double>(max_load) * num_ranks <= threshold * static_cast<double>(total_load);
 }
 
+std::int64_t LoadImbalance::ideal_max_load() const {
+  return num_ranks > 0 ? (total_load + num_ranks - 1) / num_ranks : 0;
+}
+
 LoadImbalance measure_load_imbalance(std::span<const std::int64_t> rank_loads) {
   LoadImbalance imbalance;
   imbalance.num_ranks = static_cast<int>(rank_loads.size());

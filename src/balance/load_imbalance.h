@@ -19,6 +19,8 @@ struct LoadImbalance {
   // max/mean <= threshold, decided as max * R <= threshold * total so that
   // every rank, evaluating the same integers, reaches the same answer.
   bool within(double threshold) const;
+  // ceil(total / R): the lowest max load any split of the tokens reaches.
+  std::int64_t ideal_max_load() const;
 };
 
 LoadImbalance measure_load_imbalance(std::span<const std::int64_t> rank_loads);

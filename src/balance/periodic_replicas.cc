@@ -9,7 +9,8 @@
 namespace epmoe::balance {
 
 std::vector<int> place_periodic_replicas(std::span<const std::int64_t> window_loads, std::span<const int> homes,
-                                         int num_ranks, int slots_per_rank) {
+                                         int num_ranks, int slots_per_rank,
+                                         std::span<const int> previous_slot_experts) {
   const int num_experts = static_cast<int>(window_loads.size());
   std::vector<int> slot_experts(static_cast<std::size_t>(num_ranks) * slots_per_rank, kEmptySlot);
   if (slots_per_rank == 0 || num_ranks < 2) return slot_experts;
@@ -48,6 +49,7 @@ std::vector<int> place_periodic_replicas(std::span<const std::int64_t> window_lo
       rank_load[best] += double(window_loads[e]) / copies[e];
     }
   }
+  if (!previous_slot_experts.empty()) keep_previous_slot_positions(slot_experts, previous_slot_experts, slots_per_rank);
   return slot_experts;
 }
 

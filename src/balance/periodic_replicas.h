@@ -18,9 +18,12 @@ namespace epmoe::balance {
 // replica, heaviest load per copy first, onto the least loaded rank (loads
 // split evenly over copies; ties to the lower rank) that has a free slot and
 // does not hold that expert yet. Returns slot_experts [R * B] (kEmptySlot
-// when unused). Deterministic: integers only.
+// when unused). Deterministic: integers only. `previous_slot_experts` [R * B]
+// (or empty): the placement being replaced; an expert that stays on a rank
+// keeps its slot index there, so its weights are not sent again.
 std::vector<int> place_periodic_replicas(std::span<const std::int64_t> window_loads, std::span<const int> homes,
-                                         int num_ranks, int slots_per_rank);
+                                         int num_ranks, int slots_per_rank,
+                                         std::span<const int> previous_slot_experts = {});
 
 // The plan of one step under a held placement: copies = home, then the slots
 // holding the expert by ascending rank; quotas split_evenly(count).

@@ -17,6 +17,11 @@
 // quota[1] to copies_of(e)[1], and so on: contiguous runs, so each source rank
 // computes its own split from prefix sums without further communication, and
 // each copy receives exactly its quota.
+//
+// Quotas: integers >= 0 summing exactly to the expert's global count. A
+// replica's quota is > 0 (an idle slot would cost a weight transfer for
+// nothing); a home's may be 0 when the planner moved all of the expert's
+// tokens for this step.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +66,8 @@ struct ReplicaPlan {
     return slot_experts[static_cast<std::size_t>(rank) * num_redundant_slots_per_rank + slot];
   }
   int num_replicas() const;  // occupied redundant slots
+  // Whether max load reached the ideal, ceil(total / R) (before.ideal_max_load()).
+  bool reached_ideal() const { return after.max_load <= before.ideal_max_load(); }
 };
 
 // Quotas of one expert's copies: `count` split as evenly as integers allow,
@@ -68,5 +75,13 @@ struct ReplicaPlan {
 // every rank evaluates identically. `copies` hold the ranks (any order, all
 // distinct); their token_quota is overwritten.
 void split_evenly(std::int64_t count, std::span<ExpertCopy> copies);
+
+// Reorders each rank's B slots in `slot_experts` [R * B] so that an expert
+// that held slot b of the rank in `previous` [R * B] stays in slot b (its
+// weights there are current); the others take the remaining slots in their
+// order. `slot_values` (same layout, may be empty) moves along, e.g. quotas.
+// Changes which rank holds what, never; so no load changes.
+void keep_previous_slot_positions(std::span<int> slot_experts, std::span<const int> previous, int slots_per_rank,
+                                  std::span<std::int64_t> slot_values = {});
 
 }  // namespace epmoe::balance

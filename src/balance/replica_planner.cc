@@ -1,93 +1,114 @@
 #include "balance/replica_planner.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 
 namespace epmoe::balance {
 namespace {
 
-// The planner's working state. Replicas of one expert are chained through
-// their slot indices (first_slot_of_expert -> next_slot_of_same_expert), so
-// that nothing is allocated per move: a plan for E=256, R=64, B=2 takes tens
-// of microseconds (bench/balance).
-class PlannerState {
+// One water fill (see replica_planner.h) and the state it leaves. fill() starts
+// from the homes every time, so bisection over targets reuses the buffers and
+// allocates nothing per fill: a plan for E=256, R=64, B=2 takes microseconds
+// (bench/balance).
+// Which donor's run a receiver's next slot takes (see replica_planner.h).
+enum class RunRule {
+  largest,         // the largest run of any donor
+  finish_or_fill,  // a donor's whole remaining excess if it fits (not in the
+                   // receiver's last slot), else the smallest run that fills
+                   // the receiver, else the largest
+};
+
+constexpr int kFinishingLookahead = 8;
+
+class WaterFill {
  public:
-  PlannerState(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
-               const ReplicaPlannerOptions& options)
+  WaterFill(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
+            const ReplicaPlannerOptions& options)
       : counts_(expert_counts),
         homes_(home_rank_of_expert),
         num_experts_(static_cast<int>(expert_counts.size())),
         num_ranks_(options.num_ranks),
         num_slots_(options.num_redundant_slots_per_rank),
-        rank_loads_(num_ranks_, 0),
-        home_quota_(expert_counts.begin(), expert_counts.end()),
-        num_copies_(num_experts_, 1),
-        first_slot_of_expert_(num_experts_, kEmptySlot),
-        slot_experts_(static_cast<std::size_t>(num_ranks_) * num_slots_, kEmptySlot),
-        slot_quota_(slot_experts_.size(), 0),
-        next_slot_of_same_expert_(slot_experts_.size(), kEmptySlot),
-        used_slots_(num_ranks_, 0),
+        home_loads_(num_ranks_, 0),
         home_offsets_(num_ranks_ + 1, 0),
-        experts_by_home_(num_experts_),
-        rank_mark_(num_ranks_, 0) {
+        loads_(num_ranks_),
+        home_quota_(num_experts_),
+        used_slots_(num_ranks_),
+        slot_experts_(static_cast<std::size_t>(num_ranks_) * num_slots_),
+        slot_quota_(slot_experts_.size()) {
     for (int e = 0; e < num_experts_; ++e) {
-      rank_loads_[homes_[e]] += counts_[e];
+      home_loads_[homes_[e]] += counts_[e];
       ++home_offsets_[homes_[e] + 1];
     }
     for (int r = 0; r < num_ranks_; ++r) home_offsets_[r + 1] += home_offsets_[r];
     std::vector<int> cursor(home_offsets_.begin(), home_offsets_.end() - 1);
+    experts_by_home_.resize(num_experts_);
     for (int e = 0; e < num_experts_; ++e) experts_by_home_[cursor[homes_[e]]++] = e;
-    copies_scratch_.reserve(num_ranks_ + 1);
-    candidates_.reserve(num_experts_ + num_slots_);
+    // Each rank's experts by count, largest first (lowest expert on ties).
+    for (int r = 0; r < num_ranks_; ++r) {
+      std::sort(experts_by_home_.begin() + home_offsets_[r], experts_by_home_.begin() + home_offsets_[r + 1],
+                [&](int a, int b) { return counts_[a] != counts_[b] ? counts_[a] > counts_[b] : a < b; });
+    }
+    experts_by_count_ = experts_by_home_;
+    donors_.reserve(num_ranks_);
+    receivers_.reserve(num_ranks_);
   }
 
-  const std::vector<std::int64_t>& rank_loads() const { return rank_loads_; }
+  const std::vector<std::int64_t>& home_loads() const { return home_loads_; }
 
-  // One greedy move (see replica_planner.h); false when the busiest rank
-  // cannot be relieved by any of its experts.
-  bool place_one_replica() {
-    const int busiest =
-        static_cast<int>(std::max_element(rank_loads_.begin(), rank_loads_.end()) - rank_loads_.begin());
-    const std::int64_t max_load = rank_loads_[busiest];
-    collect_candidates(busiest);
-    for (const Candidate& candidate : candidates_) {
-      const int expert = candidate.expert;
-      if (num_copies_[expert] >= num_ranks_) continue;
-      if (counts_[expert] < num_copies_[expert] + 1) continue;  // a quota would be 0
-      mark_ranks_holding(expert);
-      const int target = least_loaded_admissible_rank();
-      if (target < 0) continue;
-      const SplitOutcome outcome = try_split(candidate, busiest, target);
-      if (outcome.busiest_after < max_load && outcome.target_after < max_load) {
-        apply_replica(expert, target);
-        return true;
-      }
-      // Another admissible rank is at least as loaded and its quota differs
-      // by at most the remainder token, so it can only work when this one
-      // missed by exactly that token (few tokens per copy). Rare, and it
-      // keeps the search exhaustive without an O(R) scan per rejected move.
-      if (outcome.busiest_after > max_load || outcome.target_after > max_load) continue;
-      for (int other = 0; other < num_ranks_; ++other) {
-        if (other == target || !admissible(other)) continue;
-        const SplitOutcome other_outcome = try_split(candidate, busiest, other);
-        if (other_outcome.busiest_after < max_load && other_outcome.target_after < max_load) {
-          apply_replica(expert, other);
-          return true;
-        }
+  // Fills towards `target`; returns the max rank load reached (<= target when
+  // the slots allowed it). The state holds the plan afterwards.
+  std::int64_t fill(std::int64_t target, RunRule rule) {
+    reset();
+    std::int64_t excess = 0;
+    donors_.clear();
+    receivers_.clear();
+    for (int r = 0; r < num_ranks_; ++r) {
+      if (loads_[r] > target) {
+        donors_.push_back(r);
+        excess += loads_[r] - target;
+      } else if (loads_[r] < target) {
+        receivers_.push_back(r);
       }
     }
-    return false;
+    // The emptiest receiver first (lowest rank on ties).
+    std::sort(receivers_.begin(), receivers_.end(),
+              [&](int a, int b) { return loads_[a] != loads_[b] ? loads_[a] < loads_[b] : a < b; });
+    std::sort(donors_.begin(), donors_.end(), [&](int a, int b) { return gives_before(a, b, target); });
+    for (const int receiver : receivers_) {
+      while (excess > 0 && used_slots_[receiver] < num_slots_ && loads_[receiver] < target) {
+        const int at = choose_donor(target - loads_[receiver], used_slots_[receiver] + 1 == num_slots_, target, rule);
+        if (at < 0) break;
+        const int donor = donors_[at];
+        const std::int64_t run = std::min(run_of(donor, target), target - loads_[receiver]);
+        give_run(donor, receiver, run);
+        excess -= run;
+        // The donor's run only shrank: sink it to its place.
+        for (std::size_t i = at; i + 1 < donors_.size() && gives_before(donors_[i + 1], donors_[i], target); ++i) {
+          std::swap(donors_[i], donors_[i + 1]);
+        }
+      }
+      if (excess == 0) break;
+    }
+    return *std::max_element(loads_.begin(), loads_.end());
   }
 
-  ReplicaPlan finish(std::span<const int> previous_slot_experts, std::vector<std::int64_t> loads_before) {
-    if (!previous_slot_experts.empty()) keep_previous_slot_positions(previous_slot_experts);
+  ReplicaPlan finish(std::span<const int> previous_slot_experts) {
+    if (!previous_slot_experts.empty()) {
+      keep_previous_slot_positions(slot_experts_, previous_slot_experts, num_slots_, slot_quota_);
+    }
     ReplicaPlan plan;
     plan.num_experts = num_experts_;
     plan.num_ranks = num_ranks_;
     plan.num_redundant_slots_per_rank = num_slots_;
+    std::vector<int> num_copies(num_experts_, 1);
+    for (const int expert : slot_experts_) {
+      if (expert != kEmptySlot) ++num_copies[expert];
+    }
     plan.copy_offsets.assign(num_experts_ + 1, 0);
-    for (int e = 0; e < num_experts_; ++e) plan.copy_offsets[e + 1] = plan.copy_offsets[e] + num_copies_[e];
+    for (int e = 0; e < num_experts_; ++e) plan.copy_offsets[e + 1] = plan.copy_offsets[e] + num_copies[e];
     plan.copies.resize(plan.copy_offsets[num_experts_]);
     std::vector<int> cursor(num_experts_);
     for (int e = 0; e < num_experts_; ++e) {
@@ -100,168 +121,112 @@ class PlannerState {
       if (expert == kEmptySlot) continue;
       plan.copies[cursor[expert]++] = {static_cast<int>(slot) / num_slots_, slot_quota_[slot]};
     }
-    plan.slot_experts = std::move(slot_experts_);
-    plan.rank_loads_before = std::move(loads_before);
-    plan.rank_loads_after = std::move(rank_loads_);
+    plan.slot_experts = slot_experts_;
+    plan.rank_loads_before = home_loads_;
+    plan.rank_loads_after = loads_;
     plan.before = measure_load_imbalance(plan.rank_loads_before);
     plan.after = measure_load_imbalance(plan.rank_loads_after);
     return plan;
   }
 
  private:
-  struct Candidate {
-    int expert;
-    std::int64_t quota;  // tokens this expert's copy on the busiest rank computes
-  };
-
-  void collect_candidates(int rank) {
-    candidates_.clear();
-    for (int i = home_offsets_[rank]; i < home_offsets_[rank + 1]; ++i) {
-      const int expert = experts_by_home_[i];
-      if (home_quota_[expert] > 0) candidates_.push_back({expert, home_quota_[expert]});
-    }
-    for (int b = 0; b < used_slots_[rank]; ++b) {
-      const int slot = rank * num_slots_ + b;
-      candidates_.push_back({slot_experts_[slot], slot_quota_[slot]});
-    }
-    std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) {
-      return a.quota != b.quota ? a.quota > b.quota : a.expert < b.expert;
-    });
+  // The largest run `donor` can give: min(its excess, its largest remaining
+  // home quota).
+  std::int64_t run_of(int donor, std::int64_t target) const {
+    return std::min(loads_[donor] - target, home_quota_[experts_by_home_[home_offsets_[donor]]]);
   }
 
-  // Home first, then replicas; current quotas.
-  void gather_copies(int expert) {
-    copies_scratch_.clear();
-    copies_scratch_.push_back({homes_[expert], home_quota_[expert]});
-    for (int slot = first_slot_of_expert_[expert]; slot != kEmptySlot; slot = next_slot_of_same_expert_[slot]) {
-      copies_scratch_.push_back({slot / num_slots_, slot_quota_[slot]});
+  // Donors ordered by run, largest first, lowest rank on ties.
+  bool gives_before(int a, int b, std::int64_t target) const {
+    const std::int64_t run_a = run_of(a, target), run_b = run_of(b, target);
+    return run_a != run_b ? run_a > run_b : a < b;
+  }
+
+  // The position in donors_ of the donor whose run goes into a receiver with
+  // `room`; -1 when no donor has anything left. donors_ is ordered by
+  // gives_before, so each rule is a search, not a scan.
+  int choose_donor(std::int64_t room, bool last_slot, std::int64_t target, RunRule rule) const {
+    const int num_donors = static_cast<int>(donors_.size());
+    if (num_donors == 0 || run_of(donors_[0], target) <= 0) return -1;
+    if (rule == RunRule::largest) return 0;
+    // First position whose run is below `room`: runs before it fill the room.
+    int low = 0, high = num_donors;
+    while (low < high) {
+      const int middle = (low + high) / 2;
+      if (run_of(donors_[middle], target) >= room) low = middle + 1; else high = middle;
     }
-  }
-
-  static std::int64_t quota_on(int rank, std::span<const ExpertCopy> copies) {
-    for (const ExpertCopy& copy : copies) {
-      if (copy.rank == rank) return copy.token_quota;
+    // A donor's whole remaining excess in one run that fits: it is done. Not
+    // in the receiver's last slot, where only a run that fills the room
+    // avoids leaving it short. Looked for among the kFinishingLookahead
+    // largest runs that fit, so a slot costs O(log D), not O(D), when no
+    // donor finishes.
+    const int finishing_end = last_slot ? low : std::min(num_donors, low + kFinishingLookahead);
+    for (int i = low; i < finishing_end; ++i) {
+      const int d = donors_[i];
+      const std::int64_t run = run_of(d, target);
+      if (run <= 0) break;
+      if (run == loads_[d] - target) return i;
     }
-    return 0;
+    if (low == 0) return 0;  // nothing fills the room: the largest
+    // The smallest run that fills the room (the first of its ties): keeps
+    // larger runs whole for emptier receivers.
+    int fill = low - 1;
+    while (fill > 0 && run_of(donors_[fill - 1], target) == run_of(donors_[fill], target)) --fill;
+    return fill;
   }
 
-  // Marks the ranks that hold a copy of `expert` (home or replica).
-  void mark_ranks_holding(int expert) {
-    ++mark_generation_;
-    rank_mark_[homes_[expert]] = mark_generation_;
-    for (int slot = first_slot_of_expert_[expert]; slot != kEmptySlot; slot = next_slot_of_same_expert_[slot]) {
-      rank_mark_[slot / num_slots_] = mark_generation_;
+  void reset() {
+    loads_ = home_loads_;
+    std::copy(counts_.begin(), counts_.end(), home_quota_.begin());
+    std::fill(used_slots_.begin(), used_slots_.end(), 0);
+    std::fill(slot_experts_.begin(), slot_experts_.end(), kEmptySlot);
+    std::fill(slot_quota_.begin(), slot_quota_.end(), 0);
+    // give_run keeps each rank's experts ordered by remaining quota, so the
+    // first is always the donor's largest.
+    experts_by_home_ = experts_by_count_;
+  }
+
+  // Moves `run` tokens of the donor's largest remaining expert into a new
+  // slot of `receiver`. A receiver takes each expert at most once in a fill
+  // (after its run either the receiver is full or the donor's excess or the
+  // expert's quota is spent), so no expert lands twice on a rank.
+  void give_run(int donor, int receiver, std::int64_t run) {
+    int* const first = experts_by_home_.data() + home_offsets_[donor];
+    int* const last = experts_by_home_.data() + home_offsets_[donor + 1];
+    const int expert = *first;
+    const int slot = receiver * num_slots_ + used_slots_[receiver]++;
+    EPMOE_DCHECK(homes_[expert] != receiver);
+    slot_experts_[slot] = expert;
+    slot_quota_[slot] = run;
+    home_quota_[expert] -= run;
+    loads_[donor] -= run;
+    loads_[receiver] += run;
+    // Keep the donor's experts ordered by remaining quota: sink the one that
+    // gave (E_l is small).
+    for (int* at = first; at + 1 < last; ++at) {
+      const int next = at[1];
+      if (home_quota_[next] < home_quota_[*at] || (home_quota_[next] == home_quota_[*at] && next > *at)) break;
+      std::swap(at[0], at[1]);
     }
-  }
-
-  // A free slot and no copy of the marked expert.
-  bool admissible(int rank) const {
-    return used_slots_[rank] < num_slots_ && rank_mark_[rank] != mark_generation_;
-  }
-
-  // Least loaded admissible rank (lowest rank on ties); -1 when there is none.
-  int least_loaded_admissible_rank() const {
-    int best = -1;
-    for (int r = 0; r < num_ranks_; ++r) {
-      if (admissible(r) && (best < 0 || rank_loads_[r] < rank_loads_[best])) best = r;
-    }
-    return best;
-  }
-
-  struct SplitOutcome {
-    std::int64_t busiest_after;  // load of the busiest rank after the move
-    std::int64_t target_after;   // load of the new replica's rank after it
-  };
-
-  // Splits the candidate over its copies plus `target` into copies_scratch_.
-  SplitOutcome try_split(const Candidate& candidate, int busiest, int target) {
-    gather_copies(candidate.expert);
-    copies_scratch_.push_back({target, 0});
-    split_evenly(counts_[candidate.expert], copies_scratch_);
-    return {rank_loads_[busiest] - candidate.quota + quota_on(busiest, copies_scratch_),
-            rank_loads_[target] + copies_scratch_.back().token_quota};
-  }
-
-  // Commits the split computed in copies_scratch_ (existing copies in
-  // gather_copies order, then the new replica on `target`).
-  void apply_replica(int expert, int target) {
-    const int new_slot = target * num_slots_ + used_slots_[target]++;
-    slot_experts_[new_slot] = expert;
-    next_slot_of_same_expert_[new_slot] = first_slot_of_expert_[expert];
-    first_slot_of_expert_[expert] = new_slot;
-    ++num_copies_[expert];
-
-    std::size_t i = 0;
-    const auto set_quota = [&](int rank, std::int64_t& quota) {
-      const std::int64_t new_quota = copies_scratch_[i++].token_quota;
-      rank_loads_[rank] += new_quota - quota;
-      quota = new_quota;
-    };
-    set_quota(homes_[expert], home_quota_[expert]);
-    // gather_copies walked the chain before new_slot was linked at its head.
-    for (int slot = next_slot_of_same_expert_[new_slot]; slot != kEmptySlot;
-         slot = next_slot_of_same_expert_[slot]) {
-      set_quota(slot / num_slots_, slot_quota_[slot]);
-    }
-    set_quota(target, slot_quota_[new_slot]);
-  }
-
-  // Moves each rank's replicas so that an expert already in slot b of this
-  // rank in the previous plan stays in slot b; the others take the remaining
-  // slots in placement order. Changes no load.
-  void keep_previous_slot_positions(std::span<const int> previous_slot_experts) {
-    EPMOE_CHECK_EQ(previous_slot_experts.size(), slot_experts_.size());
-    std::vector<int> experts(num_slots_), arranged(num_slots_);
-    std::vector<std::int64_t> quotas(num_slots_), arranged_quotas(num_slots_);
-    for (int r = 0; r < num_ranks_; ++r) {
-      const std::size_t base = static_cast<std::size_t>(r) * num_slots_;
-      std::copy_n(slot_experts_.begin() + base, num_slots_, experts.begin());
-      std::copy_n(slot_quota_.begin() + base, num_slots_, quotas.begin());
-      std::fill(arranged.begin(), arranged.end(), kEmptySlot);
-      for (int b = 0; b < num_slots_; ++b) {
-        const int previous = previous_slot_experts[base + b];
-        if (previous == kEmptySlot) continue;
-        for (int k = 0; k < num_slots_; ++k) {
-          if (experts[k] != previous) continue;
-          arranged[b] = previous;
-          arranged_quotas[b] = quotas[k];
-          experts[k] = kEmptySlot;
-          break;
-        }
-      }
-      int next_free = 0;
-      for (int k = 0; k < num_slots_; ++k) {
-        if (experts[k] == kEmptySlot) continue;
-        while (arranged[next_free] != kEmptySlot) ++next_free;
-        arranged[next_free] = experts[k];
-        arranged_quotas[next_free] = quotas[k];
-      }
-      for (int b = 0; b < num_slots_; ++b) {
-        slot_experts_[base + b] = arranged[b];
-        slot_quota_[base + b] = arranged[b] == kEmptySlot ? 0 : arranged_quotas[b];
-      }
-    }
-    // The per-expert slot chains are stale now; finish() reads slots only.
   }
 
   std::span<const std::int64_t> counts_;
   std::span<const int> homes_;
   int num_experts_, num_ranks_, num_slots_;
 
-  std::vector<std::int64_t> rank_loads_;     // [R] tokens under the plan so far
-  std::vector<std::int64_t> home_quota_;     // [E]
-  std::vector<int> num_copies_;              // [E] home + replicas
-  std::vector<int> first_slot_of_expert_;    // [E] head of the replica chain
-  std::vector<int> slot_experts_;            // [R * B]
-  std::vector<std::int64_t> slot_quota_;     // [R * B]
-  std::vector<int> next_slot_of_same_expert_;// [R * B]
-  std::vector<int> used_slots_;              // [R] slots are filled in index order
-  std::vector<int> home_offsets_;            // [R + 1] experts_by_home_ ranges
-  std::vector<int> experts_by_home_;         // [E]
-  std::vector<std::uint32_t> rank_mark_;     // [R] == mark_generation_: holds the expert
-  std::uint32_t mark_generation_ = 0;
-  std::vector<ExpertCopy> copies_scratch_;
-  std::vector<Candidate> candidates_;
+  // Fixed for the step.
+  std::vector<std::int64_t> home_loads_;       // [R]
+  std::vector<int> home_offsets_;              // [R + 1] experts_by_home_ ranges
+  std::vector<int> experts_by_count_;          // [E] by home, each rank's by count, largest first
+
+  // One fill's plan.
+  std::vector<std::int64_t> loads_;            // [R]
+  std::vector<std::int64_t> home_quota_;       // [E]
+  std::vector<int> used_slots_;                // [R] slots are filled in index order
+  std::vector<int> slot_experts_;              // [R * B]
+  std::vector<std::int64_t> slot_quota_;       // [R * B]
+  std::vector<int> experts_by_home_;           // [E] as experts_by_count_, by remaining home quota
+  std::vector<int> donors_, receivers_;        // ranks above / below the target
 };
 
 void check_planner_inputs(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
@@ -271,10 +236,29 @@ void check_planner_inputs(std::span<const std::int64_t> expert_counts, std::span
   EPMOE_CHECK_GT(options.rebalance_threshold, 0.0);
   EPMOE_CHECK_GT(expert_counts.size(), 0u);
   EPMOE_CHECK_EQ(expert_counts.size(), home_rank_of_expert.size());
+  std::int64_t total = 0;
   for (std::size_t e = 0; e < expert_counts.size(); ++e) {
     EPMOE_CHECK_GE(expert_counts[e], 0);
     EPMOE_CHECK(home_rank_of_expert[e] >= 0 && home_rank_of_expert[e] < options.num_ranks);
+    // Loads are summed and multiplied by R in int64 (within()): keep headroom.
+    EPMOE_CHECK_LE(expert_counts[e], std::numeric_limits<std::int64_t>::max() / 4 / options.num_ranks - total);
+    total += expert_counts[e];
   }
+}
+
+// The largest max load that meets the threshold, never below the ideal.
+std::int64_t target_max_load(const LoadImbalance& homes, double threshold) {
+  const std::int64_t ideal = homes.ideal_max_load();
+  if (homes.total_load == 0) return 0;  // within() holds for any max: nothing to aim at
+  auto target = static_cast<std::int64_t>(threshold * static_cast<double>(homes.total_load) / homes.num_ranks);
+  // Settle on the integer that within() accepts and its successor does not,
+  // so the target and the stop test agree exactly.
+  const auto meets = [&](std::int64_t max_load) {
+    return LoadImbalance{max_load, homes.total_load, homes.num_ranks}.within(threshold);
+  };
+  while (target > ideal && !meets(target)) --target;
+  while (target < homes.max_load && meets(target + 1)) ++target;
+  return std::max(target, ideal);
 }
 
 }  // namespace
@@ -291,12 +275,56 @@ std::vector<int> contiguous_home_ranks(int num_experts, int num_ranks) {
 ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
                           const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts) {
   check_planner_inputs(expert_counts, home_rank_of_expert, options);
-  PlannerState state(expert_counts, home_rank_of_expert, options);
-  std::vector<std::int64_t> loads_before = state.rank_loads();
-  while (!measure_load_imbalance(state.rank_loads()).within(options.rebalance_threshold)) {
-    if (!state.place_one_replica()) break;
+  WaterFill fill(expert_counts, home_rank_of_expert, options);
+  const LoadImbalance homes = measure_load_imbalance(fill.home_loads());
+  const std::int64_t target = target_max_load(homes, options.rebalance_threshold);
+  if (homes.max_load <= target || options.num_redundant_slots_per_rank == 0) {
+    fill.fill(homes.max_load, RunRule::largest);  // nothing moves
+    return fill.finish(previous_slot_experts);
   }
-  return state.finish(previous_slot_experts, std::move(loads_before));
+  // One attempt at a target: each rule in turn until one reaches it; the
+  // lowest load reached and the rule that reached it.
+  struct Attempt {
+    std::int64_t reached;
+    RunRule rule;
+  };
+  constexpr RunRule kRules[] = {RunRule::finish_or_fill, RunRule::largest};
+  RunRule last_rule = kRules[0];
+  std::int64_t last_target = -1;
+  const auto attempt = [&](std::int64_t at, std::span<const RunRule> rules) {
+    Attempt best{std::numeric_limits<std::int64_t>::max(), rules[0]};
+    for (const RunRule rule : rules) {
+      const std::int64_t reached = fill.fill(at, rule);
+      last_rule = rule;
+      last_target = at;
+      if (reached < best.reached) best = {reached, rule};
+      if (reached <= at) break;
+    }
+    return best;
+  };
+  Attempt best = attempt(target, kRules);
+  std::int64_t best_target = target;
+  if (best.reached > target) {
+    // Bisection between the target (not reached) and the best load reached so
+    // far. A fill that misses its target still leaves a valid plan, so `best`
+    // is always a load some fill reached; a greedy fill is not monotone in
+    // its target, so the plan is rebuilt from that fill's target and rule.
+    std::int64_t low = target;
+    const RunRule first_rule = best.rule;
+    const std::int64_t resolution = std::max<std::int64_t>(1, homes.total_load / homes.num_ranks / 512);
+    while (best.reached - low > resolution) {
+      const std::int64_t middle = low + (best.reached - low) / 2;
+      // Only the rule that came closest at the target: half the cost.
+      const Attempt at_middle = attempt(middle, std::span<const RunRule>(&first_rule, 1));
+      if (at_middle.reached > middle) low = middle;
+      if (at_middle.reached < best.reached) {
+        best = at_middle;
+        best_target = middle;
+      }
+    }
+  }
+  if (last_target != best_target || last_rule != best.rule) fill.fill(best_target, best.rule);
+  return fill.finish(previous_slot_experts);
 }
 
 }  // namespace epmoe::balance

@@ -1,26 +1,39 @@
 // The per-step replica planner (DESIGN.md §4.8 step 2): from this step's
-// global expert counts, place up to B replicas per rank so that the busiest
-// rank's load approaches the mean. Runs on every rank after the all-reduce of
-// counts and before dispatch; every rank computes the same plan from the same
-// integers (no floating-point sums, ties broken by the lowest index).
+// global expert counts, place up to B replicas per rank, each with an integer
+// token quota, so that the busiest rank's load comes down to a target. Runs on
+// every rank after the all-gather of counts and before dispatch; every rank
+// computes the same plan from the same integers (no floating-point sums, ties
+// broken by the lowest index).
 //
-// Greedy, one replica per move:
-//   1. take the busiest rank m (load M);
-//   2. its experts (homes and replicas held there) in order of tokens that
-//      copy computes, largest first; skip an expert that cannot be split again
-//      (a copy on every rank, or too few tokens for one more non-empty quota);
-//   3. for the first expert that works: a replica on the least loaded rank
-//      that has a free slot and does not already hold that expert (any rank,
-//      not only the globally least loaded one), the expert's count re-split
-//      evenly over all its copies;
-//   4. a move is taken only if both m and the new replica's rank end below M,
-//      so (max load, number of ranks at max) falls strictly: max/mean never
-//      rises and the loop ends after at most R * B moves.
-// It stops when max/mean <= rebalance_threshold, or when no expert of the
-// busiest rank has a move that lowers it — an exhausted rank ends the search
-// rather than picking an already-replicated expert by accident (the seeds'
-// bug, DESIGN.md §6). A very hot expert may be picked again on purpose: each
-// move adds one more copy of it on another rank.
+// Water filling towards a target load T (the idea of MoonEP's planner):
+//   * donors are the ranks above T, receivers the ranks below it; a receiver
+//     can take T - load more tokens, in at most B distinct experts;
+//   * repeatedly the donor with the largest excess hands a contiguous run of
+//     its largest remaining home expert to a receiver: one that already holds
+//     a replica of that expert if one has room (no slot spent), else the
+//     receiver with a free slot that can absorb the whole remaining piece most
+//     tightly (best fit), else the one with the most room. The run is
+//     min(excess, the expert's remaining home quota, the receiver's room);
+//   * a receiver may take experts from several donors, never one expert
+//     twice (a second run of an expert it holds is added to that replica).
+// The runs are quotas, not an even split: the engine's rerouting cuts every
+// expert's tokens into contiguous runs of exactly these sizes by global
+// position (balance/replica_plan.h), so each copy computes its quota.
+//
+// Targets. T starts at the smallest load that meets rebalance_threshold
+// (threshold 1.0: ceil(total / R), the ideal). When the slots do not allow it
+// (some rank would need more than B remote experts), the fill leaves excess
+// on a donor; the planner then searches, by bisection on T, the smallest
+// target the fill reaches within B slots, and returns that plan. The plan
+// records the ideal it could not reach (ReplicaPlan::ideal_max_load). The
+// bisection ends once the interval is within 1/512 of the mean load, so a
+// plan costs a few fills at most; the common case is one fill.
+//
+// What is optimal and what is not: when the fill reaches T, max load = T, the
+// best possible for that target. The fill is greedy, so on the rare loads
+// where a cleverer assignment of runs to receivers would fit within B slots
+// and the greedy one does not, the bisection settles above the true optimum
+// (docs/BALANCE.md has the measured gap).
 #pragma once
 
 #include <cstdint>
@@ -34,8 +47,9 @@ namespace epmoe::balance {
 struct ReplicaPlannerOptions {
   int num_ranks = 1;
   int num_redundant_slots_per_rank = 0;  // B
-  // Stop once max/mean rank load is at or below this (1.0: balance as far as
-  // the slots allow).
+  // Target max/mean rank load: no replicas when the homes already meet it,
+  // else the fill aims at the largest load that meets it (1.0: balance as far
+  // as the slots allow).
   double rebalance_threshold = 1.05;
 };
 

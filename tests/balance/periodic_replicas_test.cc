@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "balance/replica_planner.h"
@@ -59,6 +60,37 @@ TEST(PeriodicReplicas, PlacementAndPlanInvariants) {
           EXPECT_EQ(plan.home_rank(e), homes[e]);
         }
       }
+}
+
+TEST(PeriodicReplicas, AReplacementKeepsAnExpertInItsSlotOnTheSameRank) {
+  // 4 ranks, 2 experts each, B = 2. The window makes experts 0 and 1 hot;
+  // the first placement puts their replicas in some slots. Replace it from
+  // a window where expert 2 also heats up: experts that stay on a rank must
+  // keep their slot index (else their weights are sent again for nothing),
+  // checked against a "previous" placement with every rank's slots reversed.
+  const int R = 4, B = 2;
+  const std::vector<int> homes = contiguous_home_ranks(8, R);
+  const std::vector<std::int64_t> first_window = {9000, 7000, 100, 100, 100, 100, 100, 100};
+  const std::vector<int> first = place_periodic_replicas(first_window, homes, R, B);
+  std::vector<int> previous = first;
+  for (int r = 0; r < R; ++r) std::reverse(previous.begin() + r * B, previous.begin() + (r + 1) * B);
+  const std::vector<std::int64_t> second_window = {9000, 7000, 5000, 100, 100, 100, 100, 100};
+  const std::vector<int> fresh = place_periodic_replicas(second_window, homes, R, B);
+  const std::vector<int> kept = place_periodic_replicas(second_window, homes, R, B, previous);
+  int stayed = 0;
+  for (int r = 0; r < R; ++r) {
+    // Same experts per rank as a placement without history.
+    std::multiset<int> a(fresh.begin() + r * B, fresh.begin() + (r + 1) * B);
+    std::multiset<int> b(kept.begin() + r * B, kept.begin() + (r + 1) * B);
+    EXPECT_EQ(a, b) << "rank " << r;
+    for (int slot = 0; slot < B; ++slot) {
+      const int expert = previous[r * B + slot];
+      if (expert == kEmptySlot || !b.count(expert)) continue;
+      EXPECT_EQ(kept[r * B + slot], expert) << "expert " << expert << " moved slots on rank " << r;
+      ++stayed;
+    }
+  }
+  EXPECT_GT(stayed, 0);  // the case exercises the rule
 }
 
 }  // namespace
