@@ -57,6 +57,13 @@ std::vector<std::int64_t> window_loads(const ExpertLoadHistory& history, int ste
   return history.window_sum(std::max(0, step - options.window_steps), step);
 }
 
+void set_balance(const LoadImbalance& loads, StepOutcome& outcome) {
+  outcome.max_over_mean = loads.max_over_mean();
+  const LoadImbalance ideal{loads.ideal_max_load(), loads.total_load, loads.num_ranks};
+  outcome.ideal_max_over_mean = ideal.max_over_mean();
+  outcome.reached_ideal = loads.max_load <= ideal.max_load;
+}
+
 // One step of a planner-based policy: the residency of `plan` (copies_of()
 // lists the home and every occupied slot of the expert) and, with
 // record_plans, its copies and moves.
@@ -69,7 +76,7 @@ StepOutcome plan_outcome(const ReplicaPlan& plan, ResidencyTracker& residency, b
       if (record_plans) outcome.copies.push_back({e, copy.rank, copy.token_quota});
     }
   }
-  outcome.max_over_mean = plan.after.max_over_mean();
+  set_balance(plan.after, outcome);
   outcome.expert_moves = residency.finish_step(record_plans ? &outcome.moves : nullptr);
   outcome.active_replicas = plan.num_replicas();
   return outcome;
@@ -146,7 +153,7 @@ std::vector<StepOutcome> replay_eplb(const ExpertLoadHistory& history, const Pol
       ++copies;
     }
     StepOutcome outcome;
-    outcome.max_over_mean = measure_load_imbalance(placement.rank_loads(history.step(step))).max_over_mean();
+    set_balance(measure_load_imbalance(placement.rank_loads(history.step(step))), outcome);
     outcome.expert_moves = residency.finish_step(options.record_plans ? &outcome.moves : nullptr);
     outcome.active_replicas = copies - num_experts;
     if (options.record_plans) record_even_split(placement, history.step(step), outcome.copies);
@@ -178,6 +185,12 @@ void validate(const PolicyReplayOptions& options, int num_experts) {
   if (!(options.rebalance_threshold >= 1.0)) fail("rebalance_threshold must be >= 1.0 (it bounds max/mean)");
   if (options.window_steps < 1) fail("window must be >= 1");
   if (options.period_steps < 1) fail("period must be >= 1");
+}
+
+double PolicyReplay::fraction_of_steps_at_ideal() const {
+  int reached = 0;
+  for (const StepOutcome& step : steps) reached += step.reached_ideal;
+  return steps.empty() ? 1.0 : static_cast<double>(reached) / static_cast<double>(steps.size());
 }
 
 double PolicyReplay::mean_max_over_mean() const {

@@ -68,6 +68,10 @@ struct WeightMove {
 
 struct StepOutcome {
   double max_over_mean = 1.0;
+  // The bound no policy can beat, ceil(total / R) / mean, and whether this
+  // step's max load reached it.
+  double ideal_max_over_mean = 1.0;
+  bool reached_ideal = true;
   int expert_moves = 0;     // weight transfers into this step (see above)
   int active_replicas = 0;  // expert copies beyond one per expert
   // With record_plans only, else empty. `copies`: by expert, each expert's
@@ -93,6 +97,7 @@ struct PolicyReplay {
   double mean_expert_moves_per_step() const;
   int max_expert_moves_in_a_step() const;
   double mean_active_replicas() const;
+  double fraction_of_steps_at_ideal() const;
 };
 
 PolicyReplay replay_policy(BalancePolicy policy, const ExpertLoadHistory& history,

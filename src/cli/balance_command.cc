@@ -74,7 +74,8 @@ constexpr char kJsonHelp[] =
     "  expert_weight_bytes, config, then for an .npy \"policies\": [...] and for a metrics.jsonl num_layers,\n"
     "  superseded_lines and \"layers\": [{\"layer\": l, \"policies\": [...]}]. A policy: policy, the summary figures\n"
     "  of the table, and with plans=true \"steps\": [{\"step\": s (0-based row), \"train_step\" (metrics only),\n"
-    "  max_over_mean, expert_moves, active_replicas, \"copies\": [[expert, rank, quota], ...] by expert (home\n"
+    "  max_over_mean, ideal_max_over_mean (ceil(total/R)/mean, no plan does better), reached_ideal,\n"
+    "  expert_moves, active_replicas, \"copies\": [[expert, rank, quota], ...] by expert (home\n"
     "  first; eplb by rank; quotas sum to the expert's count), \"moves\": [[rank, expert], ...] the pairs that\n"
     "  receive the expert's weights in this step (held now, not in the step before; before step 0: the homes)}].\n";
 
@@ -248,6 +249,8 @@ nlohmann::json step_to_json(const balance::StepOutcome& step, int s, const std::
   nlohmann::json out = {{"step", s}};
   if (train_steps != nullptr) out["train_step"] = (*train_steps)[static_cast<std::size_t>(s)];
   out["max_over_mean"] = step.max_over_mean;
+  out["ideal_max_over_mean"] = step.ideal_max_over_mean;
+  out["reached_ideal"] = step.reached_ideal;
   out["expert_moves"] = step.expert_moves;
   out["active_replicas"] = step.active_replicas;
   out["copies"] = std::move(copies);
@@ -284,13 +287,14 @@ void write_json(const nlohmann::json& value, int indent, std::string& out) {
 }
 
 void print_table(const nlohmann::json& policies) {
-  std::printf("%-8s %14s %15s %15s %13s %11s %15s %16s\n", "policy", "mean max/mean", "worst max/mean",
-              "mean from P", "moves/step", "max moves", "MB moved/step", "active replicas");
+  std::printf("%-8s %14s %15s %15s %9s %13s %11s %15s %16s\n", "policy", "mean max/mean", "worst max/mean",
+              "mean from P", "at ideal", "moves/step", "max moves", "MB moved/step", "active replicas");
   for (const nlohmann::json& row : policies) {
-    std::printf("%-8s %14.3f %15.3f %15.3f %13.2f %11d %15.1f %16.1f\n",
+    std::printf("%-8s %14.3f %15.3f %15.3f %8.0f%% %13.2f %11d %15.1f %16.1f\n",
                 row["policy"].get<std::string>().c_str(), row["mean_max_over_mean"].get<double>(),
                 row["worst_max_over_mean"].get<double>(), row["mean_max_over_mean_from_first_period"].get<double>(),
-                row["mean_expert_moves_per_step"].get<double>(), row["max_expert_moves_in_a_step"].get<int>(),
+                100.0 * row["fraction_of_steps_at_ideal"].get<double>(), row["mean_expert_moves_per_step"].get<double>(),
+                row["max_expert_moves_in_a_step"].get<int>(),
                 row["mean_weight_bytes_moved_per_step"].get<double>() / 1e6,
                 row["mean_active_replicas"].get<double>());
   }
@@ -341,7 +345,8 @@ void run_replay(const BalanceArguments& arguments) {
                             {"mean_expert_moves_per_step", replay.mean_expert_moves_per_step()},
                             {"max_expert_moves_in_a_step", replay.max_expert_moves_in_a_step()},
                             {"mean_weight_bytes_moved_per_step", replay.mean_expert_moves_per_step() * expert_weight_bytes},
-                            {"mean_active_replicas", replay.mean_active_replicas()}};
+                            {"mean_active_replicas", replay.mean_active_replicas()},
+                            {"fraction_of_steps_at_ideal", replay.fraction_of_steps_at_ideal()}};
       if (options.record_plans) {
         nlohmann::json steps = nlohmann::json::array();
         for (std::size_t s = 0; s < replay.steps.size(); ++s) {
