@@ -5,12 +5,12 @@
 // (balance/token_routing_generator.h, one seed) — with replicas planned by
 // plan_replicas (B = 2, rebalance_threshold = 1.0, contiguous homes):
 //   no replicas     every pair to its home (the reference);
-//   positional      pairs to copies by global position (balance/replica_plan.h);
-//   dedup-aware     balance/dedup_aware_choice.h (same rows per copy).
+//   positional      pairs to copies by position within the locality-first
+//                   per-(source, copy) sub-quotas (balance/replica_plan.h);
+//   dedup-aware     balance/dedup_aware_choice.h (same sub-quotas).
 // Also the pairs sent off-rank without dedup, the rank loads' max/mean before
 // and after the plan, and the choice's cost per source rank (µs, best of 5).
-// Every choice is checked: per (source, copy) counts equal the positional
-// rule's.
+// Every choice is checked: per (source, copy) counts equal the sub-quotas.
 //
 //   bench_balance_dedup_bytes
 #include <algorithm>

@@ -1,27 +1,28 @@
 // Replica choice aware of dedup (DESIGN.md §4.8, issue 13 item 2): which copy
 // of a replicated expert each (token, k) pair of one source rank goes to, so
 // that an all-to-all with dedup (one row per (token, destination rank)) sends
-// fewer rows than the positional rule of balance/replica_plan.h.
+// fewer rows than the positional rule of balance/replica_plan.h (same
+// per-(source, copy) sub-quotas).
 //
 // Why. With dedup, a token routed to K experts costs one row per distinct
 // destination rank. When expert e has copies on several ranks, sending the
 // pair (t, e) to the copy on a rank that already receives t (for another of
 // its K experts) costs no row; the positional rule ignores this.
 //
-// What it keeps. The positional rule gives source s the segment
-// [P, P + c) of e's global positions (P = sum over ranks r < s of counts[r][e],
-// c = counts[s][e]); intersecting it with each copy's quota run gives the
-// per-(source, copy) sub-quota q[s][e][i]. This choice sends EXACTLY q[s][e][i]
-// of s's pairs of e to copy i — only WHICH pairs is chosen — so every copy
-// still computes exactly its quota (sum over s of q = quota), the plan's rank
-// loads hold, and no other rank needs to know the choice: a receiver learns
-// its rows from the routing words, never from positions. Integers only, no
-// floating point, no communication, ties to the lowest copy index, so it is a
-// pure function of (plan, counts, source, routing): identical on every rank.
+// What it keeps. The plan's contract (balance/replica_plan.h) fixes, per
+// (source, copy), how many of the source's pairs of e the copy computes: the
+// locality-first sub-quota q[s][e][i] (sub_quotas below). This choice sends
+// EXACTLY q[s][e][i] of s's pairs of e to copy i — only WHICH pairs is
+// chosen — so every copy still computes exactly its quota (sum over s of q =
+// quota), the plan's rank loads hold, and no other rank needs to know the
+// choice: a receiver learns its rows from the routing words, never from
+// positions. Integers only, no floating point, no communication, ties to the
+// lowest copy index, so it is a pure function of (plan, counts, source,
+// routing): identical on every rank.
 //
 // The rule, for source s:
 //  * a pair whose expert gets s's pairs on a single copy (R = 1, no replica,
-//    or s's segment inside one copy's run — the common case) is fixed; the
+//    or all of s's pairs in one sub-quota — the common case) is fixed; the
 //    token's fixed pairs' ranks are the ranks that already receive it;
 //  * pass 1, tokens in order, flexible pairs in k order: a copy with
 //    sub-quota left on a rank other than s that already receives the token;
@@ -38,13 +39,16 @@
 // Cost: O(N·K·(C + K)) for C copies of an expert (C <= R, usually 1-3).
 //
 // What it does not optimise. It is a greedy, not an optimal b-matching, and
-// it only moves pairs within s's sub-quotas: for most (source, expert) the
-// segment sits inside one copy's run and nothing can change; only sources
-// whose segment straddles a run boundary (at most C - 1 per expert) have a
-// choice. Choosing the sub-quotas themselves (e.g. a replica taking the
-// tokens of its own rank first, which costs no wire bytes at all) would save
-// far more but changes the per-(source, copy) numbers the plan's contract
-// fixes. Rows counted here are off-rank rows (the bytes on the wire); the
+// it only moves pairs within s's sub-quotas, which the contract fixes before
+// any routing is seen. The locality-first sub-quotas already make a copy
+// compute its own rank's pairs first (no wire bytes at all), so for most
+// (source, expert) one copy takes all of s's pairs and nothing can change;
+// only a source whose pairs are split over two or more copies has a choice
+// (per expert, the remainder's matching has at most R + C - 1 nonzero cells
+// besides the C local ones).
+// Choosing the sub-quotas from the tokens' other experts (which needs the
+// routing, not only the counts, so it would cost communication) is not
+// attempted. Rows counted here are off-rank rows (the bytes on the wire); the
 // row a token has to its own rank is free. Token chunks do not matter: rows
 // are per token, and the choice is made over the whole step.
 #pragma once
@@ -57,15 +61,24 @@
 
 namespace epmoe::balance {
 
-// Per copy (indexed like plan.copies): how many of `source`'s pairs the
-// positional rule sends to it. `counts` is the all-gathered [R * E]
-// (counts[r * E + e]); the plan's quotas must sum to each expert's column sum.
+// The contract's locality-first sub-quotas (balance/replica_plan.h), for
+// every source at once: [R * plan.copies.size()], at s * copies.size() + i
+// the number of source s's pairs that copy i (indexed like plan.copies)
+// computes. Per expert e with copies i (rank r_i, quota q_i) and counts n_s:
+// first local_i = min(q_i, n_{r_i}) to each copy from its own rank, then the
+// remaining quotas and counts matched sources ascending, copies in copy order
+// (northwest corner rule). O(E * R + copies). `counts` is the all-gathered
+// [R * E] (counts[r * E + e]); the plan's quotas must sum to each expert's
+// column sum (checked).
+std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts);
+// Row `source` of sub_quotas, indexed like plan.copies.
 std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
                                             int source);
 
 // For every pair of `source`'s routing ids [N * top_k] (token-major; must
 // match counts[source]), the index within plan.copies_of(expert) of the copy
-// it goes to: by global position (the positional rule), or dedup-aware.
+// it goes to: the positional rule (s's pairs of e in (token, k) order fill
+// the copies' sub-quotas in copy order), or dedup-aware.
 std::vector<int> positional_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
                                         int source, std::span<const std::int32_t> topk_ids, int top_k);
 std::vector<int> dedup_aware_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts,

@@ -10,13 +10,20 @@
 // Rerouting rule (what makes replica slots really receive tokens). The copies
 // of expert e are listed home first, then replicas in ascending rank order,
 // with token quotas that sum exactly to e's global count. Every rank knows the
-// all-gathered [R, E] local counts, hence the global position of each of its
-// (token, k) pairs routed to e: pairs are ordered rank-major (all of source
-// rank 0's pairs for e, in that rank's local order, then source rank 1's, ...).
-// The first quota[0] pairs in that order go to copies_of(e)[0], the next
-// quota[1] to copies_of(e)[1], and so on: contiguous runs, so each source rank
-// computes its own split from prefix sums without further communication, and
-// each copy receives exactly its quota.
+// all-gathered [R, E] local counts n_s, and from them and the plan computes
+// the same LOCALITY-FIRST sub-quotas sub[s][i], how many of source rank s's
+// (token, k) pairs of e copy i (rank r_i, quota q_i) computes:
+//  1. each copy first takes its own rank's pairs: min(q_i, n_{r_i});
+//  2. the remaining quotas and counts are matched sources ascending, copies
+//     in copy order (northwest corner rule).
+// Within source s, its pairs of e in its local (token, k) order over the step
+// go to the copies in copy order, sub[s][i] to copy i (the positional rule);
+// the all-to-all with dedup may instead pick which of s's pairs fill each
+// sub-quota (balance/dedup_aware_choice.h). A pure integer function of (plan,
+// counts), balance::sub_quotas in dedup_aware_choice.h: each source knows its
+// split and each receiver its count with no further communication, every
+// copy receives exactly its quota, and a replica computes its own rank's
+// tokens before anyone else's (no wire bytes for those).
 //
 // Quotas: integers >= 0 summing exactly to the expert's global count. A
 // replica's quota is > 0 (an idle slot would cost a weight transfer for

@@ -146,7 +146,8 @@ KeyGroup expert_parallel_keys() {
           {.name = "replica_choice", .type = KeyType::choice, .default_value = ep::to_string(ep::ReplicaChoice::dedup),
            .help = "balance on, dispatch=alltoall dedup=true: which copy of a replicated expert a (token, expert) "
                    "pair goes to; dedup = prefer a copy on a rank that already receives the token (fewer rows, "
-                   "same rows per copy), position = by global position (balance/replica_plan.h)",
+                   "same rows per copy), position = by position among the source's pairs; both within the "
+                   "locality-first per-(source, copy) sub-quotas (balance/replica_plan.h)",
            .choices = {ep::to_string(ep::ReplicaChoice::dedup), ep::to_string(ep::ReplicaChoice::position)}},
           {.name = "comm_timeout_ms", .type = KeyType::integer, .default_value = "60000",
            .help = "a wait for a peer longer than this fails the run with an error naming the peer; at most "
@@ -261,7 +262,7 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertPara
       !(settings.dispatch == ep::DispatchKind::alltoall && settings.ep.dedup && settings.ep.replicas_enabled())) {
     throw ConfigError(setting(values, "replica_choice") + ": applies to dispatch=alltoall dedup=true with replicas "
                       "(balance=dynamic|periodic, redundant_slots > 0) only; elsewhere pairs go to copies by "
-                      "global position");
+                      "position within the locality-first sub-quotas");
   }
 }
 

@@ -30,10 +30,11 @@ enum class CotangentAllGather { ring, plain };
 // balance_window steps every balance_period steps and held in between
 // (balance/periodic_replicas.h). Homes never move in the engine.
 enum class BalanceMode { off, dynamic, periodic };
-// With replicas, which copy of an expert a (token, k) pair goes to: by global
-// position (balance/replica_plan.h), or, for the all-to-all with dedup,
-// dedup-aware (balance/dedup_aware_choice.h: the same per-(source, copy)
-// counts, pairs steered to ranks that already receive the token). The ring
+// With replicas, which copy of an expert a (token, k) pair goes to, within
+// the plan's locality-first per-(source, copy) sub-quotas
+// (balance/replica_plan.h): by position among the source's pairs, or, for
+// the all-to-all with dedup, dedup-aware (balance/dedup_aware_choice.h: the
+// same sub-quotas, pairs steered to ranks that already receive the token). The ring
 // and the all-to-all without dedup always use the positional rule.
 enum class ReplicaChoice { dedup, position };
 

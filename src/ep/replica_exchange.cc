@@ -1,5 +1,6 @@
 #include "ep/replica_exchange.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -43,12 +44,8 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
                                 .timeout = config_.timeout})
       .wait();
   std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
-  prefix_.assign(counts_.size(), 0);
   for (int r = 0; r < num_ranks_; ++r)
-    for (int e = 0; e < num_experts_; ++e) {
-      prefix_[r * num_experts_ + e] = global[e];
-      global[e] += counts_[r * num_experts_ + e];
-    }
+    for (int e = 0; e < num_experts_; ++e) global[e] += counts_[r * num_experts_ + e];
 
   const auto start = std::chrono::steady_clock::now();
   if (config_.balance == BalanceMode::periodic) {
@@ -73,8 +70,7 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
   }
   stats_->planner_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  // Per copy: where its quota run ends and its local expert index.
-  quota_end_.assign(plan_.copies.size(), 0);
+  // Per copy: its local expert index.
   copy_local_.assign(plan_.copies.size(), 0);
   const int me = comm_.rank();
   stats_->home_quotas.assign(static_cast<std::size_t>(num_local_experts_), 0);
@@ -86,7 +82,6 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
     for (int i = plan_.copy_offsets[e]; i < plan_.copy_offsets[e + 1]; ++i) {
       const balance::ExpertCopy& copy = plan_.copies[i];
       end += copy.token_quota;
-      quota_end_[i] = end;
       if (i == plan_.copy_offsets[e]) {
         EPMOE_CHECK_EQ(copy.rank, homes_[e]);
         copy_local_[i] = e - copy.rank * num_local_experts_;
@@ -102,6 +97,16 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
     }
     EPMOE_CHECK_EQ(end, global[e]);
   }
+  // Per (source, copy): the end of the copy's run among the source's pairs of
+  // its expert (prefix sums of the locality-first sub-quotas over the
+  // expert's copies), so destination() is a binary search over C copies.
+  const std::size_t num_copies = plan_.copies.size();
+  sub_quota_end_ = balance::sub_quotas(plan_, counts_);
+  for (int s = 0; s < num_ranks_; ++s) {
+    std::int64_t* row = sub_quota_end_.data() + static_cast<std::size_t>(s) * num_copies;
+    for (int e = 0; e < num_experts_; ++e)
+      for (int i = plan_.copy_offsets[e] + 1; i < plan_.copy_offsets[e + 1]; ++i) row[i] += row[i - 1];
+  }
   stats_->rows_per_slot.assign(static_cast<std::size_t>(num_slots_), 0);
   stats_->rank_loads_before = plan_.rank_loads_before;
   stats_->rank_loads_after = plan_.rank_loads_after;
@@ -111,12 +116,14 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
 }
 
 PairDestination ReplicaExchange::destination(int source, int expert, std::int64_t index) const {
-  const std::int64_t position = prefix_[source * num_experts_ + expert] + index;
-  const int first = plan_.copy_offsets[expert], last = plan_.copy_offsets[expert + 1];
-  for (int i = first; i < last; ++i)
-    if (position < quota_end_[i]) return {plan_.copies[i].rank, copy_local_[i]};
-  EPMOE_CHECK(false);  // a position beyond the expert's count: counts and routing disagree
-  return {};
+  const std::int64_t* row = sub_quota_end_.data() + static_cast<std::size_t>(source) * plan_.copies.size();
+  const std::int64_t* first = row + plan_.copy_offsets[expert];
+  const std::int64_t* last = row + plan_.copy_offsets[expert + 1];
+  // The first copy whose run among this source's pairs ends after `index`.
+  const std::int64_t* at = std::upper_bound(first, last, index);
+  EPMOE_CHECK(index >= 0 && at != last);  // beyond the source's count: counts and routing disagree
+  const auto copy = static_cast<std::size_t>(at - row);
+  return {plan_.copies[copy].rank, copy_local_[copy]};
 }
 
 std::vector<PairDestination> ReplicaExchange::local_destinations(const RoutingView& routing) const {
@@ -124,9 +131,9 @@ std::vector<PairDestination> ReplicaExchange::local_destinations(const RoutingVi
   std::vector<PairDestination> out(static_cast<std::size_t>(num_pairs));
   const int me = comm_.rank();
   if (config_.dedup && config_.replica_choice == ReplicaChoice::dedup) {
-    // Same per-(source, copy) counts as the positional rule, so every copy
-    // still computes exactly its quota; receivers learn their rows from the
-    // routing words and never recompute positions.
+    // Same per-(source, copy) sub-quotas as the positional rule, so every
+    // copy still computes exactly its quota; receivers learn their rows from
+    // the routing words and never recompute positions.
     const std::vector<int> choice = balance::dedup_aware_copy_choice(
         plan_, counts_, me, {routing.topk_ids, static_cast<std::size_t>(num_pairs)}, routing.top_k);
     for (std::int64_t i = 0; i < num_pairs; ++i) {

@@ -10,18 +10,22 @@
 //     balance::plan_replicas on the same integers, so every rank holds the
 //     same plan. The previous step's slot contents are passed in, so an
 //     expert that stays on a rank keeps its slot (and its weights).
-//  2. Rerouting (balance/replica_plan.h rule): pair (r, t, k) of expert e has
-//     the global position sum_{r' < r} counts[r'][e] + (its index among rank
-//     r's pairs of e in (token, k) order over the step); the copy whose quota
-//     run contains the position computes it. destination() answers that for
-//     any (source rank, expert, index), so the all-to-all's senders and the
+//  2. Rerouting (balance/replica_plan.h rule): from the plan and the counts,
+//     every rank computes the same locality-first sub-quotas once per step
+//     (balance::sub_quotas): how many of source rank s's pairs of expert e
+//     each copy of e computes — a copy takes its own rank's pairs first, the
+//     rest are matched sources ascending, copies in copy order. Within source
+//     s, its pairs of e in (token, k) order over the step fill e's copies'
+//     sub-quotas in copy order (the positional rule); destination() answers
+//     that for any (source rank, expert, index) by a binary search in the
+//     per-(source, copy) prefix sums, so the all-to-all's senders and the
 //     ring's receivers (which see every rank's tokens) agree, and every copy
 //     computes exactly its quota. The all-to-all with dedup (and
 //     replica_choice=dedup, the default) instead chooses, within the same
-//     per-(source, copy) counts, copies on ranks that already receive the
+//     per-(source, copy) sub-quotas, copies on ranks that already receive the
 //     token (balance/dedup_aware_choice.h): local_destinations. The ring
 //     keeps the positional rule: its receivers compute destinations for
-//     every source chunk by chunk (they see only positions, not the source's
+//     every source chunk by chunk (they see only indices, not the source's
 //     whole step), and it has no dedup, every token reaching every rank once
 //     anyway, so there is nothing to save.
 //  3. exchange_slot_weights (MoeLayer, before the experts): each slot whose
@@ -80,8 +84,8 @@ class ReplicaExchange {
   std::int64_t count(int rank, int expert) const { return counts_[rank * num_experts_ + expert]; }
 
   // Pair number `index` (0-based, over the step in (token, k) order) among
-  // source rank `source`'s pairs of `expert`, by the positional rule (the
-  // ring's receivers).
+  // source rank `source`'s pairs of `expert`, by the positional rule within
+  // the source's sub-quotas (the ring's receivers). O(log C).
   PairDestination destination(int source, int expert, std::int64_t index) const;
   // Every pair of this rank's routing, [N_l * K] in (token, k) order: the
   // positional rule, or with dedup and replica_choice=dedup the dedup-aware
@@ -113,9 +117,11 @@ class ReplicaExchange {
   int num_ranks_, num_experts_, num_local_experts_, num_slots_;
   std::vector<int> homes_;
   std::vector<std::int64_t> counts_;          // [R * E] all-gathered
-  std::vector<std::int64_t> prefix_;          // [R * E] sum over ranks before r
   balance::ReplicaPlan plan_;
-  std::vector<std::int64_t> quota_end_;       // per copy: cumulative quota end
+  // [R * copies]: per source, the running sum of the locality-first
+  // sub-quotas over each expert's copies (where each copy's run among the
+  // source's pairs of the expert ends).
+  std::vector<std::int64_t> sub_quota_end_;
   std::vector<int> copy_local_;               // per copy: local expert index on its rank
   // What every slot of every rank holds: expert and weight version.
   std::vector<int> held_expert_;              // [R * B]

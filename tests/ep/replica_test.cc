@@ -10,6 +10,8 @@
 //    the reference's, which holds every token's contribution exactly once;
 //  * replica weights are not resent while the weight version is unchanged,
 //    and are resent when it changes;
+//  * locality-first sub-quotas: every copy computes its own rank's pairs
+//    first (min(quota, own count)), checked through the all-to-all's bytes;
 //  * the dedup-aware replica choice (balance/dedup_aware_choice.h) under
 //    packed Zipf routing with K = 4, R in {1, 2, 3, 4}: same checks, and never
 //    more token bytes than the positional rule (fewer in total).
@@ -230,6 +232,45 @@ TEST(Replicas, ConfigErrors) {
   config.rebalance_threshold = 0.5;
   EXPECT_THROW(config.validate(2), ConfigError);
   EXPECT_THROW(ep::parse_balance_mode("balance", "sometimes"), ConfigError);
+}
+
+// Locality-first sub-quotas (balance/replica_plan.h) in the engine: a copy on
+// rank r computes min(its quota, rank r's pairs of its expert) of rank r's own
+// pairs, and only those stay on their rank. So the all-to-all without dedup
+// sends exactly N·K − sum over copies of min(quota, own rank's count) token
+// rows, counted from the plan's quotas in the stats and the routing.
+TEST(Replicas, CopiesComputeTheirOwnRanksPairsFirst) {
+  for (int num_ranks : {2, 3, 4, 8}) {
+    const MoeProblem p = skewed_problem(num_ranks);
+    for (int chunks : {1, 2}) {
+      const std::string what = "R" + std::to_string(num_ranks) + " chunks " + std::to_string(chunks);
+      EpRunOptions on = dynamic_replicas(num_ranks, ep::DispatchKind::alltoall, 2);
+      on.ep.num_chunks = chunks;
+      const EpRunResult run = testing::run_ep_layer(p, on);
+      ASSERT_GT(expect_quotas_met(run, what), 0) << what;
+      const std::vector<std::int32_t> ids = ids_of(run.topk_ids);
+      const int num_experts = p.router.num_experts, top_k = p.router.top_k;
+      const int experts_per_rank = num_experts / num_ranks;
+      const std::int64_t n = p.num_tokens;
+      std::int64_t local = 0, local_on_slots = 0;
+      for (int r = 0; r < num_ranks; ++r) {
+        // Rank r's pairs per expert (the harness gives it tokens [n r / R, n (r + 1) / R)).
+        std::vector<std::int64_t> count(static_cast<std::size_t>(num_experts), 0);
+        for (std::int64_t t = n * r / num_ranks; t < n * (r + 1) / num_ranks; ++t)
+          for (int k = 0; k < top_k; ++k) ++count[ids[t * top_k + k]];
+        const ep::DispatchStats& s = run.stats[r];
+        for (int j = 0; j < experts_per_rank; ++j)
+          local += std::min(s.home_quotas[j], count[r * experts_per_rank + j]);
+        for (std::size_t b = 0; b < s.slot_experts.size(); ++b)
+          if (s.slot_experts[b] >= 0) local_on_slots += std::min(s.slot_quotas[b], count[s.slot_experts[b]]);
+      }
+      EXPECT_GT(local_on_slots, 0) << what << ": some replica's rank routes tokens to it";
+      EXPECT_EQ(total_bytes(run.stats, "forward/all_to_all_v tokens"),
+                (n * top_k - local - local_on_slots) * kHidden * 4)
+          << what;
+      expect_matches_reference(p, run, what);
+    }
+  }
 }
 
 // Dedup-aware replica choice (issue 13 item 2, balance/dedup_aware_choice.h):
