@@ -56,7 +56,9 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
       std::vector<std::int64_t> window(static_cast<std::size_t>(num_experts_), 0);
       for (const auto& counts : count_history_)
         for (int e = 0; e < num_experts_; ++e) window[e] += counts[e];
-      periodic_slots_ = balance::place_periodic_replicas(window, homes_, num_ranks_, num_slots_);
+      // The previous placement keeps an expert that stays on a rank in its
+      // slot, whose weights are current there.
+      periodic_slots_ = balance::place_periodic_replicas(window, homes_, num_ranks_, num_slots_, periodic_slots_);
     }
     plan_ = balance::plan_with_placement(global, homes_, num_ranks_, num_slots_, periodic_slots_);
     count_history_.push_back(global);
