@@ -10,15 +10,17 @@
 // Within a step each expert's tokens are split evenly over its copies
 // (split_evenly in balance/replica_plan.h).
 //
-// Two departures from the published code, neither changing its balance:
+// Departures from the published code (their measured effect on balance, from
+// bench/balance/eplb_departures.cc, is in docs/BALANCE.md: better on 12 of 36
+// Zipf scenarios by up to 0.060 of max/mean, worse on 4 by up to 0.018):
 //   * two copies of one expert never share a rank (EPLB's global packing may
 //     do that, which wastes a slot); an expert gets at most R copies, and a
 //     copy that finds every rank with a free slot already holding its expert
 //     is dropped (its share goes to the other copies);
 //   * packs are unlabelled, so they are matched to ranks keeping as many
-//     experts where they were as possible: the same loads, fewer weight moves.
-// Integer arithmetic throughout (loads per copy compared by cross-multiplying)
-// so that every rank computes the same placement.
+//     experts where they were as possible: the same loads, fewer weight moves;
+//   * integer arithmetic throughout (loads per copy compared by
+//     cross-multiplying) so that every rank computes the same placement.
 #pragma once
 
 #include <cstdint>
