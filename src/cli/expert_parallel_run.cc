@@ -127,6 +127,7 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
   report.rank_loads_after = dispatch.rank_loads_after;
   report.max_over_mean_before = dispatch.max_over_mean_before;
   report.max_over_mean_after = dispatch.max_over_mean_after;
+  report.ideal_max_over_mean = dispatch.ideal_max_over_mean;
   report.num_replicas = dispatch.num_replicas;
   report.planner_seconds = dispatch.planner_seconds;
   return run;

@@ -60,7 +60,7 @@ struct RankReport {
   std::vector<std::int64_t> rows_per_slot;
   std::vector<int> slot_experts;
   std::vector<std::int64_t> rank_loads_before, rank_loads_after;
-  double max_over_mean_before = 1.0, max_over_mean_after = 1.0;
+  double max_over_mean_before = 1.0, max_over_mean_after = 1.0, ideal_max_over_mean = 1.0;
   int num_replicas = 0;
   double planner_seconds = 0;
 };
@@ -71,7 +71,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, fi
                                    rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds,
                                    forward_seconds, backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name, recomputed_bytes,
                                    rows_per_slot, slot_experts, rank_loads_before, rank_loads_after,
-                                   max_over_mean_before, max_over_mean_after, num_replicas, planner_seconds)
+                                   max_over_mean_before, max_over_mean_after, ideal_max_over_mean, num_replicas, planner_seconds)
 
 struct LayerRunResult {
   MoeForwardOutput forward;               // gathered, as described above

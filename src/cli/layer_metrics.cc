@@ -92,6 +92,7 @@ nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const Lay
   out["rows_computed_per_rank"] = rows_per_rank;
   out["max_over_mean_before"] = first.max_over_mean_before;
   out["max_over_mean_after"] = first.max_over_mean_after;
+  out["ideal_max_over_mean"] = first.ideal_max_over_mean;  // the best any plan reaches
   out["replica_weight_bytes_forward"] = weight_bytes;
   out["replica_gradient_bytes_backward"] = gradient_bytes;
   out["planner_us"] = planner_seconds * 1e6;

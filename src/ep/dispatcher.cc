@@ -15,7 +15,7 @@ void DispatchStats::reset(int num_local_experts) {
   home_quotas.clear();
   rank_loads_before.clear();
   rank_loads_after.clear();
-  max_over_mean_before = max_over_mean_after = 1.0;
+  max_over_mean_before = max_over_mean_after = ideal_max_over_mean = 1.0;
   num_replicas = 0;
   slots_refreshed = 0;
   planner_seconds = 0.0;

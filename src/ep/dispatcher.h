@@ -72,6 +72,9 @@ struct DispatchStats {
   std::vector<std::int64_t> rank_loads_before;  // [R] rows per rank with every expert at home
   std::vector<std::int64_t> rank_loads_after;   // [R] rows per rank under the plan
   double max_over_mean_before = 1.0, max_over_mean_after = 1.0;
+  // ceil(total / R) / mean: the best any plan reaches; after > ideal means
+  // the B slots did not allow it (balance/replica_planner.h).
+  double ideal_max_over_mean = 1.0;
   int num_replicas = 0;             // occupied slots over all ranks
   int slots_refreshed = 0;          // this rank's slots that received weights this step
   double planner_seconds = 0.0;     // counts all-gather excluded
