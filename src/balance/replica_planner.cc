@@ -8,10 +8,6 @@
 namespace epmoe::balance {
 namespace {
 
-// One water fill (see replica_planner.h) and the state it leaves. fill() starts
-// from the homes every time, so bisection over targets reuses the buffers and
-// allocates nothing per fill: a plan for E=256, R=64, B=2 takes microseconds
-// (bench/balance).
 // Which donor's run a receiver's next slot takes (see replica_planner.h).
 enum class RunRule {
   largest,         // the largest run of any donor
@@ -22,6 +18,10 @@ enum class RunRule {
 
 constexpr int kFinishingLookahead = 8;
 
+// One water fill (see replica_planner.h) and the state it leaves. fill() starts
+// from the homes every time, so bisection over targets reuses the buffers and
+// allocates nothing per fill: a plan for E=256, R=64, B=2 takes microseconds
+// (bench/balance).
 class WaterFill {
  public:
   WaterFill(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
