@@ -11,7 +11,7 @@
 //
 // What it keeps. The plan's contract (balance/replica_plan.h) fixes, per
 // (source, copy), how many of the source's pairs of e the copy computes: the
-// locality-first sub-quota q[s][e][i] (sub_quotas below). This choice sends
+// locality-first sub-quota q[s][e][i] (sub_quotas in balance/replica_plan.h). This choice sends
 // EXACTLY q[s][e][i] of s's pairs of e to copy i — only WHICH pairs is
 // chosen — so every copy still computes exactly its quota (sum over s of q =
 // quota), the plan's rank loads hold, and no other rank needs to know the
@@ -60,20 +60,6 @@
 #include "balance/replica_plan.h"
 
 namespace epmoe::balance {
-
-// The contract's locality-first sub-quotas (balance/replica_plan.h), for
-// every source at once: [R * plan.copies.size()], at s * copies.size() + i
-// the number of source s's pairs that copy i (indexed like plan.copies)
-// computes. Per expert e with copies i (rank r_i, quota q_i) and counts n_s:
-// first local_i = min(q_i, n_{r_i}) to each copy from its own rank, then the
-// remaining quotas and counts matched sources ascending, copies in copy order
-// (northwest corner rule). O(E * R + copies). `counts` is the all-gathered
-// [R * E] (counts[r * E + e]); the plan's quotas must sum to each expert's
-// column sum (checked).
-std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts);
-// Row `source` of sub_quotas, indexed like plan.copies.
-std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                            int source);
 
 // For every pair of `source`'s routing ids [N * top_k] (token-major; must
 // match counts[source]), the index within plan.copies_of(expert) of the copy

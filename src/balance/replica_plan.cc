@@ -76,4 +76,62 @@ void keep_previous_slot_positions(std::span<int> slot_experts, std::span<const i
   }
 }
 
+std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts) {
+  const int num_experts = plan.num_experts, num_ranks = plan.num_ranks;
+  EPMOE_CHECK_EQ(counts.size(), static_cast<std::size_t>(num_ranks) * num_experts);
+  EPMOE_CHECK_EQ(plan.copy_offsets.size(), static_cast<std::size_t>(num_experts) + 1);
+  const std::size_t num_copies = plan.copies.size();
+  std::vector<std::int64_t> sub(static_cast<std::size_t>(num_ranks) * num_copies, 0);
+  std::vector<std::int64_t> source_left(static_cast<std::size_t>(num_ranks));
+  std::vector<std::int64_t> quota_left;
+  for (int e = 0; e < num_experts; ++e) {
+    const int first = plan.copy_offsets[e], last = plan.copy_offsets[e + 1];
+    for (int s = 0; s < num_ranks; ++s) {
+      source_left[s] = counts[static_cast<std::size_t>(s) * num_experts + e];
+      EPMOE_CHECK_GE(source_left[s], 0);
+    }
+    // 1. Each copy takes its own rank's pairs first (copies of one expert
+    // sit on distinct ranks, so no two compete for one source here).
+    quota_left.assign(static_cast<std::size_t>(last - first), 0);
+    for (int i = first; i < last; ++i) {
+      const ExpertCopy& copy = plan.copies[i];
+      EPMOE_CHECK(copy.rank >= 0 && copy.rank < num_ranks);
+      EPMOE_CHECK_GE(copy.token_quota, 0);
+      const std::int64_t local = std::min(copy.token_quota, source_left[copy.rank]);
+      sub[static_cast<std::size_t>(copy.rank) * num_copies + i] = local;
+      source_left[copy.rank] -= local;
+      quota_left[i - first] = copy.token_quota - local;
+    }
+    // 2. The rest by the northwest corner rule: sources ascending, copies in
+    // copy order.
+    int s = 0, i = first;
+    while (s < num_ranks && i < last) {
+      if (source_left[s] == 0) {
+        ++s;
+        continue;
+      }
+      if (quota_left[i - first] == 0) {
+        ++i;
+        continue;
+      }
+      const std::int64_t take = std::min(source_left[s], quota_left[i - first]);
+      sub[static_cast<std::size_t>(s) * num_copies + i] += take;
+      source_left[s] -= take;
+      quota_left[i - first] -= take;
+    }
+    // Quotas sum exactly to the expert's global count: nothing left over.
+    for (; s < num_ranks; ++s) EPMOE_CHECK_EQ(source_left[s], 0);
+    for (; i < last; ++i) EPMOE_CHECK_EQ(quota_left[i - first], 0);
+  }
+  return sub;
+}
+
+std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
+                                            int source) {
+  EPMOE_CHECK(source >= 0 && source < plan.num_ranks);
+  const std::vector<std::int64_t> all = sub_quotas(plan, counts);
+  const auto begin = all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(source) * plan.copies.size());
+  return {begin, begin + static_cast<std::ptrdiff_t>(plan.copies.size())};
+}
+
 }  // namespace epmoe::balance

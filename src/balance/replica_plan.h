@@ -20,7 +20,7 @@
 // go to the copies in copy order, sub[s][i] to copy i (the positional rule);
 // the all-to-all with dedup may instead pick which of s's pairs fill each
 // sub-quota (balance/dedup_aware_choice.h). A pure integer function of (plan,
-// counts), balance::sub_quotas in dedup_aware_choice.h: each source knows its
+// counts), sub_quotas() below: each source knows its
 // split and each receiver its count with no further communication, every
 // copy receives exactly its quota, and a replica computes its own rank's
 // tokens before anyone else's (no wire bytes for those).
@@ -82,6 +82,20 @@ struct ReplicaPlan {
 // every rank evaluates identically. `copies` hold the ranks (any order, all
 // distinct); their token_quota is overwritten.
 void split_evenly(std::int64_t count, std::span<ExpertCopy> copies);
+
+// The rerouting rule's locality-first sub-quotas (above), for every source
+// at once: [R * plan.copies.size()], at s * copies.size() + i
+// the number of source s's pairs that copy i (indexed like plan.copies)
+// computes. Per expert e with copies i (rank r_i, quota q_i) and counts n_s:
+// first local_i = min(q_i, n_{r_i}) to each copy from its own rank, then the
+// remaining quotas and counts matched sources ascending, copies in copy order
+// (northwest corner rule). O(E * R + copies). `counts` is the all-gathered
+// [R * E] (counts[r * E + e]); the plan's quotas must sum to each expert's
+// column sum (checked).
+std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts);
+// Row `source` of sub_quotas, indexed like plan.copies.
+std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
+                                            int source);
 
 // Reorders each rank's B slots in `slot_experts` [R * B] so that an expert
 // that held slot b of the rank in `previous` [R * B] stays in slot b (its
