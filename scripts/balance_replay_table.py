@@ -51,7 +51,7 @@ def main():
                         for slots in [1, 2]:
                             report = json.loads(run(binary, "balance", "--loads", loads, f"ranks={ranks}",
                                                     f"slots={slots}", "window=50", "period=50",
-                                                    "rebalance_threshold=1.0", "--json"))
+                                                    "rebalance_threshold=1.0", "plans=false", "--json"))
                             rows = {row["policy"]: row for row in report["policies"]}
                             cells = [f"{rows[p]['mean_max_over_mean']:.3f} / "
                                      f"{rows[p]['mean_max_over_mean_from_first_period']:.3f}" for p in POLICIES]
