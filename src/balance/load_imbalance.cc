@@ -22,6 +22,10 @@ std::int64_t LoadImbalance::ideal_max_load() const {
   return num_ranks > 0 ? (total_load + num_ranks - 1) / num_ranks : 0;
 }
 
+double LoadImbalance::ideal_max_over_mean() const {
+  return LoadImbalance{ideal_max_load(), total_load, num_ranks}.max_over_mean();
+}
+
 LoadImbalance measure_load_imbalance(std::span<const std::int64_t> rank_loads) {
   LoadImbalance imbalance;
   imbalance.num_ranks = static_cast<int>(rank_loads.size());

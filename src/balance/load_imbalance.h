@@ -21,6 +21,8 @@ struct LoadImbalance {
   bool within(double threshold) const;
   // ceil(total / R): the lowest max load any split of the tokens reaches.
   std::int64_t ideal_max_load() const;
+  // ideal_max_load() / mean: the max/mean no split of the tokens beats.
+  double ideal_max_over_mean() const;
 };
 
 LoadImbalance measure_load_imbalance(std::span<const std::int64_t> rank_loads);

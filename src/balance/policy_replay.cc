@@ -59,9 +59,8 @@ std::vector<std::int64_t> window_loads(const ExpertLoadHistory& history, int ste
 
 void set_balance(const LoadImbalance& loads, StepOutcome& outcome) {
   outcome.max_over_mean = loads.max_over_mean();
-  const LoadImbalance ideal{loads.ideal_max_load(), loads.total_load, loads.num_ranks};
-  outcome.ideal_max_over_mean = ideal.max_over_mean();
-  outcome.reached_ideal = loads.max_load <= ideal.max_load;
+  outcome.ideal_max_over_mean = loads.ideal_max_over_mean();
+  outcome.reached_ideal = loads.max_load <= loads.ideal_max_load();
 }
 
 // One step of a planner-based policy: the residency of `plan` (copies_of()

@@ -114,9 +114,7 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
   stats_->rank_loads_after = plan_.rank_loads_after;
   stats_->max_over_mean_before = plan_.before.max_over_mean();
   stats_->max_over_mean_after = plan_.after.max_over_mean();
-  stats_->ideal_max_over_mean =
-      balance::LoadImbalance{plan_.before.ideal_max_load(), plan_.before.total_load, plan_.before.num_ranks}
-          .max_over_mean();
+  stats_->ideal_max_over_mean = plan_.before.ideal_max_over_mean();
   stats_->num_replicas = plan_.num_replicas();
 }
 

@@ -213,16 +213,30 @@ TEST(SubQuotas, RandomPlansKeepEveryProperty) {
   EXPECT_GT(cases_with_replicas, 40);
 }
 
-TEST(SubQuotas, PlannerPlansUnderPackedZipf) {
+// DeepSeek-like routing from the bench's generator (E = 64, K = 8, R = 8,
+// 512 tokens per rank), hot experts packed on rank 0, and the planner's plan
+// for it (B = 2, threshold 1.0).
+struct PackedZipfCase {
+  std::vector<std::vector<std::int32_t>> routing;
+  std::vector<std::int64_t> counts;  // [R * E] gathered
+  ReplicaPlan plan;
+};
+
+PackedZipfCase packed_zipf_case(double zipf) {
   const LoadGeneratorOptions options{.num_experts = 64, .num_ranks = 8, .num_tokens_per_rank = 512, .top_k = 8,
-                                     .zipf_exponent = 1.2, .placement = HotExpertPlacement::packed, .seed = 5};
-  const std::vector<std::vector<std::int32_t>> routing = generate_token_routing(options);
-  const std::vector<std::int64_t> counts = gathered_counts(routing, 64);
-  const ReplicaPlan plan = plan_replicas(column_sums(counts, 8, 64), contiguous_home_ranks(64, 8),
-                                         {.num_ranks = 8, .num_redundant_slots_per_rank = 2,
-                                          .rebalance_threshold = 1.0});
-  ASSERT_GT(plan.num_replicas(), 0);
-  check_sub_quotas(plan, counts, "zipf packed");
+                                     .zipf_exponent = zipf, .placement = HotExpertPlacement::packed, .seed = 5};
+  PackedZipfCase c;
+  c.routing = generate_token_routing(options);
+  c.counts = gathered_counts(c.routing, 64);
+  c.plan = plan_replicas(column_sums(c.counts, 8, 64), contiguous_home_ranks(64, 8),
+                         {.num_ranks = 8, .num_redundant_slots_per_rank = 2, .rebalance_threshold = 1.0});
+  return c;
+}
+
+TEST(SubQuotas, PlannerPlansUnderPackedZipf) {
+  const PackedZipfCase c = packed_zipf_case(1.2);
+  ASSERT_GT(c.plan.num_replicas(), 0);
+  check_sub_quotas(c.plan, c.counts, "zipf packed");
 }
 
 // Exact sub-quotas on two constructed plans.
@@ -352,16 +366,10 @@ TEST(DedupAwareChoice, RandomRoutingsKeepQuotasAndNeverAddRows) {
 // DeepSeek-like routing from the bench's generator (E = 64, K = 8, R = 8).
 TEST(DedupAwareChoice, ZipfPackedRoutingSavesRows) {
   for (double zipf : {1.0, 1.2}) {
-    const LoadGeneratorOptions options{.num_experts = 64, .num_ranks = 8, .num_tokens_per_rank = 512, .top_k = 8,
-                                       .zipf_exponent = zipf, .placement = HotExpertPlacement::packed, .seed = 5};
-    const std::vector<std::vector<std::int32_t>> routing = generate_token_routing(options);
-    const std::vector<std::int64_t> counts = gathered_counts(routing, 64);
-    const ReplicaPlan plan = plan_replicas(column_sums(counts, 8, 64), contiguous_home_ranks(64, 8),
-                                           {.num_ranks = 8, .num_redundant_slots_per_rank = 2,
-                                            .rebalance_threshold = 1.0});
-    ASSERT_GT(plan.num_replicas(), 0);
+    const PackedZipfCase c = packed_zipf_case(zipf);
+    ASSERT_GT(c.plan.num_replicas(), 0);
     Totals totals;
-    check_case(plan, counts, routing, 8, totals, "zipf " + std::to_string(zipf));
+    check_case(c.plan, c.counts, c.routing, 8, totals, "zipf " + std::to_string(zipf));
     EXPECT_LT(totals.dedup_aware, totals.positional) << zipf;
   }
 }
