@@ -105,19 +105,27 @@ bool ExpertPlacement::holds(int rank, int expert) const {
   return std::find(begin, begin + slots_per_rank, expert) != begin + slots_per_rank;
 }
 
-std::vector<std::int64_t> ExpertPlacement::rank_loads(std::span<const std::int64_t> expert_counts) const {
+std::vector<std::vector<ExpertCopy>> ExpertPlacement::evenly_split_copies(
+    std::span<const std::int64_t> expert_counts) const {
   EPMOE_CHECK_EQ(expert_counts.size(), static_cast<std::size_t>(num_experts));
   std::vector<std::vector<ExpertCopy>> copies(num_experts);
+  // Slots are rank-major: each expert's copies come out by ascending rank.
   for (std::size_t slot = 0; slot < slot_experts.size(); ++slot) {
     if (slot_experts[slot] != kEmptySlot) {
       copies[slot_experts[slot]].push_back({static_cast<int>(slot) / slots_per_rank, 0});
     }
   }
-  std::vector<std::int64_t> loads(num_ranks, 0);
   for (int e = 0; e < num_experts; ++e) {
     EPMOE_CHECK(!copies[e].empty());
     split_evenly(expert_counts[e], copies[e]);
-    for (const ExpertCopy& copy : copies[e]) loads[copy.rank] += copy.token_quota;
+  }
+  return copies;
+}
+
+std::vector<std::int64_t> ExpertPlacement::rank_loads(std::span<const std::int64_t> expert_counts) const {
+  std::vector<std::int64_t> loads(num_ranks, 0);
+  for (const std::vector<ExpertCopy>& copies : evenly_split_copies(expert_counts)) {
+    for (const ExpertCopy& copy : copies) loads[copy.rank] += copy.token_quota;
   }
   return loads;
 }

@@ -27,6 +27,8 @@
 #include <span>
 #include <vector>
 
+#include "balance/replica_plan.h"
+
 namespace epmoe::balance {
 
 // Which experts every rank holds; each rank has slots_per_rank slots.
@@ -38,6 +40,9 @@ struct ExpertPlacement {
 
   int num_copies(int expert) const;
   bool holds(int rank, int expert) const;
+  // Each expert's copies (ascending rank) with its count split evenly over
+  // them (split_evenly): the quotas a step under this placement computes.
+  std::vector<std::vector<ExpertCopy>> evenly_split_copies(std::span<const std::int64_t> expert_counts) const;
   // Tokens per rank when each expert's `expert_counts` are split evenly over
   // its copies.
   std::vector<std::int64_t> rank_loads(std::span<const std::int64_t> expert_counts) const;

@@ -112,18 +112,12 @@ std::vector<StepOutcome> replay_hybrid(const ExpertLoadHistory& history, const P
   return outcomes;
 }
 
-// An eplb step's copies: each expert's count split evenly over its copies
-// (split_evenly, the rule ExpertPlacement::rank_loads applies), copies of an
-// expert by ascending rank (slots are rank-major).
+// An eplb step's copies: each expert's count split evenly over its copies,
+// the quotas its rank loads assume.
 void record_even_split(const ExpertPlacement& placement, std::span<const std::int64_t> counts,
                        std::vector<PlannedCopy>& out) {
-  std::vector<std::vector<ExpertCopy>> copies(static_cast<std::size_t>(placement.num_experts));
-  for (std::size_t slot = 0; slot < placement.slot_experts.size(); ++slot) {
-    const int expert = placement.slot_experts[slot];
-    if (expert != kEmptySlot) copies[expert].push_back({static_cast<int>(slot) / placement.slots_per_rank, 0});
-  }
+  const std::vector<std::vector<ExpertCopy>> copies = placement.evenly_split_copies(counts);
   for (int e = 0; e < placement.num_experts; ++e) {
-    split_evenly(counts[e], copies[e]);
     for (const ExpertCopy& copy : copies[e]) out.push_back({e, copy.rank, copy.token_quota});
   }
 }
