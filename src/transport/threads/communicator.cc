@@ -99,6 +99,7 @@ class ThreadsRequest final : public Request {
     std::ostringstream what;
     what << "timed out after " << waited.count() << " ms waiting to "
          << (is_send_ ? "send to" : "receive from");
+    world_.gave_up_waiting(rank_, peer_);
     throw PeerError(describe_wait(rank_, what.str(), peer_, tag_) + world_.late_rank_note(rank_, peer_));
   }
 
@@ -145,7 +146,8 @@ ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links)
     : links_(num_ranks, links),
       failing_(static_cast<std::size_t>(std::max(num_ranks, 0))),
       failing_reasons_(static_cast<std::size_t>(std::max(num_ranks, 0))),
-      waits_(static_cast<std::size_t>(std::max(num_ranks, 0)) * std::max(num_ranks, 0)) {
+      waits_(static_cast<std::size_t>(std::max(num_ranks, 0)) * std::max(num_ranks, 0)),
+      gave_up_(waits_.size()) {
   if (num_ranks < 1) {
     throw ConfigError("threads transport: num_ranks = " + std::to_string(num_ranks) +
                       ": must be >= 1");
@@ -224,7 +226,10 @@ std::string ThreadsWorld::late_rank_note(int rank, int peer) const {
     const int at = frontier[i];
     bool waits_for_someone = false;
     for (int next = 0; next < num_ranks; ++next) {
-      if (waits_[edge(at, next)].load(std::memory_order_relaxed) <= 0) continue;
+      if (waits_[edge(at, next)].load(std::memory_order_relaxed) <= 0 &&
+          !gave_up_[edge(at, next)].load(std::memory_order_relaxed)) {
+        continue;
+      }
       waits_for_someone = true;
       if (!seen[next]) {
         seen[next] = true;

@@ -54,6 +54,10 @@ class ThreadsWorld {
   // The wait-for edges (see above): a thread of `rank` starts / stops waiting for `peer`.
   void begin_wait(int rank, int peer) { waits_[edge(rank, peer)].fetch_add(1, std::memory_order_relaxed); }
   void end_wait(int rank, int peer) { waits_[edge(rank, peer)].fetch_sub(1, std::memory_order_relaxed); }
+  // A wait of `rank` on `peer` timed out. The edge stays in the graph: that
+  // rank is stuck behind `peer` for good, and a neighbour's timeout a moment
+  // later must still see the chain through it (its wait has ended by then).
+  void gave_up_waiting(int rank, int peer) { gave_up_[edge(rank, peer)].store(true, std::memory_order_relaxed); }
   // For a wait of `rank` on `peer` that timed out: "" when no rank can be
   // blamed, else "; ..." naming the late rank.
   std::string late_rank_note(int rank, int peer) const;
@@ -71,6 +75,7 @@ class ThreadsWorld {
   std::vector<std::atomic<bool>> failing_;      // [rank]
   std::vector<std::string> failing_reasons_;    // [rank], guarded by abort_mutex_
   std::vector<std::atomic<int>> waits_;         // [rank * R + peer]: threads of rank waiting for peer
+  std::vector<std::atomic<bool>> gave_up_;      // [rank * R + peer]: a wait of rank on peer timed out
   std::vector<std::unique_ptr<ThreadsCommunicator>> communicators_;  // [rank]
 
   std::size_t edge(int rank, int peer) const { return static_cast<std::size_t>(rank) * size() + peer; }
