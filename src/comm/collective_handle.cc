@@ -45,6 +45,18 @@ void CollectiveHandle::finish_quietly() noexcept {
 
 void CollectiveHandle::wait() {
   if (!state_) return;
+  transport::CollectiveClocks* clocks = state_->clock ? state_->comm->collective_clocks() : nullptr;
+  // The caller's clock moves to the collective's end even when it failed.
+  struct ModelledWait {
+    transport::CollectiveClocks* clocks;
+    ModelledClock* clock;
+    ModelledWait(transport::CollectiveClocks* c, ModelledClock* k) : clocks(c), clock(k) {
+      if (clocks != nullptr) clocks->begin_wait(*clock);
+    }
+    ~ModelledWait() {
+      if (clocks != nullptr) clocks->end_wait(*clock);
+    }
+  } modelled(clocks, state_->clock.get());
   std::unique_lock<std::mutex> lock(state_->mutex);
   if (!state_->finished.wait_until(lock, state_->deadline + kDeadlineGrace,
                                    [&] { return state_->done; })) {
@@ -89,9 +101,17 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
   state->deadline = transport::Clock::now() + timeout;
   state->name = std::move(name);
   state->comm = &comm;
-  detail::ProgressThreads::instance().submit([state, body = std::move(body)] {
+  transport::CollectiveClocks* clocks = comm.collective_clocks();
+  if (clocks != nullptr) state->clock = clocks->fork(state->name);
+  const TraceTrack trace = this_thread_trace_track();
+  const double trace_begin_us = this_thread_trace_now_us();
+  detail::ProgressThreads::instance().submit([state, clocks, trace, trace_begin_us, body = std::move(body)] {
     std::exception_ptr error;
     std::string root_cause;  // non-empty: this collective is where the failure started
+    // The progress thread runs on the collective's clock and traces to its caller's rank.
+    const TraceTrack previous_track = set_this_thread_trace_track(trace);
+    ModelledClock* const previous_clock = set_this_thread_modelled_clock(state->clock.get());
+    const std::int64_t bytes_before = transport::this_thread_bytes_sent();
     try {
       body(state->deadline);
     } catch (const transport::AbortedError& e) {
@@ -111,6 +131,14 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
     if (!root_cause.empty()) {
       state->comm->abort("rank " + std::to_string(state->comm->rank()) + " failed: " + root_cause, error);
     }
+    if (trace.recorder != nullptr) {
+      trace.recorder->add_collective(
+          trace.pid, state->name, trace_begin_us, this_thread_trace_now_us(),
+          {{"bytes_sent", static_cast<double>(transport::this_thread_bytes_sent() - bytes_before)}});
+    }
+    set_this_thread_modelled_clock(previous_clock);
+    set_this_thread_trace_track(previous_track);
+    if (clocks != nullptr) clocks->finish(*state->clock);
     std::lock_guard<std::mutex> lock(state->mutex);
     state->error = std::move(error);  // the progress thread keeps no reference
     state->done = true;

@@ -25,6 +25,11 @@
 //
 // Buffers named in the options belong to the collective until wait() returned
 // (or threw) or test() returned true.
+//
+// Modelled time (transport/collective_clocks.h): the collective runs on a
+// clock forked from the caller's at launch; wait() takes the caller to
+// max(its clock, the collective's end). Tracing: the collective is recorded
+// on the caller's trace track (core/trace_recorder.h) from launch to end.
 #pragma once
 
 #include <chrono>
@@ -35,6 +40,9 @@
 #include <mutex>
 #include <string>
 
+#include "core/modelled_clock.h"
+#include "core/trace_recorder.h"
+#include "transport/collective_clocks.h"
 #include "transport/communicator.h"
 
 namespace epmoe::comm {
@@ -53,6 +61,8 @@ struct CollectiveState {
   transport::Deadline deadline;
   std::string name;  // "ring_all_gather tag 7"
   transport::Communicator* comm = nullptr;  // not owned; outlives every handle on it
+  // clock=modelled: the collective's own virtual clock (forked at launch).
+  std::shared_ptr<ModelledClock> clock;
 };
 }  // namespace detail
 

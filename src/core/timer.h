@@ -1,4 +1,6 @@
-// Wall-clock timing of named phases (route, dispatch, expert compute, ...).
+// Timing of named phases (route, dispatch, expert compute, ...): wall-clock
+// seconds, or modelled seconds when the calling thread runs on a modelled
+// clock (core/modelled_clock.h).
 #pragma once
 
 #include <chrono>
@@ -28,18 +30,25 @@ class PhaseTimes {
   std::map<std::string, double> seconds_;
 };
 
-// Adds the lifetime of the scope to `times[phase]`.
+// Seconds on the calling thread's clock: modelled when it has one, else
+// steady wall time. Only differences mean anything.
+double this_thread_clock_seconds();
+
+// Adds the lifetime of the scope, on the calling thread's clock, to
+// `times[phase]`, and records it as a "phase" event on the thread's trace
+// track (core/trace_recorder.h) when it has one.
 class ScopedPhase {
  public:
-  ScopedPhase(PhaseTimes& times, std::string phase) : times_(times), phase_(std::move(phase)) {}
-  ~ScopedPhase() { times_.add(phase_, watch_.elapsed_seconds()); }
+  ScopedPhase(PhaseTimes& times, std::string phase);
+  ~ScopedPhase();
   ScopedPhase(const ScopedPhase&) = delete;
   ScopedPhase& operator=(const ScopedPhase&) = delete;
 
  private:
   PhaseTimes& times_;
   std::string phase_;
-  Stopwatch watch_;
+  double start_seconds_;
+  double trace_begin_us_;
 };
 
 }  // namespace epmoe

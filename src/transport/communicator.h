@@ -44,6 +44,7 @@ using Tag = std::uint32_t;
 constexpr Tag kMaxTag = (Tag{1} << 31) - 1;
 
 class NativeCollectives;
+class CollectiveClocks;
 
 // One posted send or receive. Move-only handle, owned by whoever posted it.
 // The buffer passed to isend/irecv must stay valid (and, for a send, unchanged)
@@ -105,7 +106,17 @@ class Communicator {
   // The transport's own collectives (MPI's), for algorithm=native; nullptr when
   // the transport has none (threads).
   virtual NativeCollectives* native_collectives() { return nullptr; }
+
+  // The modelled clocks collectives run on (clock=modelled); nullptr in wall
+  // time (transport/collective_clocks.h).
+  virtual CollectiveClocks* collective_clocks() { return nullptr; }
 };
+
+// Bytes the calling thread has posted in sends, over its lifetime (both
+// transports count them in isend): a collective's bytes are the growth of
+// its progress thread's count while it ran, for the trace.
+std::int64_t this_thread_bytes_sent();
+void count_bytes_sent(std::int64_t num_bytes);
 
 // "rank 2: <what> peer 3, tag 0x1234" - the common prefix of transport errors.
 std::string describe_wait(int rank, std::string_view what, int peer, Tag tag);

@@ -192,6 +192,7 @@ MpiCommunicator::~MpiCommunicator() {
 std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* data,
                                                 std::int64_t num_bytes) {
   check_arguments(rank_, size_, peer, tag, num_bytes, "isend");
+  count_bytes_sent(num_bytes);
   auto request = std::make_unique<MpiRequest>(*state_, peer, tag, /*is_send=*/true);
   const char* bytes = static_cast<const char*>(data);
   std::int64_t offset = 0;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/trace_recorder.h"
 
 namespace epmoe::transport::threads {
 namespace {
@@ -25,6 +26,7 @@ class ThreadsRequest final : public Request {
   // another thread, not a wait on a peer), so no thread touches the buffer
   // or this state afterwards.
   ~ThreadsRequest() override {
+    if (VirtualTimeline* timeline = world_.timeline()) timeline->release(state_.virtual_request);
     std::unique_lock<std::mutex> lock(mailbox_.mutex);
     if (state_.phase == RequestPhase::queued) {
       const Mailbox::Key key = is_send_ ? Mailbox::Key{rank_, tag_} : Mailbox::Key{peer_, tag_};
@@ -39,8 +41,12 @@ class ThreadsRequest final : public Request {
   }
 
   bool test() override {
-    std::unique_lock<std::mutex> lock(mailbox_.mutex);
-    return check_locked(Clock::now());
+    {
+      std::unique_lock<std::mutex> lock(mailbox_.mutex);
+      if (!check_locked(Clock::now())) return false;
+    }
+    VirtualTimeline* timeline = world_.timeline();
+    return timeline == nullptr || timeline->completed_by_now(state_.virtual_request);
   }
 
   void wait_until(Deadline deadline) override {
@@ -50,15 +56,29 @@ class ThreadsRequest final : public Request {
       WaitEdge(ThreadsWorld& w, int r, int p) : world(w), rank(r), peer(p) { world.begin_wait(rank, peer); }
       ~WaitEdge() { world.end_wait(rank, peer); }
     } edge(world_, rank_, peer_);
-    std::unique_lock<std::mutex> lock(mailbox_.mutex);
-    for (;;) {
-      const Clock::time_point now = Clock::now();
-      if (check_locked(now)) return;
-      if (now >= deadline) throw_timeout(now);
-      Clock::time_point wake = deadline;
-      if (state_.phase == RequestPhase::done) wake = std::min(wake, state_.ready_at);
-      mailbox_.changed.wait_until(lock, wake);
+    VirtualTimeline* timeline = world_.timeline();
+    if (timeline != nullptr) timeline->begin_request_wait(state_.virtual_request);
+    {
+      std::unique_lock<std::mutex> lock(mailbox_.mutex);
+      for (;;) {
+        const Clock::time_point now = Clock::now();
+        if (check_locked(now)) break;
+        if (now >= deadline) throw_timeout(now);
+        Clock::time_point wake = deadline;
+        if (state_.phase == RequestPhase::done) wake = std::min(wake, state_.ready_at);
+        mailbox_.changed.wait_until(lock, wake);
+      }
     }
+    if (timeline == nullptr) return;
+    // The bytes are here; wait until the timeline knows when, in virtual
+    // time, they arrived (the senders behind in virtual time have caught up).
+    timeline->wait_for_completion(state_.virtual_request, deadline, [&](bool timed_out) {
+      std::unique_lock<std::mutex> lock(mailbox_.mutex);
+      const Clock::time_point now = Clock::now();
+      check_locked(now);
+      if (timed_out) throw_timeout(now);
+    });
+    timeline->end_request_wait(state_.virtual_request);
   }
 
   int peer() const override { return peer_; }
@@ -116,7 +136,7 @@ class ThreadsRequest final : public Request {
 // Moves one matched message. Called with `lock` held on the destination's
 // mailbox and both entries already out of their queues; returns with it held.
 void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedSend& send,
-             const QueuedRecv& recv, int src, int dst, Tag tag) {
+             const QueuedRecv& recv, int src, int dst, Tag tag, VirtualTimeline* timeline) {
   if (send.num_bytes != recv.num_bytes) {
     std::ostringstream msg;
     msg << "message size mismatch from rank " << src << " to rank " << dst << ", tag " << tag
@@ -130,6 +150,7 @@ void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedS
   }
   send.state->phase = RequestPhase::copying;
   recv.state->phase = RequestPhase::copying;
+  if (timeline != nullptr) timeline->matched(recv.state->virtual_request, send.state->virtual_request);
   lock.unlock();
   if (send.num_bytes > 0) std::memcpy(recv.data, send.data, static_cast<std::size_t>(send.num_bytes));
   lock.lock();
@@ -138,11 +159,19 @@ void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedS
   recv.state->phase = RequestPhase::done;
   recv.state->ready_at = send.arrival;
   mailbox.changed.notify_all();
+  if (timeline == nullptr && send.trace.recorder != nullptr) {  // wall clock: copied now, or at the emulated arrival
+    const double arrived_us = std::max(send.trace.recorder->wall_now_us(),
+                                       send.posted_us + 1e6 * std::chrono::duration<double>(
+                                                                   send.arrival - send.posted_at).count());
+    send.trace.recorder->add_message(src, "to rank " + std::to_string(dst), send.posted_us, arrived_us,
+                                     {{"bytes", static_cast<double>(send.num_bytes)},
+                                      {"peer", static_cast<double>(dst)}});
+  }
 }
 
 }  // namespace
 
-ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links)
+ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links, const ModelledTimeOptions& modelled)
     : links_(num_ranks, links),
       failing_(static_cast<std::size_t>(std::max(num_ranks, 0))),
       failing_reasons_(static_cast<std::size_t>(std::max(num_ranks, 0))),
@@ -151,6 +180,11 @@ ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links)
   if (num_ranks < 1) {
     throw ConfigError("threads transport: num_ranks = " + std::to_string(num_ranks) +
                       ": must be >= 1");
+  }
+  if (modelled.enabled) {
+    if (links.enabled) throw ConfigError("clock=modelled: the wall-clock link emulation (link_bandwidth_gbps) "
+                                         "cannot be on as well; the modelled clock uses the links itself");
+    timeline_ = std::make_unique<VirtualTimeline>(num_ranks, links, modelled);
   }
   for (int rank = 0; rank < num_ranks; ++rank) {
     mailboxes_.push_back(std::make_unique<Mailbox>());
@@ -179,6 +213,7 @@ void ThreadsWorld::abort(const std::string& reason, std::exception_ptr cause) {
     std::lock_guard<std::mutex> lock(mailbox->mutex);
     mailbox->changed.notify_all();
   }
+  if (timeline_) timeline_->wake_all();
 }
 
 std::string ThreadsWorld::abort_reason() const {
@@ -205,6 +240,7 @@ void ThreadsWorld::cancel_pending(int rank, const std::string& reason) {
     std::lock_guard<std::mutex> lock(mailbox->mutex);
     mailbox->changed.notify_all();
   }
+  if (timeline_) timeline_->wake_all();
 }
 
 std::string ThreadsWorld::failing_reason(int rank) const {
@@ -262,10 +298,17 @@ void ThreadsCommunicator::check_peer(int peer, Tag tag, std::int64_t num_bytes,
 std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const void* data,
                                                     std::int64_t num_bytes) {
   check_peer(peer, tag, num_bytes, "isend");
-  const LinkTiming timing = world_.links().reserve(rank_, peer, num_bytes, Clock::now());
+  count_bytes_sent(num_bytes);
+  const Clock::time_point posted_at = Clock::now();
+  const LinkTiming timing = world_.links().reserve(rank_, peer, num_bytes, posted_at);
   Mailbox& mailbox = world_.mailbox(peer);
   auto request = std::make_unique<ThreadsRequest>(world_, rank_, peer, tag, /*is_send=*/true, mailbox);
-  const QueuedSend send{data, num_bytes, timing.send_done, timing.arrival, request->state()};
+  VirtualTimeline* timeline = world_.timeline();
+  if (timeline != nullptr) timeline->post_send(rank_, peer, num_bytes, request->state()->virtual_request);
+  const TraceTrack trace = this_thread_trace_track();
+  const QueuedSend send{data,          num_bytes, timing.send_done,
+                        timing.arrival, request->state(), trace,
+                        trace.recorder != nullptr ? trace.recorder->wall_now_us() : 0.0, posted_at};
   const Mailbox::Key key{rank_, tag};
 
   std::unique_lock<std::mutex> lock(mailbox.mutex);
@@ -277,7 +320,7 @@ std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const voi
   const QueuedRecv recv = it->second.front();
   it->second.pop_front();
   if (it->second.empty()) mailbox.unmatched_recvs.erase(it);
-  deliver(mailbox, lock, send, recv, rank_, peer, tag);
+  deliver(mailbox, lock, send, recv, rank_, peer, tag, timeline);
   return request;
 }
 
@@ -298,7 +341,7 @@ std::unique_ptr<Request> ThreadsCommunicator::irecv(int peer, Tag tag, void* dat
   const QueuedSend send = it->second.front();
   it->second.pop_front();
   if (it->second.empty()) mailbox.unmatched_sends.erase(it);
-  deliver(mailbox, lock, send, recv, peer, rank_, tag);
+  deliver(mailbox, lock, send, recv, peer, rank_, tag, world_.timeline());
   return request;
 }
 

@@ -14,6 +14,7 @@
 #include "transport/communicator.h"
 #include "transport/threads/emulated_links.h"
 #include "transport/threads/mailbox.h"
+#include "transport/threads/virtual_timeline.h"
 
 namespace epmoe::transport::threads {
 
@@ -32,7 +33,7 @@ class ThreadsCommunicator;
 // for (late_rank_note()).
 class ThreadsWorld {
  public:
-  ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links);
+  ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links, const ModelledTimeOptions& modelled = {});
   ~ThreadsWorld();
   ThreadsWorld(const ThreadsWorld&) = delete;
   ThreadsWorld& operator=(const ThreadsWorld&) = delete;
@@ -64,10 +65,13 @@ class ThreadsWorld {
 
   detail::Mailbox& mailbox(int rank) { return *mailboxes_[rank]; }
   EmulatedLinks& links() { return links_; }
+  // clock=modelled: the virtual timeline; nullptr in wall time.
+  VirtualTimeline* timeline() { return timeline_.get(); }
 
  private:
   std::vector<std::unique_ptr<detail::Mailbox>> mailboxes_;  // [destination rank]
   EmulatedLinks links_;
+  std::unique_ptr<VirtualTimeline> timeline_;
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mutex_;  // guards abort_reason_, abort_cause_
   std::string abort_reason_;
@@ -95,6 +99,7 @@ class ThreadsCommunicator final : public Communicator {
     world_.abort(reason, std::move(cause));
   }
   void cancel_pending(const std::string& reason) override { world_.cancel_pending(rank_, reason); }
+  CollectiveClocks* collective_clocks() override { return world_.timeline(); }
 
  private:
   void check_peer(int peer, Tag tag, std::int64_t num_bytes, const char* op) const;

@@ -7,69 +7,142 @@
 #include "core/error.h"
 
 namespace epmoe::transport::threads {
+namespace {
 
-void EmulatedLinkOptions::validate() const {
-  if (!enabled) return;
-  if (!(bandwidth_gb_per_s > 0.0) || !std::isfinite(bandwidth_gb_per_s)) {
+void require_positive(double value, const char* key) {
+  if (!(value > 0.0) || !std::isfinite(value)) {
     std::ostringstream msg;
-    msg << "links.bandwidth_gb_per_s = " << bandwidth_gb_per_s << ": must be a finite number > 0";
+    msg << key << " = " << value << ": must be a finite number > 0";
     throw ConfigError(msg.str());
   }
-  if (!(latency_us >= 0.0) || !std::isfinite(latency_us)) {
+}
+
+void require_non_negative(double value, const char* key) {
+  if (!(value >= 0.0) || !std::isfinite(value)) {
     std::ostringstream msg;
-    msg << "links.latency_us = " << latency_us << ": must be a finite number >= 0";
+    msg << key << " = " << value << ": must be a finite number >= 0";
     throw ConfigError(msg.str());
+  }
+}
+
+Picoseconds microseconds(double us) { return seconds_to_picoseconds(us * 1e-6); }
+
+}  // namespace
+
+void EmulatedLinkOptions::validate() const {
+  require_positive(bandwidth_gb_per_s, "links.bandwidth_gb_per_s");
+  require_non_negative(latency_us, "links.latency_us");
+  if (topology == LinkTopology::two_level) {
+    if (group_size < 1) {
+      throw ConfigError("links.group_size = " + std::to_string(group_size) + ": must be >= 1");
+    }
+    require_positive(scale_out_bandwidth_gb_per_s, "links.scale_out_bandwidth_gb_per_s");
+    require_non_negative(scale_out_latency_us, "links.scale_out_latency_us");
   }
 }
 
 std::string link_topology_name(LinkTopology topology) {
-  return topology == LinkTopology::ring ? "ring" : "full_mesh";
+  switch (topology) {
+    case LinkTopology::full_mesh: return "full_mesh";
+    case LinkTopology::ring: return "ring";
+    case LinkTopology::switched: return "switched";
+    case LinkTopology::two_level: return "two_level";
+  }
+  return "?";
+}
+
+LinkTopology parse_link_topology(const std::string& key, const std::string& name) {
+  for (LinkTopology t : {LinkTopology::full_mesh, LinkTopology::ring, LinkTopology::switched,
+                         LinkTopology::two_level}) {
+    if (name == link_topology_name(t)) return t;
+  }
+  throw ConfigError(key + "=" + name + ": not a link topology (full_mesh, ring, switched, two_level)");
+}
+
+// Resources: [0, R*R) one link per ordered pair (full_mesh, ring
+// neighbours); then per rank its switch egress and ingress ports and its
+// scale-out egress and ingress ports.
+LinkPaths::LinkPaths(int num_ranks, const EmulatedLinkOptions& options)
+    : num_ranks_(num_ranks), options_(options), num_resources_(num_ranks * num_ranks + 4 * num_ranks) {}
+
+std::vector<LinkHop> LinkPaths::path(int src, int dst) const {
+  std::vector<LinkHop> hops;
+  if (src == dst) return hops;
+  const int R = num_ranks_;
+  const double bandwidth = options_.bandwidth_gb_per_s * 1e9;
+  const Picoseconds latency = microseconds(options_.latency_us);
+  auto pair_link = [&](int a, int b) {
+    LinkHop hop{{a * R + b, 0}, 1, bandwidth, latency};
+    return hop;
+  };
+  auto ports = [&](int egress_base, int ingress_base, double bytes_per_second, Picoseconds hop_latency) {
+    LinkHop hop{{R * R + egress_base * R + src, R * R + ingress_base * R + dst}, 2, bytes_per_second, hop_latency};
+    return hop;
+  };
+  switch (options_.topology) {
+    case LinkTopology::full_mesh:
+      hops.push_back(pair_link(src, dst));
+      break;
+    case LinkTopology::ring: {
+      const int forward = ((dst - src) % R + R) % R;
+      const int backward = R - forward;
+      const int step = forward <= backward ? 1 : -1;  // ties go clockwise
+      const int count = std::min(forward, backward);
+      int at = src;
+      for (int h = 0; h < count; ++h) {
+        const int next = ((at + step) % R + R) % R;
+        hops.push_back(pair_link(at, next));
+        at = next;
+      }
+      break;
+    }
+    case LinkTopology::switched:
+      hops.push_back(ports(0, 1, bandwidth, latency));
+      break;
+    case LinkTopology::two_level:
+      if (src / options_.group_size == dst / options_.group_size) {
+        hops.push_back(ports(0, 1, bandwidth, latency));
+      } else {
+        hops.push_back(ports(2, 3, options_.scale_out_bandwidth_gb_per_s * 1e9,
+                             microseconds(options_.scale_out_latency_us)));
+      }
+      break;
+  }
+  return hops;
+}
+
+Picoseconds LinkSchedule::take(const LinkHop& hop, std::int64_t num_bytes, Picoseconds ready,
+                               Picoseconds* pushed_out) {
+  Picoseconds start = ready;
+  for (int i = 0; i < hop.num_resources; ++i) start = std::max(start, busy_until_[hop.resources[i]]);
+  const Picoseconds done = start + seconds_to_picoseconds(static_cast<double>(num_bytes) / hop.bytes_per_second);
+  for (int i = 0; i < hop.num_resources; ++i) busy_until_[hop.resources[i]] = done;
+  if (pushed_out != nullptr) *pushed_out = done;
+  return done + hop.latency;
 }
 
 EmulatedLinks::EmulatedLinks(int num_ranks, const EmulatedLinkOptions& options)
-    : num_ranks_(num_ranks),
-      options_(options),
-      busy_until_(static_cast<std::size_t>(num_ranks) * num_ranks, Clock::time_point{}) {
-  options_.validate();
+    : options_(options), paths_(num_ranks, options), origin_(Clock::now()), schedule_(paths_.num_resources()) {
+  if (options_.enabled) options_.validate();
 }
 
-Clock::duration EmulatedLinks::transfer_time(std::int64_t num_bytes) const {
-  const double seconds = static_cast<double>(num_bytes) / (options_.bandwidth_gb_per_s * 1e9);
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
-EmulatedLinks::Route EmulatedLinks::route(int src, int dst) const {
-  if (options_.topology == LinkTopology::full_mesh || src == dst) return {src == dst ? 0 : 1, 0};
-  const int forward = ((dst - src) % num_ranks_ + num_ranks_) % num_ranks_;
-  const int backward = num_ranks_ - forward;
-  return forward <= backward ? Route{forward, 1} : Route{backward, -1};  // ties go clockwise
-}
-
-int EmulatedLinks::hops(int src, int dst) const { return route(src, dst).num_hops; }
-
-LinkTiming EmulatedLinks::reserve(int src, int dst, std::int64_t num_bytes,
-                                  Clock::time_point posted) {
+LinkTiming EmulatedLinks::reserve(int src, int dst, std::int64_t num_bytes, Clock::time_point posted) {
   if (!options_.enabled) return {posted, posted};
-  const auto latency = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double, std::micro>(options_.latency_us));
-  const auto serialise = transfer_time(num_bytes);
-
-  const Route path = route(src, dst);
+  auto to_time = [&](Picoseconds t) {
+    return origin_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(to_seconds(t)));
+  };
+  const std::vector<LinkHop> hops = paths_.path(src, dst);
   std::lock_guard<std::mutex> lock(mutex_);
-  LinkTiming timing{posted, posted};
-  Clock::time_point ready = posted;  // when the whole message is at the current hop's start
-  int at = src;
-  for (int hop = 0; hop < path.num_hops; ++hop) {
-    const int next = path.step == 0 ? dst : ((at + path.step) % num_ranks_ + num_ranks_) % num_ranks_;
-    Clock::time_point& busy = busy_until_[link_index(at, next)];
-    const Clock::time_point start = std::max(ready, busy);
-    busy = start + serialise;
-    if (hop == 0) timing.send_done = busy;
-    ready = busy + latency;  // store-and-forward: the next hop starts when all bytes arrived
-    at = next;
+  Picoseconds ready =
+      seconds_to_picoseconds(std::max(0.0, std::chrono::duration<double>(posted - origin_).count()));
+  Picoseconds send_done = ready;
+  for (std::size_t h = 0; h < hops.size(); ++h) {
+    Picoseconds pushed_out = 0;
+    ready = schedule_.take(hops[h], num_bytes, ready, &pushed_out);
+    if (h == 0) send_done = pushed_out;
   }
-  timing.arrival = ready;
-  return timing;
+  if (hops.empty()) return {posted, posted};
+  return {to_time(send_done), to_time(ready)};
 }
 
 }  // namespace epmoe::transport::threads

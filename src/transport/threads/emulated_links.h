@@ -1,43 +1,90 @@
-// Emulated links for the threads transport: EMULATION, not measurement of real
-// hardware. Ranks that are threads of one process exchange messages through
-// memory at tens of GB/s; to study algorithm choices and compute/communication
-// overlap as they would behave on ICI / NVLink / network links, each message is
-// given a modelled arrival time and its receiver (and its sender, for the
-// serialisation part) waits until then - sleeping, not spinning, so the cores
-// stay free for the ranks' compute.
+// The link model of the threads transport: which links a message from rank a
+// to rank b crosses, at what bandwidth and latency, and the schedule that
+// serialises messages on each link direction. Two clocks use it:
+//  * wall (EmulatedLinks, below): EMULATION, not measurement of real
+//    hardware. Each message is given a modelled arrival time in real time and
+//    its receiver (and its sender, for the serialisation part) sleeps until
+//    then, so that algorithm choices and overlap can be studied at link
+//    speeds below this machine's memcpy (~55 GB/s, DESIGN.md §7). Messages
+//    take the links in the order they are posted in real time.
+//  * modelled (VirtualTimeline, threads/virtual_timeline.h): the same links
+//    and schedule on per-rank virtual clocks, taken in virtual-time order.
 //
 // Model:
-//  * a directed link per (a, b) pair that exists in the topology; full duplex,
-//    i.e. a->b and b->a are independent links;
-//  * a message of n bytes occupies a link for n / bandwidth and arrives
-//    latency later; messages on one link are serialised in posting order
-//    (a link is busy until its previous message has been pushed out);
-//  * full_mesh: one link between every pair;
-//  * ring: links only between neighbours r and r±1; a message to a rank h hops
-//    away travels the shorter way (clockwise on ties) store-and-forward, paying
-//    latency + n / bandwidth on each of the h links in turn.
-// The memcpy that actually moves the bytes is not part of the model (it runs
-// at ~55 GB/s here, DESIGN.md §7, well above the emulated bandwidths).
+//  * links are full duplex: a->b and b->a are independent;
+//  * a message of n bytes occupies each link (resource) of a hop for
+//    n / bandwidth and reaches the hop's end `latency` after its last byte
+//    left; messages on one link are serialised (first come, first served);
+//  * store-and-forward: a message crosses its hops in turn, each starting
+//    when the whole message has reached the hop's start;
+//  * full_mesh: a dedicated link for every ordered pair (one hop);
+//  * ring: links between neighbours r and r±1 only; a message to a rank h
+//    hops away takes the shorter way (clockwise on ties) over h hops;
+//  * switched (NVLink + NVSwitch): one hop that holds the sender's egress
+//    port and the receiver's ingress port at once (cut-through at the
+//    switch), so a rank's sends share its injection bandwidth;
+//  * two_level: ranks in groups of group_size; inside a group as switched,
+//    between groups one hop over the sender's and the receiver's scale-out
+//    ports (NICs) at scale_out_bandwidth and scale_out_latency.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/modelled_clock.h"
 #include "transport/communicator.h"
 
 namespace epmoe::transport::threads {
 
-enum class LinkTopology { full_mesh, ring };
+enum class LinkTopology { full_mesh, ring, switched, two_level };
 
 struct EmulatedLinkOptions {
-  bool enabled = false;
-  double bandwidth_gb_per_s = 50.0;  // 1 GB = 1e9 bytes; per link and direction
+  bool enabled = false;  // wall clock only; clock=modelled always uses the links
+  double bandwidth_gb_per_s = 50.0;  // 1 GB = 1e9 bytes; per link and direction (per port: switched)
   double latency_us = 2.0;
   LinkTopology topology = LinkTopology::full_mesh;
+  int group_size = 8;                          // two_level
+  double scale_out_bandwidth_gb_per_s = 50.0;  // two_level, per port and direction
+  double scale_out_latency_us = 5.0;           // two_level
 
-  void validate() const;  // throws ConfigError
+  void validate() const;  // throws ConfigError naming the key
+};
+
+// One hop of a message's path: the links (resources) it holds at once.
+struct LinkHop {
+  std::array<int, 2> resources{};
+  int num_resources = 0;
+  double bytes_per_second = 0;
+  Picoseconds latency = 0;
+};
+
+class LinkPaths {
+ public:
+  LinkPaths(int num_ranks, const EmulatedLinkOptions& options);
+  std::vector<LinkHop> path(int src, int dst) const;  // empty when src == dst
+  int hops(int src, int dst) const { return static_cast<int>(path(src, dst).size()); }
+  int num_resources() const { return num_resources_; }
+
+ private:
+  int num_ranks_;
+  EmulatedLinkOptions options_;
+  int num_resources_;
+};
+
+// Busy-until time of every link; not thread-safe (callers lock).
+class LinkSchedule {
+ public:
+  explicit LinkSchedule(int num_resources) : busy_until_(static_cast<std::size_t>(num_resources), 0) {}
+  // Takes `hop` for `num_bytes` from `ready` on (or when its links are free);
+  // returns when the last byte left (`pushed_out`) and when it arrived at the
+  // hop's end (the return value).
+  Picoseconds take(const LinkHop& hop, std::int64_t num_bytes, Picoseconds ready, Picoseconds* pushed_out);
+
+ private:
+  std::vector<Picoseconds> busy_until_;
 };
 
 // When a message posted now is off the sender's hands and when it arrives.
@@ -46,6 +93,7 @@ struct LinkTiming {
   Clock::time_point arrival;    // the last byte is at the receiver
 };
 
+// The wall-clock emulation (above).
 class EmulatedLinks {
  public:
   EmulatedLinks(int num_ranks, const EmulatedLinkOptions& options);
@@ -54,24 +102,18 @@ class EmulatedLinks {
   // Reserves the links from src to dst for a message of num_bytes posted at
   // `posted`. Thread-safe.
   LinkTiming reserve(int src, int dst, std::int64_t num_bytes, Clock::time_point posted);
-  // Hops a message from src to dst crosses (1 on a full mesh).
-  int hops(int src, int dst) const;
+  int hops(int src, int dst) const { return paths_.hops(src, dst); }
 
  private:
-  struct Route {
-    int num_hops;
-    int step;  // +1 clockwise, -1 counter-clockwise, 0 direct (full mesh)
-  };
-  Route route(int src, int dst) const;
-  Clock::duration transfer_time(std::int64_t num_bytes) const;
-  std::size_t link_index(int src, int dst) const { return static_cast<std::size_t>(src) * num_ranks_ + dst; }
-
-  int num_ranks_;
   EmulatedLinkOptions options_;
-  std::mutex mutex_;                               // guards busy_until_
-  std::vector<Clock::time_point> busy_until_;      // [src * R + dst]
+  LinkPaths paths_;
+  Clock::time_point origin_;
+  std::mutex mutex_;  // guards schedule_
+  LinkSchedule schedule_;
 };
 
 std::string link_topology_name(LinkTopology topology);
+// ConfigError naming `key` and the accepted names.
+LinkTopology parse_link_topology(const std::string& key, const std::string& name);
 
 }  // namespace epmoe::transport::threads

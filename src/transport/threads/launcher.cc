@@ -27,6 +27,7 @@ std::string describe_exception(const std::exception_ptr& error) {
 
 void ThreadsOptions::validate() const {
   links.validate();
+  modelled.validate();
   if (compute_threads_per_rank < 0) {
     throw ConfigError("compute_threads_per_rank = " + std::to_string(compute_threads_per_rank) +
                       ": must be >= 0 (0 = cores / ranks)");
@@ -35,8 +36,13 @@ void ThreadsOptions::validate() const {
 
 void run_ranks(int num_ranks, const ThreadsOptions& options,
                const std::function<void(Communicator&)>& fn) {
+  run_ranks(num_ranks, options, fn, nullptr);
+}
+
+void run_ranks(int num_ranks, const ThreadsOptions& options, const std::function<void(Communicator&)>& fn,
+               const std::function<void(VirtualTimeline*)>& after) {
   options.validate();
-  ThreadsWorld world(num_ranks, options.links);
+  ThreadsWorld world(num_ranks, options.links, options.modelled);
   const int threads_per_rank = options.compute_threads_per_rank > 0
                                   ? options.compute_threads_per_rank
                                   : std::max(1, hardware_cores() / num_ranks);
@@ -48,6 +54,24 @@ void run_ranks(int num_ranks, const ThreadsOptions& options,
   std::mutex first_error_mutex;  // guards first_error, first_root_error
   std::exception_ptr first_error, first_root_error;
   auto run_one = [&](int rank) {
+    VirtualTimeline* timeline = world.timeline();
+    // The rank's clock and trace track for the thread's lifetime; a rank
+    // that has returned (or thrown) holds back nobody's virtual time.
+    struct RankThreadScope {
+      VirtualTimeline* timeline;
+      int rank;
+      ModelledClock* previous_clock;
+      TraceTrack previous_track;
+      RankThreadScope(VirtualTimeline* t, int r, TraceRecorder* trace)
+          : timeline(t), rank(r),
+            previous_clock(set_this_thread_modelled_clock(t != nullptr ? &t->rank_clock(r) : nullptr)),
+            previous_track(set_this_thread_trace_track({trace, r})) {}
+      ~RankThreadScope() {
+        if (timeline != nullptr) timeline->finish_rank(rank);
+        set_this_thread_modelled_clock(previous_clock);
+        set_this_thread_trace_track(previous_track);
+      }
+    } scope(timeline, rank, options.trace);
     try {
       set_compute_threads(threads_per_rank);
       fn(world.communicator(rank));
@@ -80,7 +104,10 @@ void run_ranks(int num_ranks, const ThreadsOptions& options,
   run_one(0);
   set_compute_threads(caller_compute_threads);
   for (auto& thread : threads) thread.join();
-  if (!first_error) return;
+  if (!first_error) {
+    if (after) after(world.timeline());
+    return;
+  }
   // The cause of the first abort is the root error by definition - also when
   // it was thrown inside a collective's algorithm whose handle was dropped
   // unwinding (its rank waited on another collective first), so that no

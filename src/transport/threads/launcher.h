@@ -21,18 +21,31 @@
 #include <functional>
 
 #include "transport/communicator.h"
+#include "core/trace_recorder.h"
 #include "transport/threads/emulated_links.h"
+#include "transport/threads/virtual_timeline.h"
 
 namespace epmoe::transport::threads {
 
+// Modelled time: with modelled.enabled each rank thread runs on its rank's
+// virtual clock (threads/virtual_timeline.h) and `links` describes the
+// modelled links. Tracing: with `trace` set, each rank thread records its
+// phases, compute and collectives there as process `rank`.
 struct ThreadsOptions {
   EmulatedLinkOptions links;
   int compute_threads_per_rank = 0;  // 0: max(1, hardware_cores() / num_ranks)
+  ModelledTimeOptions modelled;
+  TraceRecorder* trace = nullptr;  // not owned
 
   void validate() const;  // throws ConfigError
 };
 
 void run_ranks(int num_ranks, const ThreadsOptions& options,
                const std::function<void(Communicator&)>& fn);
+
+// As run_ranks; `after` runs on the calling thread once every rank has
+// returned, before the world goes (to read the modelled clocks' totals).
+void run_ranks(int num_ranks, const ThreadsOptions& options, const std::function<void(Communicator&)>& fn,
+               const std::function<void(VirtualTimeline*)>& after);
 
 }  // namespace epmoe::transport::threads

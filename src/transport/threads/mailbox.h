@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "transport/communicator.h"
+#include "transport/threads/virtual_timeline.h"
 
 namespace epmoe::transport::threads::detail {
 
@@ -30,6 +31,7 @@ struct RequestState {
   RequestPhase phase = RequestPhase::queued;
   Clock::time_point ready_at{};  // emulated-link completion time (or epoch)
   std::string error;
+  VirtualRequest virtual_request;  // clock=modelled; guarded by the timeline's mutex
 };
 
 // A send waiting for its receive, or a receive waiting for its send.
@@ -39,6 +41,9 @@ struct QueuedSend {
   Clock::time_point send_done;  // emulated link timing, fixed when posted
   Clock::time_point arrival;
   RequestState* state;  // owned by the sender's Request
+  TraceTrack trace;     // wall clock: where the message's event goes
+  double posted_us;
+  Clock::time_point posted_at;
 };
 struct QueuedRecv {
   void* data;

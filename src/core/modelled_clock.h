@@ -1,0 +1,102 @@
+// The modelled clock of the calling thread (clock=modelled, DESIGN.md §4.11).
+//
+// In modelled time every rank (and every collective in flight on it) runs on
+// its own virtual clock, kept by the threads transport's VirtualTimeline
+// (transport/threads/virtual_timeline.h), which implements this interface.
+// Layers above the transport see only this: compute code states what an
+// operation costs (ComputeScope), and report code reads the totals. In wall
+// mode the calling thread has no modelled clock (this_thread_modelled_clock()
+// is nullptr) and ComputeScope costs two thread_local reads.
+//
+// Time is integer picoseconds: sums and maxima of integers are exact and
+// associative, so a modelled run is bit-identical however the host schedules
+// the threads (doubles would be too, given the same order, but the order of
+// a max over ranks would then have to be fixed as well).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace epmoe {
+
+using Picoseconds = std::int64_t;
+constexpr Picoseconds kPicosecondsPerSecond = 1'000'000'000'000;
+constexpr Picoseconds kNeverPicoseconds = INT64_MAX;
+
+inline double to_seconds(Picoseconds t) { return static_cast<double>(t) * 1e-12; }
+// Rounded to the nearest picosecond; negative and non-finite inputs are a bug.
+Picoseconds seconds_to_picoseconds(double seconds);
+
+// What one compute operation does: what compute_time=modelled turns into time.
+struct ComputeWork {
+  double flops = 0;  // multiply-adds count 2
+  double bytes = 0;  // read + written at least once (memory-bound steps)
+};
+
+// Where a rank's modelled time went. compute: charged compute; communication:
+// waiting on transfers this rank could not hide; idle: waiting for a slower
+// rank to join (a peer posted late, or a collective's peer launched late).
+// compute + communication + idle = the clock's advance.
+struct ModelledTotals {
+  Picoseconds compute = 0;
+  Picoseconds communication = 0;
+  Picoseconds idle = 0;
+};
+
+// One collective this thread launched, as the modelled timeline saw it.
+struct ModelledCollective {
+  std::string name;          // "all_to_all_v tag 12"
+  Picoseconds start = 0;     // launched (the caller's clock)
+  Picoseconds end = 0;       // its last message completed
+  Picoseconds waited_from = 0;  // the caller began waiting (end when never waited)
+  std::int64_t bytes_sent = 0;  // by this rank
+  // Exposed: the part of [start, end] the caller spent waiting.
+  Picoseconds exposed() const { return end > waited_from ? end - waited_from : 0; }
+  Picoseconds duration() const { return end - start; }
+};
+
+class ModelledClock {
+ public:
+  virtual ~ModelledClock() = default;
+  virtual Picoseconds now() const = 0;
+  // compute_time=measured: charge_compute uses cpu_seconds (times
+  // compute_scale); modelled: `work` at the device's rates.
+  virtual bool measures_compute() const = 0;
+  virtual void charge_compute(const ComputeWork& work, double cpu_seconds) = 0;
+  virtual ModelledTotals totals() const = 0;
+  // The collectives this thread launched that have been waited for, in
+  // launch order, from the `first`-th on.
+  virtual std::vector<ModelledCollective> collectives(std::size_t first) const = 0;
+  virtual std::size_t num_collectives() const = 0;
+  virtual int rank() const = 0;
+};
+
+ModelledClock* this_thread_modelled_clock();
+// Installs `clock` for the calling thread (nullptr: wall); returns the previous one.
+ModelledClock* set_this_thread_modelled_clock(ModelledClock* clock);
+
+// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), seconds.
+double thread_cpu_seconds();
+
+// Charges the enclosed compute to the calling thread's modelled clock (at
+// the end of the scope) and records it on the thread's trace track
+// (core/trace_recorder.h) when one is set. `name` must outlive the scope
+// (a literal).
+class ComputeScope {
+ public:
+  ComputeScope(const char* name, const ComputeWork& work);
+  ~ComputeScope();
+  ComputeScope(const ComputeScope&) = delete;
+  ComputeScope& operator=(const ComputeScope&) = delete;
+
+ private:
+  const char* name_;
+  ComputeWork work_;
+  ModelledClock* clock_;
+  bool traced_;
+  double cpu_start_ = 0;
+  double trace_start_us_ = 0;
+};
+
+}  // namespace epmoe

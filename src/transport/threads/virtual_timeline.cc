@@ -1,0 +1,425 @@
+#include "transport/threads/virtual_timeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace epmoe::transport::threads {
+
+void ModelledTimeOptions::validate() const {
+  if (!enabled) return;
+  auto positive = [](double value, const char* key) {
+    if (!(value > 0.0) || !std::isfinite(value)) {
+      std::ostringstream msg;
+      msg << key << " = " << value << ": must be a finite number > 0";
+      throw ConfigError(msg.str());
+    }
+  };
+  if (measured_compute) {
+    positive(compute_scale, "compute_scale");
+    return;
+  }
+  positive(peak_flops, "hardware peak_bf16_tflops");
+  positive(memory_bytes_per_s, "hardware memory_gb_per_s");
+  if (!(compute_efficiency > 0.0 && compute_efficiency <= 1.0)) {
+    std::ostringstream msg;
+    msg << "compute_efficiency = " << compute_efficiency << ": must be in (0, 1]";
+    throw ConfigError(msg.str());
+  }
+}
+
+namespace detail {
+
+struct VirtualMessage {
+  int src = 0, dst = 0;
+  std::int64_t num_bytes = 0;
+  std::vector<LinkHop> path;
+  Picoseconds posted = 0;
+  Picoseconds sender_join = 0;  // idle up to here counts as waiting for the sender
+  bool send_known = false, arrival_known = false;
+  Picoseconds send_done = 0, arrival = 0;
+  VirtualRequest* send = nullptr;     // the requests still waiting to learn the times
+  VirtualRequest* receive = nullptr;
+  TraceTrack trace;
+};
+
+}  // namespace detail
+
+using detail::VirtualMessage;
+using detail::VirtualRequest;
+
+namespace {
+
+// splitmix64: stream ids from (parent id, child number), fixed by program order.
+std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t z = a * 0x9E3779B97F4A7C15ULL + b + 0x632BE59BD9B4E019ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+Picoseconds completion(const VirtualRequest& request, bool* known) {
+  const VirtualMessage* m = request.message.get();
+  if (m == nullptr) {
+    *known = false;
+    return 0;
+  }
+  *known = request.is_send ? m->send_known : m->arrival_known;
+  return request.is_send ? m->send_done : m->arrival;
+}
+
+}  // namespace
+
+class VirtualStream final : public ModelledClock {
+ public:
+  VirtualStream(VirtualTimeline& timeline, int rank, std::uint64_t id, Picoseconds start, std::string name)
+      : timeline_(timeline), rank_(rank), id_(id), name_(std::move(name)), clock_(start), start_(start) {}
+
+  // ModelledClock (called by the owning thread).
+  Picoseconds now() const override {
+    std::lock_guard<std::mutex> lock(timeline_.mutex_);
+    return clock_;
+  }
+  bool measures_compute() const override { return timeline_.options_.measured_compute; }
+  void charge_compute(const ComputeWork& work, double cpu_seconds) override {
+    const Picoseconds duration = timeline_.compute_duration(work, cpu_seconds);
+    std::lock_guard<std::mutex> lock(timeline_.mutex_);
+    timeline_.charge_locked(*this, duration);
+  }
+  ModelledTotals totals() const override {
+    std::lock_guard<std::mutex> lock(timeline_.mutex_);
+    return totals_;
+  }
+  std::vector<ModelledCollective> collectives(std::size_t first) const override {
+    std::lock_guard<std::mutex> lock(timeline_.mutex_);
+    if (first >= collectives_.size()) return {};
+    return {collectives_.begin() + static_cast<std::ptrdiff_t>(first), collectives_.end()};
+  }
+  std::size_t num_collectives() const override {
+    std::lock_guard<std::mutex> lock(timeline_.mutex_);
+    return collectives_.size();
+  }
+  int rank() const override { return rank_; }
+
+ private:
+  friend class VirtualTimeline;
+  enum class State { running, blocked, finished };
+
+  VirtualTimeline& timeline_;
+  int rank_;
+  std::uint64_t id_;
+  std::uint64_t launch_number_ = 0;  // 0 for a rank; k for its parent's k-th launch
+  std::string name_;  // collectives: "all_to_all_v tag 3"; ranks: ""
+  // Everything below is guarded by timeline_.mutex_.
+  Picoseconds clock_;
+  Picoseconds start_;
+  State state_ = State::running;
+  const VirtualRequest* awaiting_request_ = nullptr;
+  const VirtualStream* awaiting_stream_ = nullptr;
+  Picoseconds wait_began_ = 0;
+  std::uint64_t next_message_ = 0;
+  std::uint64_t next_child_ = 0;
+  ModelledTotals totals_;
+  std::vector<ModelledCollective> collectives_;  // launched by this stream and waited for
+  // As a collective: what it sent, and the latest join of a peer it heard from.
+  std::int64_t bytes_sent_ = 0;
+  Picoseconds latest_peer_join_ = 0;
+};
+
+struct VirtualTimeline::HopEvent {
+  Picoseconds time;
+  // Ties at one time: the earlier-launched collective first (its number
+  // among its rank's launches), then rank, stream and message order.
+  std::uint64_t launch_number;
+  int rank;
+  std::uint64_t stream_id;
+  std::uint64_t message_number;
+  int hop;
+  std::shared_ptr<VirtualMessage> message;
+};
+
+bool VirtualTimeline::LaterEvent::operator()(const HopEvent& a, const HopEvent& b) const {
+  if (a.time != b.time) return a.time > b.time;
+  if (a.launch_number != b.launch_number) return a.launch_number > b.launch_number;
+  if (a.rank != b.rank) return a.rank > b.rank;
+  if (a.stream_id != b.stream_id) return a.stream_id > b.stream_id;
+  if (a.message_number != b.message_number) return a.message_number > b.message_number;
+  return a.hop > b.hop;
+}
+
+VirtualTimeline::VirtualTimeline(int num_ranks, const EmulatedLinkOptions& links, const ModelledTimeOptions& options)
+    : num_ranks_(num_ranks), options_(options), paths_(num_ranks, links), schedule_(paths_.num_resources()) {
+  links.validate();
+  options_.validate();
+  for (int rank = 0; rank < num_ranks; ++rank) {
+    rank_streams_.push_back(std::make_unique<VirtualStream>(*this, rank, mix(0, static_cast<std::uint64_t>(rank)), 0,
+                                                            std::string()));
+    live_.push_back(rank_streams_.back().get());
+  }
+}
+
+VirtualTimeline::~VirtualTimeline() = default;
+
+ModelledClock& VirtualTimeline::rank_clock(int rank) { return *rank_streams_.at(static_cast<std::size_t>(rank)); }
+
+void VirtualTimeline::finish_rank(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  VirtualStream& stream = *rank_streams_.at(static_cast<std::size_t>(rank));
+  if (stream.state_ == VirtualStream::State::finished) return;
+  stream.state_ = VirtualStream::State::finished;
+  live_.erase(std::remove(live_.begin(), live_.end(), &stream), live_.end());
+  resolve_locked();
+}
+
+VirtualStream& VirtualTimeline::calling_stream(const char* what) const {
+  auto* stream = dynamic_cast<VirtualStream*>(this_thread_modelled_clock());
+  if (stream == nullptr || &stream->timeline_ != this) {
+    throw ConfigError(std::string("clock=modelled: ") + what +
+                      " from a thread that runs on no modelled clock of this group (only rank threads and "
+                      "their collectives may communicate)");
+  }
+  return *stream;
+}
+
+Picoseconds VirtualTimeline::compute_duration(const ComputeWork& work, double cpu_seconds) const {
+  if (options_.measured_compute) return seconds_to_picoseconds(std::max(0.0, cpu_seconds) * options_.compute_scale);
+  const double seconds = std::max(work.flops / (options_.peak_flops * options_.compute_efficiency),
+                                  work.bytes / options_.memory_bytes_per_s);
+  return seconds_to_picoseconds(seconds);
+}
+
+void VirtualTimeline::charge_locked(VirtualStream& stream, Picoseconds duration) {
+  stream.clock_ += duration;
+  stream.totals_.compute += duration;
+  resolve_locked();
+}
+
+Picoseconds VirtualTimeline::floor_locked(const VirtualStream& stream) const {
+  switch (stream.state_) {
+    case VirtualStream::State::running:
+      return stream.clock_;
+    case VirtualStream::State::finished:
+      return kNeverPicoseconds;
+    case VirtualStream::State::blocked:
+      break;
+  }
+  if (stream.awaiting_request_ != nullptr) {
+    bool known = false;
+    const Picoseconds done = completion(*stream.awaiting_request_, &known);
+    return known ? std::max(stream.clock_, done) : kNeverPicoseconds;
+  }
+  if (stream.awaiting_stream_ != nullptr) {
+    const VirtualStream& other = *stream.awaiting_stream_;
+    return other.state_ == VirtualStream::State::finished ? std::max(stream.clock_, other.clock_) : kNeverPicoseconds;
+  }
+  return stream.clock_;
+}
+
+Picoseconds VirtualTimeline::gvt_locked() const {
+  Picoseconds gvt = kNeverPicoseconds;
+  for (const VirtualStream* stream : live_) gvt = std::min(gvt, floor_locked(*stream));
+  return gvt;
+}
+
+void VirtualTimeline::resolve_locked() {
+  Picoseconds gvt = gvt_locked();
+  bool resolved_any = false;
+  auto lower_gvt_for = [&](VirtualRequest* request) {
+    if (request != nullptr && request->waiter != nullptr) gvt = std::min(gvt, floor_locked(*request->waiter));
+  };
+  while (!events_.empty() && events_.top().time < gvt) {
+    HopEvent event = events_.top();
+    events_.pop();
+    VirtualMessage& m = *event.message;
+    Picoseconds pushed_out = 0;
+    const Picoseconds reached = schedule_.take(m.path[static_cast<std::size_t>(event.hop)], m.num_bytes,
+                                               event.time, &pushed_out);
+    resolved_any = true;
+    if (event.hop == 0) {
+      m.send_done = pushed_out;
+      m.send_known = true;
+      lower_gvt_for(m.send);
+    }
+    if (static_cast<std::size_t>(event.hop) + 1 < m.path.size()) {
+      events_.push({reached, event.launch_number, event.rank, event.stream_id, event.message_number, event.hop + 1,
+                    event.message});
+      continue;
+    }
+    m.arrival = reached;
+    m.arrival_known = true;
+    lower_gvt_for(m.receive);
+    if (m.trace.recorder != nullptr) {
+      m.trace.recorder->add_message(m.src, "to rank " + std::to_string(m.dst), to_seconds(m.posted) * 1e6,
+                                    to_seconds(m.arrival) * 1e6,
+                                    {{"bytes", static_cast<double>(m.num_bytes)},
+                                     {"peer", static_cast<double>(m.dst)},
+                                     {"hops", static_cast<double>(m.path.size())}});
+    }
+  }
+  if (resolved_any) changed_.notify_all();
+}
+
+std::shared_ptr<ModelledClock> VirtualTimeline::fork(const std::string& name) {
+  VirtualStream& parent = calling_stream("launching a collective");
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto child = std::make_shared<VirtualStream>(*this, parent.rank_, mix(parent.id_, ++parent.next_child_),
+                                               parent.clock_, name);
+  child->launch_number_ = parent.next_child_;
+  live_.push_back(child.get());
+  return child;
+}
+
+void VirtualTimeline::finish(ModelledClock& collective) {
+  auto& stream = static_cast<VirtualStream&>(collective);
+  std::lock_guard<std::mutex> lock(mutex_);
+  stream.state_ = VirtualStream::State::finished;
+  live_.erase(std::remove(live_.begin(), live_.end(), &stream), live_.end());
+  resolve_locked();
+  changed_.notify_all();
+}
+
+void VirtualTimeline::begin_wait(ModelledClock& collective) {
+  VirtualStream& waiter = calling_stream("waiting for a collective");
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiter.state_ = VirtualStream::State::blocked;
+  waiter.awaiting_stream_ = &static_cast<VirtualStream&>(collective);
+  waiter.wait_began_ = waiter.clock_;
+  resolve_locked();
+}
+
+void VirtualTimeline::end_wait(ModelledClock& collective) {
+  VirtualStream& waiter = calling_stream("waiting for a collective");
+  const auto& child = static_cast<const VirtualStream&>(collective);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Picoseconds w = waiter.clock_;
+  const Picoseconds end = child.clock_;
+  if (end > w) {
+    const Picoseconds idle = std::clamp(child.latest_peer_join_ - w, Picoseconds{0}, end - w);
+    waiter.totals_.idle += idle;
+    waiter.totals_.communication += end - w - idle;
+    waiter.clock_ = end;
+  }
+  waiter.collectives_.push_back({child.name_, child.start_, end, std::min(w, end), child.bytes_sent_});
+  waiter.state_ = VirtualStream::State::running;
+  waiter.awaiting_stream_ = nullptr;
+}
+
+void VirtualTimeline::post_send(int src, int dst, std::int64_t num_bytes, VirtualRequest& request) {
+  VirtualStream& sender = calling_stream("sending a message");
+  EPMOE_CHECK(sender.rank_ == src);
+  auto message = std::make_shared<VirtualMessage>();
+  message->src = src;
+  message->dst = dst;
+  message->num_bytes = num_bytes;
+  message->path = paths_.path(src, dst);
+  for (LinkHop& hop : message->path) hop.latency = std::max<Picoseconds>(hop.latency, 1);
+  message->trace = this_thread_trace_track();
+  std::lock_guard<std::mutex> lock(mutex_);
+  message->posted = sender.clock_;
+  message->sender_join = sender.name_.empty() ? sender.clock_ : sender.start_;
+  message->send = &request;
+  sender.bytes_sent_ += num_bytes;
+  request.message = message;
+  request.is_send = true;
+  const std::uint64_t number = sender.next_message_++;
+  if (message->path.empty()) {  // to itself: a copy, done when posted
+    message->send_done = message->arrival = message->posted;
+    message->send_known = message->arrival_known = true;
+    return;
+  }
+  events_.push({message->posted, sender.launch_number_, src, sender.id_, number, 0, message});
+  resolve_locked();
+}
+
+void VirtualTimeline::matched(VirtualRequest& receive, const VirtualRequest& send) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  receive.message = send.message;
+  receive.is_send = false;
+  if (receive.message) receive.message->receive = &receive;
+  resolve_locked();  // a receiver blocked on it may now have a known completion
+  changed_.notify_all();
+}
+
+void VirtualTimeline::release(VirtualRequest& request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (request.message) {
+    if (request.message->send == &request) request.message->send = nullptr;
+    if (request.message->receive == &request) request.message->receive = nullptr;
+  }
+  request.message.reset();
+  if (request.waiter != nullptr) {  // a wait left by an exception
+    if (request.waiter->state_ == VirtualStream::State::blocked) request.waiter->state_ = VirtualStream::State::running;
+    request.waiter->awaiting_request_ = nullptr;
+    request.waiter = nullptr;
+  }
+}
+
+void VirtualTimeline::begin_request_wait(VirtualRequest& request) {
+  VirtualStream& waiter = calling_stream("waiting for a message");
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiter.state_ = VirtualStream::State::blocked;
+  waiter.awaiting_request_ = &request;
+  waiter.wait_began_ = waiter.clock_;
+  request.waiter = &waiter;
+  resolve_locked();
+}
+
+void VirtualTimeline::wait_for_completion(VirtualRequest& request, Deadline deadline,
+                                          const std::function<void(bool timed_out)>& check) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    bool known = false;
+    completion(request, &known);
+    if (known) return;
+    const bool timed_out = Clock::now() >= deadline;
+    lock.unlock();
+    check(timed_out);  // throws on abort, cancel or timeout
+    lock.lock();
+    completion(request, &known);
+    if (known) return;
+    changed_.wait_until(lock, deadline);
+  }
+}
+
+void VirtualTimeline::end_request_wait(VirtualRequest& request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  VirtualStream* waiter = request.waiter;
+  if (waiter == nullptr) return;
+  bool known = false;
+  const Picoseconds done = completion(request, &known);
+  EPMOE_CHECK(known);
+  const Picoseconds w = waiter->clock_;
+  if (done > w) {
+    Picoseconds idle = 0;
+    if (!request.is_send) {
+      const VirtualMessage& m = *request.message;
+      idle = std::clamp(m.sender_join - w, Picoseconds{0}, done - w);
+      waiter->latest_peer_join_ = std::max(waiter->latest_peer_join_, m.sender_join);
+    }
+    waiter->totals_.idle += idle;
+    waiter->totals_.communication += done - w - idle;
+    waiter->clock_ = done;
+  } else if (!request.is_send) {
+    waiter->latest_peer_join_ = std::max(waiter->latest_peer_join_, request.message->sender_join);
+  }
+  waiter->state_ = VirtualStream::State::running;
+  waiter->awaiting_request_ = nullptr;
+  request.waiter = nullptr;
+}
+
+bool VirtualTimeline::completed_by_now(const VirtualRequest& request) {
+  VirtualStream& stream = calling_stream("testing a message");
+  std::lock_guard<std::mutex> lock(mutex_);
+  bool known = false;
+  const Picoseconds done = completion(request, &known);
+  return known && done <= stream.clock_;
+}
+
+void VirtualTimeline::wake_all() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  changed_.notify_all();
+}
+
+}  // namespace epmoe::transport::threads

@@ -1,0 +1,138 @@
+// Modelled time for the threads transport (clock=modelled, DESIGN.md §4.11).
+//
+// Streams. Every rank thread runs on a stream, and so does every collective
+// in flight (forked from its caller at launch, comm/collective_handle.cc).
+// A stream's clock advances by charged compute (ComputeScope) and by waits:
+// a wait takes max(clock, the completion's virtual time).
+//
+// Messages. A send leaves at its stream's virtual time and crosses the hops
+// of its path (threads/emulated_links.h: bandwidth, latency, topology,
+// store-and-forward, contention on a link direction) independently of what
+// the sender computes next. A receive completes at the message's arrival; a
+// send when its last byte left the first hop. The bytes themselves move at
+// once in real time, through the mailboxes, as in wall mode.
+//
+// Determinism. Links serve messages first come, first served in VIRTUAL
+// time: the hops of all messages are taken in one global order of (entry
+// time, stream id, the stream's message number), ids and numbers fixed by
+// each rank's program order. A hop entering at time t is taken only once no
+// stream can still post a message entering before t, i.e. t < GVT, the
+// minimum over streams of the earliest time each can next post:
+//   running: its clock; finished: never;
+//   blocked on a message or collective whose completion is known: max(clock,
+//   completion); whose completion is not known yet: never by itself - it
+//   waits on an event below GVT or on a stream that GVT counts.
+// A message needs latency > 0 to make progress past ties (a zero latency is
+// taken as 1 ps). So the schedule, and every modelled time, is a function of
+// the config and the seed alone - the host's scheduling only decides how
+// long in real time the threads wait for each other (a rank behind in
+// virtual time holds back the hops of everyone ahead of it).
+//
+// Bookkeeping: per stream the totals of ModelledTotals. A wait of w..c on a
+// receive counts as idle up to the sender's join time (its post time; for a
+// collective's message, when the sender launched the collective), and as
+// communication after; a wait on a collective likewise up to the latest join
+// of the peers it heard from directly.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "core/modelled_clock.h"
+#include "core/trace_recorder.h"
+#include "transport/collective_clocks.h"
+#include "transport/communicator.h"
+#include "transport/threads/emulated_links.h"
+
+namespace epmoe::transport::threads {
+
+// Device rates for compute_time=modelled, or compute_time=measured.
+struct ModelledTimeOptions {
+  bool enabled = false;               // clock=modelled
+  bool measured_compute = false;      // compute_time=measured
+  double peak_flops = 0;              // per device, dense matmul
+  double compute_efficiency = 0.5;    // of peak
+  double memory_bytes_per_s = 0;      // HBM
+  double compute_scale = 1.0;         // measured CPU seconds x this
+
+  void validate() const;  // throws ConfigError naming the key
+};
+
+class VirtualTimeline;
+class VirtualStream;
+
+namespace detail {
+struct VirtualMessage;
+// The modelled side of one transport request (guarded by the timeline's mutex).
+struct VirtualRequest {
+  std::shared_ptr<VirtualMessage> message;  // a send's at post, a receive's once matched
+  bool is_send = false;
+  VirtualStream* waiter = nullptr;  // the stream blocked on it
+};
+}  // namespace detail
+
+class VirtualTimeline final : public CollectiveClocks {
+ public:
+  VirtualTimeline(int num_ranks, const EmulatedLinkOptions& links, const ModelledTimeOptions& options);
+  ~VirtualTimeline() override;
+
+  ModelledClock& rank_clock(int rank);
+  // The rank's thread returned (or threw): it posts nothing more.
+  void finish_rank(int rank);
+
+  // CollectiveClocks (called from comm/).
+  std::shared_ptr<ModelledClock> fork(const std::string& name) override;
+  void finish(ModelledClock& collective) override;
+  void begin_wait(ModelledClock& collective) override;
+  void end_wait(ModelledClock& collective) override;
+
+  // Transport side (threads/communicator.cc). The calling thread must run on
+  // a stream of rank `src` (ConfigError otherwise).
+  void post_send(int src, int dst, std::int64_t num_bytes, detail::VirtualRequest& request);
+  // The mailbox matched a receive with its send.
+  void matched(detail::VirtualRequest& receive, const detail::VirtualRequest& send);
+  // A request is going away: forget it.
+  void release(detail::VirtualRequest& request);
+  // Blocks the calling thread's stream on `request` until its completion is
+  // known or `should_stop` throws (checked whenever woken: abort, timeout).
+  void begin_request_wait(detail::VirtualRequest& request);
+  void wait_for_completion(detail::VirtualRequest& request, Deadline deadline,
+                           const std::function<void(bool timed_out)>& check);
+  void end_request_wait(detail::VirtualRequest& request);
+  // True when the request completed at or before the calling stream's clock.
+  bool completed_by_now(const detail::VirtualRequest& request);
+
+  void wake_all();  // abort / cancel: waiters re-check
+
+ private:
+  friend class VirtualStream;
+  struct HopEvent;
+  struct LaterEvent {
+    bool operator()(const HopEvent& a, const HopEvent& b) const;
+  };
+
+  VirtualStream& calling_stream(const char* what) const;
+  Picoseconds floor_locked(const VirtualStream& stream) const;
+  Picoseconds gvt_locked() const;
+  void resolve_locked();  // takes every hop below GVT, in order
+  void charge_locked(VirtualStream& stream, Picoseconds duration);
+  Picoseconds compute_duration(const ComputeWork& work, double cpu_seconds) const;
+
+  int num_ranks_;
+  ModelledTimeOptions options_;
+  LinkPaths paths_;
+  mutable std::mutex mutex_;  // guards everything below and every stream's mutable state
+  std::condition_variable changed_;
+  LinkSchedule schedule_;
+  std::vector<std::unique_ptr<VirtualStream>> rank_streams_;
+  std::vector<VirtualStream*> live_;  // streams that may still post
+  std::priority_queue<HopEvent, std::vector<HopEvent>, LaterEvent> events_;
+};
+
+}  // namespace epmoe::transport::threads

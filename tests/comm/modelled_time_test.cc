@@ -1,0 +1,204 @@
+// Modelled time (clock=modelled, transport/threads/virtual_timeline.h) under
+// the collectives: ranks as threads, R in 2..8, compute charged through
+// ComputeScope at round device rates so that every expected time is an exact
+// integer number of picoseconds. Modelled time is deterministic, so every
+// check here is an equality.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/all_gather.h"
+#include "comm/all_to_all_v.h"
+#include "core/modelled_clock.h"
+#include "transport/threads/launcher.h"
+
+namespace epmoe::comm {
+namespace {
+
+using transport::Communicator;
+using transport::threads::LinkTopology;
+using transport::threads::run_ranks;
+using transport::threads::ThreadsOptions;
+
+constexpr double kBandwidth = 1e9;   // bytes/s: 4000 bytes take 4 us
+constexpr double kLatencyUs = 1.0;
+constexpr double kPeakFlops = 1e12;  // at efficiency 1: 1e6 flops take 1 us
+
+ThreadsOptions modelled(LinkTopology topology = LinkTopology::full_mesh) {
+  ThreadsOptions options;
+  options.compute_threads_per_rank = 1;
+  options.links.bandwidth_gb_per_s = kBandwidth / 1e9;
+  options.links.latency_us = kLatencyUs;
+  options.links.topology = topology;
+  options.modelled.enabled = true;
+  options.modelled.peak_flops = kPeakFlops;
+  options.modelled.compute_efficiency = 1.0;
+  options.modelled.memory_bytes_per_s = 1e15;
+  return options;
+}
+
+Picoseconds us(double microseconds) { return seconds_to_picoseconds(microseconds * 1e-6); }
+Picoseconds serialise(std::int64_t bytes) { return seconds_to_picoseconds(static_cast<double>(bytes) / kBandwidth); }
+
+void compute_for_us(double microseconds) { ComputeScope scope("work", {microseconds * 1e6, 0}); }
+
+struct RankTimes {
+  Picoseconds end = 0;
+  ModelledTotals totals;
+  std::vector<ModelledCollective> collectives;
+};
+
+// Each rank: compute_us(rank), then an all-gather of `elements` floats per
+// rank, overlapped with overlap_us of compute before the wait.
+std::vector<RankTimes> all_gather_run(int num_ranks, std::int64_t elements, RingDirection direction,
+                                      LinkTopology topology = LinkTopology::full_mesh, double overlap_us = 0) {
+  std::vector<RankTimes> times(static_cast<std::size_t>(num_ranks));
+  run_ranks(num_ranks, modelled(topology), [&](Communicator& comm) {
+    std::vector<float> input(static_cast<std::size_t>(elements), static_cast<float>(comm.rank()));
+    std::vector<float> output(static_cast<std::size_t>(elements * comm.size()));
+    CollectiveHandle handle = ring_all_gather(comm, {.input = input.data(), .output = output.data(),
+                                                     .num_elements_per_rank = elements, .direction = direction,
+                                                     .tag = 7});
+    if (overlap_us > 0) compute_for_us(overlap_us);
+    handle.wait();
+    ModelledClock& clock = *this_thread_modelled_clock();
+    times[static_cast<std::size_t>(comm.rank())] = {clock.now(), clock.totals(), clock.collectives(0)};
+  });
+  return times;
+}
+
+class ModelledRing : public ::testing::TestWithParam<int> {};
+
+TEST_P(ModelledRing, BidirectionalAllGatherTakesTheBoundPlusOneLatencyPerStep) {
+  const int R = GetParam();
+  // 2000 floats halve into 1000 + 1000; 2001 into 1001 + 1000 (the longer
+  // half sets the pace); 1 float cannot halve and goes clockwise alone.
+  for (const std::int64_t elements : {std::int64_t{2000}, std::int64_t{2001}, std::int64_t{1}}) {
+    const std::int64_t longer_half = (elements + 1) / 2;
+    // At R=2 both neighbours are one rank and both halves share the one link
+    // to it (a ring of two has one link each way).
+    const Picoseconds expected = R == 2 ? serialise(longer_half * 4) + serialise((elements - longer_half) * 4) +
+                                              us(kLatencyUs)
+                                        : (R - 1) * (serialise(longer_half * 4) + us(kLatencyUs));
+    for (const RankTimes& t : all_gather_run(R, elements, RingDirection::bidirectional)) {
+      EXPECT_EQ(t.end, expected) << "R=" << R << " elements=" << elements;
+      EXPECT_EQ(t.totals.communication, expected);
+      EXPECT_EQ(t.totals.idle, 0);
+      EXPECT_EQ(t.totals.compute, 0);
+    }
+    if (elements == 2000 && R > 2) {
+      // The bound ·C/(2B), C the bytes of one rank's chunk.
+      EXPECT_EQ(expected - (R - 1) * us(kLatencyUs),
+                seconds_to_picoseconds((R - 1) * (elements * 4.0) / (2 * kBandwidth)));
+    }
+  }
+}
+
+TEST_P(ModelledRing, UnidirectionalAllGatherTakesTwiceTheSerialisation) {
+  const int R = GetParam();
+  const std::int64_t elements = 2000;
+  const Picoseconds bidirectional = all_gather_run(R, elements, RingDirection::bidirectional)[0].end;
+  const Picoseconds unidirectional = all_gather_run(R, elements, RingDirection::unidirectional)[0].end;
+  const Picoseconds latencies = (R - 1) * us(kLatencyUs);
+  if (R == 2) {
+    EXPECT_EQ(unidirectional, bidirectional);  // one link either way
+  } else {
+    EXPECT_EQ(unidirectional - latencies, 2 * (bidirectional - latencies));
+  }
+}
+
+TEST_P(ModelledRing, AnAllGatherBesideComputeOfEqualLengthIsHiddenCompletely) {
+  const int R = GetParam();
+  const std::int64_t elements = 2000;
+  // 4000 bytes per half at 1 GB/s; at R=2 the halves share one link.
+  const double ag_us = R == 2 ? 8.0 + kLatencyUs : (R - 1) * (4.0 + kLatencyUs);
+  for (const RankTimes& t : all_gather_run(R, elements, RingDirection::bidirectional, LinkTopology::ring, ag_us)) {
+    EXPECT_EQ(t.end, us(ag_us));
+    EXPECT_EQ(t.totals.compute, us(ag_us));
+    EXPECT_EQ(t.totals.communication, 0);
+    EXPECT_EQ(t.totals.idle, 0);
+    ASSERT_EQ(t.collectives.size(), 1u);
+    EXPECT_EQ(t.collectives[0].exposed(), 0);
+    EXPECT_EQ(t.collectives[0].duration(), us(ag_us));
+  }
+  // Half the compute: the other half of the all-gather is exposed.
+  for (const RankTimes& t : all_gather_run(R, elements, RingDirection::bidirectional, LinkTopology::ring, ag_us / 2)) {
+    EXPECT_EQ(t.end, us(ag_us));
+    EXPECT_EQ(t.totals.communication, us(ag_us) - us(ag_us / 2));
+    EXPECT_EQ(t.collectives[0].exposed(), us(ag_us) - us(ag_us / 2));
+  }
+}
+
+TEST_P(ModelledRing, TheRankThatComputesLongestIsWaitedForAndOthersIdleTheDifference) {
+  const int R = GetParam();
+  const int slow = R / 2;
+  std::vector<RankTimes> times(static_cast<std::size_t>(R));
+  run_ranks(R, modelled(), [&](Communicator& comm) {
+    compute_for_us(comm.rank() == slow ? 20.0 : 10.0);
+    std::vector<float> input(static_cast<std::size_t>(100 * R), 1.0f);
+    std::vector<std::byte> output;
+    std::vector<std::int64_t> recv_counts;
+    all_to_all_v(comm, {.input = input.data(), .send_counts = std::vector<std::int64_t>(R, 100),
+                        .output = &output, .recv_counts = &recv_counts, .tag = 3})
+        .wait();
+    ModelledClock& clock = *this_thread_modelled_clock();
+    times[static_cast<std::size_t>(comm.rank())] = {clock.now(), clock.totals(), clock.collectives(0)};
+  });
+  for (int r = 0; r < R; ++r) {
+    const RankTimes& t = times[static_cast<std::size_t>(r)];
+    EXPECT_EQ(t.totals.compute + t.totals.communication + t.totals.idle, t.end) << "rank " << r;
+    EXPECT_EQ(t.totals.idle, r == slow ? 0 : us(10.0)) << "rank " << r;
+  }
+}
+
+TEST_P(ModelledRing, TheSameRunTwiceGivesTheSameTimesToThePicosecond) {
+  const int R = GetParam();
+  auto run = [&] {
+    std::vector<Picoseconds> ends(static_cast<std::size_t>(R));
+    // A ring topology makes the all-to-all's messages share links (store
+    // and forward over up to R/2 hops), so the order they are served in matters.
+    run_ranks(R, modelled(LinkTopology::ring), [&](Communicator& comm) {
+      compute_for_us(1.0 + comm.rank());
+      std::vector<float> input(static_cast<std::size_t>(37 * R), 1.0f);
+      std::vector<std::byte> output;
+      std::vector<std::int64_t> recv_counts;
+      std::vector<std::int64_t> counts(static_cast<std::size_t>(R));
+      for (int p = 0; p < R; ++p) counts[static_cast<std::size_t>(p)] = (p * 7 + comm.rank() * 3) % 37 + 1;
+      std::int64_t total = 0;
+      for (auto c : counts) total += c;
+      input.resize(static_cast<std::size_t>(total));
+      all_to_all_v(comm, {.input = input.data(), .send_counts = counts, .output = &output,
+                          .recv_counts = &recv_counts, .tag = 9})
+          .wait();
+      ends[static_cast<std::size_t>(comm.rank())] = this_thread_modelled_clock()->now();
+    });
+    return ends;
+  };
+  const std::vector<Picoseconds> first = run();
+  for (int repeat = 0; repeat < 5; ++repeat) EXPECT_EQ(run(), first) << "repeat " << repeat;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ModelledRing, ::testing::Values(2, 3, 4, 5, 8));
+
+TEST(ModelledLinks, MessagesOnOneLinkDirectionAreSerialised) {
+  // Two all-gathers in flight at once share every link: at equal times the
+  // one launched first goes first, so each link direction is busy without a
+  // gap - 2(R-1) messages back to back - and the last arrives one latency later.
+  const int R = 4;
+  Picoseconds both = 0;
+  run_ranks(R, modelled(LinkTopology::ring), [&](Communicator& comm) {
+    std::vector<float> a(2000, 1.0f), b(2000, 2.0f), out_a(2000 * R), out_b(2000 * R);
+    CollectiveHandle first = ring_all_gather(comm, {.input = a.data(), .output = out_a.data(),
+                                                    .num_elements_per_rank = 2000, .tag = 1});
+    CollectiveHandle second = ring_all_gather(comm, {.input = b.data(), .output = out_b.data(),
+                                                     .num_elements_per_rank = 2000, .tag = 2});
+    first.wait();
+    second.wait();
+    if (comm.rank() == 0) both = this_thread_modelled_clock()->now();
+  });
+  EXPECT_EQ(both, 2 * (R - 1) * serialise(4000) + us(kLatencyUs));
+}
+
+}  // namespace
+}  // namespace epmoe::comm
