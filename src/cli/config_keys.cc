@@ -142,6 +142,21 @@ bool ConfigValues::get_bool(std::string_view key) const { return get_as<bool>(en
 const std::string& ConfigValues::get_string(std::string_view key) const {
   return get_as<std::string>(entry(key));
 }
+std::string ConfigValues::setting(std::string_view key) const {
+  std::ostringstream text;
+  text << key << "=";
+  std::visit(
+      [&](const auto& value) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(value)>, bool>) {
+          text << (value ? "true" : "false");
+        } else {
+          text << value;
+        }
+      },
+      entry(key).value);
+  return text.str();
+}
+
 bool ConfigValues::is_set(std::string_view key) const { return entry(key).explicitly_set; }
 
 // --- KeyRegistry -------------------------------------------------------------

@@ -73,6 +73,8 @@ class ConfigValues {
   bool get_bool(std::string_view key) const;
   const std::string& get_string(std::string_view key) const;  // choice and text keys
   bool is_set(std::string_view key) const;
+  // "key=value" as the value stands (for messages).
+  std::string setting(std::string_view key) const;
 
   const std::vector<Entry>& entries() const { return entries_; }
 

@@ -33,7 +33,46 @@
 #include "cli/layer_inputs.h"
 #include "moe/moe_layer.h"
 
+// nlohmann_json 3.11 (Debian 12) has no std::optional support: null when empty.
+namespace nlohmann {
+template <typename T>
+struct adl_serializer<std::optional<T>> {
+  static void to_json(json& j, const std::optional<T>& value) {
+    if (value) {
+      j = *value;
+    } else {
+      j = nullptr;
+    }
+  }
+  static void from_json(const json& j, std::optional<T>& value) {
+    if (j.is_null()) {
+      value.reset();
+    } else {
+      value = j.get<T>();
+    }
+  }
+};
+}  // namespace nlohmann
+
 namespace epmoe::cli {
+
+// One collective of a rank in modelled time (clock=modelled).
+struct CollectiveTiming {
+  std::string name;  // "all_to_all_v tag 12"
+  double start_seconds = 0, end_seconds = 0;
+  double exposed_seconds = 0;  // the part the rank waited for (not hidden behind its compute)
+  std::int64_t bytes_sent = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectiveTiming, name, start_seconds, end_seconds, exposed_seconds, bytes_sent)
+
+// Where a rank's modelled time went over forward and backward (clock=modelled).
+struct ModelledRankTime {
+  double forward_seconds = 0, backward_seconds = 0;
+  double compute_seconds = 0, communication_seconds = 0, idle_seconds = 0;
+  std::vector<CollectiveTiming> collectives;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelledRankTime, forward_seconds, backward_seconds, compute_seconds,
+                                   communication_seconds, idle_seconds, collectives)
 
 // What one rank measured; the rank's line in metrics.json.
 struct RankReport {
@@ -63,6 +102,8 @@ struct RankReport {
   double max_over_mean_before = 1.0, max_over_mean_after = 1.0, ideal_max_over_mean = 1.0;
   int num_replicas = 0;
   double planner_seconds = 0;
+  // clock=modelled only (then phase_seconds are modelled seconds too).
+  std::optional<ModelledRankTime> modelled;
 };
 
 // One JSON form for both uses: the report travels to rank 0 as this text, and
@@ -71,7 +112,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, fi
                                    rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds,
                                    forward_seconds, backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name, recomputed_bytes,
                                    rows_per_slot, slot_experts, rank_loads_before, rank_loads_after,
-                                   max_over_mean_before, max_over_mean_after, ideal_max_over_mean, num_replicas, planner_seconds)
+                                   max_over_mean_before, max_over_mean_after, ideal_max_over_mean, num_replicas, planner_seconds,
+                                   modelled)
 
 struct LayerRunResult {
   MoeForwardOutput forward;               // gathered, as described above

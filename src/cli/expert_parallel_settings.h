@@ -10,7 +10,9 @@
 #include <string>
 
 #include "ep/ep_config.h"
+#include "core/trace_recorder.h"
 #include "transport/threads/emulated_links.h"
+#include "transport/threads/virtual_timeline.h"
 
 namespace epmoe::cli {
 
@@ -24,6 +26,10 @@ struct ExpertParallelSettings {
   ep::EpConfig ep;                                  // validated for num_ranks
   std::string cotangent_all_gather = "ring";        // as given, for the metrics echo
   transport::threads::EmulatedLinkOptions links;    // threads only; enabled = emulate
+  transport::threads::ModelledTimeOptions modelled;  // clock=modelled (cli/modelled_time_settings.h)
+  std::string hardware;                             // clock=modelled: the device's name
+  std::string trace_file;                           // empty: no trace
+  TraceRecorder* trace = nullptr;                   // set by the command when trace_file is given
   int compute_threads_per_rank = 1;                 // OpenMP budget of each rank
 
   // True when the run needs no dispatcher: one rank on threads and no key

@@ -15,6 +15,8 @@
 #include "cli/commands.h"
 #include "cli/config_keys.h"
 #include "cli/expert_parallel_run.h"
+#include "cli/modelled_time_report.h"
+#include "cli/modelled_time_settings.h"
 #include "cli/json_output.h"
 #include "cli/layer_inputs.h"
 #include "cli/layer_key_groups.h"
@@ -30,7 +32,8 @@ constexpr char kCommand[] = "layer";
 constexpr char kMetricsFile[] = "metrics.json";
 
 const KeyRegistry& layer_key_registry() {
-  static const KeyRegistry registry(kCommand, {moe_layer_keys(), expert_parallel_keys(), runtime_keys()});
+  static const KeyRegistry registry(kCommand,
+                                    {moe_layer_keys(), expert_parallel_keys(), modelled_time_keys(), runtime_keys()});
   return registry;
 }
 
@@ -77,7 +80,12 @@ void run_layer_command(const LayerArguments& arguments) {
   const MoeLayerConfig config =
       moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
   check_bias_is_used(inputs, config);
-  const ExpertParallelSettings settings = expert_parallel_settings_from(values, config);
+  ExpertParallelSettings settings = expert_parallel_settings_from(values, config);
+  std::optional<TraceRecorder> trace;
+  if (!settings.trace_file.empty()) {
+    trace.emplace();
+    settings.trace = &*trace;
+  }
 
   // The output directory is claimed (locked, staging created) before the
   // compute, so a second run into the same --out is refused at once rather
@@ -100,6 +108,7 @@ void run_layer_command(const LayerArguments& arguments) {
   const nlohmann::json metrics = layer_metrics(values, inputs, config, settings, *run, file_names);
   write_json_file(staged->staged_path(kMetricsFile), metrics);
   staged->commit(file_names, kMetricsFile, run->gradients ? std::vector<std::string>{} : kGradientFiles);
+  if (trace) trace->write(settings.trace_file);
   // One line for a person at a terminal; the numbers live in metrics.json.
   char backward[64] = "";
   if (run->gradients)
@@ -111,6 +120,12 @@ void run_layer_command(const LayerArguments& arguments) {
               run->ranks.size(), metrics.value("forward_seconds", 0.0) * 1e3, backward,
               metrics.value("expert_gflop_per_second", 0.0), file_names.size(), kMetricsFile,
               arguments.out_dir.c_str());
+  if (settings.modelled.enabled) {
+    std::vector<ModelledRankTime> modelled;
+    for (const RankReport& report : run->ranks) modelled.push_back(report.modelled.value_or(ModelledRankTime{}));
+    std::printf("  %s\n", modelled_summary_line(modelled_step_report(modelled, settings)).c_str());
+  }
+  if (trace) std::printf("  trace: %s (%zu events; open in https://ui.perfetto.dev)\n", settings.trace_file.c_str(), trace->num_events());
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "cli/layer_key_groups.h"
 
+#include "cli/modelled_time_settings.h"
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -116,16 +118,17 @@ KeyGroup expert_parallel_keys() {
            .choices = {"ring", "plain"}},
           {.name = "link_bandwidth_gbps", .type = KeyType::real, .default_value = "0",
            .help = "transport=threads: emulated bandwidth per link and direction, GB/s (1e9 B/s); "
-                   "0 = no emulation (messages move at memory speed)",
+                   "0 = no emulation (messages move at memory speed); clock=modelled: overrides the hardware's",
            .min_value = 0},
           {.name = "link_latency_us", .type = KeyType::real, .default_value = "2",
            .help = "transport=threads: emulated latency per message and link hop, microseconds "
                    "(used when link_bandwidth_gbps > 0)",
            .min_value = 0},
           {.name = "link_topology", .type = KeyType::choice, .default_value = "full_mesh",
-           .help = "transport=threads: emulated links between every pair of ranks, or only between "
-                   "ring neighbours (other messages hop store-and-forward)",
-           .choices = {"full_mesh", "ring"}},
+           .help = "transport=threads: links between every pair of ranks, only between ring neighbours "
+                   "(other messages hop store-and-forward), through a switch (a rank's sends share its port), "
+                   "or two_level (switched groups, scale-out between them; clock=modelled from the hardware)",
+           .choices = {"full_mesh", "ring", "switched", "two_level"}},
           {.name = "balance", .type = KeyType::choice, .default_value = "off",
            .help = "dynamic redundant experts (DESIGN.md 4.8): off, or dynamic = a replica plan every step "
                    "from the all-gathered expert counts, tokens rerouted to replicas with exact quotas, "
@@ -202,22 +205,6 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
 
 namespace {
 
-std::string setting(const ConfigValues& values, const std::string& key) {
-  std::ostringstream text;
-  text << key << "=";
-  const ConfigValues::Entry& entry =
-      *std::find_if(values.entries().begin(), values.entries().end(),
-                    [&](const ConfigValues::Entry& e) { return e.name == key; });
-  std::visit([&](const auto& value) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, bool>) {
-      text << (value ? "true" : "false");
-    } else {
-      text << value;
-    }
-  }, entry.value);
-  return text.str();
-}
-
 // The rank count: ranks= on threads; the world size under mpirun, where
 // ranks= may only repeat it.
 int rank_count(const ConfigValues& values, TransportKind transport) {
@@ -233,7 +220,7 @@ int rank_count(const ConfigValues& values, TransportKind transport) {
                       "(EPMOE_WITH_MPI=OFF, or no MPI found when it was configured); use transport=threads");
   }
   if (values.is_set("ranks") && values.get_int("ranks") != launch->world_size) {
-    throw ConfigError(setting(values, "ranks") + ": under transport=mpi the rank count is the mpirun world "
+    throw ConfigError(values.setting("ranks") + ": under transport=mpi the rank count is the mpirun world "
                       "size (" + std::to_string(launch->world_size) + "); leave ranks unset or set ranks=" +
                       std::to_string(launch->world_size));
   }
@@ -245,7 +232,7 @@ int rank_count(const ConfigValues& values, TransportKind transport) {
 void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertParallelSettings& settings) {
   if (settings.dispatch == ep::DispatchKind::ring) {
     if (settings.ep.capacity_factor > 0) {
-      throw ConfigError(setting(values, "capacity_factor") + ": applies to dispatch=alltoall only; "
+      throw ConfigError(values.setting("capacity_factor") + ": applies to dispatch=alltoall only; "
                         "dispatch=ring moves every token to every rank and never drops (use capacity_factor=0)");
     }
     if (settings.ep.dedup) {
@@ -253,14 +240,14 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertPara
                         "token once to every rank");
     }
   } else if (settings.ep.cotangent_all_gather != ep::CotangentAllGather::ring) {
-    throw ConfigError(setting(values, "cotangent_all_gather") + ": applies to dispatch=ring only (the "
+    throw ConfigError(values.setting("cotangent_all_gather") + ": applies to dispatch=ring only (the "
                       "all-to-all backward sends dy rows point to point, it has no cotangent all-gather)");
   }
   // Only the all-to-all with dedup chooses among copies; elsewhere the
   // positional rule holds whatever the key says.
   if (values.is_set("replica_choice") &&
       !(settings.dispatch == ep::DispatchKind::alltoall && settings.ep.dedup && settings.ep.replicas_enabled())) {
-    throw ConfigError(setting(values, "replica_choice") + ": applies to dispatch=alltoall dedup=true with replicas "
+    throw ConfigError(values.setting("replica_choice") + ": applies to dispatch=alltoall dedup=true with replicas "
                       "(balance=dynamic|periodic, redundant_slots > 0) only; elsewhere pairs go to copies by "
                       "position within the locality-first sub-quotas");
   }
@@ -327,14 +314,14 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   transport::threads::EmulatedLinkOptions& links = settings.links;
   links.enabled = values.get_float("link_bandwidth_gbps") > 0;
   if (links.enabled && settings.transport == TransportKind::mpi) {
-    throw ConfigError(setting(values, "link_bandwidth_gbps") + ": link emulation applies to "
+    throw ConfigError(values.setting("link_bandwidth_gbps") + ": link emulation applies to "
                       "transport=threads only; under transport=mpi messages cross the real links");
   }
   if (links.enabled) links.bandwidth_gb_per_s = values.get_float("link_bandwidth_gbps");
   links.latency_us = values.get_float("link_latency_us");
-  links.topology = values.get_string("link_topology") == "ring" ? transport::threads::LinkTopology::ring
-                                                                : transport::threads::LinkTopology::full_mesh;
+  links.topology = transport::threads::parse_link_topology("link_topology", values.get_string("link_topology"));
   links.validate();
+  configure_modelled_time(values, settings);
   configure_fault_injection_key(values, num_ranks);
 
   // Ranks share the machine's cores: threads= is the budget of the whole

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "cli/json_output.h"
+#include "cli/modelled_time_report.h"
 
 namespace epmoe::cli {
 namespace {
@@ -205,6 +206,11 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
         {"bytes_sent_backward", sum_with_prefix(bytes_sent, kBackwardPrefix)},
         {"phase_seconds_max_over_ranks", phase_seconds}}},
   };
+  if (settings.modelled.enabled) {
+    std::vector<ModelledRankTime> modelled;
+    for (const RankReport& report : run.ranks) modelled.push_back(report.modelled.value_or(ModelledRankTime{}));
+    metrics["modelled"] = modelled_step_report(modelled, settings).json;
+  }
   return metrics;
 }
 

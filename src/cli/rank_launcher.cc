@@ -14,7 +14,9 @@ void launch_ranks(const ExpertParallelSettings& settings,
   if (settings.transport == TransportKind::threads) {
     transport::threads::run_ranks(settings.num_ranks,
                                   {.links = settings.links,
-                                   .compute_threads_per_rank = settings.compute_threads_per_rank},
+                                   .compute_threads_per_rank = settings.compute_threads_per_rank,
+                                   .modelled = settings.modelled,
+                                   .trace = settings.trace},
                                   rank_body);
     return;
   }

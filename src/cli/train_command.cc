@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/config_keys.h"
 #include "cli/layer_key_groups.h"
+#include "cli/modelled_time_settings.h"
 #include "cli/mpi_environment.h"
 #include "cli/rank_launcher.h"
 #include "cli/train_key_groups.h"
@@ -40,7 +41,8 @@ KeyGroup train_expert_parallel_keys() {
 
 const KeyRegistry& train_key_registry() {
   static const KeyRegistry registry(kCommand, {model_keys(), training_keys(), data_keys(), train_output_keys(),
-                                               moe_layer_keys(), train_expert_parallel_keys(), runtime_keys()});
+                                               moe_layer_keys(), train_expert_parallel_keys(), modelled_time_keys(),
+                                               runtime_keys()});
   return registry;
 }
 

@@ -11,6 +11,7 @@ namespace epmoe {
 namespace {
 
 thread_local ModelledClock* this_thread_clock = nullptr;
+thread_local int open_compute_scopes = 0;  // a scope inside another is part of it: charged once
 
 }  // namespace
 
@@ -34,13 +35,15 @@ double thread_cpu_seconds() {
 }
 
 ComputeScope::ComputeScope(const char* name, const ComputeWork& work)
-    : name_(name), work_(work), clock_(this_thread_modelled_clock()),
+    : name_(name), work_(work), clock_(open_compute_scopes == 0 ? this_thread_modelled_clock() : nullptr),
       traced_(this_thread_trace_track().recorder != nullptr) {
+  ++open_compute_scopes;
   if (clock_ != nullptr && clock_->measures_compute()) cpu_start_ = thread_cpu_seconds();
   if (traced_) trace_start_us_ = this_thread_trace_now_us();
 }
 
 ComputeScope::~ComputeScope() {
+  --open_compute_scopes;
   if (clock_ != nullptr) {
     const double cpu = clock_->measures_compute() ? thread_cpu_seconds() - cpu_start_ : 0.0;
     clock_->charge_compute(work_, cpu);

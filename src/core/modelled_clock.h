@@ -81,8 +81,9 @@ double thread_cpu_seconds();
 
 // Charges the enclosed compute to the calling thread's modelled clock (at
 // the end of the scope) and records it on the thread's trace track
-// (core/trace_recorder.h) when one is set. `name` must outlive the scope
-// (a literal).
+// (core/trace_recorder.h) when one is set. A scope opened inside another
+// (a gemm's bf16 conversion) is traced but not charged: the outer one's
+// work includes it. `name` must outlive the scope (a literal).
 class ComputeScope {
  public:
   ComputeScope(const char* name, const ComputeWork& work);

@@ -7,6 +7,7 @@
 #include <bit>
 
 #include "core/error.h"
+#include "core/modelled_clock.h"
 #include "core/threading.h"
 
 namespace epmoe {
@@ -34,6 +35,7 @@ std::uint32_t shift_right_round_even(std::uint32_t value, int shift) {
 template <typename Src, typename Dst, typename Fn>
 void convert_array(std::span<const Src> src, std::span<Dst> dst, Fn convert_one) {
   EPMOE_CHECK_EQ(src.size(), dst.size());
+  const ComputeScope charge("convert", {.bytes = static_cast<double>(src.size()) * (sizeof(Src) + sizeof(Dst))});
   const Src* in = src.data();
   Dst* out = dst.data();
   parallel_for(static_cast<std::int64_t>(src.size()), kParallelGrain,

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/modelled_clock.h"
+
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/threading.h"
@@ -127,6 +129,8 @@ void gemm(const GemmArgs& args) {
     if (!args.accumulate) std::memset(args.c, 0, sizeof(float) * args.m * args.n);
     return;
   }
+  const double m = static_cast<double>(args.m), n = static_cast<double>(args.n), k = static_cast<double>(args.k);
+  const ComputeScope charge(args.trace_name, {.flops = 2 * m * n * k, .bytes = 2 * (m * k + k * n) + 4 * m * n});
   ThreadGemmState& state = thread_state();
   const void* a = args.a;
   const void* b = args.b;

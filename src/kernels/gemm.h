@@ -36,12 +36,18 @@ struct GemmArgs {
   bool accumulate = false;
   ComputeDType compute_dtype = ComputeDType::f32;
   GemmDynamicDim dynamic_dim = GemmDynamicDim::none;
+  // The operation's name on a trace's compute track (core/trace_recorder.h).
+  const char* trace_name = "gemm";
 };
 
 // m, n or k may be zero: then c is left alone (accumulate) or zero-filled.
 // compute_dtype=bf16 where oneDNN has no bf16 matmul on this CPU (its bf16
 // kernels need AVX-512; on an AVX2-only AMD EPYC, 2026-12-01, every bf16
 // primitive failed) throws ConfigError naming the key and the shape.
+//
+// Modelled time: 2mnk FLOPs, and the operands' bytes at the device's operand
+// width (2 bytes: f32 here stands for the device's bf16) plus the f32 output
+// (core/modelled_clock.h).
 void gemm(const GemmArgs& args);
 
 // Whether oneDNN offers bf16 x bf16 -> f32 matmul on this CPU (probed once

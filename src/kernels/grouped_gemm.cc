@@ -98,7 +98,8 @@ void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const f
           .n = shape.n,
           .k = shape.k,
           .compute_dtype = shape.compute_dtype,
-          .dynamic_dim = GemmDynamicDim::m});
+          .dynamic_dim = GemmDynamicDim::m,
+          .trace_name = "expert group forward"});
   });
 }
 
@@ -116,7 +117,8 @@ void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, const f
           .transpose_b = true,
           .accumulate = accumulate,
           .compute_dtype = shape.compute_dtype,
-          .dynamic_dim = GemmDynamicDim::m});
+          .dynamic_dim = GemmDynamicDim::m,
+          .trace_name = "expert group dgrad"});
   });
 }
 
@@ -134,7 +136,8 @@ void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const floa
           .k = shape.group_sizes[g],
           .transpose_a = true,
           .compute_dtype = shape.compute_dtype,
-          .dynamic_dim = GemmDynamicDim::k});
+          .dynamic_dim = GemmDynamicDim::k,
+          .trace_name = "expert group wgrad"});
   });
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/modelled_clock.h"
 #include "core/threading.h"
 
 namespace epmoe {
@@ -47,6 +48,7 @@ void gather_rows(const float* src, std::span<const std::int64_t> index, float* d
                  std::int64_t row_size) {
   const auto num_rows = static_cast<std::int64_t>(index.size());
   const auto row_bytes = static_cast<std::size_t>(row_size) * sizeof(float);
+  const ComputeScope charge("gather rows", {.bytes = 2.0 * static_cast<double>(num_rows) * row_bytes});
   // ~64 KiB per slice: enough copy work to amortise waking a second thread.
   const std::int64_t grain = std::max<std::int64_t>(1, (64 << 10) / std::max<std::size_t>(1, row_bytes));
   parallel_for(num_rows, grain, [&](std::int64_t begin, std::int64_t end) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/modelled_clock.h"
 #include "core/threading.h"
 
 namespace epmoe {
@@ -54,6 +55,7 @@ inline float sigmoid(float z) {
 }  // namespace
 
 void swiglu_forward(const float* h0, const float* h1, float* act, std::int64_t n) {
+  const ComputeScope charge("swiglu forward", {.flops = 6.0 * n, .bytes = 12.0 * n});
   parallel_for(n, kParallelGrain, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) act[i] = h0[i] * sigmoid(h0[i]) * h1[i];
@@ -63,6 +65,7 @@ void swiglu_forward(const float* h0, const float* h1, float* act, std::int64_t n
 // silu'(z) = s + z s (1 - s) = s (1 + z (1 - s)), s = sigmoid(z).
 void swiglu_backward(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1,
                      std::int64_t n) {
+  const ComputeScope charge("swiglu backward", {.flops = 12.0 * n, .bytes = 20.0 * n});
   parallel_for(n, kParallelGrain, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) {

@@ -23,6 +23,7 @@ struct HardwareSpec {
   std::string name;
   std::int64_t devices_per_chip = 1;
   double memory_bytes = 0;          // HBM per device
+  double memory_bytes_per_s = 0;    // HBM bandwidth per device (modelled time's memory-bound steps)
   double peak_bf16_flops = 0;       // dense, per device
   double peak_fp8_flops = 0;        // dense, per device
   Interconnect interconnect = Interconnect::torus;

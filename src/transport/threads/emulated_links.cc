@@ -128,13 +128,13 @@ EmulatedLinks::EmulatedLinks(int num_ranks, const EmulatedLinkOptions& options)
 
 LinkTiming EmulatedLinks::reserve(int src, int dst, std::int64_t num_bytes, Clock::time_point posted) {
   if (!options_.enabled) return {posted, posted};
+  // Picoseconds from origin_ (negative before it), exact to the nanosecond.
   auto to_time = [&](Picoseconds t) {
-    return origin_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(to_seconds(t)));
+    return origin_ + std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(t / 1000));
   };
   const std::vector<LinkHop> hops = paths_.path(src, dst);
   std::lock_guard<std::mutex> lock(mutex_);
-  Picoseconds ready =
-      seconds_to_picoseconds(std::max(0.0, std::chrono::duration<double>(posted - origin_).count()));
+  Picoseconds ready = std::chrono::duration_cast<std::chrono::nanoseconds>(posted - origin_).count() * 1000;
   Picoseconds send_done = ready;
   for (std::size_t h = 0; h < hops.size(); ++h) {
     Picoseconds pushed_out = 0;
