@@ -30,6 +30,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -77,7 +78,8 @@ class LinkPaths {
 // Busy-until time of every link; not thread-safe (callers lock).
 class LinkSchedule {
  public:
-  explicit LinkSchedule(int num_resources) : busy_until_(static_cast<std::size_t>(num_resources), 0) {}
+  explicit LinkSchedule(int num_resources)
+      : busy_until_(static_cast<std::size_t>(num_resources), std::numeric_limits<Picoseconds>::min()) {}
   // Takes `hop` for `num_bytes` from `ready` on (or when its links are free);
   // returns when the last byte left (`pushed_out`) and when it arrived at the
   // hop's end (the return value).
