@@ -96,13 +96,13 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
   MemoryLedger ledger;  // measures the activations saved for backward
   MoeLayer layer(config, std::move(dispatcher), &ledger);
   RankRun run;
-  ModelledClock* const clock = this_thread_modelled_clock();
-  const Picoseconds modelled_start = clock != nullptr ? clock->now() : 0;
-  const std::size_t first_collective = clock != nullptr ? clock->num_collectives() : 0;
+  const ModelledClock* const clock = this_thread_modelled_clock();
+  ModelledMark modelled_start, modelled_forward_end;
+  if (clock != nullptr) modelled_start = modelled_mark(*clock);
   Stopwatch forward_watch;
   run.forward = layer.forward(shard.x(), shard.weights());
   const double forward_seconds = forward_watch.elapsed_seconds();
-  const Picoseconds modelled_forward_end = clock != nullptr ? clock->now() : 0;
+  if (clock != nullptr) modelled_forward_end = modelled_mark(*clock);
   double backward_seconds = 0;
   if (shard.dy() != nullptr) {
     Stopwatch backward_watch;
@@ -110,20 +110,7 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
     backward_seconds = backward_watch.elapsed_seconds();
   }
   if (clock != nullptr) {
-    // The clock starts at 0 on the rank's thread and nothing ran before the
-    // layer, so its totals are the layer's.
-    ModelledRankTime modelled;
-    modelled.forward_seconds = to_seconds(modelled_forward_end - modelled_start);
-    modelled.backward_seconds = to_seconds(clock->now() - modelled_forward_end);
-    const ModelledTotals totals = clock->totals();
-    modelled.compute_seconds = to_seconds(totals.compute);
-    modelled.communication_seconds = to_seconds(totals.communication);
-    modelled.idle_seconds = to_seconds(totals.idle);
-    for (const ModelledCollective& c : clock->collectives(first_collective)) {
-      modelled.collectives.push_back({c.name, to_seconds(c.start), to_seconds(c.end), to_seconds(c.exposed()),
-                                      c.bytes_sent});
-    }
-    run.report.modelled = std::move(modelled);
+    run.report.modelled = modelled_between(*clock, modelled_start, modelled_forward_end, modelled_mark(*clock));
   }
 
   const ep::DispatchStats& dispatch = layer.dispatch_stats();

@@ -31,6 +31,7 @@
 
 #include "cli/expert_parallel_settings.h"
 #include "cli/layer_inputs.h"
+#include "core/modelled_report.h"
 #include "moe/moe_layer.h"
 
 // nlohmann_json 3.11 (Debian 12) has no std::optional support: null when empty.
@@ -55,24 +56,6 @@ struct adl_serializer<std::optional<T>> {
 }  // namespace nlohmann
 
 namespace epmoe::cli {
-
-// One collective of a rank in modelled time (clock=modelled).
-struct CollectiveTiming {
-  std::string name;  // "all_to_all_v tag 12"
-  double start_seconds = 0, end_seconds = 0;
-  double exposed_seconds = 0;  // the part the rank waited for (not hidden behind its compute)
-  std::int64_t bytes_sent = 0;
-};
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectiveTiming, name, start_seconds, end_seconds, exposed_seconds, bytes_sent)
-
-// Where a rank's modelled time went over forward and backward (clock=modelled).
-struct ModelledRankTime {
-  double forward_seconds = 0, backward_seconds = 0;
-  double compute_seconds = 0, communication_seconds = 0, idle_seconds = 0;
-  std::vector<CollectiveTiming> collectives;
-};
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelledRankTime, forward_seconds, backward_seconds, compute_seconds,
-                                   communication_seconds, idle_seconds, collectives)
 
 // What one rank measured; the rank's line in metrics.json.
 struct RankReport {

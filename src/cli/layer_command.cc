@@ -123,7 +123,7 @@ void run_layer_command(const LayerArguments& arguments) {
   if (settings.modelled.enabled) {
     std::vector<ModelledRankTime> modelled;
     for (const RankReport& report : run->ranks) modelled.push_back(report.modelled.value_or(ModelledRankTime{}));
-    std::printf("  %s\n", modelled_summary_line(modelled_step_report(modelled, settings)).c_str());
+    std::printf("  %s\n", modelled_summary_line(modelled_step(modelled), settings).c_str());
   }
   if (trace) std::printf("  trace: %s (%zu events; open in https://ui.perfetto.dev)\n", settings.trace_file.c_str(), trace->num_events());
 }

@@ -209,7 +209,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   if (settings.modelled.enabled) {
     std::vector<ModelledRankTime> modelled;
     for (const RankReport& report : run.ranks) modelled.push_back(report.modelled.value_or(ModelledRankTime{}));
-    metrics["modelled"] = modelled_step_report(modelled, settings).json;
+    metrics["modelled"] = modelled_metrics(modelled_step(modelled), settings);
   }
   return metrics;
 }

@@ -1,32 +1,21 @@
-// The modelled-time report of a step (clock=modelled): per rank where its
-// time went (compute, communication not hidden, idle waiting on a slower
-// rank), the critical path's rank (the one that waited least: everyone else
-// waited on it), and per kind of collective how much of it was hidden
-// behind compute. For `epmoe layer`'s metrics.json and `epmoe train`'s
-// metrics.jsonl.
+// The "modelled" object of `epmoe layer`'s metrics.json and `epmoe train`'s
+// metrics.jsonl lines: the step over all ranks (core/modelled_report.h) with
+// the device and links it was modelled on, and its one-line summary.
 #pragma once
 
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "cli/expert_parallel_run.h"
 #include "cli/expert_parallel_settings.h"
+#include "core/modelled_report.h"
 
 namespace epmoe::cli {
 
-struct ModelledStepReport {
-  double step_seconds = 0;  // the slowest rank's forward + backward
-  int critical_rank = 0;
-  nlohmann::json json;      // the metrics' "modelled" object
-};
+// step.json plus hardware, compute_time, compute_efficiency, compute_scale and links.
+nlohmann::json modelled_metrics(const ModelledStep& step, const ExpertParallelSettings& settings);
 
-// `ranks` in rank order.
-ModelledStepReport modelled_step_report(const std::vector<ModelledRankTime>& ranks,
-                                        const ExpertParallelSettings& settings);
-
-// "modelled 1.23 ms/step on h100 (compute 0.80, communication 0.30, idle 0.13 ms on rank 0; critical rank 2)"
-std::string modelled_summary_line(const ModelledStepReport& report);
+// "modelled 1.234 ms/step on h100 (critical rank 2: compute 0.800, communication 0.300, idle 0.000 ms)"
+std::string modelled_summary_line(const ModelledStep& step, const ExpertParallelSettings& settings);
 
 }  // namespace epmoe::cli

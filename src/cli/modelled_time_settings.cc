@@ -45,6 +45,10 @@ KeyGroup modelled_time_keys() {
 
 void configure_modelled_time(const ConfigValues& values, ExpertParallelSettings& settings) {
   settings.trace_file = values.get_string("trace_file");
+  if (!settings.trace_file.empty() && settings.transport == TransportKind::mpi) {
+    throw ConfigError(values.setting("trace_file") + ": transport=threads only (an mpi rank cannot see the "
+                      "other processes' events); run the same config with transport=threads to trace it");
+  }
   transport::threads::ModelledTimeOptions& modelled = settings.modelled;
   modelled.enabled = values.get_string("clock") == "modelled";
   if (!modelled.enabled) {

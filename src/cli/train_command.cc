@@ -92,8 +92,12 @@ void run_train_command(const TrainArguments& arguments) {
                         ? mpi_launch_from_environment().value_or(MpiLaunch{}).world_size
                         : values.get_int32("ranks");
   const TrainerConfig trainer = trainer_config_from(values, model, world);
-  const ExpertParallelSettings settings =
-      expert_parallel_settings_from(values, model.layer);
+  ExpertParallelSettings settings = expert_parallel_settings_from(values, model.layer);
+  std::optional<TraceRecorder> trace;
+  if (!settings.trace_file.empty()) {
+    trace.emplace();
+    settings.trace = &*trace;
+  }
   const bool writes = settings.transport == TransportKind::threads ||
                       mpi_launch_from_environment().value_or(MpiLaunch{}).world_rank == 0;
   // One trainer per checkpoint directory, held by the writing process for
@@ -142,8 +146,10 @@ void run_train_command(const TrainArguments& arguments) {
     progress->start(first_step);
   };
   observer.on_note = [&](const std::string& note) { std::printf("epmoe train: note: %s\n", note.c_str()); };
+  double modelled_seconds = 0;  // clock=modelled: the steps' modelled time
   observer.on_step = [&](const StepRecord& record) {
     if (metrics) metrics->append(record);
+    if (!record.modelled.is_null()) modelled_seconds += record.modelled["step_seconds"].get<double>();
     progress->update(record);
   };
 
@@ -173,6 +179,17 @@ void run_train_command(const TrainArguments& arguments) {
                 CheckpointStore(trainer.checkpoint_dir).step_dir(*summary->last_checkpoint).c_str());
   }
   std::printf("\n");
+  if (settings.modelled.enabled && modelled_seconds > 0) {
+    std::printf("  modelled on %s: %.1fk tok/s, %.3f ms per step (metrics.jsonl \"modelled\": per rank compute, "
+                "communication, idle; critical rank; hidden fraction per collective)\n",
+                settings.hardware.c_str(), tokens / modelled_seconds / 1e3,
+                modelled_seconds / static_cast<double>(summary->steps_run) * 1e3);
+  }
+  if (trace) {
+    trace->write(settings.trace_file);
+    std::printf("  trace: %s (%zu events; open in https://ui.perfetto.dev)\n", settings.trace_file.c_str(),
+                trace->num_events());
+  }
 }
 
 }  // namespace

@@ -133,14 +133,18 @@ void ProgressLine::update(const StepRecord& record) {
   const double eta = done > 0 ? elapsed / done * static_cast<double>(total_steps_ - record.step) : 0;
   double load = 1.0;
   for (const double l : record.expert_load_max_over_mean) load = std::max(load, l);
-  char line[320];
+  char modelled[48] = "";
+  if (!record.modelled.is_null()) {
+    std::snprintf(modelled, sizeof modelled, " (modelled %.1fk)", record.modelled["tokens_per_second"].get<double>() / 1e3);
+  }
+  char line[384];
   // Dropped pairs always show (0 included): a capacity limit never loses
   // tokens out of sight.
   std::snprintf(line, sizeof line,
-                "step %lld/%lld  loss %.4f  grad %.3f  lr %.2e  %.1fk tok/s  expert load max/mean %.2f  "
+                "step %lld/%lld  loss %.4f  grad %.3f  lr %.2e  %.1fk tok/s%s  expert load max/mean %.2f  "
                 "dropped %lld/%lld  ETA %s",
                 static_cast<long long>(record.step), static_cast<long long>(total_steps_), record.loss,
-                record.grad_norm, record.learning_rate, record.tokens_per_second / 1e3, load,
+                record.grad_norm, record.learning_rate, record.tokens_per_second / 1e3, modelled, load,
                 static_cast<long long>(record.dropped_pairs), static_cast<long long>(record.routed_pairs),
                 format_duration(eta).c_str());
   if (in_place_) {

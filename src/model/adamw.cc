@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/modelled_clock.h"
 #include "core/threading.h"
 
 namespace epmoe {
@@ -46,6 +47,8 @@ void adamw_update(const AdamWConfig& config, std::int64_t step_number, double le
   EPMOE_CHECK_EQ(grad.size(), param.size());
   EPMOE_CHECK_EQ(m.size(), param.size());
   EPMOE_CHECK_EQ(v.size(), param.size());
+  // Reads param, grad, m, v and writes param, m, v: 7 words per element.
+  const ComputeScope charge("adamw", {.flops = 12.0 * param.size(), .bytes = 28.0 * param.size()});
   // 1 - b^t cancels: in fp32 the rounding of b (up to 6e-8 relative) would
   // grow by b / (1 - b^t), 1000x for beta2 = 0.999 at t = 1. So the
   // corrections are formed in double and only their reciprocals rounded.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/modelled_clock.h"
 #include "core/threading.h"
 
 namespace epmoe {
@@ -22,6 +23,8 @@ constexpr std::int64_t kParallelElements = 1 << 15;
 
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale) {
   EPMOE_CHECK(logits.dtype() == DType::f32);
+  // Reads the logits twice (max, exp-sum) and writes their gradient.
+  const ComputeScope charge("cross_entropy", {.flops = 5.0 * logits.numel(), .bytes = 12.0 * logits.numel()});
   EPMOE_CHECK_EQ(logits.rank(), 2);
   EPMOE_CHECK(targets.dtype() == DType::i32);
   EPMOE_CHECK_EQ(targets.rank(), 1);

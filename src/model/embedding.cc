@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/modelled_clock.h"
 #include "core/threading.h"
 
 namespace epmoe {
@@ -32,6 +33,7 @@ void check_ids(const Tensor& ids, std::int64_t vocab) {
 }  // namespace
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
+  const ComputeScope charge("embedding forward", {.bytes = 8.0 * out.numel()});
   EPMOE_CHECK(table.dtype() == DType::f32 && out.dtype() == DType::f32);
   EPMOE_CHECK_EQ(table.rank(), 2);
   EPMOE_CHECK_EQ(out.rank(), 2);
@@ -55,6 +57,7 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
 // adding their part of the block. No two threads touch the same element, and
 // each element's sum runs in token order whatever the thread count.
 void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table) {
+  const ComputeScope charge("embedding backward", {.bytes = 12.0 * d_out.numel()});
   EPMOE_CHECK(d_out.dtype() == DType::f32 && d_table.dtype() == DType::f32);
   EPMOE_CHECK_EQ(d_table.rank(), 2);
   EPMOE_CHECK_EQ(d_out.rank(), 2);

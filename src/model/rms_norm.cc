@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/modelled_clock.h"
 #include "core/threading.h"
 
 namespace epmoe {
@@ -45,6 +46,7 @@ void check_vector(const Tensor& t, std::int64_t size) {
 void rms_norm_forward(const Tensor& x, const Tensor& scale, float eps, Tensor& y, Tensor& inv_rms) {
   EPMOE_CHECK_EQ(x.rank(), 2);
   const std::int64_t num_tokens = x.dim(0), hidden = x.dim(1);
+  const ComputeScope charge("rms_norm forward", {.flops = 4.0 * x.numel(), .bytes = 8.0 * x.numel()});
   check_rows(x, num_tokens, hidden);
   check_rows(y, num_tokens, hidden);
   check_vector(scale, hidden);
@@ -83,6 +85,7 @@ void rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_r
                        Tensor& dx, Tensor& dscale) {
   EPMOE_CHECK_EQ(x.rank(), 2);
   const std::int64_t num_tokens = x.dim(0), hidden = x.dim(1);
+  const ComputeScope charge("rms_norm backward", {.flops = 8.0 * x.numel(), .bytes = 12.0 * x.numel()});
   check_rows(x, num_tokens, hidden);
   check_rows(dy, num_tokens, hidden);
   check_rows(dx, num_tokens, hidden);

@@ -11,6 +11,7 @@
 #include "comm/all_reduce.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
+#include "core/modelled_report.h"
 #include "core/timer.h"
 #include "model/checkpoint.h"
 #include "moe/load_balance.h"
@@ -76,7 +77,7 @@ std::int64_t gradient_all_reduce_bytes(std::int64_t bytes, int num_ranks, int ra
 }
 
 // What one rank measured in a step, gathered to rank 0 for the record.
-nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes) {
+nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes, const std::optional<ModelledRankTime>& modelled) {
   std::map<std::string, std::int64_t> bytes;
   std::int64_t saved_peak = 0, dropped = 0;
   nlohmann::json after = nlohmann::json::array();
@@ -90,7 +91,9 @@ nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes) {
     after.push_back(stats.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(stats.max_over_mean_after));
   }
   bytes["gradients/all_reduce"] = grad_bytes;
-  return {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"dropped", dropped}, {"after", after}};
+  nlohmann::json report = {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"dropped", dropped}, {"after", after}};
+  if (modelled) report["modelled"] = *modelled;
+  return report;
 }
 
 // An error raised inside step N (a layer's non-finite check, a peer's
@@ -140,6 +143,7 @@ void to_json(nlohmann::json& out, const StepRecord& r) {
          {"dropped_pairs", r.dropped_pairs},
          {"routed_pairs", r.routed_pairs}};
   if (r.checkpoint_step) out["checkpoint_step"] = *r.checkpoint_step;
+  if (!r.modelled.is_null()) out["modelled"] = r.modelled;
 }
 
 void TrainerConfig::validate(int num_ranks) const {
@@ -233,6 +237,11 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
   double previous_checkpoint_seconds = -1;  // < 0: none
   for (std::int64_t step = first_step; step < config.steps; ++step) try {
     Stopwatch step_watch;
+    // clock=modelled: marks at the step's start, after the forward (and its
+    // stats exchange), and before the metrics exchange.
+    const ModelledClock* const clock = this_thread_modelled_clock();
+    ModelledMark modelled_start, modelled_forward_end;
+    if (clock != nullptr) modelled_start = modelled_mark(*clock);
     PhaseTimes times;
     const std::map<std::string, double> moe_before = moe_phase_totals(model);
 
@@ -257,6 +266,7 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
         loss_sum += double_of(part[counts.size()]);
       }
     }
+    if (clock != nullptr) modelled_forward_end = modelled_mark(*clock);
     double aux_part = 0;
     {
       ScopedPhase phase(times, "backward");
@@ -337,10 +347,12 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
     record.grad_norm = grad_norm;
     record.learning_rate = lr;
     std::vector<std::string> reports;
+    std::optional<ModelledRankTime> modelled;
+    if (clock != nullptr) modelled = modelled_between(*clock, modelled_start, modelled_forward_end, modelled_mark(*clock));
     {
       ScopedPhase phase(times, "metrics_exchange");
       reports = comm::all_gather_texts(
-          comm, rank_report(model, gradient_all_reduce_bytes(replicated * 4, num_ranks, rank)).dump(),
+          comm, rank_report(model, gradient_all_reduce_bytes(replicated * 4, num_ranks, rank), modelled).dump(),
           tags + kRankReports, timeout);
     }
     // Drops on every rank (the reports reach all ranks), so every rank's
@@ -387,6 +399,14 @@ TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, c
       }
       // With replicas the plan's per-rank loads after balancing (the same on
       // every rank) replace the at-home ones.
+      if (modelled) {
+        std::vector<ModelledRankTime> ranks;
+        for (const std::string& text : reports) ranks.push_back(nlohmann::json::parse(text)["modelled"].get<ModelledRankTime>());
+        const ModelledStep step_time = modelled_step(ranks);
+        record.modelled = step_time.json;
+        record.modelled["tokens_per_second"] =
+            step_time.step_seconds > 0 ? static_cast<double>(global_tokens) / step_time.step_seconds : 0.0;
+      }
       const nlohmann::json own = nlohmann::json::parse(reports[0]);
       for (int l = 0; l < num_layers; ++l) {
         if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();

@@ -85,6 +85,12 @@ struct StepRecord {
   // is reported (the run stops with an error if it fails); its time is in
   // the next record's phase_seconds["checkpoint"].
   std::optional<std::int64_t> checkpoint_step;
+  // clock=modelled (null otherwise): the step over all ranks on their modelled
+  // clocks (core/modelled_report.h: step_seconds, critical_path_rank,
+  // per_rank, collectives) plus tokens_per_second; then phase_seconds are
+  // modelled seconds too. The step ends before the metrics exchange, which
+  // is this tool's bookkeeping, not training.
+  nlohmann::json modelled;
 };
 
 void to_json(nlohmann::json& out, const StepRecord& record);
