@@ -84,6 +84,10 @@ bool CollectiveHandle::test() {
   if (!state_) return true;
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (!state_->done) return false;
+  // Modelled time: ended only once the caller's clock has reached its end
+  // (a caller that polls must compute in between, or wait()).
+  const ModelledClock* caller = this_thread_modelled_clock();
+  if (state_->clock && caller != nullptr && state_->clock->now() > caller->now()) return false;
   rethrow_once();
   return true;
 }

@@ -82,7 +82,7 @@ class CollectiveHandle {
   // PeerError saying it failed). Throws PeerError if
   // it has not ended a grace period after its deadline (a bug, not a peer).
   void wait();
-  // True once ended; rethrows its error.
+  // True once ended (modelled time: and the caller's clock is past its end); rethrows its error.
   bool test();
 
  private:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/modelled_clock.h"
 #include "core/error.h"
 #include "core/finite_check.h"
 #include "ep/local_dispatcher.h"
@@ -195,6 +196,7 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
     float* targets[3] = {cw.wi0.data<float>(), cw.wi1.data<float>(), cw.wo.data<float>()};
     const bool same_source = sources[0] == cw.source[0] && sources[1] == cw.source[1] && sources[2] == cw.source[2];
     if (!cw.home_current || cw.version != version || !same_source) {
+      const ComputeScope charge("replica home weights copy", {.bytes = 2.0 * 3 * home * hf * 4});
       for (int i = 0; i < 3; ++i) {
         std::copy(sources[i], sources[i] + home * hf, targets[i]);
         cw.source[i] = sources[i];
