@@ -1,0 +1,230 @@
+// `epmoe layer clock=modelled` end to end: timing properties of real
+// execution (compute_time=modelled, so every modelled time is a function of
+// config and seed alone).
+//
+// Topology: ranks as threads in one process (transport=threads); R = 4
+// (determinism, imbalance, token chunks) and R = 64 (scale), on the h100
+// preset: switched links (one port per GPU, 450 GB/s each way, a rank's
+// sends share its port), link_latency_us as stated per test.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "modelled_cli_fixture.h"
+
+namespace epmoe::testing {
+namespace {
+
+class ModelledLayer : public ModelledCli {};
+
+// --- 2. determinism ----------------------------------------------------------
+
+TEST_F(ModelledLayer, SameConfigTwiceGivesIdenticalModelledMetrics) {
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = 256, .hidden = 32, .ffn = 48, .experts = 8});
+  for (const std::string dispatch : {"alltoall", "ring"}) {
+    std::vector<std::string> keys = {"ranks=4",        "clock=modelled",  "dispatch=" + dispatch, "token_chunks=2",
+                                     "balance=dynamic", "redundant_slots=1"};
+    if (dispatch == "alltoall") keys.push_back("dedup=true");  // ring rejects dedup (it sends each token once)
+    const nlohmann::json first = layer_metrics(in, keys);
+    const nlohmann::json second = layer_metrics(in, keys);
+    ASSERT_FALSE(first.is_null() || second.is_null()) << dispatch;
+    ASSERT_TRUE(first.contains("modelled")) << dispatch;
+    EXPECT_EQ(first.at("modelled"), second.at("modelled")) << dispatch;
+    // And the per-rank modelled reports (collective by collective) and phases.
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(rank_report(first, r).at("modelled"), rank_report(second, r).at("modelled")) << dispatch << " rank " << r;
+      EXPECT_EQ(rank_report(first, r).at("phase_seconds"), rank_report(second, r).at("phase_seconds"))
+          << dispatch << " rank " << r;
+    }
+    EXPECT_GT(first.at("modelled").at("step_seconds").get<double>(), 0) << dispatch;
+  }
+}
+
+// --- 3. imbalance ------------------------------------------------------------
+
+TEST_F(ModelledLayer, ARankWithTwiceTheRowsIsTheCriticalPath) {
+  // R=4, E=8 (experts 2r, 2r+1 on rank r), K=2, N=800: token t's experts by
+  // t mod 10: 0-3 -> (rank 0, rank 1), 4-7 -> (rank 0, rank 2), 8-9 ->
+  // (rank 3, rank 3), alternating the expert within each rank, so per block
+  // of 10 tokens rank 0 receives 8 (token, expert) rows and ranks 1-3 4 each
+  // (2 per local expert): rank 0 computes exactly twice the expert rows.
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = 800, .hidden = 64, .ffn = 256, .experts = 8});
+  craft_routing(in, [](std::int64_t t) -> std::pair<int, int> {
+    const int slot = static_cast<int>(t % 10), alt = static_cast<int>((t / 10) % 2);
+    if (slot < 4) return {0 + alt, 2 + alt};
+    if (slot < 8) return {0 + alt, 4 + alt};
+    return {6, 7};
+  });
+  // The h100's 450 GB/s, and links 1 PB/s fast (serialisation ~0; the 2 us
+  // latency stays, equal for every message).
+  for (const double gbps : {450.0, 1e6}) {
+    const std::string what = "link_bandwidth_gbps=" + std::to_string(gbps);
+    const nlohmann::json m =
+        layer_metrics(in, {"ranks=4", "clock=modelled", "link_bandwidth_gbps=" + std::to_string(gbps)});
+    ASSERT_FALSE(m.is_null());
+    std::vector<std::int64_t> rows(4);
+    for (int r = 0; r < 4; ++r) {
+      const auto groups = rank_report(m, r).at("rows_per_local_expert").get<std::vector<std::int64_t>>();
+      rows[r] = std::accumulate(groups.begin(), groups.end(), std::int64_t{0});
+    }
+    ASSERT_EQ(rows, (std::vector<std::int64_t>{640, 320, 320, 320}));
+    EXPECT_EQ(m.at("modelled").at("critical_path_rank").get<int>(), 0) << what;
+    // Exact: a clock's advance is compute + communication + idle (integer
+    // picoseconds, printed through doubles); ranks 1-3 charge identical
+    // compute (200 home tokens each, 320 expert rows each); rank 0 more.
+    for (int r = 0; r < 4; ++r) {
+      const double advance = rank_modelled(m, r, "forward_seconds") + rank_modelled(m, r, "backward_seconds");
+      const double parts = rank_modelled(m, r, "compute_seconds") + rank_modelled(m, r, "communication_seconds") +
+                           rank_modelled(m, r, "idle_seconds");
+      EXPECT_NEAR(parts, advance, 1e-12 * advance) << what << " rank " << r;
+    }
+    const double compute0 = rank_modelled(m, 0, "compute_seconds"), compute1 = rank_modelled(m, 1, "compute_seconds");
+    EXPECT_EQ(rank_modelled(m, 2, "compute_seconds"), compute1) << what;
+    EXPECT_EQ(rank_modelled(m, 3, "compute_seconds"), compute1) << what;
+    const double extra_compute = compute0 - compute1;
+    ASSERT_GT(extra_compute, 0) << what;
+    // The others idle the compute difference. Exactly:
+    //   idle_i - idle_0 = (compute_0 - compute_i) + (comm_0 - comm_i) + (T_i - T_0)
+    // (T = a rank's fwd + bwd), an identity of the line above; what the test
+    // holds is that the last two terms are small. They are the transfers'
+    // differences: rank 0's port carries the 320 extra rows (320·64·4 =
+    // 81920 B, 0.18 us at 450 GB/s) into the dispatch and out of the
+    // combine (and back in backward), so at 450 GB/s part of the wait on
+    // rank 0 shows as the others' idle and part as rank 0's communication:
+    // |residual| <= two such serialisations (measured 0.06-0.19 us of 1.86;
+    // which ranks see more depends on the order of the messages at ports).
+    // At 1 PB/s those 81920 B take 82 ps and every message's latency is the
+    // same 2 us: the residual is below 1 ns (measured <= 0.17 ns).
+    const double tolerance = gbps < 1e3 ? 2 * 81920 / (gbps * 1e9) : 1e-9;
+    EXPECT_LT(rank_modelled(m, 0, "idle_seconds"), gbps < 1e3 ? 0.2e-6 : 1e-9) << what;
+    for (int r = 1; r < 4; ++r) {
+      const double residual =
+          rank_modelled(m, r, "idle_seconds") - rank_modelled(m, 0, "idle_seconds") - extra_compute;
+      EXPECT_LE(std::abs(residual), tolerance)
+          << what << " rank " << r << ": idle " << rank_modelled(m, r, "idle_seconds") << " s, rank 0 idle "
+          << rank_modelled(m, 0, "idle_seconds") << " s, compute difference " << extra_compute << " s";
+    }
+  }
+}
+
+// --- 4. token chunks ---------------------------------------------------------
+
+// Forward of a chunked layer in modelled time. With n chunks the engine
+// dispatches chunk 0, then launches chunk c+1's dispatch before computing
+// chunk c, and launches chunk c's combine after computing it (one chunk of
+// look-ahead). When every chunk's communication fits under a chunk's compute
+// (here compute is ~2x communication), only chunk 0's dispatch and the last
+// chunk's combine are exposed:
+//   fwd_n = C + D(n) + K(n)
+// C: the forward's compute, the same for every n (every charged step is
+// linear in rows: the GEMMs are compute-bound at compute_efficiency=0.05,
+// the gathers and SwiGLU memory-bound in per-row bytes; only per-op
+// picosecond rounding differs). D(n), K(n): one chunk's dispatch / combine
+// alone, a fixed latency part plus bytes/n at the port's rate:
+//   D(n) = a_D + (D_1 - a_D)/n,  K(n) = a_K + (K_1 - a_K)/n
+// all-to-all: a_D = 2L (the send-count exchange, then the rows), a_K = L
+// (the counts are known); ring: a_D = (R-1)L + L (the R-1-step all-gather of
+// token counts, then the rows; the ring's steps pipeline their latencies
+// behind the serialisation), a_K = L. D_1, K_1, C per rank from the n=1 run
+// (nothing overlaps there, so C = fwd_1 - D_1 - K_1, and C is the same on
+// every rank: asserted). Per rank, not one for all: although every rank
+// sends and receives the same bytes, ports serve whole messages first come
+// first served, and the 8-byte count messages finish a few ps apart on
+// different ranks (ties at a port go to the lower stream id), which orders
+// whole 64 KiB messages differently at each port: D_1, K_1 differ between
+// ranks by up to two message serialisations (~0.3 us), consistently for
+// every n. What remains is the serialisation of the count messages (8 B per
+// peer, ~0.02 ns each at 450 GB/s) and per-op rounding: tolerance 1 ns
+// (measured <= 0.53 ns) against a gain of ~1.3 us at n=2.
+TEST_F(ModelledLayer, TokenChunksPipelineAsTheFormulaSays) {
+  const std::filesystem::path in = dir("in");
+  constexpr int kRanks = 4;
+  constexpr std::int64_t kTokensPerRank = 192;  // 4 chunks of 48 = 8 blocks of 6
+  generate(in, {.tokens = kRanks * kTokensPerRank, .hidden = 128, .ffn = 512, .experts = 8});
+  // Balanced routing: the i-th token of home rank h (i = t mod 192) goes to
+  // ranks h+o1, h+o2 with (o1, o2) = (1,2), (2,3), (3,1) for i mod 3, and
+  // local expert (i/3) mod 2 on both: every rank sends exactly as many rows
+  // to each peer as it receives from each, in every chunk (so the order in
+  // which messages meet at a port changes nothing).
+  craft_routing(in, [](std::int64_t t) -> std::pair<int, int> {
+    const int h = static_cast<int>(t / kTokensPerRank), i = static_cast<int>(t % kTokensPerRank);
+    const int o1 = i % 3 + 1, o2 = (i % 3 + 1) % 3 + 1, local = (i / 3) % 2;
+    return {((h + o1) % kRanks) * 2 + local, ((h + o2) % kRanks) * 2 + local};
+  });
+  for (const std::string dispatch : {"alltoall", "ring"}) {
+    std::vector<double> c(kRanks), d1(kRanks), k1(kRanks), fwd1(kRanks);
+    double compute1 = 0;
+    for (int n : {1, 2, 4}) {
+      const std::string what = dispatch + " token_chunks=" + std::to_string(n);
+      const nlohmann::json m = layer_metrics(in, {"ranks=4", "clock=modelled", "dispatch=" + dispatch,
+                                                   "token_chunks=" + std::to_string(n), "compute_efficiency=0.05",
+                                                   "link_latency_us=0.001"});
+      ASSERT_FALSE(m.is_null()) << what;
+      const double latency = m.at("modelled").at("links").at("latency_us").get<double>() * 1e-6;
+      ASSERT_EQ(latency, 1e-9);
+      const double a_d = dispatch == "alltoall" ? 2 * latency : kRanks * latency, a_k = latency;
+      for (int r = 0; r < kRanks; ++r) {
+        const double fwd = rank_modelled(m, r, "forward_seconds");
+        if (n == 1) {
+          // The forward's collectives: the dispatch's (from the first
+          // launch to the last end but the combine's) and the combine, which
+          // ends the forward.
+          double first_start = INFINITY, dispatch_end = 0, combine = 0;
+          int forward_collectives = 0;
+          for (const nlohmann::json& col : rank_report(m, r).at("modelled").at("collectives")) {
+            const double start = col.at("start_seconds").get<double>(), end = col.at("end_seconds").get<double>();
+            if (start >= fwd) continue;
+            ++forward_collectives;
+            first_start = std::min(first_start, start);
+            if (end == fwd) {
+              combine = end - start;
+            } else {
+              dispatch_end = std::max(dispatch_end, end);
+            }
+          }
+          ASSERT_GE(forward_collectives, 2) << what;
+          ASSERT_GT(combine, 0) << what << ": no collective ends the forward";
+          d1[r] = dispatch_end - first_start;
+          k1[r] = combine;
+          fwd1[r] = fwd;
+          c[r] = fwd - d1[r] - k1[r];
+          if (r == 0) compute1 = rank_modelled(m, 0, "compute_seconds");
+          EXPECT_NEAR(rank_modelled(m, r, "compute_seconds"), compute1, 1e-12) << what << " rank " << r;
+          EXPECT_NEAR(c[r], c[0], 1e-12) << what << " rank " << r;
+          continue;
+        }
+        EXPECT_NEAR(rank_modelled(m, r, "compute_seconds"), compute1, 1e-9) << what << " rank " << r;
+        const double predicted = c[r] + a_d + (d1[r] - a_d) / n + a_k + (k1[r] - a_k) / n;
+        EXPECT_NEAR(fwd, predicted, 1e-9)
+            << what << " rank " << r << ": C " << c[r] << " D_1 " << d1[r] << " K_1 " << k1[r];
+        EXPECT_LT(fwd, fwd1[r] - 0.4 * (d1[r] + k1[r])) << what << ": chunking hides communication";
+      }
+    }
+  }
+}
+
+// --- 6. scale ----------------------------------------------------------------
+
+TEST_F(ModelledLayer, SixtyFourRanksComplete) {
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = 1024, .hidden = 16, .ffn = 16, .experts = 64});
+  const auto start = std::chrono::steady_clock::now();
+  const nlohmann::json m = layer_metrics(in, {"ranks=64", "clock=modelled"});
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("ranks=64 modelled layer: %.2f s wall\n", wall);
+  ASSERT_FALSE(m.is_null());
+  EXPECT_GT(m.at("modelled").at("step_seconds").get<double>(), 0);
+  ASSERT_EQ(m.at("modelled").at("per_rank").size(), 64u);
+  for (int r = 0; r < 64; ++r) {
+    EXPECT_GT(rank_modelled(m, r, "forward_seconds"), 0) << r;
+    EXPECT_GT(rank_modelled(m, r, "backward_seconds"), 0) << r;
+    EXPECT_GT(rank_modelled(m, r, "compute_seconds"), 0) << r;
+    EXPECT_GT(rank_modelled(m, r, "communication_seconds"), 0) << r;
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::testing
