@@ -1,0 +1,185 @@
+// plan/'s step-time formulas (plan/step_time.h, communication_model.h)
+// against modelled execution of the same layer (`epmoe layer
+// clock=modelled`, compute_time=modelled).
+//
+// Topology: ranks as threads, R = 4, E = 8, K = 2, on the h100 preset:
+// switched links (450 GB/s per GPU each way), link_latency_us=0.001 (the
+// plan models no latency), compute_efficiency=0.25 (so that every expert
+// GEMM is compute-bound: arithmetic intensity ~128 FLOP/B > 989e12·0.25 /
+// 3.35e12 = 74).
+#include <cmath>
+#include <cstdio>
+
+#include "modelled_cli_fixture.h"
+#include "plan/communication_model.h"
+#include "plan/hardware.h"
+#include "plan/plan_config.h"
+#include "plan/step_time.h"
+
+namespace epmoe::testing {
+namespace {
+
+constexpr int kRanks = 4, kExperts = 8, kTopK = 2;
+constexpr std::int64_t kHidden = 512, kFfn = 512, kTokensPerRank = 512;
+constexpr double kEfficiency = 0.25;
+
+plan::PlanConfig layer_plan() {
+  plan::PlanConfig c;
+  c.model = {.name = "engine-layer", .num_layers = 1, .hidden = kHidden, .moe_ffn = kFfn, .num_experts = kExperts,
+             .top_k = kTopK, .vocab = 1,
+             .attention = {.num_heads = 1, .num_kv_heads = 1, .qk_head_dim = 1, .v_head_dim = 1}};
+  c.parallel = {.ep = kRanks, .per_device_batch_size = 1, .seq_len = kTokensPerRank};
+  c.hardware = plan::load_hardware("hardware", "h100");
+  c.dispatch = plan::DispatchKind::alltoall;
+  c.activation_type = plan::ElementType::f32;  // the engine moves f32 rows
+  c.compute_efficiency = kEfficiency;
+  for (const std::string& name : plan::activation_names()) c.remat[name] = plan::RematChoice::save;  // engine default
+  return c;
+}
+
+struct RankCompute {
+  double flops = 0;
+  double flop_seconds = 0;    // sum of flops / (peak · efficiency)
+  double charged_seconds = 0; // sum of max(flops / (peak · eff), bytes / HBM): what the clock charges
+};
+
+// Per rank, from the trace's compute events (f32: no nested scopes).
+std::vector<RankCompute> compute_from_trace(const nlohmann::json& events, const plan::HardwareSpec& hw) {
+  std::vector<RankCompute> out(kRanks);
+  for (const nlohmann::json& e : events) {
+    if (e.value("cat", "") != "compute") continue;
+    RankCompute& r = out.at(e.at("pid").get<std::size_t>());
+    const double flops = e.at("args").at("flops").get<double>(), bytes = e.at("args").at("bytes").get<double>();
+    const double flop_seconds = flops / (hw.peak_bf16_flops * kEfficiency);
+    r.flops += flops;
+    r.flop_seconds += flop_seconds;
+    r.charged_seconds += std::max(flop_seconds, bytes / hw.memory_bytes_per_s);
+  }
+  return out;
+}
+
+class PlanVsModelled : public ModelledCli {
+ protected:
+  nlohmann::json run(const std::filesystem::path& in, const std::filesystem::path& trace,
+                     std::vector<std::string> extra = {}) {
+    std::vector<std::string> keys = {"ranks=4",
+                                     "clock=modelled",
+                                     "dispatch=alltoall",
+                                     "compute_efficiency=" + std::to_string(kEfficiency),
+                                     "link_latency_us=0.001",
+                                     "trace_file=" + trace.string()};
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    return layer_metrics(in, keys);
+  }
+};
+
+TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
+  const plan::PlanConfig config = layer_plan();
+  config.validate();
+  const plan::DispatchShape shape = config.dispatch_shape();
+  const double ep_bytes = plan::total_bytes(
+      plan::alltoall_collective_bytes(shape, plan::expected_alltoall_traffic(shape, false), false));
+  const plan::StepTime estimate = plan::estimate_step_time(config, ep_bytes);
+
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = kRanks * kTokensPerRank, .hidden = kHidden, .ffn = kFfn, .experts = kExperts});
+  const nlohmann::json uniform = run(in, dir("uniform.json"), {"router=random", "seed=1"});
+  ASSERT_FALSE(uniform.is_null());
+  const nlohmann::json events = check_trace_structure(dir("uniform.json"), 1e-6, "uniform");
+  const std::vector<RankCompute> traced = compute_from_trace(events, config.hardware);
+  // Compute. FLOPs: the plan's 6·(active matmul parameters)·T against the
+  // FLOPs the engine's kernels charged: equal in the mean over ranks within
+  // 1% (the plan adds a 1-head, 1-dim attention and a vocab-1 head, ~0.2%);
+  // per rank within 7% (random routing: a rank's rows are N_l·K ± ~5%).
+  double mean_flops = 0, mean_flop_seconds = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    mean_flops += traced[r].flops / kRanks;
+    mean_flop_seconds += traced[r].flop_seconds / kRanks;
+    EXPECT_NEAR(traced[r].flops / estimate.model_flops, 1.0, 0.07) << "rank " << r;
+    // The clock charged exactly max(FLOP time, HBM time) per operation
+    // (to picosecond rounding per operation).
+    EXPECT_NEAR(rank_modelled(uniform, r, "compute_seconds"), traced[r].charged_seconds, 1e-9) << "rank " << r;
+  }
+  EXPECT_NEAR(mean_flops / estimate.model_flops, 1.0, 0.01);
+  EXPECT_NEAR(mean_flop_seconds / estimate.compute_seconds, 1.0, 0.01);
+  // Compute time is not within 5%, and that is what it is: the plan counts
+  // matmul FLOPs only, the clock also charges the memory-bound steps at HBM
+  // bandwidth (SwiGLU 12 + 20 B per element forward / backward, the row
+  // gathers, the router): modelled compute = FLOP time + sum over operations
+  // of max(0, HBM time - FLOP time), which the identity above holds; here
+  // that excess is ~40% of the FLOP time (measured 2.64e-5 s vs 1.87e-5 s
+  // on rank 0). Asserted: it is positive and below 60%.
+  for (int r = 0; r < kRanks; ++r) {
+    const double excess = traced[r].charged_seconds / traced[r].flop_seconds - 1;
+    EXPECT_GT(excess, 0.1) << "rank " << r;
+    EXPECT_LT(excess, 0.6) << "rank " << r;
+  }
+  // EP communication: the plan's bytes / 450 GB/s against the time each
+  // rank waited on its collectives (communication + idle; token_chunks=1,
+  // so nothing is hidden except the small routing exchange beside the
+  // tokens). NOT within 5%: modelled is 3.1-3.3x the plan (see
+  // DISABLED_SwitchedAllToAllReachesTheInjectionBandwidth below). Asserted
+  // as it is: the plan is a lower bound and modelled is within 4x of it.
+  for (int r = 0; r < kRanks; ++r) {
+    const double waits = rank_modelled(uniform, r, "communication_seconds") + rank_modelled(uniform, r, "idle_seconds");
+    EXPECT_GE(waits, estimate.ep_seconds) << "rank " << r;
+    EXPECT_LE(waits, 4 * estimate.ep_seconds) << "rank " << r;
+  }
+
+  // Skewed routing (the plan's input is the same config, so its estimate is
+  // the same): rank 0's experts get 80% of the (token, expert) pairs' first
+  // choices (t mod 10 pattern of ModelledLayer.ARankWithTwiceTheRows...):
+  // 1.6x the uniform N_l·K rows. The plan cannot see it: rank 0's charged
+  // FLOP time is > 1.5x the plan's compute and the modelled step exceeds
+  // both the uniform run's step and the plan's serial bound.
+  const std::filesystem::path skewed_in = dir("skewed");
+  generate(skewed_in, {.tokens = kRanks * kTokensPerRank, .hidden = kHidden, .ffn = kFfn, .experts = kExperts});
+  craft_routing(skewed_in, [](std::int64_t t) -> std::pair<int, int> {
+    const int slot = static_cast<int>(t % 10), alt = static_cast<int>((t / 10) % 2);
+    if (slot < 4) return {0 + alt, 2 + alt};
+    if (slot < 8) return {0 + alt, 4 + alt};
+    return {6, 7};
+  });
+  const nlohmann::json skewed = run(skewed_in, dir("skewed.json"));
+  ASSERT_FALSE(skewed.is_null());
+  const std::vector<RankCompute> skewed_compute =
+      compute_from_trace(check_trace_structure(dir("skewed.json"), 1e-6, "skewed"), config.hardware);
+  EXPECT_EQ(skewed.at("modelled").at("critical_path_rank").get<int>(), 0);
+  EXPECT_GT(skewed_compute[0].flop_seconds, 1.5 * estimate.compute_seconds);
+  const double uniform_step = uniform.at("modelled").at("step_seconds").get<double>();
+  const double skewed_step = skewed.at("modelled").at("step_seconds").get<double>();
+  EXPECT_GT(skewed_step, uniform_step);
+  EXPECT_GT(skewed_step, estimate.serial_seconds);
+  std::printf("plan: compute %.3g s, ep %.3g s, serial %.3g s; modelled step: uniform %.3g s, skewed %.3g s\n",
+              estimate.compute_seconds, estimate.ep_seconds, estimate.serial_seconds, uniform_step, skewed_step);
+}
+
+// DEFECT (src/transport/threads/emulated_links.cc, LinkSchedule::take, the
+// switched hop): an all-to-all on the switched topology runs at ~1/3 of the
+// injection bandwidth. Each message holds the sender's egress port and the
+// receiver's ingress port at once and starts at max(busy_until of both):
+// a message taken later in (entry time, stream id) order cannot use a gap
+// before a port's busy_until, so ports sit idle while messages wait. At
+// R=4 with ~530 KB per message every rank's 1.6 MB all-to-all takes 9.4 us
+// where bytes / 450 GB/s is 3.55 us (even store-and-forward through both
+// ports would be 4/3 of that); the 3 KB routing exchange launched beside it
+// ends at 10.6 us. Expected (what NVSwitch achieves and the plan assumes):
+// within 5% of the plan's bytes / link bandwidth (latency 1 ns here).
+TEST_F(PlanVsModelled, DISABLED_SwitchedAllToAllReachesTheInjectionBandwidth) {
+  const plan::PlanConfig config = layer_plan();
+  const plan::DispatchShape shape = config.dispatch_shape();
+  const double ep_bytes = plan::total_bytes(
+      plan::alltoall_collective_bytes(shape, plan::expected_alltoall_traffic(shape, false), false));
+  const plan::StepTime estimate = plan::estimate_step_time(config, ep_bytes);
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = kRanks * kTokensPerRank, .hidden = kHidden, .ffn = kFfn, .experts = kExperts});
+  const nlohmann::json m = run(in, dir("trace.json"), {"router=random", "seed=1"});
+  ASSERT_FALSE(m.is_null());
+  for (int r = 0; r < kRanks; ++r) {
+    const double waits = rank_modelled(m, r, "communication_seconds") + rank_modelled(m, r, "idle_seconds");
+    EXPECT_NEAR(waits / estimate.ep_seconds, 1.0, 0.05) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::testing
