@@ -4,16 +4,26 @@
 #include <exception>
 
 #include "bench_args.h"
+#include "modelled_hardware.h"
 
 namespace epmoe::bench {
 
 int run_links_part(const BenchArgs& args);
 int run_overlap_part(const BenchArgs& args);
 int run_mpi_part(int argc, char** argv, const BenchArgs& args);
+int run_modelled_links_part(const BenchArgs& args);
+int run_modelled_overlap_part(const BenchArgs& args);
 
 int run_collectives_bench(int argc, char** argv) {
   try {
     const BenchArgs args = BenchArgs::parse(argc, argv);
+    if (modelled_clock(args)) {
+      if (args.part == "links") return run_modelled_links_part(args);
+      if (args.part == "overlap") return run_modelled_overlap_part(args);
+      std::fprintf(stderr, "bench collectives: clock=modelled: part '%s' has no modelled version: links | overlap\n",
+                   args.part.c_str());
+      return 2;
+    }
     if (args.part == "links") return run_links_part(args);
     if (args.part == "overlap") return run_overlap_part(args);
     if (args.part == "mpi") return run_mpi_part(argc, argv, args);

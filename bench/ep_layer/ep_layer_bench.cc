@@ -32,6 +32,7 @@
 #include "comm/barrier.h"
 #include "core/memory_ledger.h"
 #include "core/timer.h"
+#include "modelled_hardware.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "ep/ep_config.h"
@@ -39,6 +40,9 @@
 #include "transport/threads/launcher.h"
 
 namespace epmoe::bench {
+
+int run_modelled_layer_bench(const BenchArgs& args);  // modelled_layer_bench.cc
+
 namespace {
 
 struct Variant {
@@ -277,6 +281,7 @@ int run_replicas_bench(const BenchArgs& args) {
 
 int run_ep_layer_bench(int argc, char** argv) {
   const BenchArgs args = BenchArgs::parse(argc, argv);
+  if (modelled_clock(args)) return run_modelled_layer_bench(args);
   if (args.part == "remat") return run_remat_bench(args);
   if (args.part == "replicas") return run_replicas_bench(args);
   const LayerShape shape = shape_from(args);

@@ -19,6 +19,7 @@
 #include "cli/config_keys.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
+#include "plan/hardware.h"
 
 #ifdef EPMOE_WITH_BENCH
 #include "collectives_bench.h"
@@ -43,6 +44,28 @@ std::vector<KeySpec> timing_keys() {
   };
 }
 
+// The second clock (DESIGN.md §4.11) for both benchmarks: bench/collectives/
+// modelled_hardware.h maps each hardware preset to links and device rates as
+// `epmoe layer clock=modelled` does. With compute modelled, every number is a
+// pure function of the configuration: one run per row, no repetitions (the
+// timing keys do not apply).
+std::vector<KeySpec> modelled_bench_keys() {
+  std::string presets;
+  for (const std::string& name : plan::hardware_preset_names()) presets += (presets.empty() ? "" : ", ") + name;
+  return {
+      {.name = "clock", .type = KeyType::choice, .default_value = "wall",
+       .help = "wall: time on this machine (emulated links); modelled: every rank on a virtual clock, compute "
+               "and links at the hardware's rates, deterministic (one run per row)",
+       .choices = {"wall", "modelled"}},
+      {.name = "hardware", .type = KeyType::text, .default_value = "all",
+       .help = "clock=modelled: comma-separated hardware presets (" + presets +
+               ") or YAML files; all = every preset"},
+      {.name = "compute_efficiency", .type = KeyType::real, .default_value = "0.5",
+       .help = "clock=modelled: the fraction of peak bf16 FLOP/s a matmul reaches", .min_value = 0,
+       .min_exclusive = true, .max_value = 1},
+  };
+}
+
 // A test hook, as for `epmoe layer`: see core/fault_injection.h.
 KeySpec fault_injection_key() {
   return {.name = "fault_injection", .type = KeyType::text, .default_value = "",
@@ -61,22 +84,30 @@ KeyGroup collectives_keys() {
           {.name = "bandwidth_gb_s", .type = KeyType::real, .default_value = "1",
            .help = "links, overlap: emulated GB/s per link and direction", .min_value = 0, .min_exclusive = true},
           {.name = "latency_us", .type = KeyType::real, .default_value = "2",
-           .help = "links, overlap: emulated latency per message, microseconds", .min_value = 0},
+           .help = "links, overlap: emulated (clock=modelled: modelled) latency per message and hop, microseconds",
+           .min_value = 0},
           {.name = "pipe", .type = KeyType::integer, .default_value = "1",
            .help = "links, mpi: ring all-gather pipeline depth", .min_value = 1, .max_value = kIntMax},
       },
   };
   for (KeySpec& key : timing_keys()) group.keys.push_back(std::move(key));
+  for (KeySpec& key : modelled_bench_keys()) group.keys.push_back(std::move(key));
   group.keys.push_back(fault_injection_key());
   return group;
+}
+
+// The tables of `epmoe bench layer clock=modelled` (bench/ep_layer/modelled_layer_bench.cc).
+const std::vector<std::string>& modelled_layer_tables() {
+  static const std::vector<std::string> names = {"cotangent", "chunks", "remat", "dedup", "replicas", "fp8"};
+  return names;
 }
 
 KeyGroup layer_bench_keys() {
   KeyGroup group{
       "bench layer (parts: none, remat, replicas)",
       {
-          {.name = "ranks", .type = KeyType::integer, .default_value = "4", .help = "ranks (threads)",
-           .min_value = 1, .max_value = 1024},
+          {.name = "ranks", .type = KeyType::integer, .default_value = "4",
+           .help = "ranks (threads); clock=modelled: default 8", .min_value = 1, .max_value = 1024},
           {.name = "tokens_per_rank", .type = KeyType::integer, .default_value = "256", .help = "tokens per rank",
            .min_value = 1, .max_value = kIntMax},
           {.name = "hidden", .type = KeyType::integer, .default_value = "256", .help = "hidden size H",
@@ -90,7 +121,9 @@ KeyGroup layer_bench_keys() {
           {.name = "link_gbps", .type = KeyType::real, .default_value = "0.5",
            .help = "emulated GB/s per link and direction; 0 = no emulation", .min_value = 0},
           {.name = "link_latency_us", .type = KeyType::real, .default_value = "5",
-           .help = "emulated latency per message, microseconds", .min_value = 0},
+           .help = "emulated latency per message, microseconds; clock=modelled: per message and hop, default 2 "
+                   "(as epmoe layer)",
+           .min_value = 0},
           {.name = "topology", .type = KeyType::choice, .default_value = "full_mesh",
            .help = "emulated links", .choices = {"full_mesh", "ring"}},
           {.name = "dispatch", .type = KeyType::choice, .default_value = "ring", .help = "remat: the dispatcher",
@@ -105,9 +138,13 @@ KeyGroup layer_bench_keys() {
            .help = "replicas: comma-separated redundant slot counts, each >= 0"},
           {.name = "rebalance_threshold", .type = KeyType::real, .default_value = "1.05",
            .help = "replicas: stop adding replicas at this max/mean", .min_value = 1},
+          {.name = "tables", .type = KeyType::text, .default_value = "all",
+           .help = "clock=modelled, no part: comma-separated tables (cotangent, chunks, remat, dedup, replicas, "
+                   "fp8) or all; the parts remat and replicas print their table"},
       },
   };
   for (KeySpec& key : timing_keys()) group.keys.push_back(std::move(key));
+  for (KeySpec& key : modelled_bench_keys()) group.keys.push_back(std::move(key));
   group.keys.push_back(fault_injection_key());
   return group;
 }
@@ -208,6 +245,34 @@ std::vector<std::string> validated_bench_arguments(const std::string& which, con
   } else {
     check_int_list(values, "slots", 0, 63);
   }
+  if (values.get_string("clock") == "modelled") {
+    if (part == "mpi") throw ConfigError("clock=modelled: bench collectives mpi runs on the wall clock (MPI processes)");
+    for (const std::string& item : list_items("hardware", values.get_string("hardware"))) {
+      if (item != "all") plan::load_hardware("hardware", item);  // ConfigError naming it
+    }
+    if (!collectives) {
+      for (const std::string& item : list_items("tables", values.get_string("tables"))) {
+        const std::vector<std::string>& names = modelled_layer_tables();
+        if (item != "all" && std::find(names.begin(), names.end(), item) == names.end()) {
+          std::string list;
+          for (const std::string& name : names) list += ", " + name;
+          throw ConfigError("tables=" + values.get_string("tables") + ": unknown table '" + item + "'; one of all" +
+                            list);
+        }
+      }
+      const std::int64_t ranks = values.is_set("ranks") ? values.get_int("ranks") : 8;  // the modelled default
+      if (values.get_int("experts") % ranks != 0) {
+        throw ConfigError("experts=" + std::to_string(values.get_int("experts")) + ": must be a multiple of ranks=" +
+                          std::to_string(ranks));
+      }
+    }
+  } else {
+    for (const char* key : {"hardware", "compute_efficiency", "tables"}) {
+      if (!collectives || std::string(key) != "tables") {
+        if (values.is_set(key)) throw ConfigError(values.setting(key) + ": applies to clock=modelled only (clock=wall)");
+      }
+    }
+  }
   if (values.get_int("min_runs") > values.get_int("max_runs")) {
     throw ConfigError("min_runs=" + std::to_string(values.get_int("min_runs")) + ": must be <= max_runs=" +
                       std::to_string(values.get_int("max_runs")));
@@ -238,7 +303,8 @@ void add_bench_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "bench",
       "Run a benchmark: collectives [links|overlap|mpi] (ring all-gather, reduce-scatter, all-to-all-v "
-      "vs bounds and MPI), layer [remat|replicas] (expert-parallel layer per dispatcher / remat policy / dynamic replicas under Zipf skew, on emulated links)");
+      "vs bounds and MPI), layer [remat|replicas] (expert-parallel layer per dispatcher / remat policy / dynamic replicas under Zipf skew, on emulated links); "
+      "clock=modelled: the same on the modelled clock per hardware preset (docs/BENCHMARKS.md, Modelled time)");
   auto which = std::make_shared<std::string>();
   auto rest = std::make_shared<std::vector<std::string>>();
   command->add_option("benchmark", *which, "collectives or layer")->required();

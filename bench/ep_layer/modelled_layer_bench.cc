@@ -1,0 +1,550 @@
+// `epmoe bench layer clock=modelled`: the expert-parallel layer, forward +
+// backward, on the modelled clock (DESIGN.md §4.11), per hardware preset
+// (bench/collectives/modelled_hardware.h), one table per claim of the seeds:
+//
+//   cotangent  cotangent_all_gather=ring (async, a chunk ahead) vs plain
+//              (blocking where needed): step and backward time, and the
+//              cotangent all-gather's hidden fraction (1 - exposed/duration,
+//              summed over ranks and chunks);
+//   chunks     token_chunks 1/2/4 against the two-resource pipeline formula
+//              T(n) = T(1) - L - X + max(L, X) + min(L, X)/n per pass, L =
+//              the pass's communication phases and X its expert compute at
+//              n = 1 (forward: dispatch + combine vs experts; backward:
+//              backward_combine + backward_dispatch vs backward_experts +
+//              backward_remat_*), on the critical rank;
+//   remat      remat.x_sorted save vs remat (and the presets around it):
+//              peak saved-activation bytes (the layer's MemoryLedger),
+//              backward time, backward bytes sent, bytes recomputed;
+//   dedup      the all-to-all with and without per-rank token dedup (and the
+//              ring): forward token bytes against DESIGN.md §4.6's formulas,
+//              forward and step time;
+//   replicas   balance=dynamic redundant_slots=0/1/2 under packed Zipf
+//              routing (sigmoid_grouped with a Zipf selection bias, hot
+//              experts on rank 0, balance/routing_skew.h): step time, the
+//              busiest rank's compute, rank loads before/after the plan;
+//   fp8        fp8 tokens (per tensor, per token) vs f32: token bytes and time.
+//
+// compute_time is modelled (FLOPs at the device's bf16 peak x
+// compute_efficiency, memory-bound steps at its HBM bandwidth), so every
+// number is a pure function of the configuration: one run per row, no
+// repetitions. The first configuration is run twice to show it.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "balance/routing_skew.h"
+#include "bench_args.h"
+#include "core/error.h"
+#include "core/memory_ledger.h"
+#include "core/rng.h"
+#include "ep/collective_tags.h"
+#include "ep/ep_config.h"
+#include "modelled_hardware.h"
+#include "moe/moe_layer.h"
+
+namespace epmoe::bench {
+namespace {
+
+using ep::CotangentAllGather;
+using ep::DispatchKind;
+using ep::EpOp;
+using ep::TokenFormat;
+
+constexpr std::uint32_t kTagBase = 1 << 20;
+
+struct LayerShape {
+  int num_ranks;
+  std::int64_t tokens, hidden, ffn;
+  int num_experts, top_k;
+};
+
+LayerShape shape_from(const BenchArgs& args) {
+  return {static_cast<int>(args.number("ranks", 8)), static_cast<std::int64_t>(args.number("tokens_per_rank", 256)),
+          static_cast<std::int64_t>(args.number("hidden", 256)), static_cast<std::int64_t>(args.number("ffn", 128)),
+          static_cast<int>(args.number("experts", 64)), static_cast<int>(args.number("top_k", 8))};
+}
+
+struct Case {
+  DispatchKind dispatch = DispatchKind::ring;
+  bool dedup = false;
+  int chunks = 1;
+  TokenFormat tokens = TokenFormat::f32;
+  CotangentAllGather cotangent = CotangentAllGather::ring;
+  ep::RematPolicy remat = {};  // save everything (remat_policy=minimal)
+  int slots = 0;               // balance=dynamic redundant_slots
+  bool skewed = false;         // packed Zipf routing
+};
+
+struct RankOutcome {
+  Picoseconds forward_end = 0, end = 0;
+  ModelledTotals totals;
+  std::vector<ModelledCollective> collectives;
+  ep::DispatchStats dispatch;
+  std::map<std::string, double> phases;  // modelled seconds
+  std::int64_t saved_peak_bytes = 0, recomputed_bytes = 0;
+};
+
+struct Outcome {
+  std::vector<RankOutcome> ranks;
+  std::vector<float> y, dx;  // rank 0's
+
+  Picoseconds step() const {
+    Picoseconds t = 0;
+    for (const RankOutcome& r : ranks) t = std::max(t, r.end);
+    return t;
+  }
+  Picoseconds forward() const {
+    Picoseconds t = 0;
+    for (const RankOutcome& r : ranks) t = std::max(t, r.forward_end);
+    return t;
+  }
+  Picoseconds backward() const {
+    Picoseconds t = 0;
+    for (const RankOutcome& r : ranks) t = std::max(t, r.end - r.forward_end);
+    return t;
+  }
+  // The rank that ends last (the others wait on it).
+  const RankOutcome& critical() const {
+    std::size_t best = 0;
+    for (std::size_t r = 1; r < ranks.size(); ++r)
+      if (ranks[r].end > ranks[best].end) best = r;
+    return ranks[best];
+  }
+  Picoseconds max_compute() const {
+    Picoseconds t = 0;
+    for (const RankOutcome& r : ranks) t = std::max(t, r.totals.compute);
+    return t;
+  }
+  double mean_compute() const {
+    double t = 0;
+    for (const RankOutcome& r : ranks) t += static_cast<double>(r.totals.compute);
+    return t / static_cast<double>(ranks.size());
+  }
+  // Mean over ranks of the bytes sent under keys starting with `prefix`.
+  double mean_bytes(const std::string& prefix) const {
+    double total = 0;
+    for (const RankOutcome& r : ranks)
+      for (const auto& [key, bytes] : r.dispatch.bytes_sent)
+        if (key.rfind(prefix, 0) == 0) total += static_cast<double>(bytes);
+    return total / static_cast<double>(ranks.size());
+  }
+  double total_bytes(const std::string& prefix) const { return mean_bytes(prefix) * static_cast<double>(ranks.size()); }
+  // Duration and exposed time of the dispatcher's collectives of `op`, over
+  // ranks and chunks.
+  std::pair<Picoseconds, Picoseconds> collective_time(EpOp op) const {
+    Picoseconds duration = 0, exposed = 0;
+    for (const RankOutcome& r : ranks) {
+      for (const ModelledCollective& c : r.collectives) {
+        const std::size_t at = c.name.rfind(" tag ");
+        if (at == std::string::npos) continue;
+        const long long tag = std::stoll(c.name.substr(at + 5));
+        if (tag < kTagBase || (tag - kTagBase) % 16 != static_cast<long long>(op)) continue;
+        duration += c.duration();
+        exposed += c.exposed();
+      }
+    }
+    return {duration, exposed};
+  }
+  // Rows each rank's experts (home and redundant slots) computed.
+  std::vector<std::int64_t> rank_rows() const {
+    std::vector<std::int64_t> rows;
+    for (const RankOutcome& r : ranks) {
+      std::int64_t n = 0;
+      for (std::int64_t v : r.dispatch.rows_per_local_expert) n += v;
+      for (std::int64_t v : r.dispatch.rows_per_slot) n += v;
+      rows.push_back(n);
+    }
+    return rows;
+  }
+  std::int64_t max_saved_bytes() const {
+    std::int64_t b = 0;
+    for (const RankOutcome& r : ranks) b = std::max(b, r.saved_peak_bytes);
+    return b;
+  }
+  std::int64_t max_recomputed_bytes() const {
+    std::int64_t b = 0;
+    for (const RankOutcome& r : ranks) b = std::max(b, r.recomputed_bytes);
+    return b;
+  }
+};
+
+double max_over_mean(const std::vector<std::int64_t>& loads) {
+  std::int64_t max_load = 0, total = 0;
+  for (std::int64_t v : loads) {
+    max_load = std::max(max_load, v);
+    total += v;
+  }
+  return total > 0 ? static_cast<double>(max_load) * static_cast<double>(loads.size()) / static_cast<double>(total)
+                   : 1.0;
+}
+
+Tensor random_tensor(epmoe::Shape shape, Rng& rng, double scale) {
+  Tensor t(DType::f32, std::move(shape));
+  for (float& v : t.span<float>()) v = static_cast<float>(rng.normal() * scale);
+  return t;
+}
+
+class Runner {
+ public:
+  Runner(const BenchArgs& args, const LayerShape& shape, const ModelledHardware& hardware)
+      : args_(args), shape_(shape), hardware_(hardware) {
+    bias_ = balance::zipf_selection_bias({.num_experts = shape.num_experts, .num_ranks = shape.num_ranks,
+                                          .zipf_exponent = args.number("zipf", 1.2),
+                                          .placement = balance::HotExpertPlacement::packed,
+                                          .scale = args.number("skew_scale", 0.15)});
+  }
+
+  const transport::threads::EmulatedLinkOptions& links() const { return hardware_.threads.links; }
+
+  Outcome run(const Case& c) const {
+    const LayerShape& s = shape_;
+    Outcome outcome;
+    outcome.ranks.resize(static_cast<std::size_t>(s.num_ranks));
+    std::mutex mutex;
+    transport::threads::run_ranks(s.num_ranks, hardware_.threads, [&](transport::Communicator& comm) {
+      Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
+      Rng shared(11);  // the replicated gate: the same on every rank
+      const int el = s.num_experts / s.num_ranks;
+      Tensor gate = random_tensor({s.hidden, s.num_experts}, shared, 1.0 / std::sqrt(double(s.hidden)));
+      Tensor x = random_tensor({s.tokens, s.hidden}, rng, 1.0), dy = random_tensor({s.tokens, s.hidden}, rng, 1.0);
+      Tensor wi0 = random_tensor({el, s.hidden, s.ffn}, rng, 1.0 / std::sqrt(double(s.hidden)));
+      Tensor wi1 = random_tensor({el, s.hidden, s.ffn}, rng, 1.0 / std::sqrt(double(s.hidden)));
+      Tensor wo = random_tensor({el, s.ffn, s.hidden}, rng, 1.0 / std::sqrt(double(s.ffn)));
+      Tensor bias(DType::f32, {s.num_experts});
+      for (int e = 0; e < s.num_experts; ++e) bias.data<float>()[e] = bias_[static_cast<std::size_t>(e)];
+      ep::EpConfig config{.num_experts = s.num_experts, .top_k = s.top_k, .hidden = s.hidden,
+                          .num_chunks = c.chunks, .dedup = c.dedup, .token_format = c.tokens,
+                          .cotangent_all_gather = c.cotangent, .tag_base = kTagBase};
+      config.balance = c.slots > 0 ? ep::BalanceMode::dynamic : ep::BalanceMode::off;
+      config.redundant_slots = c.slots;
+      config.rebalance_threshold = args_.number("rebalance_threshold", 1.05);
+      MemoryLedger ledger;
+      MoeLayer layer({.hidden = s.hidden, .ffn = s.ffn,
+                      .router = {.kind = c.skewed ? RouterKind::sigmoid_grouped : RouterKind::softmax_topk,
+                                 .num_experts = s.num_experts, .top_k = s.top_k},
+                      .remat = c.remat},
+                     ep::make_dispatcher(c.dispatch, comm, config), &ledger);
+      const MoeWeights weights{&gate, &wi0, &wi1, &wo, c.skewed ? &bias : nullptr};
+      ModelledClock& clock = *this_thread_modelled_clock();
+      RankOutcome mine;
+      const Tensor y = layer.forward(x, weights).y;
+      mine.forward_end = clock.now();
+      const MoeGradients grads = layer.backward(dy);
+      mine.end = clock.now();
+      mine.totals = clock.totals();
+      mine.collectives = clock.collectives(0);
+      mine.dispatch = layer.dispatch_stats();
+      mine.phases = layer.stats().phase_seconds.seconds();
+      mine.saved_peak_bytes = layer.stats().saved_activation_peak_bytes;
+      mine.recomputed_bytes = layer.stats().recomputed_bytes;
+      std::lock_guard<std::mutex> lock(mutex);
+      outcome.ranks[static_cast<std::size_t>(comm.rank())] = std::move(mine);
+      if (comm.rank() == 0) {
+        outcome.y.assign(y.span<float>().begin(), y.span<float>().end());
+        outcome.dx.assign(grads.dx.span<float>().begin(), grads.dx.span<float>().end());
+      }
+    });
+    return outcome;
+  }
+
+ private:
+  const BenchArgs& args_;
+  LayerShape shape_;
+  const ModelledHardware& hardware_;
+  std::vector<float> bias_;
+};
+
+// Same y and dx (f32 round-off: 1e-5 of the largest) as the reference.
+void verify_same(const BenchArgs& args, const std::string& what, const Outcome& reference, const Outcome& outcome) {
+  if (!args.verify()) return;
+  auto check = [&](const std::vector<float>& a, const std::vector<float>& b, const char* name) {
+    double max_diff = 0, max_ref = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      max_diff = std::max(max_diff, double(std::abs(a[i] - b[i])));
+      max_ref = std::max(max_ref, double(std::abs(a[i])));
+    }
+    if (a.size() != b.size() || max_diff > 1e-5 * max_ref)
+      throw InternalError("bench layer clock=modelled: " + what + ": " + name + " disagrees with the reference by " +
+                          std::to_string(max_diff));
+  };
+  check(reference.y, outcome.y, "y");
+  check(reference.dx, outcome.dx, "dx");
+}
+
+double us(Picoseconds t) { return to_us(t); }
+double mb(double bytes) { return bytes / 1e6; }
+
+ep::RematPolicy remat(bool x_sorted, bool mlpwi_0, bool mlpwi_1, bool mlpwo) {
+  return {.save_x_sorted = x_sorted, .save_mlpwi_0 = mlpwi_0, .save_mlpwi_1 = mlpwi_1, .save_mlpwo = mlpwo};
+}
+
+void cotangent_table(const BenchArgs& args, const Runner& runner) {
+  std::printf("\n**cotangent_all_gather** (ring dispatch): ring = async, started a chunk ahead; plain = "
+              "blocking where needed. hidden = 1 - exposed / duration of the cotangent all-gathers (all ranks, "
+              "all chunks)\n\n");
+  std::printf("| chunks | remat_policy | cotangent | step us | backward us | cotangent all-gather us/rank | "
+              "exposed us/rank | hidden | backward plain / this |\n|---|---|---|---|---|---|---|---|---|\n");
+  struct Row {
+    int chunks;
+    const char* policy;
+  };
+  for (const Row row : {Row{1, "minimal"}, Row{4, "minimal"}, Row{1, "full"}, Row{4, "full"}}) {
+    Outcome outcomes[2];
+    for (int i = 0; i < 2; ++i) {
+      Case c{.chunks = row.chunks, .cotangent = i == 0 ? CotangentAllGather::plain : CotangentAllGather::ring,
+             .remat = ep::RematPolicy::preset("remat_policy", row.policy)};
+      outcomes[i] = runner.run(c);
+    }
+    verify_same(args, "cotangent_all_gather=ring", outcomes[0], outcomes[1]);
+    const double ranks = static_cast<double>(outcomes[0].ranks.size());
+    for (int i : {1, 0}) {
+      const Outcome& o = outcomes[i];
+      const auto [duration, exposed] = o.collective_time(EpOp::backward_cotangent);
+      std::printf("| %d | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", row.chunks, row.policy,
+                  i == 1 ? "ring" : "plain", us(o.step()), us(o.backward()), us(duration) / ranks,
+                  us(exposed) / ranks, duration > 0 ? 1.0 - double(exposed) / double(duration) : 1.0,
+                  double(outcomes[0].backward()) / double(o.backward()));
+    }
+  }
+}
+
+// Seconds of the phases whose names start with one of `prefixes`.
+double phase_sum(const RankOutcome& r, std::initializer_list<const char*> prefixes) {
+  double t = 0;
+  for (const auto& [name, seconds] : r.phases)
+    for (const char* p : prefixes)
+      if (name.rfind(p, 0) == 0) t += seconds;
+  return t;
+}
+
+void chunks_table(const BenchArgs& args, const Runner& runner) {
+  std::printf("\n**token_chunks** vs the pipeline formula T(n) = T(1) - L - X + max(L, X) + min(L, X) / n per "
+              "pass (L: the pass's communication phases, X: its expert compute, both at n = 1 on the critical "
+              "rank; per-chunk latency and launch costs are not in it)\n\n");
+  std::printf("| dispatch | chunks | forward us | formula | backward us | formula | step us | formula | "
+              "step(1) / step(n) | L fwd us | X fwd us |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const DispatchKind dispatch : {DispatchKind::ring, DispatchKind::alltoall}) {
+    double lf = 0, xf = 0, lb = 0, xb = 0, tf = 0, tb = 0;
+    Outcome first;
+    for (const int n : {1, 2, 4}) {
+      const Outcome o = runner.run({.dispatch = dispatch, .chunks = n});
+      if (n == 1) {
+        const RankOutcome& r = o.critical();
+        lf = phase_sum(r, {"dispatch", "combine"});
+        xf = phase_sum(r, {"experts"});
+        lb = phase_sum(r, {"backward_combine", "backward_dispatch"});
+        xb = phase_sum(r, {"backward_experts", "backward_remat"});
+        tf = to_seconds(o.forward());
+        tb = to_seconds(o.backward());
+        first = o;
+      } else {
+        verify_same(args, "token_chunks=" + std::to_string(n), first, o);
+      }
+      const double pf = tf - lf - xf + std::max(lf, xf) + std::min(lf, xf) / n;
+      const double pb = tb - lb - xb + std::max(lb, xb) + std::min(lb, xb) / n;
+      std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                  ep::to_string(dispatch).c_str(), n, us(o.forward()), pf * 1e6, us(o.backward()), pb * 1e6,
+                  us(o.step()), (pf + pb) * 1e6, (tf + tb) / to_seconds(o.step()), lf * 1e6, xf * 1e6);
+    }
+  }
+}
+
+void remat_table(const BenchArgs& args, const Runner& runner) {
+  std::printf("\n**remat**: what backward finds saved. saved MB: the layer's MemoryLedger peak of "
+              "saved activations (largest rank); backward MB sent: per rank; recomputed MB: largest rank\n\n");
+  std::printf("| dispatch | policy | saved MB | saved / minimal | backward us | backward / minimal | "
+              "backward MB sent | recomputed MB |\n|---|---|---|---|---|---|---|---|\n");
+  struct Policy {
+    const char* name;
+    ep::RematPolicy policy;
+  };
+  const std::vector<Policy> policies = {
+      {"x_sorted=save (minimal)", remat(true, true, true, true)},
+      {"x_sorted=remat", remat(false, true, true, true)},
+      {"save_dispatch", remat(true, false, false, false)},
+      {"full", remat(false, false, false, false)},
+  };
+  for (const DispatchKind dispatch : {DispatchKind::ring, DispatchKind::alltoall}) {
+    Outcome base;
+    for (std::size_t i = 0; i < policies.size(); ++i) {
+      const Outcome o = runner.run({.dispatch = dispatch, .remat = policies[i].policy});
+      if (i == 0) base = o;
+      else verify_same(args, policies[i].name, base, o);
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", ep::to_string(dispatch).c_str(),
+                  policies[i].name, mb(double(o.max_saved_bytes())),
+                  double(o.max_saved_bytes()) / double(base.max_saved_bytes()), us(o.backward()),
+                  double(o.backward()) / double(base.backward()), mb(o.mean_bytes("backward")),
+                  mb(double(o.max_recomputed_bytes())));
+    }
+  }
+}
+
+// P(a token with K distinct uniform experts of E hits one of a rank's E_l).
+double hit_probability(int num_experts, int experts_per_rank, int top_k) {
+  double miss = 1.0;
+  for (int i = 0; i < top_k; ++i) miss *= double(num_experts - experts_per_rank - i) / (num_experts - i);
+  return 1.0 - miss;
+}
+
+void dedup_table(const BenchArgs& args, const Runner& runner, const LayerShape& s) {
+  const double row = double(s.hidden) * 4;
+  const int el = s.num_experts / s.num_ranks;
+  const double p_hit = hit_probability(s.num_experts, el, s.top_k);
+  std::printf("\n**dedup** (alltoall): forward token bytes per rank against DESIGN.md §4.6 (uniform routing): "
+              "all-to-all K·N_l·H·4·(R-1)/R, dedup N_l·H·4·(R-1)·P(hit), P(hit) = %.3f; ring (R-1)·N_l·H·4\n\n",
+              p_hit);
+  std::printf("| variant | fwd token MB/rank | analytic MB | MB sent/rank, all | forward us | backward us | step us | "
+              "step vs alltoall |\n|---|---|---|---|---|---|---|---|\n");
+  struct Row {
+    const char* name;
+    Case c;
+    double analytic;
+  };
+  const std::vector<Row> rows = {
+      {"alltoall", {.dispatch = DispatchKind::alltoall}, s.top_k * s.tokens * row * (s.num_ranks - 1) / s.num_ranks},
+      {"alltoall dedup", {.dispatch = DispatchKind::alltoall, .dedup = true},
+       s.tokens * row * (s.num_ranks - 1) * p_hit},
+      {"ring", {.dispatch = DispatchKind::ring}, double(s.num_ranks - 1) * s.tokens * row},
+  };
+  Outcome base;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Outcome o = runner.run(rows[i].c);
+    if (i == 0) base = o;
+    else verify_same(args, rows[i].name, base, o);
+    const std::string key = rows[i].c.dispatch == DispatchKind::ring ? "forward/ring_all_gather tokens"
+                                                                      : "forward/all_to_all_v tokens";
+    std::printf("| %s | %.3f | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f |\n", rows[i].name, mb(o.mean_bytes(key)),
+                mb(rows[i].analytic), mb(o.mean_bytes("")), us(o.forward()), us(o.backward()), us(o.step()),
+                double(base.step()) / double(o.step()));
+  }
+}
+
+void replicas_table(const BenchArgs& args, const Runner& runner, const LayerShape& s) {
+  std::printf("\n**replicas** (balance=dynamic) under packed Zipf routing (sigmoid_grouped, selection bias Zipf "
+              "s=%.2f scale %.2f, hot experts on rank 0). busiest compute: the largest rank's modelled compute; "
+              "rows max/mean: rows per rank over the mean; weights+grads MB: replica weights out and gradients "
+              "home, all ranks, per step\n\n",
+              args.number("zipf", 1.2), args.number("skew_scale", 0.15));
+  std::printf("| dispatch | B | step us | speed-up | busiest compute us | mean compute us | rows max/mean | "
+              "replicas | weights+grads MB |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<int> slots = {0};
+  for (int b : args.ints("slots", "1,2")) slots.push_back(b);
+  for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
+    Outcome base;
+    for (const int b : slots) {
+      // Known hang (src/, reported): the all-to-all with replicas on the
+      // ring link topology (the TPU presets) never completes on the modelled
+      // clock (backward all_to_all_v dweights times out); skipped, not hidden.
+      if (dispatch == DispatchKind::alltoall && b > 0 &&
+          runner.links().topology == transport::threads::LinkTopology::ring) {
+        std::printf("| %s | %d | skipped: hangs on the modelled clock with link topology ring (src/ bug) "
+                    "| | | | | | |\n",
+                    ep::to_string(dispatch).c_str(), b);
+        continue;
+      }
+      const Outcome o = runner.run({.dispatch = dispatch, .slots = b, .skewed = true});
+      if (b == 0) base = o;
+      else verify_same(args, "redundant_slots=" + std::to_string(b), base, o);
+      std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %d | %.2f |\n", ep::to_string(dispatch).c_str(),
+                  b, us(o.step()), double(base.step()) / double(o.step()), us(o.max_compute()),
+                  o.mean_compute() * 1e-6, max_over_mean(o.rank_rows()), o.ranks[0].dispatch.num_replicas,
+                  mb(o.total_bytes("forward/replica weights") + o.total_bytes("backward/replica gradients")));
+    }
+  }
+  (void)s;
+}
+
+void fp8_table(const BenchArgs& args, const Runner& runner) {
+  (void)args;
+  std::printf("\n**fp8 tokens**: token bytes (tokens travel f32 otherwise: fp8 is 1/4 of them, 1/2 of bf16; "
+              "fp8_token adds one f32 scale per row; gradients stay f32)\n\n");
+  std::printf("| dispatch | fp8_tokens | fwd token MB/rank | vs f32 | forward us | step us | step f32 / this |\n"
+              "|---|---|---|---|---|---|---|\n");
+  struct Row {
+    DispatchKind dispatch;
+    bool dedup;
+    const char* name;
+  };
+  for (const Row row : {Row{DispatchKind::ring, false, "ring"}, Row{DispatchKind::alltoall, true, "alltoall dedup"}}) {
+    Outcome base;
+    double base_bytes = 0;
+    for (const TokenFormat format : {TokenFormat::f32, TokenFormat::fp8_tensor, TokenFormat::fp8_token}) {
+      const Outcome o = runner.run({.dispatch = row.dispatch, .dedup = row.dedup, .tokens = format});
+      const std::string key =
+          row.dispatch == DispatchKind::ring ? "forward/ring_all_gather tokens" : "forward/all_to_all_v tokens";
+      const double bytes = o.mean_bytes(key);
+      if (format == TokenFormat::f32) {
+        base = o;
+        base_bytes = bytes;
+      }
+      std::printf("| %s | %s | %.3f | %.3f | %.2f | %.2f | %.2f |\n", row.name,
+                  format == TokenFormat::f32 ? "off (f32)" : ep::to_string(format).c_str(), mb(bytes),
+                  bytes / base_bytes, us(o.forward()), us(o.step()), double(base.step()) / double(o.step()));
+    }
+  }
+}
+
+const std::vector<std::string>& table_names() {
+  static const std::vector<std::string> names = {"cotangent", "chunks", "remat", "dedup", "replicas", "fp8"};
+  return names;
+}
+
+}  // namespace
+
+int run_modelled_layer_bench(const BenchArgs& args) {
+  const LayerShape shape = shape_from(args);
+  std::set<std::string> tables;
+  if (args.part == "remat" || args.part == "replicas") {
+    tables.insert(args.part);
+  } else {
+    const auto it = args.values.find("tables");
+    const std::string list = it == args.values.end() ? "all" : it->second;
+    std::stringstream stream(list);
+    std::string item;
+    while (std::getline(stream, item, ',')) {
+      if (item == "all") tables.insert(table_names().begin(), table_names().end());
+      else if (std::find(table_names().begin(), table_names().end(), item) != table_names().end()) tables.insert(item);
+      else throw ConfigError("tables=" + list + ": unknown table '" + item + "'");
+    }
+  }
+  const double latency_us = args.number("link_latency_us", 2.0);
+  std::printf("EP layer fwd+bwd, clock=modelled, compute_time=modelled (compute_efficiency %.2f): R=%d ranks as "
+              "threads, N_l=%lld tokens per rank, H=%lld F=%lld E=%d K=%d, f32 tokens unless stated. Every number "
+              "is a pure function of the configuration (one run per row, no repetitions; the host CPU does not "
+              "enter). Times: the slowest rank's modelled microseconds.\n",
+              args.number("compute_efficiency", 0.5), shape.num_ranks, (long long)shape.tokens,
+              (long long)shape.hidden, (long long)shape.ffn, shape.num_experts, shape.top_k);
+  bool checked = false;
+  for (const std::string& name : hardware_names(args)) {
+    const ModelledHardware hardware = modelled_hardware(name, shape.num_ranks, latency_us, args);
+    const Runner runner(args, shape, hardware);
+    std::printf("\n### %s: links %s; %.0f TFLOP/s bf16 x %.2f, %.0f GB/s HBM\n", hardware.name.c_str(),
+                describe_links(hardware.threads.links).c_str(), hardware.peak_flops / 1e12,
+                hardware.threads.modelled.compute_efficiency, hardware.threads.modelled.memory_bytes_per_s / 1e9);
+    if (!checked) {
+      // Determinism: the same configuration twice gives the same picoseconds.
+      const Outcome a = runner.run({}), b = runner.run({});
+      if (a.step() != b.step() || a.forward() != b.forward())
+        throw InternalError("bench layer clock=modelled: two runs of one configuration differ: " +
+                            std::to_string(a.step()) + " vs " + std::to_string(b.step()) + " ps");
+      std::printf("(determinism: ring dispatch run twice, step %lld ps both times)\n", (long long)a.step());
+      checked = true;
+    }
+    if (tables.count("cotangent")) cotangent_table(args, runner);
+    if (tables.count("chunks")) chunks_table(args, runner);
+    if (tables.count("remat")) remat_table(args, runner);
+    if (tables.count("dedup")) dedup_table(args, runner, shape);
+    if (tables.count("replicas")) replicas_table(args, runner, shape);
+    if (tables.count("fp8")) fp8_table(args, runner);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace epmoe::bench
