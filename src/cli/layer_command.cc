@@ -113,12 +113,14 @@ void run_layer_command(const LayerArguments& arguments) {
   char backward[64] = "";
   if (run->gradients)
     std::snprintf(backward, sizeof backward, ", backward %.1f ms", metrics.value("backward_seconds", 0.0) * 1e3);
+  // With clock=modelled the phase times, and so the expert rate, are modelled.
   std::printf("epmoe layer: N=%lld H=%lld F=%lld E=%lld K=%d on %zu rank(s): forward %.1f ms%s, "
-              "experts %.1f GFLOP/s; %zu files + %s in %s\n",
+              "experts %.1f GFLOP/s%s; %zu files + %s in %s\n",
               static_cast<long long>(inputs.num_tokens), static_cast<long long>(inputs.hidden),
               static_cast<long long>(inputs.ffn), static_cast<long long>(inputs.num_experts), config.router.top_k,
               run->ranks.size(), metrics.value("forward_seconds", 0.0) * 1e3, backward,
-              metrics.value("expert_gflop_per_second", 0.0), file_names.size(), kMetricsFile,
+              metrics.value("expert_gflop_per_second", 0.0), settings.modelled.enabled ? " (modelled)" : "",
+              file_names.size(), kMetricsFile,
               arguments.out_dir.c_str());
   if (settings.modelled.enabled) {
     std::vector<ModelledRankTime> modelled;

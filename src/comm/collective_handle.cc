@@ -40,7 +40,26 @@ void CollectiveHandle::finish_quietly() noexcept {
     lock.lock();
   }
   // Bounded: the body's own waits end by state_->deadline, or at once when cancelled.
+  // Modelled time: the caller waits on the collective's clock like wait() -
+  // a caller blocked here while counted as running would hold back every
+  // clock behind its own, the collective's included.
+  transport::CollectiveClocks* clocks = nullptr;
+  if (state_->clock && this_thread_modelled_clock() != nullptr && !state_->done) {
+    clocks = state_->comm->collective_clocks();
+    try {
+      clocks->begin_wait(*state_->clock);
+    } catch (...) {
+      clocks = nullptr;  // not this group's thread: nothing to hold back
+    }
+  }
   state_->finished.wait(lock, [&] { return state_->done; });
+  if (clocks != nullptr) {
+    lock.unlock();
+    try {
+      clocks->end_wait(*state_->clock);
+    } catch (...) {
+    }
+  }
 }
 
 void CollectiveHandle::wait() {

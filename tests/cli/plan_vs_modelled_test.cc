@@ -117,13 +117,18 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
   // EP communication: the plan's bytes / 450 GB/s against the time each
   // rank waited on its collectives (communication + idle; token_chunks=1,
   // so nothing is hidden except the small routing exchange beside the
-  // tokens). NOT within 5%: modelled is 3.1-3.3x the plan (see
-  // DISABLED_SwitchedAllToAllReachesTheInjectionBandwidth below). Asserted
-  // as it is: the plan is a lower bound and modelled is within 4x of it.
+  // tokens). NOT within 5%: modelled is 1.08-1.23x the plan, which is a
+  // lower bound: it assumes every rank sends and receives the mean bytes,
+  // while random routing gives each (source, destination) pair ~5% more or
+  // less, so the pairwise schedule's steps drift apart and a receiver's
+  // ingress port takes two messages at once here and there (the switch's
+  // ports themselves run at full rate: tests/comm/modelled_time_test.cc,
+  // ASwitchedAllToAllRunsAtTheInjectionBandwidth); plus the count and
+  // routing exchanges and one latency per round. Asserted: within 1.3x.
   for (int r = 0; r < kRanks; ++r) {
     const double waits = rank_modelled(uniform, r, "communication_seconds") + rank_modelled(uniform, r, "idle_seconds");
     EXPECT_GE(waits, estimate.ep_seconds) << "rank " << r;
-    EXPECT_LE(waits, 4 * estimate.ep_seconds) << "rank " << r;
+    EXPECT_LE(waits, 1.3 * estimate.ep_seconds) << "rank " << r;
   }
 
   // Skewed routing (the plan's input is the same config, so its estimate is
@@ -152,33 +157,6 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
   EXPECT_GT(skewed_step, estimate.serial_seconds);
   std::printf("plan: compute %.3g s, ep %.3g s, serial %.3g s; modelled step: uniform %.3g s, skewed %.3g s\n",
               estimate.compute_seconds, estimate.ep_seconds, estimate.serial_seconds, uniform_step, skewed_step);
-}
-
-// DEFECT (src/transport/threads/emulated_links.cc, LinkSchedule::take, the
-// switched hop): an all-to-all on the switched topology runs at ~1/3 of the
-// injection bandwidth. Each message holds the sender's egress port and the
-// receiver's ingress port at once and starts at max(busy_until of both):
-// a message taken later in (entry time, stream id) order cannot use a gap
-// before a port's busy_until, so ports sit idle while messages wait. At
-// R=4 with ~530 KB per message every rank's 1.6 MB all-to-all takes 9.4 us
-// where bytes / 450 GB/s is 3.55 us (even store-and-forward through both
-// ports would be 4/3 of that); the 3 KB routing exchange launched beside it
-// ends at 10.6 us. Expected (what NVSwitch achieves and the plan assumes):
-// within 5% of the plan's bytes / link bandwidth (latency 1 ns here).
-TEST_F(PlanVsModelled, DISABLED_SwitchedAllToAllReachesTheInjectionBandwidth) {
-  const plan::PlanConfig config = layer_plan();
-  const plan::DispatchShape shape = config.dispatch_shape();
-  const double ep_bytes = plan::total_bytes(
-      plan::alltoall_collective_bytes(shape, plan::expected_alltoall_traffic(shape, false), false));
-  const plan::StepTime estimate = plan::estimate_step_time(config, ep_bytes);
-  const std::filesystem::path in = dir("in");
-  generate(in, {.tokens = kRanks * kTokensPerRank, .hidden = kHidden, .ffn = kFfn, .experts = kExperts});
-  const nlohmann::json m = run(in, dir("trace.json"), {"router=random", "seed=1"});
-  ASSERT_FALSE(m.is_null());
-  for (int r = 0; r < kRanks; ++r) {
-    const double waits = rank_modelled(m, r, "communication_seconds") + rank_modelled(m, r, "idle_seconds");
-    EXPECT_NEAR(waits / estimate.ep_seconds, 1.0, 0.05) << "rank " << r;
-  }
 }
 
 }  // namespace

@@ -179,6 +179,30 @@ TEST_P(ModelledRing, TheSameRunTwiceGivesTheSameTimesToThePicosecond) {
   for (int repeat = 0; repeat < 5; ++repeat) EXPECT_EQ(run(), first) << "repeat " << repeat;
 }
 
+TEST_P(ModelledRing, ASwitchedAllToAllRunsAtTheInjectionBandwidth) {
+  // Equal messages to every peer through a switch: each rank's egress port
+  // sends its R-1 messages back to back and every ingress port takes one per
+  // step (the pairwise schedule is a permutation per step), so each extra
+  // byte per peer costs R-1 byte times at the egress - the whole injection
+  // bandwidth is used.
+  const int R = GetParam();
+  auto run = [&](std::int64_t per_peer) {
+    Picoseconds end = 0;
+    run_ranks(R, modelled(LinkTopology::switched), [&](Communicator& comm) {
+      std::vector<float> input(static_cast<std::size_t>(per_peer * R), 1.0f);
+      std::vector<std::byte> output;
+      std::vector<std::int64_t> recv_counts;
+      all_to_all_v(comm, {.input = input.data(), .send_counts = std::vector<std::int64_t>(R, per_peer),
+                          .output = &output, .recv_counts = &recv_counts, .tag = 4})
+          .wait();
+      if (comm.rank() == 0) end = this_thread_modelled_clock()->now();
+    });
+    return end;
+  };
+  const Picoseconds small = run(1000), large = run(2000);
+  EXPECT_EQ(large - small, (R - 1) * (serialise(8000) - serialise(4000)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ModelledRing, ::testing::Values(2, 3, 4, 5, 8));
 
 TEST(ModelledLinks, MessagesOnOneLinkDirectionAreSerialised) {

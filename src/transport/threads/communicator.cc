@@ -60,6 +60,11 @@ class ThreadsRequest final : public Request {
     if (timeline != nullptr) timeline->begin_request_wait(state_.virtual_request);
     {
       std::unique_lock<std::mutex> lock(mailbox_.mutex);
+      // Modelled time: a send's completion is the link's, not the receiver's,
+      // and a receiver behind in virtual time may be waiting for this
+      // sender's clock to move on - so the sender does not wait for the
+      // receive to be posted: it leaves a copy of the bytes in the mailbox.
+      if (timeline != nullptr && is_send_ && state_.phase == RequestPhase::queued) stage_locked();
       for (;;) {
         const Clock::time_point now = Clock::now();
         if (check_locked(now)) break;
@@ -95,6 +100,26 @@ class ThreadsRequest final : public Request {
                                [&](const Queue& entry) { return entry.state == &state_; }),
                 queue.end());
     if (queue.empty()) queues.erase(it);
+  }
+
+  // Moves this queued send's bytes and state into its mailbox entry (above).
+  // Caller holds the lock.
+  void stage_locked() {
+    auto found = mailbox_.unmatched_sends.find(Mailbox::Key{rank_, tag_});
+    EPMOE_CHECK(found != mailbox_.unmatched_sends.end());
+    for (QueuedSend& entry : found->second) {
+      if (entry.state != &state_) continue;
+      auto staged = std::make_shared<QueuedSend::Staged>();
+      const auto* bytes = static_cast<const std::byte*>(entry.data);
+      staged->bytes.assign(bytes, bytes + entry.num_bytes);
+      world_.timeline()->stage(state_.virtual_request, staged->state.virtual_request);
+      entry.data = staged->bytes.data();
+      entry.state = &staged->state;
+      entry.staged = std::move(staged);
+      state_.phase = RequestPhase::done;  // the buffer is free: the mailbox holds the copy
+      return;
+    }
+    EPMOE_CHECK(false);  // a queued send is in its mailbox
   }
 
   // True when complete; throws on failure or abort. Caller holds the lock.

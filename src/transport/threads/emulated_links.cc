@@ -111,13 +111,27 @@ std::vector<LinkHop> LinkPaths::path(int src, int dst) const {
   return hops;
 }
 
+Picoseconds LinkSchedule::take_link(int resource, Picoseconds ready, Picoseconds serialise, Picoseconds not_before) {
+  Picoseconds& busy = busy_until_[static_cast<std::size_t>(resource)];
+  busy = std::max(std::max(ready, busy) + serialise, not_before);
+  return busy;
+}
+
 Picoseconds LinkSchedule::take(const LinkHop& hop, std::int64_t num_bytes, Picoseconds ready,
                                Picoseconds* pushed_out) {
-  Picoseconds start = ready;
-  for (int i = 0; i < hop.num_resources; ++i) start = std::max(start, busy_until_[hop.resources[i]]);
-  const Picoseconds done = start + seconds_to_picoseconds(static_cast<double>(num_bytes) / hop.bytes_per_second);
-  for (int i = 0; i < hop.num_resources; ++i) busy_until_[hop.resources[i]] = done;
+  const Picoseconds serialise = seconds_to_picoseconds(static_cast<double>(num_bytes) / hop.bytes_per_second);
+  // The first link (or egress port) sends as soon as it is free; an ingress
+  // port after it starts no earlier than the bytes do and no earlier than it
+  // is free, and its last byte cannot pass before the egress's.
+  Picoseconds start = std::max(ready, busy_until_[hop.resources[0]]);
+  Picoseconds done = start + serialise;
+  busy_until_[hop.resources[0]] = done;
   if (pushed_out != nullptr) *pushed_out = done;
+  for (int i = 1; i < hop.num_resources; ++i) {
+    start = std::max(start, busy_until_[hop.resources[i]]);
+    done = std::max(done, start + serialise);
+    busy_until_[hop.resources[i]] = done;
+  }
   return done + hop.latency;
 }
 

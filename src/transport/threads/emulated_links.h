@@ -20,9 +20,13 @@
 //  * full_mesh: a dedicated link for every ordered pair (one hop);
 //  * ring: links between neighbours r and r±1 only; a message to a rank h
 //    hops away takes the shorter way (clockwise on ties) over h hops;
-//  * switched (NVLink + NVSwitch): one hop that holds the sender's egress
-//    port and the receiver's ingress port at once (cut-through at the
-//    switch), so a rank's sends share its injection bandwidth;
+//  * switched (NVLink + NVSwitch): one hop through the sender's egress port
+//    and the receiver's ingress port, cut-through with buffering in the
+//    switch: the egress port serialises the rank's sends (they share its
+//    injection bandwidth) and is free again when the last byte left; the
+//    ingress port takes the bytes as they come, once it is free, so the
+//    last byte arrives when both ports have passed it (plus latency). A busy
+//    receiver delays the arrival, not the sender's next message;
 //  * two_level: ranks in groups of group_size; inside a group as switched,
 //    between groups one hop over the sender's and the receiver's scale-out
 //    ports (NICs) at scale_out_bandwidth and scale_out_latency.
@@ -54,7 +58,8 @@ struct EmulatedLinkOptions {
   void validate() const;  // throws ConfigError naming the key
 };
 
-// One hop of a message's path: the links (resources) it holds at once.
+// One hop of a message's path: one link, or (switched) an egress then an
+// ingress port, the second taking the bytes as the first passes them.
 struct LinkHop {
   std::array<int, 2> resources{};
   int num_resources = 0;
@@ -84,6 +89,10 @@ class LinkSchedule {
   // returns when the last byte left (`pushed_out`) and when it arrived at the
   // hop's end (the return value).
   Picoseconds take(const LinkHop& hop, std::int64_t num_bytes, Picoseconds ready, Picoseconds* pushed_out);
+  // One link of a hop: busy from max(ready, free) for `serialise`, and not
+  // done before `not_before` (the bytes of a cut-through port cannot pass
+  // before they arrived). Returns when its last byte passed.
+  Picoseconds take_link(int resource, Picoseconds ready, Picoseconds serialise, Picoseconds not_before);
 
  private:
   std::vector<Picoseconds> busy_until_;

@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "transport/communicator.h"
 #include "transport/threads/virtual_timeline.h"
@@ -40,10 +42,18 @@ struct QueuedSend {
   std::int64_t num_bytes;
   Clock::time_point send_done;  // emulated link timing, fixed when posted
   Clock::time_point arrival;
-  RequestState* state;  // owned by the sender's Request
+  RequestState* state;  // owned by the sender's Request (or by `staged`)
   TraceTrack trace;     // wall clock: where the message's event goes
   double posted_us;
   Clock::time_point posted_at;
+  // clock=modelled: a send whose sender stopped waiting for the receive (its
+  // virtual completion does not depend on the receiver) keeps a copy of its
+  // bytes and a state of its own here; data and state then point into it.
+  struct Staged {
+    std::vector<std::byte> bytes;
+    RequestState state;
+  };
+  std::shared_ptr<Staged> staged;
 };
 struct QueuedRecv {
   void* data;

@@ -137,6 +137,11 @@ struct VirtualTimeline::HopEvent {
   std::uint64_t stream_id;
   std::uint64_t message_number;
   int hop;
+  // A switched hop is taken in two events: its egress port when the message
+  // enters, its ingress port when the egress starts sending (so ingress
+  // ports serve messages in the order their bytes start to flow).
+  int port = 0;
+  Picoseconds egress_done = 0;
   std::shared_ptr<VirtualMessage> message;
 };
 
@@ -146,7 +151,8 @@ bool VirtualTimeline::LaterEvent::operator()(const HopEvent& a, const HopEvent& 
   if (a.rank != b.rank) return a.rank > b.rank;
   if (a.stream_id != b.stream_id) return a.stream_id > b.stream_id;
   if (a.message_number != b.message_number) return a.message_number > b.message_number;
-  return a.hop > b.hop;
+  if (a.hop != b.hop) return a.hop > b.hop;
+  return a.port > b.port;
 }
 
 VirtualTimeline::VirtualTimeline(int num_ranks, const EmulatedLinkOptions& links, const ModelledTimeOptions& options)
@@ -233,18 +239,29 @@ void VirtualTimeline::resolve_locked() {
     HopEvent event = events_.top();
     events_.pop();
     VirtualMessage& m = *event.message;
-    Picoseconds pushed_out = 0;
-    const Picoseconds reached = schedule_.take(m.path[static_cast<std::size_t>(event.hop)], m.num_bytes,
-                                               event.time, &pushed_out);
+    const LinkHop& hop = m.path[static_cast<std::size_t>(event.hop)];
+    const Picoseconds serialise = seconds_to_picoseconds(static_cast<double>(m.num_bytes) / hop.bytes_per_second);
     resolved_any = true;
-    if (event.hop == 0) {
+    Picoseconds pushed_out = 0, reached = 0;
+    if (event.port == 0) {
+      pushed_out = schedule_.take_link(hop.resources[0], event.time, serialise, 0);
+      if (hop.num_resources == 2) {  // the ingress port next, from when the egress starts
+        events_.push({pushed_out - serialise, event.launch_number, event.rank, event.stream_id, event.message_number,
+                      event.hop, 1, pushed_out, event.message});
+      }
+      reached = pushed_out + hop.latency;
+    } else {
+      reached = schedule_.take_link(hop.resources[1], event.time, serialise, event.egress_done) + hop.latency;
+    }
+    if (event.hop == 0 && event.port == 0) {
       m.send_done = pushed_out;
       m.send_known = true;
       lower_gvt_for(m.send);
     }
+    if (event.port == 0 && hop.num_resources == 2) continue;  // arrives after its ingress event
     if (static_cast<std::size_t>(event.hop) + 1 < m.path.size()) {
-      events_.push({reached, event.launch_number, event.rank, event.stream_id, event.message_number, event.hop + 1,
-                    event.message});
+      events_.push({reached, event.launch_number, event.rank, event.stream_id, event.message_number, event.hop + 1, 0,
+                    0, event.message});
       continue;
     }
     m.arrival = reached;
@@ -329,7 +346,7 @@ void VirtualTimeline::post_send(int src, int dst, std::int64_t num_bytes, Virtua
     message->send_known = message->arrival_known = true;
     return;
   }
-  events_.push({message->posted, sender.launch_number_, src, sender.id_, number, 0, message});
+  events_.push({message->posted, sender.launch_number_, src, sender.id_, number, 0, 0, 0, message});
   resolve_locked();
 }
 
@@ -340,6 +357,12 @@ void VirtualTimeline::matched(VirtualRequest& receive, const VirtualRequest& sen
   if (receive.message) receive.message->receive = &receive;
   resolve_locked();  // a receiver blocked on it may now have a known completion
   changed_.notify_all();
+}
+
+void VirtualTimeline::stage(const VirtualRequest& send, VirtualRequest& staged) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  staged.message = send.message;
+  staged.is_send = true;
 }
 
 void VirtualTimeline::release(VirtualRequest& request) {
@@ -374,11 +397,16 @@ void VirtualTimeline::wait_for_completion(VirtualRequest& request, Deadline dead
     completion(request, &known);
     if (known) return;
     const bool timed_out = Clock::now() >= deadline;
+    // check() takes the mailbox lock, which must not be taken under ours;
+    // an abort between it and the sleep below shows as a new wake-up
+    // generation, so it is never slept through.
+    const std::uint64_t generation = wake_generation_;
     lock.unlock();
     check(timed_out);  // throws on abort, cancel or timeout
     lock.lock();
     completion(request, &known);
     if (known) return;
+    if (wake_generation_ != generation) continue;
     changed_.wait_until(lock, deadline);
   }
 }
@@ -419,6 +447,7 @@ bool VirtualTimeline::completed_by_now(const VirtualRequest& request) {
 
 void VirtualTimeline::wake_all() {
   std::lock_guard<std::mutex> lock(mutex_);
+  ++wake_generation_;
   changed_.notify_all();
 }
 

@@ -97,6 +97,9 @@ class VirtualTimeline final : public CollectiveClocks {
   void post_send(int src, int dst, std::int64_t num_bytes, detail::VirtualRequest& request);
   // The mailbox matched a receive with its send.
   void matched(detail::VirtualRequest& receive, const detail::VirtualRequest& send);
+  // A queued send's bytes moved into the mailbox (threads/mailbox.h): its
+  // receive will be matched with `staged`, which carries the same message.
+  void stage(const detail::VirtualRequest& send, detail::VirtualRequest& staged);
   // A request is going away: forget it.
   void release(detail::VirtualRequest& request);
   // Blocks the calling thread's stream on `request` until its completion is
@@ -129,6 +132,7 @@ class VirtualTimeline final : public CollectiveClocks {
   LinkPaths paths_;
   mutable std::mutex mutex_;  // guards everything below and every stream's mutable state
   std::condition_variable changed_;
+  std::uint64_t wake_generation_ = 0;  // counts wake_all() calls (abort, cancel)
   LinkSchedule schedule_;
   std::vector<std::unique_ptr<VirtualStream>> rank_streams_;
   std::vector<VirtualStream*> live_;  // streams that may still post
