@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <utility>
 
-#include "core/modelled_clock.h"
 #include "core/error.h"
 #include "core/finite_check.h"
+#include "core/modelled_clock.h"
 #include "ep/local_dispatcher.h"
 #include "ep/replica_exchange.h"
 #include "kernels/gemm.h"
