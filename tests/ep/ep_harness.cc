@@ -50,6 +50,8 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
 
   transport::threads::ThreadsOptions threads_options;
   threads_options.compute_threads_per_rank = 1;
+  threads_options.modelled = options.modelled;
+  if (options.modelled.enabled) threads_options.links = options.links;
   transport::threads::run_ranks(num_ranks, threads_options, [&](transport::Communicator& comm) {
     const int r = comm.rank();
     std::int64_t t0 = n * r / num_ranks, t1 = n * (r + 1) / num_ranks;

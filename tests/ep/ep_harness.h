@@ -10,6 +10,7 @@
 
 #include "ep/ep_config.h"
 #include "moe/moe_layer.h"
+#include "transport/threads/launcher.h"
 #include "reference_moe.h"
 
 namespace epmoe::testing {
@@ -28,6 +29,9 @@ struct EpRunOptions {
   // Tokens each rank holds, in rank order, summing to N (3 and 5 on two
   // ranks, zeros allowed); empty: rank r holds [r·N/R, (r+1)·N/R).
   std::vector<std::int64_t> tokens_by_rank = {};
+  // clock=modelled (transport/threads/virtual_timeline.h) and its links; off: wall.
+  transport::threads::ModelledTimeOptions modelled = {};
+  transport::threads::EmulatedLinkOptions links = {};
 };
 
 // What one rank's memory ledger and layer saw.

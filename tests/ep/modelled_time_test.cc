@@ -1,0 +1,93 @@
+// The layer on the modelled clock (clock=modelled): ranks as threads, R in
+// {2, 3, 4}, ring and switched links. The clock changes when things happen,
+// never what is computed: every dispatcher gives the same bits on both
+// clocks, and its modelled times are the same run to run. Under TSan this
+// is the virtual timeline's shared state exercised by every dispatcher
+// (staged sends, replica messages, collectives in flight side by side).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+
+#include "balance/routing_skew.h"
+#include "ep_harness.h"
+
+namespace epmoe {
+namespace {
+
+using testing::EpRunOptions;
+using testing::EpRunResult;
+using testing::MoeProblem;
+using transport::threads::LinkTopology;
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.size_bytes() == b.size_bytes() &&
+         std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.size_bytes())) == 0;
+}
+
+void expect_same_bits(const EpRunResult& a, const EpRunResult& b, const std::string& what) {
+  EXPECT_TRUE(same_bits(a.y, b.y)) << what << " y";
+  EXPECT_TRUE(same_bits(a.topk_ids, b.topk_ids)) << what << " topk_ids";
+  EXPECT_TRUE(same_bits(a.grads.dx, b.grads.dx)) << what << " dx";
+  EXPECT_TRUE(same_bits(a.grads.dgate, b.grads.dgate)) << what << " dgate";
+  EXPECT_TRUE(same_bits(a.grads.dwi0, b.grads.dwi0)) << what << " dwi0";
+  EXPECT_TRUE(same_bits(a.grads.dwi1, b.grads.dwi1)) << what << " dwi1";
+  EXPECT_TRUE(same_bits(a.grads.dwo, b.grads.dwo)) << what << " dwo";
+}
+
+struct Variant {
+  std::string name;
+  ep::DispatchKind dispatch;
+  bool dedup = false;
+  int chunks = 1;
+  ep::TokenFormat tokens = ep::TokenFormat::f32;
+  int redundant_slots = 0;
+};
+
+class ModelledLayer : public ::testing::TestWithParam<std::tuple<int, LinkTopology>> {};
+
+TEST_P(ModelledLayer, EveryDispatcherGivesTheSameBitsOnBothClocks) {
+  const auto [num_ranks, topology] = GetParam();
+  const int num_experts = 2 * num_ranks;
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 2};
+  MoeProblem p = testing::make_problem(12 * num_ranks, 8, 6, router, 40 + num_ranks);
+  const std::vector<float> bias = balance::zipf_selection_bias(
+      {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2,
+       .placement = balance::HotExpertPlacement::packed, .scale = 1.0});
+  for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
+  const std::vector<Variant> variants = {
+      {"alltoall", ep::DispatchKind::alltoall},
+      {"alltoall dedup chunks=2", ep::DispatchKind::alltoall, true, 2},
+      {"ring fp8 chunks=2", ep::DispatchKind::ring, false, 2, ep::TokenFormat::fp8_token},
+      {"alltoall dedup replicas", ep::DispatchKind::alltoall, true, 1, ep::TokenFormat::f32, 1},
+      {"ring replicas", ep::DispatchKind::ring, false, 1, ep::TokenFormat::f32, 1},
+  };
+  for (const Variant& v : variants) {
+    EpRunOptions options{.num_ranks = num_ranks, .dispatch = v.dispatch};
+    options.ep.dedup = v.dedup;
+    options.ep.num_chunks = v.chunks;
+    options.ep.token_format = v.tokens;
+    if (v.redundant_slots > 0) {
+      options.ep.balance = ep::BalanceMode::dynamic;
+      options.ep.redundant_slots = v.redundant_slots;
+      options.ep.rebalance_threshold = 1.0;
+    }
+    const EpRunResult wall = testing::run_ep_layer(p, options);
+    options.modelled = {.enabled = true, .peak_flops = 1e12, .compute_efficiency = 0.5, .memory_bytes_per_s = 1e12};
+    options.links.bandwidth_gb_per_s = 10;
+    options.links.latency_us = 1;
+    options.links.topology = topology;
+    const EpRunResult modelled = testing::run_ep_layer(p, options);
+    const std::string what = v.name + " R=" + std::to_string(num_ranks) + " " +
+                             transport::threads::link_topology_name(topology);
+    expect_same_bits(modelled, wall, what);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndLinks, ModelledLayer,
+                         ::testing::Combine(::testing::Values(2, 3, 4),
+                                            ::testing::Values(LinkTopology::ring, LinkTopology::switched)));
+
+}  // namespace
+}  // namespace epmoe
