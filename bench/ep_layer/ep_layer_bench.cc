@@ -19,11 +19,20 @@
 //     after the plan, replicas placed, and the weight bytes moved per step
 //     (replica weights forward + replica gradients backward, all ranks; the
 //     weight version changes every step, as in training).
+//
+// trace_file=PATH (every part, both clocks): a Chrome trace (Perfetto UI) of
+// one forward + backward of the bench's first configuration, recorded with
+// the TraceRecorder of `epmoe layer trace_file=` (core/trace_recorder.h).
+// On the wall clock that is one extra, untimed run before the timed ones (on
+// the same emulated links): the default bench's alltoall variant, remat's
+// first policy (minimal, N_l = tokens_per_rank), replicas' spread alltoall
+// with B = 0. On the modelled clock, the first run of its determinism check.
 #include "ep_layer_bench.h"
 
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +41,7 @@
 #include "comm/barrier.h"
 #include "core/memory_ledger.h"
 #include "core/timer.h"
+#include "core/trace_recorder.h"
 #include "modelled_hardware.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -42,6 +52,13 @@
 namespace epmoe::bench {
 
 int run_modelled_layer_bench(const BenchArgs& args);  // modelled_layer_bench.cc
+
+void write_layer_trace(const TraceRecorder& trace, const std::string& path, const std::string& what) {
+  trace.write(path);  // FileError naming the path
+  std::printf("trace: %s (%zu events: one forward + backward, %s; open in https://ui.perfetto.dev)\n", path.c_str(),
+              trace.num_events(), what.c_str());
+  std::fflush(stdout);
+}
 
 namespace {
 
@@ -88,12 +105,63 @@ LayerShape shape_from(const BenchArgs& args) {
 transport::threads::ThreadsOptions links_from(const BenchArgs& args) {
   transport::threads::ThreadsOptions threads;
   threads.links.enabled = args.number("link_gbps", 0.5) > 0;
-  threads.links.bandwidth_gb_per_s = args.number("link_gbps", 0.5);
+  // link_gbps=0: no emulation (the options keep their default rate, which
+  // validation wants > 0 even when disabled).
+  if (threads.links.enabled) threads.links.bandwidth_gb_per_s = args.number("link_gbps", 0.5);
   threads.links.latency_us = args.number("link_latency_us", 5);
   threads.links.topology = args.values.count("topology") && args.values.at("topology") == "ring"
                                ? transport::threads::LinkTopology::ring
                                : transport::threads::LinkTopology::full_mesh;
   return threads;
+}
+
+std::string trace_file(const BenchArgs& args) {
+  const auto it = args.values.find("trace_file");
+  return it == args.values.end() ? "" : it->second;
+}
+
+// The bench's first configuration, for trace_file= on the wall clock.
+struct TracedConfig {
+  std::string name;
+  ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
+  std::int64_t tokens = 0;                  // per rank
+  ep::RematPolicy remat = {};               // remat_policy=minimal
+  const std::vector<float>* bias = nullptr;  // sigmoid_grouped routing with this selection bias
+};
+
+// trace_file=PATH on the wall clock: one untimed forward + backward of
+// `config` on the bench's links, traced, then written (before the timed runs,
+// so an unwritable path fails at once).
+void trace_first_configuration(const BenchArgs& args, const LayerShape& shape,
+                               transport::threads::ThreadsOptions threads, const TracedConfig& config) {
+  const std::string path = trace_file(args);
+  if (path.empty()) return;
+  TraceRecorder trace;
+  threads.trace = &trace;
+  transport::threads::run_ranks(shape.num_ranks, threads, [&](transport::Communicator& comm) {
+    Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
+    Rng shared(11);
+    const int el = shape.num_experts / shape.num_ranks;
+    Tensor gate = random_tensor({shape.hidden, shape.num_experts}, shared, 1.0 / std::sqrt(double(shape.hidden)));
+    Tensor x = random_tensor({config.tokens, shape.hidden}, rng, 1.0);
+    Tensor dy = random_tensor({config.tokens, shape.hidden}, rng, 1.0);
+    Tensor wi0 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
+    Tensor wi1 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
+    Tensor wo = random_tensor({el, shape.ffn, shape.hidden}, rng, 1.0 / std::sqrt(double(shape.ffn)));
+    Tensor bias(DType::f32, {shape.num_experts});
+    if (config.bias)
+      for (int e = 0; e < shape.num_experts; ++e) bias.data<float>()[e] = (*config.bias)[static_cast<std::size_t>(e)];
+    ep::EpConfig ep_config{.num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden,
+                           .tag_base = 1 << 20};
+    MoeLayer layer({.hidden = shape.hidden, .ffn = shape.ffn,
+                    .router = {.kind = config.bias ? RouterKind::sigmoid_grouped : RouterKind::softmax_topk,
+                               .num_experts = shape.num_experts, .top_k = shape.top_k},
+                    .remat = config.remat},
+                   ep::make_dispatcher(config.dispatch, comm, ep_config));
+    layer.forward(x, {&gate, &wi0, &wi1, &wo, config.bias ? &bias : nullptr});
+    layer.backward(dy);
+  });
+  write_layer_trace(trace, path, config.name + ", wall clock, untimed");
 }
 
 // The remat trade: per policy and batch size, what backward keeps, how long
@@ -106,7 +174,13 @@ int run_remat_bench(const BenchArgs& args) {
   std::printf("remat policies, %s dispatch, R=%d, H=%lld F=%lld E=%d K=%d, links %.2f GB/s; "
               "backward median of %d (rank 0)\n",
               ring ? "ring" : "alltoall", base.num_ranks, (long long)base.hidden, (long long)base.ffn,
-              base.num_experts, base.top_k, threads.links.bandwidth_gb_per_s, repetitions);
+              base.num_experts, base.top_k, threads.links.enabled ? threads.links.bandwidth_gb_per_s : 0.0,
+              repetitions);
+  trace_first_configuration(args, base, threads,
+                            {.name = std::string(ring ? "ring" : "alltoall") + " remat_policy=minimal",
+                             .dispatch = ring ? ep::DispatchKind::ring : ep::DispatchKind::alltoall,
+                             .tokens = base.tokens,
+                             .remat = ep::RematPolicy::preset("remat_policy", "minimal")});
   std::printf("%-8s %-14s %16s %14s %16s %18s\n", "N_l", "policy", "saved peak MB", "backward ms",
               "backward MB sent", "recomputed MB");
   for (const std::int64_t tokens : {base.tokens, 4 * base.tokens}) {
@@ -177,8 +251,17 @@ int run_replicas_bench(const BenchArgs& args) {
               "routing with Zipf s=%.2f selection bias (scale %.2f); links %.2f GB/s %.0f us; one expert's "
               "weights = %.2f MB\n",
               shape.num_ranks, (long long)shape.tokens, (long long)shape.hidden, (long long)shape.ffn,
-              shape.num_experts, shape.top_k, zipf, skew_scale, threads.links.bandwidth_gb_per_s,
+              shape.num_experts, shape.top_k, zipf, skew_scale,
+              threads.links.enabled ? threads.links.bandwidth_gb_per_s : 0.0,
               threads.links.latency_us, expert_bytes / 1e6);
+  {
+    const std::vector<float> spread = balance::zipf_selection_bias(
+        {.num_experts = shape.num_experts, .num_ranks = shape.num_ranks, .zipf_exponent = zipf,
+         .placement = balance::HotExpertPlacement::spread, .scale = skew_scale});
+    trace_first_configuration(args, shape, threads,
+                              {.name = "spread alltoall B=0", .dispatch = ep::DispatchKind::alltoall,
+                               .tokens = shape.tokens, .bias = &spread});
+  }
   std::printf("%-8s %-9s %3s %10s %8s %9s %9s %9s %14s %14s %9s\n", "hot", "dispatch", "B", "median ms",
               "speedup", "max/mean", "after", "replicas", "weights MB/st", "grads MB/step", "plan us");
   for (const auto placement : {balance::HotExpertPlacement::spread, balance::HotExpertPlacement::packed}) {
@@ -307,6 +390,8 @@ int run_ep_layer_bench(int argc, char** argv) {
                                        transport::threads::link_topology_name(threads.links.topology))
                                           .c_str()
                                     : "unthrottled");
+  trace_first_configuration(args, shape, threads,
+                            {.name = variants[0].name, .dispatch = variants[0].dispatch, .tokens = tokens});
   std::map<std::string, Result> results;
   for (const Variant& v : variants) {
     Result& result = results[v.name];

@@ -28,12 +28,14 @@
 // compute_efficiency, memory-bound steps at its HBM bandwidth), so every
 // number is a pure function of the configuration: one run per row, no
 // repetitions. The first configuration is run twice to show it; a
-// configuration two tables share is run once.
+// configuration two tables share is run once. trace_file=PATH writes the
+// trace of the first of those two runs (ring dispatch, the first preset).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -44,12 +46,17 @@
 #include "core/error.h"
 #include "core/memory_ledger.h"
 #include "core/rng.h"
+#include "core/trace_recorder.h"
 #include "ep/collective_tags.h"
 #include "ep/ep_config.h"
 #include "modelled_hardware.h"
 #include "moe/moe_layer.h"
 
 namespace epmoe::bench {
+
+// trace_file=: writes `trace` (FileError naming the path) and says so.
+void write_layer_trace(const TraceRecorder& trace, const std::string& path, const std::string& what);  // ep_layer_bench.cc
+
 namespace {
 
 using ep::CotangentAllGather;
@@ -201,8 +208,6 @@ class Runner {
                                           .scale = args.number("skew_scale", 0.15)});
   }
 
-  const transport::threads::EmulatedLinkOptions& links() const { return hardware_.threads.links; }
-
   // Runs `c` once; the tables share their baselines (ring f32 with one
   // chunk appears in five), so a configuration already run is not run again
   // (deterministic: it would give the same picoseconds).
@@ -213,12 +218,16 @@ class Runner {
     return it->second;
   }
 
-  Outcome run_uncached(const Case& c) const {
+  // With `trace`, every rank's phases, compute and collectives are recorded
+  // there (modelled microseconds; it does not change a picosecond).
+  Outcome run_uncached(const Case& c, TraceRecorder* trace = nullptr) const {
     const LayerShape& s = shape_;
     Outcome outcome;
     outcome.ranks.resize(static_cast<std::size_t>(s.num_ranks));
     std::mutex mutex;
-    transport::threads::run_ranks(s.num_ranks, hardware_.threads, [&](transport::Communicator& comm) {
+    transport::threads::ThreadsOptions threads = hardware_.threads;
+    threads.trace = trace;
+    transport::threads::run_ranks(s.num_ranks, threads, [&](transport::Communicator& comm) {
       Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
       Rng shared(11);  // the replicated gate: the same on every rank
       const int el = s.num_experts / s.num_ranks;
@@ -456,16 +465,6 @@ void replicas_table(const BenchArgs& args, const Runner& runner, const LayerShap
   for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     Outcome base;
     for (const int b : slots) {
-      // Known hang (src/, reported): the all-to-all with replicas on the
-      // ring link topology (the TPU presets) never completes on the modelled
-      // clock (backward all_to_all_v dweights times out); skipped, not hidden.
-      if (dispatch == DispatchKind::alltoall && b > 0 &&
-          runner.links().topology == transport::threads::LinkTopology::ring) {
-        std::printf("| %s | %d | skipped: hangs on the modelled clock with link topology ring (src/ bug) "
-                    "| | | | | | |\n",
-                    ep::to_string(dispatch).c_str(), b);
-        continue;
-      }
       const Outcome& o = runner.run({.dispatch = dispatch, .slots = b, .skewed = true});
       if (b == 0) base = o;
       else verify_same(args, "redundant_slots=" + std::to_string(b), base, o);
@@ -532,6 +531,8 @@ int run_modelled_layer_bench(const BenchArgs& args) {
     }
   }
   const double latency_us = args.number("link_latency_us", 2.0);
+  const auto trace_it = args.values.find("trace_file");
+  const std::string trace_file = trace_it == args.values.end() ? "" : trace_it->second;
   std::printf("EP layer fwd+bwd, clock=modelled, compute_time=modelled (compute_efficiency %.2f): R=%d ranks as "
               "threads, N_l=%lld tokens per rank, H=%lld F=%lld E=%d K=%d, f32 tokens unless stated. Every number "
               "is a pure function of the configuration (one run per row, no repetitions; the host CPU does not "
@@ -546,12 +547,17 @@ int run_modelled_layer_bench(const BenchArgs& args) {
                 describe_links(hardware.threads.links).c_str(), hardware.peak_flops / 1e12,
                 hardware.threads.modelled.compute_efficiency, hardware.threads.modelled.memory_bytes_per_s / 1e9);
     if (!checked) {
-      // Determinism: the same configuration twice gives the same picoseconds.
-      const Outcome a = runner.run_uncached({}), b = runner.run_uncached({});
+      // Determinism: the same configuration twice gives the same picoseconds
+      // (the first run traced with trace_file=, so tracing is checked not to
+      // move them either).
+      std::optional<TraceRecorder> trace;
+      if (!trace_file.empty()) trace.emplace();
+      const Outcome a = runner.run_uncached({}, trace ? &*trace : nullptr), b = runner.run_uncached({});
       if (a.step() != b.step() || a.forward() != b.forward())
         throw InternalError("bench layer clock=modelled: two runs of one configuration differ: " +
                             std::to_string(a.step()) + " vs " + std::to_string(b.step()) + " ps");
       std::printf("(determinism: ring dispatch run twice, step %lld ps both times)\n", (long long)a.step());
+      if (trace) write_layer_trace(*trace, trace_file, "the first of those runs, " + hardware.name);
       checked = true;
     }
     if (tables.count("cotangent")) cotangent_table(args, runner);

@@ -141,6 +141,11 @@ KeyGroup layer_bench_keys() {
           {.name = "tables", .type = KeyType::text, .default_value = "all",
            .help = "clock=modelled, no part: comma-separated tables (cotangent, chunks, remat, dedup, replicas, "
                    "fp8) or all; the parts remat and replicas print their table"},
+          {.name = "trace_file", .type = KeyType::text, .default_value = "",
+           .help = "write a Chrome trace (Perfetto UI, chrome://tracing) of one forward + backward of the bench's "
+                   "first configuration, every rank's phases, compute and collectives, in the run's clock (wall: "
+                   "an extra untimed run before the timed ones; clock=modelled: the determinism check's first run, "
+                   "ring dispatch, first preset) to this path; empty = none"},
       },
   };
   for (KeySpec& key : timing_keys()) group.keys.push_back(std::move(key));
@@ -303,8 +308,8 @@ void add_bench_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "bench",
       "Run a benchmark: collectives [links|overlap|mpi] (ring all-gather, reduce-scatter, all-to-all-v "
-      "vs bounds and MPI), layer [remat|replicas] (expert-parallel layer per dispatcher / remat policy / dynamic replicas under Zipf skew, on emulated links); "
-      "clock=modelled: the same on the modelled clock per hardware preset (docs/BENCHMARKS.md, Modelled time)");
+      "vs bounds and MPI), layer [remat|replicas] (expert-parallel layer per dispatcher / remat policy / dynamic replicas under Zipf skew, on emulated links; "
+      "trace_file=PATH traces its first configuration); clock=modelled: the same on the modelled clock per hardware preset (docs/BENCHMARKS.md, Modelled time)");
   auto which = std::make_shared<std::string>();
   auto rest = std::make_shared<std::vector<std::string>>();
   command->add_option("benchmark", *which, "collectives or layer")->required();
