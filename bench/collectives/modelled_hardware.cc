@@ -39,16 +39,13 @@ ModelledHardware modelled_hardware(const std::string& name, int num_ranks, doubl
   threads.modelled.compute_efficiency = args.number("compute_efficiency", 0.5);
   transport::threads::EmulatedLinkOptions& links = threads.links;
   links.enabled = false;  // the modelled clock uses the links itself
-  links.bandwidth_gb_per_s = hardware.link_bytes_per_s / 1e9;
   links.latency_us = latency_us;
-  if (hardware.interconnect == plan::Interconnect::torus) {
-    links.topology = transport::threads::LinkTopology::ring;
-  } else if (num_ranks > hardware.scale_up_devices) {
-    links.topology = transport::threads::LinkTopology::two_level;
-    links.group_size = static_cast<int>(hardware.scale_up_devices);
-    links.scale_out_bandwidth_gb_per_s = hardware.scale_out_bytes_per_s / 1e9;
-  } else {
-    links.topology = transport::threads::LinkTopology::switched;
+  const plan::EpGroupLinks group = plan::ep_group_links(hardware, num_ranks);
+  links.topology = transport::threads::parse_link_topology("hardware", group.topology);
+  links.bandwidth_gb_per_s = group.bytes_per_s / 1e9;
+  if (links.topology == transport::threads::LinkTopology::two_level) {
+    links.group_size = static_cast<int>(group.group_size);
+    links.scale_out_bandwidth_gb_per_s = group.scale_out_bytes_per_s / 1e9;
   }
   threads.validate();
   return out;

@@ -1,11 +1,6 @@
 // clock=modelled for the benchmarks (DESIGN.md §4.11): the hardware presets
-// of plan/hardware.h turned into threads-transport options, with the same
-// mapping as `epmoe layer clock=modelled` (cli/modelled_time_settings.cc):
-//  * torus (TPU ICI): the EP group is a ring along one torus axis, at the
-//    preset's per-link bandwidth;
-//  * switched (NVLink): switched at the GPU's NVLink rate; two_level (groups
-//    of scale_up_devices, scale-out rate between them) when R exceeds the
-//    scale-up domain.
+// of plan/hardware.h turned into threads-transport options, with the links
+// of plan::ep_group_links, as `epmoe layer clock=modelled` takes them.
 // Compute is always modelled (FLOPs at peak bf16 x compute_efficiency,
 // memory-bound steps at HBM bandwidth), so every number is a pure function
 // of the configuration: one run per configuration, no repetitions.

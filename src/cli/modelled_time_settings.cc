@@ -83,15 +83,12 @@ void configure_modelled_time(const ConfigValues& values, ExpertParallelSettings&
   // wall-clock emulation stays off (the modelled clock uses the links itself).
   transport::threads::EmulatedLinkOptions& links = settings.links;
   links.enabled = false;
-  links.bandwidth_gb_per_s = hardware.link_bytes_per_s / 1e9;
-  if (hardware.interconnect == plan::Interconnect::torus) {
-    links.topology = transport::threads::LinkTopology::ring;
-  } else if (settings.num_ranks > hardware.scale_up_devices) {
-    links.topology = transport::threads::LinkTopology::two_level;
-    links.group_size = static_cast<int>(hardware.scale_up_devices);
-    links.scale_out_bandwidth_gb_per_s = hardware.scale_out_bytes_per_s / 1e9;
-  } else {
-    links.topology = transport::threads::LinkTopology::switched;
+  const plan::EpGroupLinks group = plan::ep_group_links(hardware, settings.num_ranks);
+  links.topology = transport::threads::parse_link_topology("hardware", group.topology);
+  links.bandwidth_gb_per_s = group.bytes_per_s / 1e9;
+  if (links.topology == transport::threads::LinkTopology::two_level) {
+    links.group_size = static_cast<int>(group.group_size);
+    links.scale_out_bandwidth_gb_per_s = group.scale_out_bytes_per_s / 1e9;
   }
   if (values.is_set("link_bandwidth_gbps")) links.bandwidth_gb_per_s = values.get_float("link_bandwidth_gbps");
   if (values.is_set("link_topology")) {

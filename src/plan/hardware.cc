@@ -71,6 +71,14 @@ void HardwareSpec::validate(const std::string& what) const {
   if (interconnect == Interconnect::torus) positive(double(links_per_device), "links_per_device");
 }
 
+EpGroupLinks ep_group_links(const HardwareSpec& hardware, std::int64_t num_ranks) {
+  if (hardware.interconnect == Interconnect::torus) return {"ring", hardware.link_bytes_per_s, 0, 0};
+  if (num_ranks > hardware.scale_up_devices) {
+    return {"two_level", hardware.link_bytes_per_s, hardware.scale_up_devices, hardware.scale_out_bytes_per_s};
+  }
+  return {"switched", hardware.link_bytes_per_s, 0, 0};
+}
+
 std::vector<std::string> hardware_preset_names() { return {"tpu-v5p", "tpu-v7x", "h100", "h200", "b200"}; }
 
 HardwareSpec load_hardware(const std::string& key, const std::string& name_or_path) {

@@ -38,6 +38,20 @@ struct HardwareSpec {
   void validate(const std::string& what) const;
 };
 
+// The links an expert-parallel group of `num_ranks` devices uses, as
+// `plan`'s step time assumes and the modelled clock runs them (DESIGN.md
+// §4.11): on a torus one ring along a torus axis at one link's rate each
+// way; on NVLink the switch at the GPU's rate, and when the group is larger
+// than the scale-up domain, switched groups of scale_up_devices with the
+// scale-out rate between them.
+struct EpGroupLinks {
+  std::string topology;  // "ring", "switched" or "two_level" (transport/threads/emulated_links.h)
+  double bytes_per_s = 0;
+  std::int64_t group_size = 0;      // two_level
+  double scale_out_bytes_per_s = 0;  // two_level
+};
+EpGroupLinks ep_group_links(const HardwareSpec& hardware, std::int64_t num_ranks);
+
 // tpu-v5p, tpu-v7x, h100, h200, b200.
 std::vector<std::string> hardware_preset_names();
 // A preset name, or else a path to a YAML file. ConfigError / FileError

@@ -36,11 +36,6 @@ void ThreadsOptions::validate() const {
 
 void run_ranks(int num_ranks, const ThreadsOptions& options,
                const std::function<void(Communicator&)>& fn) {
-  run_ranks(num_ranks, options, fn, nullptr);
-}
-
-void run_ranks(int num_ranks, const ThreadsOptions& options, const std::function<void(Communicator&)>& fn,
-               const std::function<void(VirtualTimeline*)>& after) {
   options.validate();
   ThreadsWorld world(num_ranks, options.links, options.modelled);
   const int threads_per_rank = options.compute_threads_per_rank > 0
@@ -104,10 +99,7 @@ void run_ranks(int num_ranks, const ThreadsOptions& options, const std::function
   run_one(0);
   set_compute_threads(caller_compute_threads);
   for (auto& thread : threads) thread.join();
-  if (!first_error) {
-    if (after) after(world.timeline());
-    return;
-  }
+  if (!first_error) return;
   // The cause of the first abort is the root error by definition - also when
   // it was thrown inside a collective's algorithm whose handle was dropped
   // unwinding (its rank waited on another collective first), so that no

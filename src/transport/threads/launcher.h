@@ -43,9 +43,4 @@ struct ThreadsOptions {
 void run_ranks(int num_ranks, const ThreadsOptions& options,
                const std::function<void(Communicator&)>& fn);
 
-// As run_ranks; `after` runs on the calling thread once every rank has
-// returned, before the world goes (to read the modelled clocks' totals).
-void run_ranks(int num_ranks, const ThreadsOptions& options, const std::function<void(Communicator&)>& fn,
-               const std::function<void(VirtualTimeline*)>& after);
-
 }  // namespace epmoe::transport::threads
