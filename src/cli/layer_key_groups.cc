@@ -278,6 +278,7 @@ void configure_fault_injection_key(const ConfigValues& values, int num_ranks) {
 
 ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer) {
   ExpertParallelSettings settings;
+  check_modelled_time_transport(values);
   settings.transport = values.get_string("transport") == "mpi" ? TransportKind::mpi : TransportKind::threads;
   settings.num_ranks = rank_count(values, settings.transport);
   const int num_ranks = settings.num_ranks;

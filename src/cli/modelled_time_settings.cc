@@ -43,12 +43,21 @@ KeyGroup modelled_time_keys() {
   };
 }
 
-void configure_modelled_time(const ConfigValues& values, ExpertParallelSettings& settings) {
-  settings.trace_file = values.get_string("trace_file");
-  if (!settings.trace_file.empty() && settings.transport == TransportKind::mpi) {
+void check_modelled_time_transport(const ConfigValues& values) {
+  if (values.get_string("transport") != "mpi") return;
+  if (!values.get_string("trace_file").empty()) {
     throw ConfigError(values.setting("trace_file") + ": transport=threads only (an mpi rank cannot see the "
                       "other processes' events); run the same config with transport=threads to trace it");
   }
+  if (values.get_string("clock") == "modelled") {
+    throw ConfigError("clock=modelled: needs transport=threads (the virtual timeline orders every rank's "
+                      "messages in one address space); transport=mpi runs on the wall clock");
+  }
+}
+
+void configure_modelled_time(const ConfigValues& values, ExpertParallelSettings& settings) {
+  check_modelled_time_transport(values);
+  settings.trace_file = values.get_string("trace_file");
   transport::threads::ModelledTimeOptions& modelled = settings.modelled;
   modelled.enabled = values.get_string("clock") == "modelled";
   if (!modelled.enabled) {
@@ -58,10 +67,6 @@ void configure_modelled_time(const ConfigValues& values, ExpertParallelSettings&
       }
     }
     return;
-  }
-  if (settings.transport == TransportKind::mpi) {
-    throw ConfigError("clock=modelled: needs transport=threads (the virtual timeline orders every rank's "
-                      "messages in one address space); transport=mpi runs on the wall clock");
   }
   if (values.is_set("link_bandwidth_gbps") && values.get_float("link_bandwidth_gbps") <= 0) {
     throw ConfigError(values.setting("link_bandwidth_gbps") +

@@ -22,6 +22,10 @@ namespace epmoe::cli {
 
 KeyGroup modelled_time_keys();
 
+// ConfigError when clock=modelled or trace_file= meets transport=mpi: said
+// before the rank count is read (which under mpi needs mpirun).
+void check_modelled_time_transport(const ConfigValues& values);
+
 // Fills settings.modelled, settings.trace_file and, for clock=modelled,
 // settings.links. ConfigError naming the key (clock=modelled with
 // transport=mpi; a hardware file that is not there).
