@@ -1,9 +1,11 @@
 // The check every EP test makes against the double reference: the same
-// expert ids, and y and every gradient within 1e-5 relative (DESIGN.md §3).
+// expert ids, and y and every gradient within 1e-5 relative (DESIGN.md §3);
+// and the check of two runs that must agree bit for bit.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "ep_harness.h"
@@ -19,6 +21,22 @@ inline void expect_matches_reference(const EpRunResult& run, const ReferenceResu
   EXPECT_LE(relative_error(run.grads.dwi0, ref.dwi0), 1e-5) << what << " dwi0";
   EXPECT_LE(relative_error(run.grads.dwi1, ref.dwi1), 1e-5) << what << " dwi1";
   EXPECT_LE(relative_error(run.grads.dwo, ref.dwo), 1e-5) << what << " dwo";
+}
+
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.size_bytes() == b.size_bytes() &&
+         std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.size_bytes())) == 0;
+}
+
+// y, the expert ids and every gradient with the same bits.
+inline void expect_same_bits(const EpRunResult& a, const EpRunResult& b, const std::string& what) {
+  EXPECT_TRUE(same_bits(a.y, b.y)) << what << " y";
+  EXPECT_TRUE(same_bits(a.topk_ids, b.topk_ids)) << what << " topk_ids";
+  EXPECT_TRUE(same_bits(a.grads.dx, b.grads.dx)) << what << " dx";
+  EXPECT_TRUE(same_bits(a.grads.dgate, b.grads.dgate)) << what << " dgate";
+  EXPECT_TRUE(same_bits(a.grads.dwi0, b.grads.dwi0)) << what << " dwi0";
+  EXPECT_TRUE(same_bits(a.grads.dwi1, b.grads.dwi1)) << what << " dwi1";
+  EXPECT_TRUE(same_bits(a.grads.dwo, b.grads.dwo)) << what << " dwo";
 }
 
 }  // namespace epmoe::testing

@@ -6,35 +6,21 @@
 // (staged sends, replica messages, collectives in flight side by side).
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <tuple>
 
 #include "balance/routing_skew.h"
 #include "ep_harness.h"
+#include "expect_reference.h"
 
 namespace epmoe {
 namespace {
 
 using testing::EpRunOptions;
+using testing::expect_same_bits;
 using testing::EpRunResult;
 using testing::MoeProblem;
 using transport::threads::LinkTopology;
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.size_bytes() == b.size_bytes() &&
-         std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.size_bytes())) == 0;
-}
-
-void expect_same_bits(const EpRunResult& a, const EpRunResult& b, const std::string& what) {
-  EXPECT_TRUE(same_bits(a.y, b.y)) << what << " y";
-  EXPECT_TRUE(same_bits(a.topk_ids, b.topk_ids)) << what << " topk_ids";
-  EXPECT_TRUE(same_bits(a.grads.dx, b.grads.dx)) << what << " dx";
-  EXPECT_TRUE(same_bits(a.grads.dgate, b.grads.dgate)) << what << " dgate";
-  EXPECT_TRUE(same_bits(a.grads.dwi0, b.grads.dwi0)) << what << " dwi0";
-  EXPECT_TRUE(same_bits(a.grads.dwi1, b.grads.dwi1)) << what << " dwi1";
-  EXPECT_TRUE(same_bits(a.grads.dwo, b.grads.dwo)) << what << " dwo";
-}
 
 struct Variant {
   std::string name;
