@@ -102,8 +102,13 @@ class VirtualTimeline final : public CollectiveClocks {
   void stage(const detail::VirtualRequest& send, detail::VirtualRequest& staged);
   // A request is going away: forget it.
   void release(detail::VirtualRequest& request);
-  // Blocks the calling thread's stream on `request` until its completion is
-  // known or `should_stop` throws (checked whenever woken: abort, timeout).
+  // A wait on a request, in three calls (threads/communicator.cc's
+  // ThreadsRequest::wait_until, between which it waits for the bytes in its
+  // mailbox): begin marks the calling stream blocked on `request`;
+  // wait_for_completion sleeps until the request's virtual completion is
+  // known, calling `check` whenever woken (it throws on abort, cancel and,
+  // with timed_out, the deadline); end moves the clock to max(clock,
+  // completion) and books the wait as idle or communication.
   void begin_request_wait(detail::VirtualRequest& request);
   void wait_for_completion(detail::VirtualRequest& request, Deadline deadline,
                            const std::function<void(bool timed_out)>& check);
