@@ -5,11 +5,16 @@
 // check here is an equality.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "comm/all_gather.h"
 #include "comm/all_to_all_v.h"
+#include "core/error.h"
 #include "core/modelled_clock.h"
 #include "transport/threads/launcher.h"
 
@@ -201,6 +206,47 @@ TEST_P(ModelledRing, ASwitchedAllToAllRunsAtTheInjectionBandwidth) {
   };
   const Picoseconds small = run(1000), large = run(2000);
   EXPECT_EQ(large - small, (R - 1) * (serialise(8000) - serialise(4000)));
+}
+
+TEST_P(ModelledRing, ARankThatThrowsMidCollectiveFailsEveryRankWithItsMessage) {
+  // The others are blocked in the timeline's waits (ranks ahead in virtual
+  // time wait there for the thrower's clock); the abort must wake them with
+  // its text, never leave one asleep until its 20 s deadline.
+  const int R = GetParam();
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  for (int repeat = 0; repeat < 20; ++repeat) {
+    messages.clear();
+    try {
+      run_ranks(R, modelled(LinkTopology::ring), [&](Communicator& comm) {
+        std::vector<float> input(2000, 1.0f), output(2000 * static_cast<std::size_t>(comm.size()));
+        try {
+          CollectiveHandle first = ring_all_gather(comm, {.input = input.data(), .output = output.data(),
+                                                          .num_elements_per_rank = 2000, .tag = 1,
+                                                          .timeout = std::chrono::seconds(20)});
+          if (comm.rank() == R - 1) {
+            compute_for_us(3.0);
+            throw std::runtime_error("injected failure on the last rank");
+          }
+          first.wait();
+          ring_all_gather(comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 2000,
+                                 .tag = 2, .timeout = std::chrono::seconds(20)})
+              .wait();
+        } catch (const PeerError& e) {
+          std::lock_guard<std::mutex> lock(mutex);
+          messages.push_back(e.what());
+          throw;
+        }
+      });
+      FAIL() << "run_ranks returned normally";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "injected failure on the last rank");
+    }
+    ASSERT_EQ(static_cast<int>(messages.size()), R - 1) << "repeat " << repeat;
+    for (const std::string& message : messages) {
+      EXPECT_NE(message.find("injected failure on the last rank"), std::string::npos) << message;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ModelledRing, ::testing::Values(2, 3, 4, 5, 8));
