@@ -281,7 +281,12 @@ TEST_F(TrainCli, ASecondTrainerOnTheSameCheckpointDirIsRefusedNamingThePid) {
   const pid_t first = spawn_train({"ranks=2", "steps=100000", dir}, scratch_ / "first.jsonl");
   const fs::path lock = checkpoints() / ".epmoe_train.lock";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (read_bytes_or_empty(lock) != std::to_string(first) + "\n" && std::chrono::steady_clock::now() < deadline) {
+  // Until it holds the lock and has trained a step: by then its start-up
+  // checks are done (the write probe it creates and removes right after
+  // taking the lock was once caught here in between).
+  while ((read_bytes_or_empty(lock) != std::to_string(first) + "\n" ||
+          read_bytes_or_empty(scratch_ / "first.jsonl").empty()) &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const std::set<std::string> before = entries(checkpoints());
