@@ -23,8 +23,14 @@ class ThreadsCommunicator;
 // The state the R ranks share. Owns the mailboxes, the links and the R
 // communicators; must outlive every Request posted through them.
 // Lock order: a mailbox mutex may be taken while holding nothing else, or
-// before EmulatedLinks' mutex; abort_mutex_ is never held while taking a
-// mailbox mutex (it may be taken while holding one).
+// before EmulatedLinks' or the VirtualTimeline's mutex (the timeline's is
+// never held while taking a mailbox's); abort_mutex_ is never held while
+// taking a mailbox mutex (it may be taken while holding one).
+//
+// clock=modelled (ModelledTimeOptions::enabled): the world owns a
+// VirtualTimeline (threads/virtual_timeline.h); requests then complete at
+// their virtual times, and a send no longer waits for its receive to be
+// posted (its bytes are staged in the mailbox, threads/mailbox.h).
 //
 // Late rank: the world counts, per (rank, peer), the threads of `rank` that
 // are blocked in a wait for `peer`. A wait that times out follows these edges
