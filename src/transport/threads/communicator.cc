@@ -79,9 +79,8 @@ class ThreadsRequest final : public Request {
     // time, they arrived (the senders behind in virtual time have caught up).
     timeline->wait_for_completion(state_.virtual_request, deadline, [&](bool timed_out) {
       std::unique_lock<std::mutex> lock(mailbox_.mutex);
-      const Clock::time_point now = Clock::now();
-      check_locked(now);
-      if (timed_out) throw_timeout(now);
+      throw_if_stopped_locked();
+      if (timed_out) throw_timeout(Clock::now());
     });
     timeline->end_request_wait(state_.virtual_request);
   }
@@ -125,6 +124,14 @@ class ThreadsRequest final : public Request {
   // True when complete; throws on failure or abort. Caller holds the lock.
   bool check_locked(Clock::time_point now) {
     if (state_.phase == RequestPhase::done && now >= state_.ready_at) return true;
+    throw_if_stopped_locked();
+    return false;
+  }
+
+  // Throws if the request failed, the group was aborted or this rank is
+  // failing - whether or not its bytes have arrived (the modelled clock's
+  // second wait is after they have). Caller holds the lock.
+  void throw_if_stopped_locked() const {
     if (state_.phase == RequestPhase::failed) throw PeerError(state_.error);
     if (world_.aborted()) {
       throw AbortedError(describe_wait(rank_, is_send_ ? "aborted while sending to" : "aborted while receiving from",
@@ -136,7 +143,6 @@ class ThreadsRequest final : public Request {
                                        peer_, tag_) +
                          ": " + world_.failing_reason(rank_));
     }
-    return false;
   }
 
   [[noreturn]] void throw_timeout(Clock::time_point now) const {
