@@ -26,18 +26,22 @@ class ThreadsRequest final : public Request {
   // another thread, not a wait on a peer), so no thread touches the buffer
   // or this state afterwards.
   ~ThreadsRequest() override {
-    if (VirtualTimeline* timeline = world_.timeline()) timeline->release(state_.virtual_request);
-    std::unique_lock<std::mutex> lock(mailbox_.mutex);
-    if (state_.phase == RequestPhase::queued) {
-      const Mailbox::Key key = is_send_ ? Mailbox::Key{rank_, tag_} : Mailbox::Key{peer_, tag_};
-      if (is_send_) {
-        erase_state(mailbox_.unmatched_sends, key);
+    {
+      std::unique_lock<std::mutex> lock(mailbox_.mutex);
+      if (state_.phase == RequestPhase::queued) {
+        const Mailbox::Key key = is_send_ ? Mailbox::Key{rank_, tag_} : Mailbox::Key{peer_, tag_};
+        if (is_send_) {
+          erase_state(mailbox_.unmatched_sends, key);
+        } else {
+          erase_state(mailbox_.unmatched_recvs, key);
+        }
       } else {
-        erase_state(mailbox_.unmatched_recvs, key);
+        mailbox_.changed.wait(lock, [&] { return state_.phase != RequestPhase::copying; });
       }
-      return;
     }
-    mailbox_.changed.wait(lock, [&] { return state_.phase != RequestPhase::copying; });
+    // Last: no match can reach this request any more (a match records it in
+    // the timeline's message, which must then forget it).
+    if (VirtualTimeline* timeline = world_.timeline()) timeline->release(state_.virtual_request);
   }
 
   bool test() override {
