@@ -12,6 +12,40 @@ namespace {
 // How long wait() allows past the deadline for the algorithm to notice it.
 constexpr std::chrono::seconds kDeadlineGrace{5};
 
+// Modelled time: the caller's clock waits on the collective's for the scope
+// (transport/collective_clocks.h) - a caller blocked on a collective while
+// counted as running would hold back every clock behind its own, the
+// collective's included - and moves to its end, also when it failed. Quiet
+// (a destructor's): never throws, and does nothing on a thread of no clock.
+class ModelledWaitScope {
+ public:
+  ModelledWaitScope(const detail::CollectiveState& state, bool quiet) : quiet_(quiet) {
+    if (!state.clock || (quiet && this_thread_modelled_clock() == nullptr)) return;
+    clock_ = state.clock.get();
+    clocks_ = state.comm->collective_clocks();
+    try {
+      clocks_->begin_wait(*clock_);
+    } catch (...) {
+      clocks_ = nullptr;
+      if (!quiet_) throw;
+    }
+  }
+  ~ModelledWaitScope() {
+    if (clocks_ == nullptr) return;
+    try {
+      clocks_->end_wait(*clock_);
+    } catch (...) {  // only a thread of no clock throws, and begin_wait has ruled that out
+    }
+  }
+  ModelledWaitScope(const ModelledWaitScope&) = delete;
+  ModelledWaitScope& operator=(const ModelledWaitScope&) = delete;
+
+ private:
+  bool quiet_;
+  ModelledClock* clock_ = nullptr;
+  transport::CollectiveClocks* clocks_ = nullptr;
+};
+
 }  // namespace
 
 CollectiveHandle& CollectiveHandle::operator=(CollectiveHandle&& other) noexcept {
@@ -40,42 +74,16 @@ void CollectiveHandle::finish_quietly() noexcept {
     lock.lock();
   }
   // Bounded: the body's own waits end by state_->deadline, or at once when cancelled.
-  // Modelled time: the caller waits on the collective's clock like wait() -
-  // a caller blocked here while counted as running would hold back every
-  // clock behind its own, the collective's included.
-  transport::CollectiveClocks* clocks = nullptr;
-  if (state_->clock && this_thread_modelled_clock() != nullptr && !state_->done) {
-    clocks = state_->comm->collective_clocks();
-    try {
-      clocks->begin_wait(*state_->clock);
-    } catch (...) {
-      clocks = nullptr;  // not this group's thread: nothing to hold back
-    }
-  }
-  state_->finished.wait(lock, [&] { return state_->done; });
-  if (clocks != nullptr) {
-    lock.unlock();
-    try {
-      clocks->end_wait(*state_->clock);
-    } catch (...) {
-    }
-  }
+  if (state_->done) return;
+  lock.unlock();
+  const ModelledWaitScope modelled(*state_, /*quiet=*/true);
+  std::unique_lock<std::mutex> wait_lock(state_->mutex);  // released before the clock moves on
+  state_->finished.wait(wait_lock, [&] { return state_->done; });
 }
 
 void CollectiveHandle::wait() {
   if (!state_) return;
-  transport::CollectiveClocks* clocks = state_->clock ? state_->comm->collective_clocks() : nullptr;
-  // The caller's clock moves to the collective's end even when it failed.
-  struct ModelledWait {
-    transport::CollectiveClocks* clocks;
-    ModelledClock* clock;
-    ModelledWait(transport::CollectiveClocks* c, ModelledClock* k) : clocks(c), clock(k) {
-      if (clocks != nullptr) clocks->begin_wait(*clock);
-    }
-    ~ModelledWait() {
-      if (clocks != nullptr) clocks->end_wait(*clock);
-    }
-  } modelled(clocks, state_->clock.get());
+  const ModelledWaitScope modelled(*state_, /*quiet=*/false);
   std::unique_lock<std::mutex> lock(state_->mutex);
   if (!state_->finished.wait_until(lock, state_->deadline + kDeadlineGrace,
                                    [&] { return state_->done; })) {

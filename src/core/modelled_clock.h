@@ -69,7 +69,6 @@ class ModelledClock {
   // launch order, from the `first`-th on.
   virtual std::vector<ModelledCollective> collectives(std::size_t first) const = 0;
   virtual std::size_t num_collectives() const = 0;
-  virtual int rank() const = 0;
 };
 
 ModelledClock* this_thread_modelled_clock();

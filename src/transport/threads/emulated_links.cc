@@ -119,19 +119,14 @@ Picoseconds LinkSchedule::take_link(int resource, Picoseconds ready, Picoseconds
 
 Picoseconds LinkSchedule::take(const LinkHop& hop, std::int64_t num_bytes, Picoseconds ready,
                                Picoseconds* pushed_out) {
-  const Picoseconds serialise = seconds_to_picoseconds(static_cast<double>(num_bytes) / hop.bytes_per_second);
+  const Picoseconds serialise = hop.serialise(num_bytes);
   // The first link (or egress port) sends as soon as it is free; an ingress
   // port after it starts no earlier than the bytes do and no earlier than it
   // is free, and its last byte cannot pass before the egress's.
-  Picoseconds start = std::max(ready, busy_until_[hop.resources[0]]);
-  Picoseconds done = start + serialise;
-  busy_until_[hop.resources[0]] = done;
-  if (pushed_out != nullptr) *pushed_out = done;
-  for (int i = 1; i < hop.num_resources; ++i) {
-    start = std::max(start, busy_until_[hop.resources[i]]);
-    done = std::max(done, start + serialise);
-    busy_until_[hop.resources[i]] = done;
-  }
+  const Picoseconds egress_done = take_link(hop.resources[0], ready, serialise, kNoBound);
+  if (pushed_out != nullptr) *pushed_out = egress_done;
+  Picoseconds done = egress_done;
+  for (int i = 1; i < hop.num_resources; ++i) done = take_link(hop.resources[i], egress_done - serialise, serialise, done);
   return done + hop.latency;
 }
 

@@ -65,6 +65,10 @@ struct LinkHop {
   int num_resources = 0;
   double bytes_per_second = 0;
   Picoseconds latency = 0;
+
+  Picoseconds serialise(std::int64_t num_bytes) const {
+    return seconds_to_picoseconds(static_cast<double>(num_bytes) / bytes_per_second);
+  }
 };
 
 class LinkPaths {
@@ -93,6 +97,7 @@ class LinkSchedule {
   // done before `not_before` (the bytes of a cut-through port cannot pass
   // before they arrived). Returns when its last byte passed.
   Picoseconds take_link(int resource, Picoseconds ready, Picoseconds serialise, Picoseconds not_before);
+  static constexpr Picoseconds kNoBound = std::numeric_limits<Picoseconds>::min();  // for not_before
 
  private:
   std::vector<Picoseconds> busy_until_;

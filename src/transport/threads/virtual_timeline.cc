@@ -101,7 +101,6 @@ class VirtualStream final : public ModelledClock {
     std::lock_guard<std::mutex> lock(timeline_.mutex_);
     return collectives_.size();
   }
-  int rank() const override { return rank_; }
 
  private:
   friend class VirtualTimeline;
@@ -118,7 +117,6 @@ class VirtualStream final : public ModelledClock {
   State state_ = State::running;
   const VirtualRequest* awaiting_request_ = nullptr;
   const VirtualStream* awaiting_stream_ = nullptr;
-  Picoseconds wait_began_ = 0;
   std::uint64_t next_message_ = 0;
   std::uint64_t next_child_ = 0;
   ModelledTotals totals_;
@@ -240,11 +238,11 @@ void VirtualTimeline::resolve_locked() {
     events_.pop();
     VirtualMessage& m = *event.message;
     const LinkHop& hop = m.path[static_cast<std::size_t>(event.hop)];
-    const Picoseconds serialise = seconds_to_picoseconds(static_cast<double>(m.num_bytes) / hop.bytes_per_second);
+    const Picoseconds serialise = hop.serialise(m.num_bytes);
     resolved_any = true;
     Picoseconds pushed_out = 0, reached = 0;
     if (event.port == 0) {
-      pushed_out = schedule_.take_link(hop.resources[0], event.time, serialise, 0);
+      pushed_out = schedule_.take_link(hop.resources[0], event.time, serialise, LinkSchedule::kNoBound);
       if (hop.num_resources == 2) {  // the ingress port next, from when the egress starts
         events_.push({pushed_out - serialise, event.launch_number, event.rank, event.stream_id, event.message_number,
                       event.hop, 1, pushed_out, event.message});
@@ -302,7 +300,6 @@ void VirtualTimeline::begin_wait(ModelledClock& collective) {
   std::lock_guard<std::mutex> lock(mutex_);
   waiter.state_ = VirtualStream::State::blocked;
   waiter.awaiting_stream_ = &static_cast<VirtualStream&>(collective);
-  waiter.wait_began_ = waiter.clock_;
   resolve_locked();
 }
 
@@ -384,7 +381,6 @@ void VirtualTimeline::begin_request_wait(VirtualRequest& request) {
   std::lock_guard<std::mutex> lock(mutex_);
   waiter.state_ = VirtualStream::State::blocked;
   waiter.awaiting_request_ = &request;
-  waiter.wait_began_ = waiter.clock_;
   request.waiter = &waiter;
   resolve_locked();
 }
