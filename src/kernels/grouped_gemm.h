@@ -30,6 +30,21 @@ struct GroupedGemmShape {
   GroupSchedule schedule = GroupSchedule::balanced;
 };
 
+// Per-group weight pointers: w_groups[g] is W_g ([k, n], row-major), and
+// dw_groups[g] receives dW_g, so that the groups' matrices may live in
+// different buffers (e.g. a rank's home experts and its replica slots)
+// without a copy into one [G, k, n] array. Each span has exactly G non-null
+// entries (InternalError otherwise). Same kernels and the same order as the
+// contiguous form: the results are bit for bit those of the contiguous form
+// given the same matrices.
+void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x,
+                          std::span<const float* const> w_groups, float* out);
+void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout,
+                       std::span<const float* const> w_groups, float* dx, bool accumulate = false);
+void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const float* dout,
+                       std::span<float* const> dw_groups);
+
+// Contiguous form: W (and dW) is one [G, k, n] array, group g at g * k * n.
 void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w,
                           float* out);
 // `accumulate` adds into dx (used to sum the two SwiGLU input branches).

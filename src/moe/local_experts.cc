@@ -1,5 +1,7 @@
 #include "moe/local_experts.h"
 
+#include <string>
+
 #include "core/error.h"
 #include "core/threading.h"
 #include "kernels/grouped_gemm.h"
@@ -26,13 +28,68 @@ SlotRows group_rows_by_slot(const ep::ExpertRows& rows) {
   return out;
 }
 
-// dst += src elementwise (the chunk's weight gradient into the total).
-void add_into(Tensor& dst, const Tensor& src) {
-  float* d = dst.data<float>();
-  const float* s = src.data<float>();
-  parallel_for(dst.numel(), 1 << 16, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) d[i] += s[i];
+// dst += src elementwise over `count` floats (a chunk's weight gradient into
+// the total; elementwise, so the split over threads does not change a bit).
+void add_into(float* dst, const float* src, std::int64_t count) {
+  parallel_for(count, 1 << 16, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) dst[i] += src[i];
   });
+}
+
+// One matrix pointer per group: the caller's per-group list when given,
+// else base + g * matrix_elements.
+std::vector<const float*> group_matrices(const float* base, const std::vector<const float*>& groups,
+                                         std::size_t num_groups, std::int64_t matrix_elements,
+                                         const char* name) {
+  if (!groups.empty()) {
+    if (groups.size() != num_groups)
+      throw InternalError(std::string("local experts: ") + name + "_groups has " +
+                          std::to_string(groups.size()) + " pointers for " +
+                          std::to_string(num_groups) + " groups of rows");
+    return groups;
+  }
+  if (base == nullptr && num_groups > 0)
+    throw InternalError(std::string("local experts: ") + name + " is null and " + name +
+                        "_groups empty");
+  std::vector<const float*> out(num_groups);
+  for (std::size_t g = 0; g < num_groups; ++g)
+    out[g] = base + static_cast<std::int64_t>(g) * matrix_elements;
+  return out;
+}
+
+void check_gradient_pointers(const std::vector<float*>& groups, std::size_t num_groups,
+                             const char* name) {
+  if (groups.size() != num_groups)
+    throw InternalError(std::string("local experts: ") + std::to_string(groups.size()) + " " +
+                        name + " gradient pointers for " + std::to_string(num_groups) +
+                        " groups of rows");
+}
+
+// Group g's matrix inside a contiguous [G, a, b] tensor.
+std::vector<float*> tensor_groups(Tensor& tensor, std::size_t num_groups, std::int64_t matrix_elements,
+                                  const char* name) {
+  if (tensor.numel() != static_cast<std::int64_t>(num_groups) * matrix_elements)
+    throw InternalError(std::string("local experts: ") + name + " has " +
+                        std::to_string(tensor.numel()) + " elements, not " +
+                        std::to_string(num_groups) + " groups of " + std::to_string(matrix_elements));
+  std::vector<float*> out(num_groups);
+  for (std::size_t g = 0; g < num_groups; ++g)
+    out[g] = tensor.data<float>() + static_cast<std::int64_t>(g) * matrix_elements;
+  return out;
+}
+
+// The three matrices' per-group pointers, resolved once per call.
+struct GroupWeights {
+  std::vector<const float*> wi0, wi1, wo;
+};
+
+GroupWeights group_weights(const ExpertShape& shape, const ep::ExpertRows& rows,
+                           const LocalExpertWeights& weights) {
+  const std::size_t num_groups = rows.group_sizes.size();
+  const std::int64_t elements = shape.hidden * shape.ffn;
+  return {group_matrices(weights.wi0, weights.wi0_groups, num_groups, elements, "wi0"),
+          group_matrices(weights.wi1, weights.wi1_groups, num_groups, elements, "wi1"),
+          group_matrices(weights.wo, weights.wo_groups, num_groups, elements, "wo")};
 }
 
 }  // namespace
@@ -43,17 +100,18 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
   const GroupedGemmShape up{rows.group_sizes, hidden, ffn, shape.compute_dtype};
   const GroupedGemmShape down{rows.group_sizes, ffn, hidden, shape.compute_dtype};
   const float* x = num_rows > 0 ? rows.x.data<float>() : nullptr;
+  const GroupWeights w = group_weights(shape, rows, weights);
   std::int64_t recomputed = 0;
   // A zero-row chunk has empty activations either way: nothing to recompute.
   auto missing = [](const Tensor& t) { return t.shape().empty(); };
   if (missing(act.mlpwi_0)) {
     act.mlpwi_0 = Tensor(DType::f32, {num_rows, ffn});
-    grouped_gemm_forward(up, x, weights.wi0, act.mlpwi_0.data<float>());
+    grouped_gemm_forward(up, x, w.wi0, act.mlpwi_0.data<float>());
     recomputed += act.mlpwi_0.size_bytes();
   }
   if (missing(act.mlpwi_1)) {
     act.mlpwi_1 = Tensor(DType::f32, {num_rows, ffn});
-    grouped_gemm_forward(up, x, weights.wi1, act.mlpwi_1.data<float>());
+    grouped_gemm_forward(up, x, w.wi1, act.mlpwi_1.data<float>());
     recomputed += act.mlpwi_1.size_bytes();
   }
   if (missing(act.mlpwo)) {
@@ -61,7 +119,7 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
     swiglu_forward(act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(), activation.data<float>(),
                    num_rows * ffn);
     act.mlpwo = Tensor(DType::f32, {num_rows, hidden});
-    grouped_gemm_forward(down, activation.data<float>(), weights.wo, act.mlpwo.data<float>());
+    grouped_gemm_forward(down, activation.data<float>(), w.wo, act.mlpwo.data<float>());
     recomputed += act.mlpwo.size_bytes();
   }
   return recomputed;
@@ -95,10 +153,15 @@ Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
 
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo,
+                                 const Tensor& slot_dy, const ExpertWeightGradients& dw,
                                  bool accumulate) {
   const std::int64_t num_rows = rows.num_rows(), hidden = shape.hidden, ffn = shape.ffn;
   EPMOE_CHECK_EQ(slot_dy.numel(), rows.num_slots * hidden);
+  const std::size_t num_groups = rows.group_sizes.size();
+  check_gradient_pointers(dw.dwi0, num_groups, "dwi0");
+  check_gradient_pointers(dw.dwi1, num_groups, "dwi1");
+  check_gradient_pointers(dw.dwo, num_groups, "dwo");
+  const GroupWeights w = group_weights(shape, rows, weights);
   const GroupedGemmShape up{rows.group_sizes, hidden, ffn, shape.compute_dtype};
   const GroupedGemmShape down{rows.group_sizes, ffn, hidden, shape.compute_dtype};
 
@@ -131,25 +194,32 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
                  num_rows * ffn);
   // The weight gradient of this chunk: straight into dW for the first chunk,
   // through a scratch buffer and an add for the others (a pass over dW that
-  // the single-chunk case should not pay).
-  Tensor chunk_dw = accumulate ? Tensor(DType::f32, dwo.shape()) : Tensor();
-  auto weight_gradient = [&](const GroupedGemmShape& gemm_shape, const float* lhs, const float* dout, Tensor& dw) {
-    grouped_gemm_drhs(gemm_shape, lhs, dout, accumulate ? chunk_dw.data<float>() : dw.data<float>());
-    if (accumulate) add_into(dw, chunk_dw);
+  // the single-chunk case should not pay). All three matrices have H * F
+  // elements, so one [G, H, F] scratch serves them in turn.
+  const std::int64_t matrix_elements = hidden * ffn;
+  Tensor chunk_dw = accumulate ? Tensor(DType::f32, {static_cast<std::int64_t>(num_groups), hidden, ffn})
+                               : Tensor();
+  std::vector<float*> chunk_groups(num_groups);
+  for (std::size_t g = 0; g < num_groups; ++g)
+    if (accumulate) chunk_groups[g] = chunk_dw.data<float>() + static_cast<std::int64_t>(g) * matrix_elements;
+  auto weight_gradient = [&](const GroupedGemmShape& gemm_shape, const float* lhs, const float* dout,
+                             const std::vector<float*>& dw_groups) {
+    grouped_gemm_drhs(gemm_shape, lhs, dout, accumulate ? chunk_groups : dw_groups);
+    if (accumulate)
+      for (std::size_t g = 0; g < num_groups; ++g) add_into(dw_groups[g], chunk_groups[g], matrix_elements);
   };
-  weight_gradient(down, activation.data<float>(), d_expert_out.data<float>(), dwo);
+  weight_gradient(down, activation.data<float>(), d_expert_out.data<float>(), dw.dwo);
   Tensor d_activation(DType::f32, {num_rows, ffn});
-  grouped_gemm_dlhs(down, d_expert_out.data<float>(), weights.wo, d_activation.data<float>());
+  grouped_gemm_dlhs(down, d_expert_out.data<float>(), w.wo, d_activation.data<float>());
   Tensor d_h0(DType::f32, {num_rows, ffn}), d_h1(DType::f32, {num_rows, ffn});
   swiglu_backward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), d_activation.data<float>(),
                   d_h0.data<float>(), d_h1.data<float>(), num_rows * ffn);
   const float* x = num_rows > 0 ? rows.x.data<float>() : nullptr;
-  if (accumulate) chunk_dw = Tensor(DType::f32, dwi0.shape());
-  weight_gradient(up, x, d_h0.data<float>(), dwi0);
-  weight_gradient(up, x, d_h1.data<float>(), dwi1);
+  weight_gradient(up, x, d_h0.data<float>(), dw.dwi0);
+  weight_gradient(up, x, d_h1.data<float>(), dw.dwi1);
   Tensor dx_rows(DType::f32, {num_rows, hidden});
-  grouped_gemm_dlhs(up, d_h0.data<float>(), weights.wi0, dx_rows.data<float>());
-  grouped_gemm_dlhs(up, d_h1.data<float>(), weights.wi1, dx_rows.data<float>(), /*accumulate=*/true);
+  grouped_gemm_dlhs(up, d_h0.data<float>(), w.wi0, dx_rows.data<float>());
+  grouped_gemm_dlhs(up, d_h1.data<float>(), w.wi1, dx_rows.data<float>(), /*accumulate=*/true);
 
   // Each slot's input gradient: the sum of its rows' (the backward of the
   // K-fold repeat; an inverse gather, no scatter-add).
@@ -167,6 +237,19 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
     }
   });
   return grads;
+}
+
+ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
+                                 const LocalExpertWeights& weights, const ExpertActivations& saved,
+                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo,
+                                 bool accumulate) {
+  const std::size_t num_groups = rows.group_sizes.size();
+  const std::int64_t elements = shape.hidden * shape.ffn;
+  return experts_backward(shape, rows, weights, saved, slot_dy,
+                          {tensor_groups(dwi0, num_groups, elements, "dwi0"),
+                           tensor_groups(dwi1, num_groups, elements, "dwi1"),
+                           tensor_groups(dwo, num_groups, elements, "dwo")},
+                          accumulate);
 }
 
 }  // namespace epmoe

@@ -17,11 +17,31 @@
 
 namespace epmoe {
 
-// Views of the local experts' weights (not owned).
+// Views of the local experts' weights (not owned), one matrix per group of
+// the rows (ep::ExpertRows::group_sizes: the E_l home experts, then any
+// replica slots). Either contiguous, `{wi0, wi1, wo}` as base pointers of
+// [G, H, F] / [G, F, H] arrays, or per group: a non-empty wi0_groups (G
+// entries, each an [H, F] matrix) overrides wi0, and likewise for wi1 and wo,
+// so that homes and replica slots may live in different buffers without a
+// copy. Both forms give the same bits for the same matrices.
 struct LocalExpertWeights {
-  const float* wi0 = nullptr;  // [E_l, H, F]
-  const float* wi1 = nullptr;  // [E_l, H, F]
-  const float* wo = nullptr;   // [E_l, F, H]
+  const float* wi0 = nullptr;  // [G, H, F]
+  const float* wi1 = nullptr;  // [G, H, F]
+  const float* wo = nullptr;   // [G, F, H]
+  std::vector<const float*> wi0_groups = {};  // [G] of [H, F], or empty: use wi0
+  std::vector<const float*> wi1_groups = {};  // [G] of [H, F], or empty: use wi1
+  std::vector<const float*> wo_groups = {};   // [G] of [F, H], or empty: use wo
+  // Identifies the values behind the pointers: equal non-zero versions with
+  // equal pointers promise equal values (a cache of derived forms may rely
+  // on it); 0 = unknown, nothing is reused.
+  std::uint64_t version = 0;
+};
+
+// Where experts_backward writes (or, with accumulate, adds) each group's
+// weight gradient: G non-null pointers per matrix, dwi0[g] and dwi1[g] to
+// [H, F], dwo[g] to [F, H]; the matrices may live in different buffers.
+struct ExpertWeightGradients {
+  std::vector<float*> dwi0, dwi1, dwo;
 };
 
 // The expert activations the backward needs (DESIGN.md §4.7 names):
@@ -51,8 +71,16 @@ Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
 std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRows& rows,
                                    const LocalExpertWeights& weights, ExpertActivations& activations);
 
-// Writes the local experts' weight gradients into dwi0, dwi1, dwo, or adds
-// them there with `accumulate` (chunks after the first).
+// Writes the local experts' weight gradients to the per-group pointers of
+// `dw`, or adds them there with `accumulate` (chunks after the first).
+// InternalError when a pointer list does not have one non-null entry per group.
+ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
+                                 const LocalExpertWeights& weights, const ExpertActivations& saved,
+                                 const Tensor& slot_dy, const ExpertWeightGradients& dw,
+                                 bool accumulate);
+
+// The same into contiguous [G, H, F] / [G, F, H] tensors (bit for bit the
+// per-group form's results).
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
                                  const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo,

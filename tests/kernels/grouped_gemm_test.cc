@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "core/error.h"
 #include "core/threading.h"
 #include "kernels/gemm.h"
 #include "reference.h"
@@ -166,6 +168,79 @@ TEST_P(GroupedGemmTest, Bf16SmallGroupsWithLargeWeights) {
     std::copy(out_g.c.begin(), out_g.c.end(), ref.begin() + row * n);
   }
   EXPECT_LE(relative_error(out, ref), 2e-2);
+}
+
+// Per-group pointers: each group's W_g (and dW_g) in its own allocation,
+// groups listed out of address order, must give exactly the contiguous
+// form's bits (same kernels, same order), for every ragged case and both
+// schedules, f32 and (where the CPU has it) bf16.
+TEST_P(GroupedGemmTest, PerGroupPointersMatchContiguousBitForBit) {
+  std::vector<ComputeDType> dtypes = {ComputeDType::f32};
+  if (bf16_gemm_supported()) dtypes.push_back(ComputeDType::bf16);
+  for (ComputeDType dtype : dtypes)
+  for (const GroupedCase& test_case : cases())
+  for (GroupSchedule schedule : {GroupSchedule::balanced, GroupSchedule::one_group_at_a_time}) {
+    SCOPED_TRACE(test_case.name);
+    SCOPED_TRACE(to_string(dtype));
+    const auto& sizes = test_case.group_sizes;
+    const auto num_groups = static_cast<std::int64_t>(sizes.size());
+    const std::int64_t rows = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+    const std::int64_t matrix = kInner * kOutput;
+    const auto x = random_vector(rows * kInner, 11);
+    const auto w = random_vector(num_groups * matrix, 12);
+    const auto dout = random_vector(rows * kOutput, 13);
+    const auto dx_in = random_vector(rows * kInner, 14);
+    const GroupedGemmShape shape{
+        .group_sizes = sizes, .k = kInner, .n = kOutput, .compute_dtype = dtype, .schedule = schedule};
+
+    std::vector<float> out(rows * kOutput), dx(rows * kInner), dw(num_groups * matrix, NAN);
+    auto dx_accumulated = dx_in;
+    grouped_gemm_forward(shape, x.data(), w.data(), out.data());
+    grouped_gemm_dlhs(shape, dout.data(), w.data(), dx.data());
+    grouped_gemm_dlhs(shape, dout.data(), w.data(), dx_accumulated.data(), /*accumulate=*/true);
+    grouped_gemm_drhs(shape, x.data(), dout.data(), dw.data());
+
+    // Separate copies, allocated in reverse group order.
+    std::vector<std::vector<float>> w_copies(num_groups), dw_copies(num_groups);
+    for (std::int64_t g = num_groups - 1; g >= 0; --g) {
+      w_copies[g].assign(w.begin() + g * matrix, w.begin() + (g + 1) * matrix);
+      dw_copies[g].assign(matrix, NAN);
+    }
+    std::vector<const float*> w_groups(num_groups);
+    std::vector<float*> dw_groups(num_groups);
+    for (std::int64_t g = 0; g < num_groups; ++g) {
+      w_groups[g] = w_copies[g].data();
+      dw_groups[g] = dw_copies[g].data();
+    }
+    std::vector<float> out_p(rows * kOutput), dx_p(rows * kInner);
+    auto dx_accumulated_p = dx_in;
+    grouped_gemm_forward(shape, x.data(), w_groups, out_p.data());
+    grouped_gemm_dlhs(shape, dout.data(), w_groups, dx_p.data());
+    grouped_gemm_dlhs(shape, dout.data(), w_groups, dx_accumulated_p.data(), /*accumulate=*/true);
+    grouped_gemm_drhs(shape, x.data(), dout.data(), dw_groups);
+
+    EXPECT_EQ(std::memcmp(out.data(), out_p.data(), out.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(dx.data(), dx_p.data(), dx.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(dx_accumulated.data(), dx_accumulated_p.data(), dx.size() * sizeof(float)), 0);
+    for (std::int64_t g = 0; g < num_groups; ++g)
+      EXPECT_EQ(std::memcmp(dw.data() + g * matrix, dw_copies[g].data(), matrix * sizeof(float)), 0)
+          << "group " << g;
+  }
+}
+
+TEST_P(GroupedGemmTest, PerGroupPointersRefuseWrongCountOrNull) {
+  const std::vector<std::int64_t> sizes = {2, 0, 3};
+  const GroupedGemmShape shape{.group_sizes = sizes, .k = kInner, .n = kOutput};
+  const auto x = random_vector(5 * kInner, 15);
+  const auto w = random_vector(kInner * kOutput, 16);
+  std::vector<float> out(5 * kOutput), dx(5 * kInner), dw(kInner * kOutput);
+  const std::vector<const float*> two = {w.data(), w.data()};
+  const std::vector<const float*> with_null = {w.data(), nullptr, w.data()};
+  const std::vector<float*> dw_two = {dw.data(), dw.data()};
+  EXPECT_THROW(grouped_gemm_forward(shape, x.data(), two, out.data()), InternalError);
+  EXPECT_THROW(grouped_gemm_forward(shape, x.data(), with_null, out.data()), InternalError);
+  EXPECT_THROW(grouped_gemm_dlhs(shape, out.data(), with_null, dx.data()), InternalError);
+  EXPECT_THROW(grouped_gemm_drhs(shape, x.data(), out.data(), dw_two), InternalError);
 }
 
 INSTANTIATE_TEST_SUITE_P(ComputeThreads, GroupedGemmTest, ::testing::Values(1, 2));
