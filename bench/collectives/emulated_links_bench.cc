@@ -3,12 +3,15 @@
 // until the modelled arrival time). Rank threads and progress threads share
 // this machine's 2 cores, so the CPU side (memcpy of every message, wake-ups)
 // is real and shows in the ratio to the bound.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "bench_args.h"
 #include "comm/all_gather.h"
+#include "comm/cooperative_progress.h"
 #include "core/error.h"
 #include "transport/threads/launcher.h"
 
@@ -94,12 +97,25 @@ namespace {
 
 // A compute loop that stands in for expert GEMMs: dependent FMAs on a small
 // array in L1, one thread per rank, no memory traffic to compete with the
-// copies. Returns a value so the work cannot be optimised away.
-float compute(std::int64_t iterations) {
+// copies. Returns a value so the work cannot be optimised away. Run in slices
+// of kSliceIterations (~20 us here) that stand in for GEMM tiles; with
+// `cooperative` the loop calls comm::drive_progress() between slices, as
+// expert compute does (comm/cooperative_progress.h), and adds the loans made
+// to *loans.
+constexpr std::int64_t kSliceIterations = 4096;
+
+float compute(std::int64_t iterations, bool cooperative = false, int* loans = nullptr) {
   float values[64];
   for (int i = 0; i < 64; ++i) values[i] = 1.0f + i * 1e-3f;
-  for (std::int64_t it = 0; it < iterations; ++it) {
-    for (int i = 0; i < 64; ++i) values[i] = values[i] * 0.9999f + 1e-4f;
+  for (std::int64_t begin = 0; begin < iterations; begin += kSliceIterations) {
+    const std::int64_t end = std::min(iterations, begin + kSliceIterations);
+    for (std::int64_t it = begin; it < end; ++it) {
+      for (int i = 0; i < 64; ++i) values[i] = values[i] * 0.9999f + 1e-4f;
+    }
+    if (cooperative) {
+      const int lent = comm::drive_progress();
+      if (loans != nullptr) *loans += lent;
+    }
   }
   float sum = 0;
   for (float v : values) sum += v;
@@ -110,14 +126,30 @@ float compute(std::int64_t iterations) {
 
 int run_overlap_part(const BenchArgs& args) {
   const ThreadsOptions options = link_options(args);
+  // progress=threads: the compute loop never calls drive_progress (the
+  // progress threads get a core when the scheduler gives them one);
+  // cooperative: it does between slices; both (default): a row of each,
+  // measured in the same ranks with the same calibration.
+  const auto found = args.values.find("progress");
+  const std::string progress = found == args.values.end() ? "both" : found->second;
+  if (progress != "threads" && progress != "cooperative" && progress != "both") {
+    throw ConfigError("bench overlap: progress=" + progress + ": must be threads, cooperative or both");
+  }
+  std::vector<bool> variants;  // cooperative?
+  if (progress != "cooperative") variants.push_back(false);
+  if (progress != "threads") variants.push_back(true);
   std::printf("(c) overlap: async bidirectional all-gather beside a compute loop of similar length, "
-              "emulated ring links %.2f GB/s, %.1f us; all ranks compute at once (R threads on 2 cores)\n",
-              options.links.bandwidth_gb_per_s, options.links.latency_us);
-  std::printf("| R | chunk | all-gather ms | compute ms | both, overlapped ms | sum ms | max ms | overlapped / sum | overlapped / max |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+              "emulated ring links %.2f GB/s, %.1f us; all ranks compute at once (R threads on 2 cores); "
+              "progress: threads = the compute loop never drives progress, cooperative = it calls "
+              "comm::drive_progress() every %lld iterations\n",
+              options.links.bandwidth_gb_per_s, options.links.latency_us, static_cast<long long>(kSliceIterations));
+  std::printf("| R | chunk | progress | all-gather ms | compute ms | both, overlapped ms | sum ms | max ms | overlapped / sum | overlapped / max | loans / run |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int num_ranks : args.ints("ranks", "2,4")) {
     for (std::int64_t chunk_bytes : args.sizes("chunks", "1M,8M")) {
-      Timing gather_alone, compute_alone, both;
+      Timing gather_alone, compute_alone;
+      std::vector<Timing> both(variants.size());
+      std::vector<double> loans_per_run(variants.size(), 0.0);
       volatile float sink = 0;
       run_ranks(num_ranks, options, [&](Communicator& comm) {
         const std::vector<std::byte> input = rank_chunk(comm.rank(), chunk_bytes);
@@ -138,23 +170,33 @@ int run_overlap_part(const BenchArgs& args) {
         Timing c = measure(comm, args.timing(), [&] { sink = sink + compute(iterations); });
         iterations = static_cast<std::int64_t>(static_cast<double>(iterations) * g.median_s / c.median_s);
         c = measure(comm, args.timing(), [&] { sink = sink + compute(iterations); });
-        const Timing b = measure(comm, args.timing(), [&] {
-          comm::CollectiveHandle handle = comm::ring_all_gather(comm, gather);
-          sink = sink + compute(iterations);
-          handle.wait();
-        });
-        if (args.verify()) verify_gather(output, num_ranks, chunk_bytes);
+        for (std::size_t v = 0; v < variants.size(); ++v) {
+          int loans = 0, runs = 0;
+          const Timing b = measure(comm, args.timing(), [&] {
+            comm::CollectiveHandle handle = comm::ring_all_gather(comm, gather);
+            sink = sink + compute(iterations, variants[v], &loans);
+            handle.wait();
+            ++runs;
+          });
+          if (args.verify()) verify_gather(output, num_ranks, chunk_bytes);
+          if (comm.rank() == 0) {
+            both[v] = b;
+            loans_per_run[v] = static_cast<double>(loans) / runs;
+          }
+        }
         if (comm.rank() == 0) {
           gather_alone = g;
           compute_alone = c;
-          both = b;
         }
       });
       const double sum = gather_alone.median_s + compute_alone.median_s;
       const double max = std::max(gather_alone.median_s, compute_alone.median_s);
-      std::printf("| %d | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f |\n", num_ranks,
-                  format_bytes(chunk_bytes).c_str(), gather_alone.median_s * 1e3, compute_alone.median_s * 1e3,
-                  both.median_s * 1e3, sum * 1e3, max * 1e3, both.median_s / sum, both.median_s / max);
+      for (std::size_t v = 0; v < variants.size(); ++v) {
+        std::printf("| %d | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f | %.1f |\n", num_ranks,
+                    format_bytes(chunk_bytes).c_str(), variants[v] ? "cooperative" : "threads",
+                    gather_alone.median_s * 1e3, compute_alone.median_s * 1e3, both[v].median_s * 1e3, sum * 1e3,
+                    max * 1e3, both[v].median_s / sum, both[v].median_s / max, loans_per_run[v]);
+      }
       std::fflush(stdout);
     }
   }

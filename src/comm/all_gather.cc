@@ -74,17 +74,18 @@ CollectiveHandle ring_all_gather(transport::Communicator& comm, const AllGatherO
     });
     return CollectiveHandle{};
   }
-  return launch_collective(comm, name, options.timeout,
-                           [&comm, options, esize, own_bytes, output, own_slot,
-                            layout = std::move(layout)](transport::Deadline deadline) {
-                             if (own_bytes > 0 && options.input != own_slot) {
-                               std::memcpy(own_slot, options.input, static_cast<std::size_t>(own_bytes));
-                             }
-                             detail::ring_all_gather_blocks(comm, layout, esize, output,
-                                                            options.direction == RingDirection::bidirectional,
-                                                            options.pipe, CollectiveKind::all_gather, options.tag,
-                                                            deadline);
-                           });
+  // The prologue copies this rank's block into place and posts every
+  // receive and the first sends; the progress thread forwards the rest.
+  auto gather = std::make_shared<detail::RingAllGather>(
+      comm, std::move(layout), esize, output, options.direction == RingDirection::bidirectional, options.pipe,
+      CollectiveKind::all_gather, options.tag);
+  return launch_collective(
+      comm, name, options.timeout,
+      [gather, input = options.input, own_bytes, own_slot](transport::Deadline) {
+        if (own_bytes > 0 && input != own_slot) std::memcpy(own_slot, input, static_cast<std::size_t>(own_bytes));
+        gather->start();
+      },
+      [gather](transport::Deadline deadline) { gather->finish(deadline); });
 }
 
 }  // namespace epmoe::comm

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "comm/cooperative_progress.h"
 #include "comm/progress_threads.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
@@ -128,6 +129,13 @@ void collective_fault_point(const transport::Communicator& comm) { fault_point("
 CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
                                    std::chrono::milliseconds timeout,
                                    std::function<void(transport::Deadline)> body) {
+  return launch_collective(comm, std::move(name), timeout, nullptr, std::move(body));
+}
+
+CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
+                                   std::chrono::milliseconds timeout,
+                                   std::function<void(transport::Deadline)> prologue,
+                                   std::function<void(transport::Deadline)> body) {
   auto state = std::make_shared<detail::CollectiveState>();
   state->deadline = transport::Clock::now() + timeout;
   state->name = std::move(name);
@@ -136,14 +144,38 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
   if (clocks != nullptr) state->clock = clocks->fork(state->name);
   const TraceTrack trace = this_thread_trace_track();
   const double trace_begin_us = this_thread_trace_now_us();
-  detail::ProgressThreads::instance().submit([state, clocks, trace, trace_begin_us, body = std::move(body)] {
+  // Wall time: the launching thread may lend its core to this collective
+  // (comm/cooperative_progress.h); modelled time has no cores to lend.
+  std::shared_ptr<transport::ProgressSlot> slot;
+  if (clocks == nullptr) slot = std::make_shared<transport::ProgressSlot>();
+  // Wall time: the prologue runs here, so that its messages are posted now
+  // rather than when the progress thread gets a core. Its error is the
+  // body's: rethrown on the progress thread, it takes the same path.
+  std::exception_ptr prologue_error;
+  std::int64_t prologue_bytes = 0;
+  if (prologue && clocks == nullptr) {
+    const std::int64_t before = transport::this_thread_bytes_sent();
+    try {
+      prologue(state->deadline);
+    } catch (...) {
+      prologue_error = std::current_exception();
+    }
+    prologue_bytes = transport::this_thread_bytes_sent() - before;
+    prologue = nullptr;
+  }
+  detail::ProgressThreads::instance().submit([state, clocks, trace, trace_begin_us, slot, prologue_bytes,
+                                              prologue_error = std::move(prologue_error),
+                                              prologue = std::move(prologue), body = std::move(body)]() mutable {
     std::exception_ptr error;
     std::string root_cause;  // non-empty: this collective is where the failure started
     // The progress thread runs on the collective's clock and traces to its caller's rank.
     const TraceTrack previous_track = set_this_thread_trace_track(trace);
     ModelledClock* const previous_clock = set_this_thread_modelled_clock(state->clock.get());
+    transport::ProgressSlot* const previous_slot = transport::set_this_thread_progress_slot(slot.get());
     const std::int64_t bytes_before = transport::this_thread_bytes_sent();
     try {
+      if (prologue_error) std::rethrow_exception(std::exchange(prologue_error, nullptr));
+      if (prologue) prologue(state->deadline);  // modelled time: on the collective's clock
       body(state->deadline);
     } catch (const transport::AbortedError& e) {
       error = std::make_exception_ptr(transport::AbortedError(state->name + ": " + e.what()));
@@ -157,15 +189,22 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
       root_cause = state->name + ": unknown exception";
       error = std::current_exception();
     }
+    // What the parts hold (their requests, pointing into the caller's
+    // buffers) goes before the caller may free those buffers.
+    prologue = nullptr;
+    body = nullptr;
     // Before the error is published: peers hear of it now, not at their
     // deadlines. On mpi this ends the job here (MPI_Abort), printing the text.
     if (!root_cause.empty()) {
       state->comm->abort("rank " + std::to_string(state->comm->rank()) + " failed: " + root_cause, error);
     }
+    // The body is over (and a failure is already told): a lender gets its core back.
+    transport::set_this_thread_progress_slot(previous_slot);
+    if (slot) slot->finish();
     if (trace.recorder != nullptr) {
       trace.recorder->add_collective(
           trace.pid, state->name, trace_begin_us, this_thread_trace_now_us(),
-          {{"bytes_sent", static_cast<double>(transport::this_thread_bytes_sent() - bytes_before)}});
+          {{"bytes_sent", static_cast<double>(prologue_bytes + transport::this_thread_bytes_sent() - bytes_before)}});
     }
     set_this_thread_modelled_clock(previous_clock);
     set_this_thread_trace_track(previous_track);
@@ -175,6 +214,7 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
     state->done = true;
     state->finished.notify_all();
   });
+  if (slot) detail::track_in_flight(std::move(slot));  // once it surely runs
   return CollectiveHandle(std::move(state));
 }
 

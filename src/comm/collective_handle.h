@@ -88,6 +88,7 @@ class CollectiveHandle {
  private:
   friend CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
                                             std::chrono::milliseconds timeout,
+                                            std::function<void(transport::Deadline)> prologue,
                                             std::function<void(transport::Deadline)> body);
   explicit CollectiveHandle(std::shared_ptr<detail::CollectiveState> state)
       : state_(std::move(state)) {}
@@ -102,6 +103,17 @@ class CollectiveHandle {
 // AbortedError aborts comm's group (above). Used by every collective in comm/.
 CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
                                    std::chrono::milliseconds timeout,
+                                   std::function<void(transport::Deadline)> body);
+// The same, with a prologue that posts the collective's first messages and
+// never waits: in wall time it runs on the calling thread before this
+// returns, so those messages flow even while the progress thread waits for a
+// core (rank threads filling the cores: comm/cooperative_progress.h); in
+// modelled time it runs on the progress thread just before body, on the
+// collective's clock. Its errors are the body's (they fail the collective,
+// abort the group and reach wait(); launch itself does not throw them).
+CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
+                                   std::chrono::milliseconds timeout,
+                                   std::function<void(transport::Deadline)> prologue,
                                    std::function<void(transport::Deadline)> body);
 
 namespace detail {

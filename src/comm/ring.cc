@@ -78,78 +78,93 @@ LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional) {
   return LaneSplit{{0, clockwise}, {clockwise, num_elements - clockwise}};
 }
 
+RingAllGather::RingAllGather(Communicator& comm, BlockLayout layout, std::size_t element_size_bytes,
+                             std::byte* output, bool bidirectional, std::int64_t pipe, CollectiveKind kind,
+                             std::uint32_t collective_tag)
+    : comm_(comm), layout_(std::move(layout)), esize_(static_cast<std::int64_t>(element_size_bytes)),
+      output_(output), bidirectional_(bidirectional), pipe_(pipe), num_ranks_(comm.size()), rank_(comm.rank()),
+      num_steps_(comm.size() - 1), num_lanes_(bidirectional ? 2 : 1),
+      peer_to_{wrap(comm.rank() + 1, comm.size()), wrap(comm.rank() - 1, comm.size())},
+      tags_{make_tag(kind, collective_tag, Slot::ring_clockwise),
+            make_tag(kind, collective_tag, Slot::ring_counter_clockwise)} {}
+
+// Piece p of lane `lane` of block `block`, in bytes within output.
+RingAllGather::Piece RingAllGather::piece(int block, int lane, std::int64_t p) const {
+  const LaneSplit split = split_lanes(layout_.num_elements[block], bidirectional_);
+  const std::int64_t lane_size = split.lane_size[lane];
+  const std::int64_t begin = split.lane_begin[lane] + lane_size * p / pipe_;
+  const std::int64_t end = split.lane_begin[lane] + lane_size * (p + 1) / pipe_;
+  return Piece{output_ + (layout_.offset[block] + begin) * esize_, (end - begin) * esize_};
+}
+
+// Lane 0 (clockwise) at step s sends block rank-s and receives block
+// rank-s-1 from rank-1; lane 1 mirrors it: sends block rank+s, receives
+// block rank+s+1 from rank+1.
+int RingAllGather::sent_block(int lane, int step) const {
+  return wrap(lane == 0 ? rank_ - step : rank_ + step, num_ranks_);
+}
+int RingAllGather::received_block(int lane, int step) const {
+  return wrap(lane == 0 ? rank_ - step - 1 : rank_ + step + 1, num_ranks_);
+}
+std::size_t RingAllGather::recv_index(int lane, int step, std::int64_t p) const {
+  return static_cast<std::size_t>((lane * num_steps_ + step) * pipe_ + p);
+}
+
+void RingAllGather::start() {
+  if (num_ranks_ == 1) return;
+  // Every receive is posted up front (each lands in its own place in output),
+  // so a sender never waits for its receiver to get round to posting.
+  // recvs_[(lane * num_steps + step) * pipe + p]; null for empty pieces.
+  recvs_.resize(static_cast<std::size_t>(2 * num_steps_ * pipe_));
+  sends_.reserve(recvs_.size());
+  for (int step = 0; step < num_steps_; ++step) {
+    for (std::int64_t p = 0; p < pipe_; ++p) {
+      for (int lane = 0; lane < num_lanes_; ++lane) {
+        const Piece in = piece(received_block(lane, step), lane, p);
+        if (in.num_bytes == 0) continue;
+        // The lane's receive comes from the rank that sends to us on it.
+        const int from = peer_to_[1 - lane];
+        recvs_[recv_index(lane, step, p)] = comm_.irecv(from, tags_[lane], in.data, in.num_bytes);
+      }
+    }
+  }
+  // Step 0 sends this rank's own block: nothing to wait for.
+  for (std::int64_t p = 0; p < pipe_; ++p) {
+    for (int lane = 0; lane < num_lanes_; ++lane) {
+      const Piece out = piece(sent_block(lane, 0), lane, p);
+      if (out.num_bytes == 0) continue;
+      sends_.push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
+    }
+  }
+}
+
+void RingAllGather::finish(Deadline deadline) {
+  if (num_ranks_ == 1) return;
+  collective_fault_point(comm_);  // step 0's messages are in flight
+  for (int step = 1; step < num_steps_; ++step) {
+    for (std::int64_t p = 0; p < pipe_; ++p) {
+      for (int lane = 0; lane < num_lanes_; ++lane) {
+        const Piece out = piece(sent_block(lane, step), lane, p);
+        if (out.num_bytes == 0) continue;
+        // Store and forward: piece p of step s is piece p received at s-1.
+        recvs_[recv_index(lane, step - 1, p)]->wait_until(deadline);
+        sends_.push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
+      }
+    }
+  }
+  for (auto& request : recvs_) {
+    if (request) request->wait_until(deadline);
+  }
+  for (auto& request : sends_) request->wait_until(deadline);
+}
+
 void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout,
                             std::size_t element_size_bytes, std::byte* output, bool bidirectional,
                             std::int64_t pipe, CollectiveKind kind, std::uint32_t collective_tag,
                             Deadline deadline) {
-  const int num_ranks = comm.size();
-  const int rank = comm.rank();
-  if (num_ranks == 1) return;
-  const int num_steps = num_ranks - 1;
-  const int peer_to[2] = {wrap(rank + 1, num_ranks), wrap(rank - 1, num_ranks)};
-  const transport::Tag tags[2] = {make_tag(kind, collective_tag, Slot::ring_clockwise),
-                                  make_tag(kind, collective_tag, Slot::ring_counter_clockwise)};
-  const auto esize = static_cast<std::int64_t>(element_size_bytes);
-
-  // Piece p of lane `lane` of block `block`, in bytes within output.
-  struct Piece {
-    std::byte* data;
-    std::int64_t num_bytes;
-  };
-  auto piece = [&](int block, int lane, std::int64_t p) {
-    const LaneSplit split = split_lanes(layout.num_elements[block], bidirectional);
-    const std::int64_t lane_size = split.lane_size[lane];
-    const std::int64_t begin = split.lane_begin[lane] + lane_size * p / pipe;
-    const std::int64_t end = split.lane_begin[lane] + lane_size * (p + 1) / pipe;
-    return Piece{output + (layout.offset[block] + begin) * esize, (end - begin) * esize};
-  };
-  // Lane 0 (clockwise) at step s sends block rank-s and receives block
-  // rank-s-1 from rank-1; lane 1 mirrors it: sends block rank+s, receives
-  // block rank+s+1 from rank+1.
-  auto sent_block = [&](int lane, int step) {
-    return wrap(lane == 0 ? rank - step : rank + step, num_ranks);
-  };
-  auto received_block = [&](int lane, int step) {
-    return wrap(lane == 0 ? rank - step - 1 : rank + step + 1, num_ranks);
-  };
-  const int num_lanes = bidirectional ? 2 : 1;
-
-  // Every receive is posted up front (each lands in its own place in output),
-  // so a sender never waits for its receiver to get round to posting.
-  // recvs[(lane * num_steps + step) * pipe + p]; null for empty pieces.
-  std::vector<std::unique_ptr<Request>> recvs(static_cast<std::size_t>(2 * num_steps * pipe));
-  std::vector<std::unique_ptr<Request>> sends;
-  sends.reserve(recvs.size());
-  auto recv_index = [&](int lane, int step, std::int64_t p) {
-    return static_cast<std::size_t>((lane * num_steps + step) * pipe + p);
-  };
-  for (int step = 0; step < num_steps; ++step) {
-    for (std::int64_t p = 0; p < pipe; ++p) {
-      for (int lane = 0; lane < num_lanes; ++lane) {
-        const Piece in = piece(received_block(lane, step), lane, p);
-        if (in.num_bytes == 0) continue;
-        // The lane's receive comes from the rank that sends to us on it.
-        const int from = peer_to[1 - lane];
-        recvs[recv_index(lane, step, p)] = comm.irecv(from, tags[lane], in.data, in.num_bytes);
-      }
-    }
-  }
-  for (int step = 0; step < num_steps; ++step) {
-    for (std::int64_t p = 0; p < pipe; ++p) {
-      for (int lane = 0; lane < num_lanes; ++lane) {
-        const Piece out = piece(sent_block(lane, step), lane, p);
-        if (out.num_bytes == 0) continue;
-        // Store and forward: piece p of step s is piece p received at s-1.
-        if (step > 0) recvs[recv_index(lane, step - 1, p)]->wait_until(deadline);
-        sends.push_back(comm.isend(peer_to[lane], tags[lane], out.data, out.num_bytes));
-      }
-    }
-    if (step == 0) collective_fault_point(comm);  // step 0's messages are in flight
-  }
-  for (auto& request : recvs) {
-    if (request) request->wait_until(deadline);
-  }
-  for (auto& request : sends) request->wait_until(deadline);
+  RingAllGather gather(comm, layout, element_size_bytes, output, bidirectional, pipe, kind, collective_tag);
+  gather.start();
+  gather.finish(deadline);
 }
 
 void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, DType dtype,

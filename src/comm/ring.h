@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/tag.h"
@@ -41,6 +42,44 @@ LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional);
 // output holds every block in rank order and already holds this rank's block;
 // afterwards it holds all blocks. Store-and-forward (DESIGN.md §4.4): at step
 // s a lane forwards the block it received at step s-1, piece by piece.
+//
+// In two parts, so that the first can run on the caller's thread
+// (launch_collective's prologue, comm/collective_handle.h): start() posts
+// every receive and step 0's sends (this rank's own block) and never waits;
+// finish() forwards steps 1..R-2 as their pieces arrive and waits for
+// everything. At R=2 start() is all the work a core is needed for.
+class RingAllGather {
+ public:
+  RingAllGather(transport::Communicator& comm, BlockLayout layout, std::size_t element_size_bytes,
+                std::byte* output, bool bidirectional, std::int64_t pipe, CollectiveKind kind,
+                std::uint32_t collective_tag);
+  void start();
+  void finish(transport::Deadline deadline);  // after start(), on any one thread
+
+ private:
+  struct Piece {
+    std::byte* data;
+    std::int64_t num_bytes;
+  };
+  Piece piece(int block, int lane, std::int64_t p) const;
+  int sent_block(int lane, int step) const;
+  int received_block(int lane, int step) const;
+  std::size_t recv_index(int lane, int step, std::int64_t p) const;
+
+  transport::Communicator& comm_;
+  BlockLayout layout_;
+  std::int64_t esize_;
+  std::byte* output_;
+  bool bidirectional_;
+  std::int64_t pipe_;
+  int num_ranks_, rank_, num_steps_, num_lanes_;
+  int peer_to_[2];
+  transport::Tag tags_[2];
+  std::vector<std::unique_ptr<transport::Request>> recvs_;
+  std::vector<std::unique_ptr<transport::Request>> sends_;
+};
+
+// Both parts at once, on the calling thread.
 void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& layout,
                             std::size_t element_size_bytes, std::byte* output, bool bidirectional,
                             std::int64_t pipe, CollectiveKind kind, std::uint32_t collective_tag,

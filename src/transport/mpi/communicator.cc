@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "transport/progress_slot.h"
 #include "transport/mpi/launcher.h"
 #include "transport/mpi/liveness.h"
 #include "transport/mpi/native_collectives.h"
@@ -117,7 +118,16 @@ class MpiRequest final : public Request {
       if (now - started < kSpinTime) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(std::min<Clock::duration>(sleep, deadline - now));
+        const Clock::time_point until = now + std::min<Clock::duration>(sleep, deadline - now);
+        // On a progress thread the sleep is parked in its slot, so that the
+        // thread that launched the collective can lend it a core when the
+        // next poll is due (transport/progress_slot.h) instead of leaving it
+        // to the scheduler; MPI has no wait with a timeout to sleep on.
+        if (ProgressSlot* slot = this_thread_progress_slot()) {
+          slot->poll_sleep(until);
+        } else {
+          std::this_thread::sleep_until(until);
+        }
         sleep = std::min(sleep * 2, kMaxSleep);
       }
     }

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/trace_recorder.h"
+#include "transport/progress_slot.h"
 
 namespace epmoe::transport::threads {
 namespace {
@@ -75,7 +76,16 @@ class ThreadsRequest final : public Request {
         if (now >= deadline) throw_timeout(now);
         Clock::time_point wake = deadline;
         if (state_.phase == RequestPhase::done) wake = std::min(wake, state_.ready_at);
+        // On a progress thread in wall time: say what wakes this sleep, so
+        // that the thread that launched the collective can lend it a core
+        // once it is due (transport/progress_slot.h). Modelled time waits in
+        // the timeline instead, where virtual time, not a core, is the limit.
+        ProgressSlot* const slot = timeline == nullptr ? this_thread_progress_slot() : nullptr;
+        if (slot != nullptr) {
+          slot->park(wake, &mailbox_.epoch, mailbox_.epoch.load(std::memory_order_relaxed), &mailbox_.changed);
+        }
         mailbox_.changed.wait_until(lock, wake);
+        if (slot != nullptr) slot->unpark();
       }
     }
     if (timeline == nullptr) return;
@@ -180,7 +190,7 @@ void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedS
     send.state->error = msg.str();
     recv.state->phase = RequestPhase::failed;
     recv.state->error = msg.str();
-    mailbox.changed.notify_all();
+    mailbox.notify_changed();
     return;
   }
   send.state->phase = RequestPhase::copying;
@@ -193,7 +203,7 @@ void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedS
   send.state->ready_at = send.send_done;
   recv.state->phase = RequestPhase::done;
   recv.state->ready_at = send.arrival;
-  mailbox.changed.notify_all();
+  mailbox.notify_changed();
   if (timeline == nullptr && send.trace.recorder != nullptr) {  // wall clock: copied now, or at the emulated arrival
     const double arrived_us = std::max(send.trace.recorder->wall_now_us(),
                                        send.posted_us + 1e6 * std::chrono::duration<double>(
@@ -246,7 +256,7 @@ void ThreadsWorld::abort(const std::string& reason, std::exception_ptr cause) {
   // has checked aborted() but not yet started sleeping.
   for (auto& mailbox : mailboxes_) {
     std::lock_guard<std::mutex> lock(mailbox->mutex);
-    mailbox->changed.notify_all();
+    mailbox->notify_changed();
   }
   if (timeline_) timeline_->wake_all();
 }
@@ -273,7 +283,7 @@ void ThreadsWorld::cancel_pending(int rank, const std::string& reason) {
   // wake them all (as abort() does).
   for (auto& mailbox : mailboxes_) {
     std::lock_guard<std::mutex> lock(mailbox->mutex);
-    mailbox->changed.notify_all();
+    mailbox->notify_changed();
   }
   if (timeline_) timeline_->wake_all();
 }

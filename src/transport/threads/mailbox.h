@@ -7,6 +7,7 @@
 // is guarded by mailbox d's mutex; waiters sleep on its condition variable.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -65,6 +66,14 @@ struct Mailbox {
   using Key = std::pair<int, Tag>;  // (source rank, tag)
   std::mutex mutex;
   std::condition_variable changed;  // any request of this mailbox changed phase, or abort
+  // Incremented (under `mutex`) before every notify of `changed`, so that a
+  // waiter's progress slot (transport/progress_slot.h) can tell from outside,
+  // without this lock, that the waiter has been woken since it went to sleep.
+  std::atomic<std::uint64_t> epoch{0};
+  void notify_changed() {  // caller holds `mutex`
+    epoch.fetch_add(1, std::memory_order_release);
+    changed.notify_all();
+  }
   std::map<Key, std::deque<QueuedSend>> unmatched_sends;
   std::map<Key, std::deque<QueuedRecv>> unmatched_recvs;
 };
