@@ -48,6 +48,14 @@ class NumericError : public Error {
   using Error::Error;
 };
 
+// A call out of its documented order (finish before begin, a backward
+// without its forward, a dispatch handle used twice): a mistake of the
+// caller, named with the call and the order it must follow.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A broken internal invariant (a bug). Thrown by EPMOE_CHECK.
 class InternalError : public std::logic_error {
  public:

@@ -27,6 +27,8 @@ void MoeLayerConfig::validate() const {
 // and unchanged until backward (the usual autograd contract).
 struct MoeLayer::Saved {
   const Tensor* x = nullptr;
+  const Tensor* dy = nullptr;              // from begin_backward
+  const Tensor* extra_d_logits = nullptr;  // from begin_backward, or null
   MoeWeights weights;
   LocalExpertWeights expert_weights;  // the caller's, or the combined buffer with replicas
   RouterOutput routing;
@@ -136,8 +138,31 @@ LocalExpertWeights expert_weights(const MoeWeights& w) {
 
 }  // namespace
 
+void MoeLayer::expect_stage(Stage expected, const char* call) const {
+  if (stage_ == expected || (expected == Stage::idle && stage_ == Stage::forward_done)) return;
+  static constexpr const char* kNext[] = {"begin_forward (or forward)", "finish_forward",
+                                          "begin_backward (or backward), or a new begin_forward",
+                                          "finish_backward"};
+  throw UsageError(layer_label(config_) + ": " + call + "() out of order: the next call must be " +
+                   kNext[static_cast<int>(stage_)] +
+                   " (the order is begin_forward, finish_forward, begin_backward, finish_backward; "
+                   "forward() and backward() are a begin and its finish)");
+}
+
 MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
                                    std::optional<std::uint64_t> weight_version) {
+  begin_forward(x, weights, weight_version);
+  return finish_forward();
+}
+
+MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) {
+  begin_backward(dy, extra_d_logits);
+  return finish_backward();
+}
+
+void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
+                             std::optional<std::uint64_t> weight_version) {
+  expect_stage(Stage::idle, "begin_forward");
   check_weights(config_, dispatcher_->num_local_experts(), x, weights);
   // Before any work or communication, so a refused input leaves the layer
   // (and its peers) as they were.
@@ -156,8 +181,9 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
     finite_weights_seen_ = seen;
   }
   PhaseTimes& times = stats_.phase_seconds;
+  saved_.reset();  // a forward without its backward (inference) is simply dropped
+  stage_ = Stage::idle;  // until the begin completes: an error abandons the step
   if (ledger_ != nullptr) ledger_->reset_peaks();
-  const ExpertShape shape{config_.hidden, config_.ffn, config_.compute_dtype};
 
   saved_ = std::make_unique<Saved>();
   Saved& s = *saved_;
@@ -174,7 +200,6 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
   s.rows.resize(static_cast<std::size_t>(num_chunks));
   s.rows_metadata.resize(static_cast<std::size_t>(num_chunks));
   s.activations.resize(static_cast<std::size_t>(num_chunks));
-  const ep::RematPolicy& remat = config_.remat;
   dispatcher_->start_forward(x, {s.routing.topk_ids.data<std::int32_t>(),
                                  s.routing.topk_weights.data<float>(), x.dim(0), config_.router.top_k});
   s.expert_weights = expert_weights(weights);
@@ -208,6 +233,17 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
     replicas->exchange_slot_weights({targets[0], targets[1], targets[2], config_.hidden, config_.ffn}, version);
     s.expert_weights = {targets[0], targets[1], targets[2]};
   }
+  stage_ = Stage::forward_begun;
+}
+
+MoeForwardOutput MoeLayer::finish_forward() {
+  expect_stage(Stage::forward_begun, "finish_forward");
+  stage_ = Stage::idle;  // until the finish completes
+  Saved& s = *saved_;
+  PhaseTimes& times = stats_.phase_seconds;
+  const ExpertShape shape{config_.hidden, config_.ffn, config_.compute_dtype};
+  const ep::RematPolicy& remat = config_.remat;
+  const int num_chunks = dispatcher_->num_chunks();
   for (int c = 0; c < num_chunks; ++c) {
     {
       ScopedPhase phase(times, "dispatch");
@@ -248,6 +284,7 @@ MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
   out.topk_ids = s.routing.topk_ids.clone();
   out.topk_weights = s.routing.topk_weights.clone();
   if (ledger_ != nullptr) stats_.saved_activation_peak_bytes = ledger_->total_peak_bytes();
+  stage_ = Stage::forward_done;
   return out;
 }
 
@@ -271,19 +308,33 @@ const RouterOutput& MoeLayer::last_routing() const {
   return saved_->routing;
 }
 
-MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) {
-  EPMOE_CHECK(saved_ != nullptr);  // backward needs a forward first
-  // Before the saved state is taken: a refused dy leaves it for a retry.
+void MoeLayer::begin_backward(const Tensor& dy, const Tensor* extra_d_logits) {
+  expect_stage(Stage::forward_done, "begin_backward");
+  // Before the stage moves on: a refused dy leaves the forward's state for a retry.
   check_input(config_, "dy", dy);
   if (extra_d_logits != nullptr) check_input(config_, "extra_d_logits", *extra_d_logits);
+  EPMOE_CHECK(dy.shape() == saved_->x->shape());
+  stage_ = Stage::idle;  // until the begin completes
+  saved_->dy = &dy;
+  saved_->extra_d_logits = extra_d_logits;
+  {
+    ScopedPhase phase(stats_.phase_seconds, "backward_combine");
+    dispatcher_->start_backward(dy);
+  }
+  stage_ = Stage::backward_begun;
+}
+
+MoeGradients MoeLayer::finish_backward() {
+  expect_stage(Stage::backward_begun, "finish_backward");
+  stage_ = Stage::idle;  // the step ends here, whatever happens
   std::unique_ptr<Saved> saved = std::move(saved_);
   Saved& s = *saved;
+  const Tensor* extra_d_logits = s.extra_d_logits;
   const Tensor& x = *s.x;
   const std::int64_t num_tokens = x.dim(0);
   const std::int64_t hidden = config_.hidden, ffn = config_.ffn;
   const int num_experts = config_.router.num_experts;
   const std::int64_t num_local = dispatcher_->num_local_experts();
-  EPMOE_CHECK(dy.shape() == x.shape());
   PhaseTimes& times = stats_.phase_seconds;
   const ExpertShape shape{hidden, ffn, config_.compute_dtype};
 
@@ -303,10 +354,6 @@ MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) 
   Tensor& dwi0 = replicas != nullptr ? dwi0_all : grads.dwi0;
   Tensor& dwi1 = replicas != nullptr ? dwi1_all : grads.dwi1;
   Tensor& dwo = replicas != nullptr ? dwo_all : grads.dwo;
-  {
-    ScopedPhase phase(times, "backward_combine");
-    dispatcher_->start_backward(dy);
-  }
   stats_.recomputed_bytes = 0;
   for (int c = 0; c < dispatcher_->num_chunks(); ++c) {
     if (!config_.remat.save_x_sorted) {

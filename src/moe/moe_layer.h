@@ -128,6 +128,28 @@ class MoeLayer {
   // to the combine weights' before dgate and dx are formed.
   MoeGradients backward(const Tensor& dy, const Tensor* extra_d_logits = nullptr);
 
+  // Split phase: forward() is begin_forward() then finish_forward(), and
+  // backward() likewise, with the same bits. Between a begin and its finish
+  // the caller may compute anything that does not touch x, dy or the
+  // weights (a shared expert, the dense parts of another layer, an
+  // all-reduce): the expert-parallel communication the begin started moves
+  // meanwhile.
+  //  * begin_forward: checks the inputs, routes, and starts the dispatch
+  //    (chunk 0's tokens and, with replicas, the slot weights are in flight).
+  //  * finish_forward: the experts and the combine, chunk by chunk.
+  //  * begin_backward: checks dy and starts sending the cotangents.
+  //  * finish_backward: the experts' backward, the gradients' return, the
+  //    router's backward.
+  // Out of this order (finish without begin, a second begin, a backward
+  // without a forward) a call throws UsageError naming the call and the
+  // order; the layer is left as it was. An Error inside a phase abandons the
+  // step (as forward() does): the next call must be a new begin_forward.
+  void begin_forward(const Tensor& x, const MoeWeights& weights,
+                     std::optional<std::uint64_t> weight_version = std::nullopt);
+  MoeForwardOutput finish_forward();
+  void begin_backward(const Tensor& dy, const Tensor* extra_d_logits = nullptr);
+  MoeGradients finish_backward();
+
   // The router's output of the last forward, until backward releases it (a
   // load-balance loss reads the logits).
   const RouterOutput& last_routing() const;
@@ -149,7 +171,12 @@ class MoeLayer {
 
  private:
   struct Saved;
+  // Where the step is: which calls may come next (begin_forward from idle or
+  // forward_done; finish_forward from forward_begun; ...).
+  enum class Stage { idle, forward_begun, forward_done, backward_begun };
+  void expect_stage(Stage expected, const char* call) const;  // UsageError otherwise
   MoeLayerConfig config_;
+  Stage stage_ = Stage::idle;
   MemoryLedger* ledger_;
   Router router_;
   std::unique_ptr<ep::Dispatcher> dispatcher_;
