@@ -3,7 +3,10 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -26,6 +29,7 @@ struct PrimitiveKey {
   bool transpose_a, transpose_b, accumulate;
   ComputeDType compute_dtype;
   int num_threads;  // oneDNN partitions the work at creation for this many threads
+  bool pack_b = false;  // weights desc `any`: oneDNN picks b's layout
   bool operator==(const PrimitiveKey&) const = default;
 };
 
@@ -35,7 +39,7 @@ struct PrimitiveKeyHash {
     h = h * 0x9e3779b97f4a7c15ull + std::hash<std::int64_t>{}(key.n);
     h = h * 0x9e3779b97f4a7c15ull + std::hash<std::int64_t>{}(key.k);
     h = h * 31 + (key.transpose_a ? 1 : 0) + (key.transpose_b ? 2 : 0) + (key.accumulate ? 4 : 0) +
-        (key.compute_dtype == ComputeDType::bf16 ? 8 : 0) + 16 * key.num_threads;
+        (key.compute_dtype == ComputeDType::bf16 ? 8 : 0) + (key.pack_b ? 16 : 0) + 32 * key.num_threads;
     return h;
   }
 };
@@ -67,8 +71,16 @@ GemmMemoryDescs make_descs(const PrimitiveKey& key) {
           matrix_desc(key.m, key.n, false, memory::data_type::f32)};
 }
 
-dnnl::matmul make_primitive(const PrimitiveKey& key) {
-  const GemmMemoryDescs descs = make_descs(key);
+// A primitive and the weights layout it was created for (b's plain desc,
+// or with pack_b the layout oneDNN chose).
+struct CachedPrimitive {
+  dnnl::matmul primitive;
+  memory::desc weights;
+};
+
+CachedPrimitive make_primitive(const PrimitiveKey& key) {
+  GemmMemoryDescs descs = make_descs(key);
+  if (key.pack_b) descs.b = memory::desc({key.k, key.n}, operand_type(key.compute_dtype), memory::format_tag::any);
   dnnl::primitive_attr attr;
   if (key.accumulate) {
     dnnl::post_ops ops;
@@ -77,7 +89,8 @@ dnnl::matmul make_primitive(const PrimitiveKey& key) {
   }
   const dnnl::matmul::desc desc(descs.a, descs.b, descs.c);
   try {
-    return dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, cpu_engine()));
+    const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+    return {dnnl::matmul(pd), pd.weights_desc()};
   } catch (const dnnl::error& e) {
     // oneDNN's own text ("could not create a primitive descriptor
     // iterator") names neither the key nor the cause.
@@ -95,7 +108,10 @@ dnnl::matmul make_primitive(const PrimitiveKey& key) {
 // entry or a scratch buffer, so there is no lock on the hot path.
 struct ThreadGemmState {
   dnnl::stream stream{cpu_engine()};
-  std::unordered_map<PrimitiveKey, dnnl::matmul, PrimitiveKeyHash> primitives;
+  std::unordered_map<PrimitiveKey, CachedPrimitive, PrimitiveKeyHash> primitives;
+  // pack_b shapes whose primitive chose a plain b layout (probed once per
+  // shape without m, so a new m every step costs no primitive creation).
+  std::unordered_map<PrimitiveKey, bool, PrimitiveKeyHash> plain_b_layout;
   std::vector<bf16_t> a_bf16, b_bf16;  // reusable bf16 operand copies
 };
 
@@ -108,7 +124,7 @@ ThreadGemmState& thread_state() {
   return state;
 }
 
-const dnnl::matmul& cached_primitive(ThreadGemmState& state, const PrimitiveKey& key) {
+const CachedPrimitive& cached_primitive(ThreadGemmState& state, const PrimitiveKey& key) {
   auto it = state.primitives.find(key);
   if (it != state.primitives.end()) return it->second;
   if (state.primitives.size() >= kMaxCachedPrimitives) state.primitives.clear();
@@ -121,7 +137,135 @@ const bf16_t* to_bf16(const float* src, std::int64_t count, std::vector<bf16_t>&
   return scratch.data();
 }
 
+// --- Prepared b operands per weight version -------------------------------
+// Shared by all threads (a weight matrix is used by whichever OpenMP worker
+// runs its group, and by forward and backward), unlike the primitives: a
+// lookup takes the cache's mutex once per call (~50 ns next to a GEMM of
+// milliseconds); an entry's preparation takes only that entry's mutex, so
+// threads preparing different matrices do not wait for each other.
+
+// b as stored: [k, n], or [n, k] when transposed; so that W used as W in the
+// forward and as W^T in dlhs shares one entry (one bf16 copy).
+struct WeightKey {
+  const void* b;
+  std::int64_t rows, cols;
+  ComputeDType compute_dtype;
+  bool operator==(const WeightKey&) const = default;
+};
+
+struct WeightKeyHash {
+  std::size_t operator()(const WeightKey& key) const {
+    std::size_t h = std::hash<const void*>{}(key.b);
+    h = h * 0x9e3779b97f4a7c15ull + std::hash<std::int64_t>{}(key.rows);
+    h = h * 0x9e3779b97f4a7c15ull + std::hash<std::int64_t>{}(key.cols);
+    return h * 2 + (key.compute_dtype == ComputeDType::bf16 ? 1 : 0);
+  }
+};
+
+struct PackedB {
+  bool transpose_b;  // which logical matrix (W or W^T) is packed
+  memory::desc desc;
+  memory mem;        // owns its buffer
+};
+
+struct WeightEntry {
+  std::uint64_t version = 0;
+  std::mutex mutex;                            // guards the fields below
+  std::vector<bf16_t> bf16;                    // empty until converted
+  std::vector<std::unique_ptr<PackedB>> packed;  // append-only: pointers stay valid
+};
+
+struct WeightCache {
+  std::mutex mutex;
+  std::unordered_map<WeightKey, std::shared_ptr<WeightEntry>, WeightKeyHash> entries;
+  std::atomic<std::int64_t> bytes{0}, preparations{0}, reuses{0};
+};
+
+WeightCache& weight_cache() {
+  static WeightCache cache;
+  return cache;
+}
+
+// The entry for b at this version; a different version replaces the entry
+// (holders of the old one keep it alive until their call ends).
+std::shared_ptr<WeightEntry> weight_entry(const GemmArgs& args) {
+  const WeightKey key{args.b, args.transpose_b ? args.n : args.k, args.transpose_b ? args.k : args.n,
+                      args.compute_dtype};
+  WeightCache& cache = weight_cache();
+  const std::lock_guard lock(cache.mutex);
+  auto it = cache.entries.find(key);
+  if (it != cache.entries.end() && it->second->version == args.b_version) return it->second;
+  if (it == cache.entries.end() && cache.entries.size() >= static_cast<std::size_t>(kMaxGemmWeightEntries)) {
+    cache.entries.clear();
+    cache.bytes = 0;
+  }
+  auto entry = std::make_shared<WeightEntry>();
+  entry->version = args.b_version;
+  if (it != cache.entries.end()) {
+    const std::lock_guard old_lock(it->second->mutex);
+    std::int64_t held = static_cast<std::int64_t>(it->second->bf16.size() * sizeof(bf16_t));
+    for (const auto& p : it->second->packed) held += static_cast<std::int64_t>(p->desc.get_size());
+    cache.bytes -= held;
+    it->second = entry;
+  } else {
+    cache.entries.emplace(key, entry);
+  }
+  return entry;
+}
+
+// b's bf16 copy, converted on first use of this version.
+const bf16_t* prepared_bf16(WeightEntry& entry, const GemmArgs& args) {
+  const std::lock_guard lock(entry.mutex);
+  const std::int64_t count = args.k * args.n;
+  if (entry.bf16.empty()) {
+    entry.bf16.resize(count);
+    convert(std::span<const float>(args.b, count), std::span<bf16_t>(entry.bf16.data(), count));
+    weight_cache().bytes += count * static_cast<std::int64_t>(sizeof(bf16_t));
+    ++weight_cache().preparations;
+  } else {
+    ++weight_cache().reuses;
+  }
+  return entry.bf16.data();
+}
+
+// b (f32, or its bf16 copy `source`) reordered into `layout`, once per version.
+const memory& prepared_packed(WeightEntry& entry, const GemmArgs& args, const memory::desc& source_desc,
+                              const void* source, const memory::desc& layout, dnnl::stream& stream) {
+  const std::lock_guard lock(entry.mutex);
+  for (const auto& p : entry.packed) {
+    if (p->transpose_b == args.transpose_b && p->desc == layout) {
+      ++weight_cache().reuses;
+      return p->mem;
+    }
+  }
+  auto packed = std::make_unique<PackedB>(PackedB{args.transpose_b, layout, memory(layout, cpu_engine())});
+  memory source_mem(source_desc, cpu_engine(), const_cast<void*>(source));
+  dnnl::reorder(source_mem, packed->mem).execute(stream, source_mem, packed->mem);
+  weight_cache().bytes += static_cast<std::int64_t>(layout.get_size());
+  ++weight_cache().preparations;
+  entry.packed.push_back(std::move(packed));
+  return entry.packed.back()->mem;
+}
+
+bool is_plain(const memory::desc& desc) {
+  return desc.data.format_kind == dnnl_blocked && desc.data.format_desc.blocking.inner_nblks == 0;
+}
+
 }  // namespace
+
+GemmWeightCacheStats gemm_weight_cache_stats() {
+  WeightCache& cache = weight_cache();
+  const std::lock_guard lock(cache.mutex);
+  return {static_cast<std::int64_t>(cache.entries.size()), cache.bytes.load(), cache.preparations.load(),
+          cache.reuses.load()};
+}
+
+void clear_gemm_weight_cache() {
+  WeightCache& cache = weight_cache();
+  const std::lock_guard lock(cache.mutex);
+  cache.entries.clear();
+  cache.bytes = 0;
+}
 
 void gemm(const GemmArgs& args) {
   if (args.m == 0 || args.n == 0) return;
@@ -132,15 +276,41 @@ void gemm(const GemmArgs& args) {
   const double m = static_cast<double>(args.m), n = static_cast<double>(args.n), k = static_cast<double>(args.k);
   const ComputeScope charge(args.trace_name, {.flops = 2 * m * n * k, .bytes = 2 * (m * k + k * n) + 4 * m * n});
   ThreadGemmState& state = thread_state();
+  // Only bf16 copies and packed layouts are kept: plain f32 has nothing to prepare.
+  const bool prepare_b = args.b_version != 0 && (args.compute_dtype == ComputeDType::bf16 || args.pack_b);
+  const std::shared_ptr<WeightEntry> entry = prepare_b ? weight_entry(args) : nullptr;
   const void* a = args.a;
   const void* b = args.b;
   if (args.compute_dtype == ComputeDType::bf16) {
     a = to_bf16(args.a, args.m * args.k, state.a_bf16);
-    b = to_bf16(args.b, args.k * args.n, state.b_bf16);
+    b = entry ? prepared_bf16(*entry, args) : to_bf16(args.b, args.k * args.n, state.b_bf16);
   }
   const PrimitiveKey exact_key{args.m,           args.n,           args.k,
                                args.transpose_a, args.transpose_b, args.accumulate,
                                args.compute_dtype, compute_threads()};
+  const GemmMemoryDescs descs = make_descs(exact_key);
+  const dnnl::engine& engine = cpu_engine();
+  if (args.pack_b && entry) {
+    PrimitiveKey packed_key = exact_key;
+    packed_key.pack_b = true;
+    PrimitiveKey shape_key = packed_key;  // the plain-layout answer, for every m
+    shape_key.m = 0;
+    auto plain = state.plain_b_layout.find(shape_key);
+    if (plain == state.plain_b_layout.end() || !plain->second) {
+      const CachedPrimitive& packed = cached_primitive(state, packed_key);
+      const bool plain_layout = is_plain(packed.weights);
+      if (plain == state.plain_b_layout.end()) state.plain_b_layout.emplace(shape_key, plain_layout);
+      if (!plain_layout) {
+        const memory& b_mem = prepared_packed(*entry, args, descs.b, b, packed.weights, state.stream);
+        memory a_mem(descs.a, engine, const_cast<void*>(a));
+        memory c_mem(descs.c, engine, args.c);
+        packed.primitive.execute(state.stream,
+                                 {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+        return;
+      }
+    }
+    // A plain layout: nothing to pack, the default path below (same bits).
+  }
   // Ragged groups: one runtime-dimension primitive (oneDNN 2.6 serves it with
   // gemm:jit; runtime strides would fall back to its reference kernel) or one
   // brgemm primitive per exact shape (100-230 us to create each new shape)?
@@ -161,9 +331,7 @@ void gemm(const GemmArgs& args) {
   } else if (args.dynamic_dim == GemmDynamicDim::k && args.transpose_a && !args.transpose_b) {
     primitive_key.k = DNNL_RUNTIME_DIM_VAL;
   }
-  const dnnl::matmul& primitive = cached_primitive(state, primitive_key);
-  const GemmMemoryDescs descs = make_descs(exact_key);
-  const dnnl::engine& engine = cpu_engine();
+  const dnnl::matmul& primitive = cached_primitive(state, primitive_key).primitive;
   memory a_mem(descs.a, engine, const_cast<void*>(a));
   memory b_mem(descs.b, engine, const_cast<void*>(b));
   memory c_mem(descs.c, engine, args.c);

@@ -36,6 +36,20 @@ struct GemmArgs {
   bool accumulate = false;
   ComputeDType compute_dtype = ComputeDType::f32;
   GemmDynamicDim dynamic_dim = GemmDynamicDim::none;
+  // Identifies b's values (a weight version; 0 = unknown). With a non-zero
+  // version, what is derived from b alone is computed once and kept until
+  // b's pointer, shape or version changes (a shared cache, see
+  // gemm_weight_cache_stats): its bf16 copy for compute_dtype=bf16 (the same
+  // conversion, so the same bits), and with pack_b its reorder.
+  std::uint64_t b_version = 0;
+  // Opt-in, needs b_version: let oneDNN pick b's layout (format `any`) for an
+  // exact-shape primitive and keep b reordered into it. Where oneDNN's choice
+  // is the plain layout (every f32 matmul of oneDNN 2.6 on AVX2: gemm:jit) the
+  // call takes the default path, bit for bit. Where it picks a blocked layout
+  // (brgemm, AVX-512) the kernel differs from the default path's, so the
+  // result may differ in the last bits, within the same f32 (or bf16)
+  // accumulation bound as any oneDNN kernel (tests/kernels/gemm_test.cc).
+  bool pack_b = false;
   // The operation's name on a trace's compute track (core/trace_recorder.h).
   const char* trace_name = "gemm";
 };
@@ -54,5 +68,18 @@ void gemm(const GemmArgs& args);
 // with a 2x2 product), so that a caller can refuse
 // compute_dtype=bf16 up front and tests can skip what this CPU cannot run.
 bool bf16_gemm_supported();
+
+// The shared cache of prepared b operands (b_version != 0): one entry per
+// (b pointer, k, n, dtype), replaced when the version changes, all dropped
+// beyond kMaxGemmWeightEntries entries or by clear_gemm_weight_cache().
+struct GemmWeightCacheStats {
+  std::int64_t entries = 0;
+  std::int64_t bytes = 0;           // of bf16 copies and packed layouts held
+  std::int64_t preparations = 0;    // bf16 conversions and reorders done (since start)
+  std::int64_t reuses = 0;          // calls served from a prepared operand (since start)
+};
+GemmWeightCacheStats gemm_weight_cache_stats();
+void clear_gemm_weight_cache();
+constexpr std::int64_t kMaxGemmWeightEntries = 4096;
 
 }  // namespace epmoe

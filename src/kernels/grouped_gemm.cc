@@ -122,6 +122,8 @@ void forward_groups(const GroupedGemmShape& shape, const float* x,
           .k = shape.k,
           .compute_dtype = shape.compute_dtype,
           .dynamic_dim = GemmDynamicDim::m,
+          .b_version = shape.weight_version,
+          .pack_b = shape.pack_weights,
           .trace_name = "expert group forward"});
   });
 }
@@ -141,6 +143,8 @@ void dlhs_groups(const GroupedGemmShape& shape, const float* dout,
           .accumulate = accumulate,
           .compute_dtype = shape.compute_dtype,
           .dynamic_dim = GemmDynamicDim::m,
+          .b_version = shape.weight_version,
+          .pack_b = shape.pack_weights,
           .trace_name = "expert group dgrad"});
   });
 }

@@ -28,6 +28,12 @@ struct GroupedGemmShape {
   std::int64_t n = 0;                         // output columns of the forward product
   ComputeDType compute_dtype = ComputeDType::f32;
   GroupSchedule schedule = GroupSchedule::balanced;
+  // The weights' version (0 = unknown) and the opt-in packing, passed to
+  // every group's gemm as b_version / pack_b (kernels/gemm.h) by forward and
+  // dlhs, whose b is W_g: per version, W_g's bf16 copy is made once (same
+  // bits), and with pack_weights its reorder into oneDNN's preferred layout.
+  std::uint64_t weight_version = 0;
+  bool pack_weights = false;
 };
 
 // Per-group weight pointers: w_groups[g] is W_g ([k, n], row-major), and

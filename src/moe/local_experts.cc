@@ -78,6 +78,18 @@ std::vector<float*> tensor_groups(Tensor& tensor, std::size_t num_groups, std::i
   return out;
 }
 
+// The grouped products' shape; the weights' version lets the GEMMs keep
+// what they derive from a weight matrix (its bf16 copy, its packed layout).
+GroupedGemmShape gemm_shape(const ep::ExpertRows& rows, const ExpertShape& shape,
+                            const LocalExpertWeights& weights, std::int64_t k, std::int64_t n) {
+  return {.group_sizes = rows.group_sizes,
+          .k = k,
+          .n = n,
+          .compute_dtype = shape.compute_dtype,
+          .weight_version = weights.version,
+          .pack_weights = shape.pack_weights};
+}
+
 // The three matrices' per-group pointers, resolved once per call.
 struct GroupWeights {
   std::vector<const float*> wi0, wi1, wo;
@@ -97,8 +109,8 @@ GroupWeights group_weights(const ExpertShape& shape, const ep::ExpertRows& rows,
 std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRows& rows,
                                    const LocalExpertWeights& weights, ExpertActivations& act) {
   const std::int64_t num_rows = rows.num_rows(), hidden = shape.hidden, ffn = shape.ffn;
-  const GroupedGemmShape up{rows.group_sizes, hidden, ffn, shape.compute_dtype};
-  const GroupedGemmShape down{rows.group_sizes, ffn, hidden, shape.compute_dtype};
+  const GroupedGemmShape up = gemm_shape(rows, shape, weights, hidden, ffn);
+  const GroupedGemmShape down = gemm_shape(rows, shape, weights, ffn, hidden);
   const float* x = num_rows > 0 ? rows.x.data<float>() : nullptr;
   const GroupWeights w = group_weights(shape, rows, weights);
   std::int64_t recomputed = 0;
@@ -162,8 +174,8 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
   check_gradient_pointers(dw.dwi1, num_groups, "dwi1");
   check_gradient_pointers(dw.dwo, num_groups, "dwo");
   const GroupWeights w = group_weights(shape, rows, weights);
-  const GroupedGemmShape up{rows.group_sizes, hidden, ffn, shape.compute_dtype};
-  const GroupedGemmShape down{rows.group_sizes, ffn, hidden, shape.compute_dtype};
+  const GroupedGemmShape up = gemm_shape(rows, shape, weights, hidden, ffn);
+  const GroupedGemmShape down = gemm_shape(rows, shape, weights, ffn, hidden);
 
   // Weighting backward: d(expert out)_r = w_r dy_slot(r); d(w_r) = <dy_slot(r), out_r>.
   ExpertGradients grads{Tensor(DType::f32, {rows.num_slots, hidden}),

@@ -59,6 +59,10 @@ struct ExpertGradients {
 struct ExpertShape {
   std::int64_t hidden = 0, ffn = 0;
   ComputeDType compute_dtype = ComputeDType::f32;
+  // Opt-in: with a weight version, keep each expert matrix reordered into
+  // oneDNN's preferred layout (GemmArgs::pack_b: the same bits where that
+  // layout is plain, as on AVX2; otherwise within the f32/bf16 bound).
+  bool pack_weights = false;
 };
 
 // Returns the slot outputs [num_slots, H] and the activations in `saved`.

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -179,6 +181,63 @@ TEST(Gemm, ConcurrentCallersGetCorrectResults) {
   }
   for (auto& caller : callers) caller.join();
   for (double error : errors) EXPECT_LE(error, 1e-2);  // bf16 runs included
+}
+
+// A weight version (b_version) only lets gemm keep what it derives from b:
+// without pack_b the results are the unversioned call's bits (f32: nothing
+// kept; bf16: the same conversion, kept), for every transpose and a ragged m.
+TEST(Gemm, WeightVersionKeepsTheBits) {
+  for (ComputeDType dtype : {ComputeDType::f32, ComputeDType::bf16}) {
+    if (dtype == ComputeDType::bf16 && !bf16_gemm_supported()) continue;
+    for (bool transpose_b : {false, true})
+      for (std::int64_t m : {37, 1, 64}) {
+        const std::int64_t k = 45, n = 29;
+        const auto a = random_vector(m * k, 60 + m), b = random_vector(k * n, 61);
+        std::vector<float> plain(m * n), versioned(m * n);
+        const GemmArgs args{.a = a.data(), .b = b.data(), .c = plain.data(), .m = m, .n = n, .k = k,
+                            .transpose_b = transpose_b, .compute_dtype = dtype,
+                            .dynamic_dim = GemmDynamicDim::m};
+        gemm(args);
+        GemmArgs with_version = args;
+        with_version.c = versioned.data();
+        with_version.b_version = 5;
+        gemm(with_version);
+        gemm(with_version);  // the second call from what the first kept
+        ASSERT_EQ(std::memcmp(plain.data(), versioned.data(), plain.size() * sizeof(float)), 0)
+            << to_string(dtype) << " m=" << m << " tb=" << transpose_b;
+      }
+  }
+}
+
+// pack_b: within the f32 (or bf16) bound of the double reference; a new
+// version of the same buffer (values changed in place) is used, not the
+// matrix kept for the old version; the cache counts what it kept.
+TEST(Gemm, PackedWeightsFollowTheVersion) {
+  for (ComputeDType dtype : {ComputeDType::f32, ComputeDType::bf16}) {
+    if (dtype == ComputeDType::bf16 && !bf16_gemm_supported()) continue;
+    const double tol = dtype == ComputeDType::f32 ? kF32RelativeTolerance : 2e-2;
+    for (bool transpose_b : {false, true}) {
+      const std::int64_t m = 33, k = 64, n = 48;
+      const auto a = random_vector(m * k, 70);
+      auto b = random_vector(k * n, 71);
+      std::vector<float> c(m * n);
+      GemmArgs args{.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
+                    .transpose_b = transpose_b, .compute_dtype = dtype, .b_version = 1, .pack_b = true};
+      gemm(args);
+      EXPECT_LE(relative_error(c, reference_gemm(a.data(), b.data(), nullptr, m, n, k, false, transpose_b).c), tol);
+      const auto new_values = random_vector(k * n, 72);
+      std::copy(new_values.begin(), new_values.end(), b.begin());  // same buffer, new values
+      args.b_version = 2;
+      gemm(args);
+      EXPECT_LE(relative_error(c, reference_gemm(a.data(), b.data(), nullptr, m, n, k, false, transpose_b).c), tol)
+          << to_string(dtype) << " tb=" << transpose_b << ": the old version's matrix was used";
+    }
+  }
+  const GemmWeightCacheStats stats = gemm_weight_cache_stats();
+  EXPECT_GE(stats.entries, 1);  // pack_b asks for an entry even where nothing needs packing
+  clear_gemm_weight_cache();
+  EXPECT_EQ(gemm_weight_cache_stats().entries, 0);
+  EXPECT_EQ(gemm_weight_cache_stats().bytes, 0);
 }
 
 TEST(ComputeDType, ParsesAndNamesTheKey) {
