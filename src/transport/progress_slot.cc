@@ -62,6 +62,11 @@ bool ProgressSlot::finished() {
   return finished_;
 }
 
+int ProgressSlot::num_lenders() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lenders_;
+}
+
 ProgressSlot::Lent ProgressSlot::lend(Clock::duration cap) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (finished_) return Lent::finished;
