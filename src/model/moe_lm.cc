@@ -1,6 +1,7 @@
 #include "model/moe_lm.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "core/error.h"
@@ -200,13 +201,16 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
   return result;
 }
 
-double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, double aux_loss_coef) {
+double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, double aux_loss_coef,
+                       const GradientsReady& on_gradients_ready) {
   EPMOE_CHECK(saved_ != nullptr);  // a forward first
   std::unique_ptr<Activations> saved = std::move(saved_);
   Activations& a = *saved;
   const int num_layers = config_.num_layers, num_experts = config_.layer.router.num_experts;
-  EPMOE_CHECK_EQ(static_cast<std::int64_t>(global_expert_counts.size()),
-                 static_cast<std::int64_t>(num_layers) * num_experts);
+  if (aux_loss_coef > 0) {
+    EPMOE_CHECK_EQ(static_cast<std::int64_t>(global_expert_counts.size()),
+                   static_cast<std::int64_t>(num_layers) * num_experts);
+  }
   const std::int64_t n = a.ids.numel(), h = config_.layer.hidden, v = config_.vocab_size;
 
   // Head: d(final_normed) = d_logits head^T, d(head) = final_normed^T d_logits.
@@ -217,6 +221,15 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
         .m = h, .n = v, .k = n, .transpose_a = true});
   Tensor d_h = Tensor::zeros(DType::f32, {n, h});  // d(loss)/d(residual stream)
   rms_norm_backward(a.h[num_layers], final_norm_->value, a.inv_rms[num_layers], d_final, d_h, final_norm_->grad);
+  const auto ready = [&](std::initializer_list<Parameter*> done) {
+    if (!on_gradients_ready) return;
+    std::vector<Parameter*> finished;
+    for (Parameter* param : done) {
+      if (param != nullptr) finished.push_back(param);
+    }
+    on_gradients_ready(finished);
+  };
+  ready({final_norm_, head_});
 
   double aux_loss = 0;
   for (int l = num_layers - 1; l >= 0; --l) {
@@ -243,8 +256,10 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
     p.wi1->grad = std::move(g.dwi1);
     p.wo->grad = std::move(g.dwo);
     rms_norm_backward(a.h[l], p.norm->value, a.inv_rms[l], d_normed, d_h, p.norm->grad);
+    ready({p.norm, p.gate, p.wi0, p.wi1, p.wo, p.shared_w0, p.shared_w1, p.shared_wo});
   }
   embedding_backward(a.ids, d_h, embedding_->grad);
+  ready({embedding_});
   return aux_loss;
 }
 

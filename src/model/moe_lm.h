@@ -75,11 +75,20 @@ class MoeLm {
   // `step` names the replica weight version and the random router's stream.
   LmForwardResult forward(const Tensor& tokens, std::int64_t global_tokens, std::int64_t step);
 
-  // After forward, with the step's expert counts summed over ranks: the
-  // load-balance loss (when aux_loss_coef > 0) and the backward into every
-  // parameter's grad (replicated ones hold this rank's part). Returns this
-  // rank's part of the load-balance loss.
-  double backward(std::span<const std::int64_t> global_expert_counts, double aux_loss_coef);
+  // Told during backward each time some parameters' gradients are final:
+  // the head and the final norm first, then each layer's (last to first),
+  // then the embedding - the reverse of their order in state(), so that a
+  // caller can start summing them over ranks while the earlier layers'
+  // backward runs. The pointers are valid for the call.
+  using GradientsReady = std::function<void(std::span<Parameter* const>)>;
+
+  // After forward, with the step's expert counts summed over ranks (read
+  // only when aux_loss_coef > 0; may be empty otherwise): the load-balance
+  // loss (when aux_loss_coef > 0) and the backward into every parameter's
+  // grad (replicated ones hold this rank's part). Returns this rank's part
+  // of the load-balance loss.
+  double backward(std::span<const std::int64_t> global_expert_counts, double aux_loss_coef,
+                  const GradientsReady& on_gradients_ready = {});
 
  private:
   struct LayerParams;

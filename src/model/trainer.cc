@@ -14,6 +14,7 @@
 #include "core/modelled_report.h"
 #include "core/timer.h"
 #include "model/checkpoint.h"
+#include "model/gradient_reduction.h"
 #include "moe/load_balance.h"
 
 namespace epmoe {
@@ -22,11 +23,13 @@ namespace {
 // Collective tags, relative to TrainerConfig::tag_base.
 enum TrainerTag : std::uint32_t {
   kForwardStats = 0,
-  kGradients = 1,
+  kGradients = 1,     // the one all-reduce (overlap_gradient_all_reduce=false)
   kBackwardStats = 2,
   kRankReports = 3,   // and 4 (all_gather_texts)
   kCheckpoint = 8,    // .. 10 (save_checkpoint's barriers)
+  kGradientBuckets = 16,  // .. 16 + GradientReduction::kMaxBuckets - 1
 };
+static_assert(kGradientBuckets + GradientReduction::kMaxBuckets <= 1024, "TrainerConfig::tag_base's range");
 
 double max_over_mean(const std::vector<std::int64_t>& loads) {
   if (loads.empty()) return 1.0;
@@ -37,19 +40,6 @@ double max_over_mean(const std::vector<std::int64_t>& loads) {
   }
   return total > 0 ? static_cast<double>(max) * static_cast<double>(loads.size()) / static_cast<double>(total)
                    : 1.0;
-}
-
-// Each rank's int64 vector (doubles travel as their bits), gathered in rank
-// order: every sum across ranks is then formed in rank order, the same on
-// every rank and every transport.
-std::vector<std::int64_t> all_gather_words(transport::Communicator& comm, const std::vector<std::int64_t>& own,
-                                           std::uint32_t tag, std::chrono::milliseconds timeout) {
-  std::vector<std::int64_t> all(own.size() * static_cast<std::size_t>(comm.size()));
-  comm::ring_all_gather(comm, {.input = own.data(), .output = all.data(),
-                               .num_elements_per_rank = static_cast<std::int64_t>(own.size()),
-                               .dtype = DType::i64, .tag = tag, .timeout = timeout})
-      .wait();
-  return all;
 }
 
 std::int64_t bits_of(double value) { return std::bit_cast<std::int64_t>(value); }
@@ -65,15 +55,6 @@ std::map<std::string, double> moe_phase_totals(const MoeLm& model) {
     }
   }
   return totals;
-}
-
-// The ring all-reduce (fixed-order reduce-scatter + all-gather, comm/
-// all_reduce.h) moves each of the R blocks R-1 hops in each phase: 2(R-1)S
-// bytes over all ranks for S bytes of gradients. Ranks report equal shares;
-// rank 0 takes the remainder so that the sum is exact.
-std::int64_t gradient_all_reduce_bytes(std::int64_t bytes, int num_ranks, int rank) {
-  const std::int64_t total = 2 * (num_ranks - 1) * bytes;
-  return total / num_ranks + (rank == 0 ? total % num_ranks : 0);
 }
 
 // What one rank measured in a step, gathered to rank 0 for the record.
@@ -192,245 +173,402 @@ std::optional<std::int64_t> checkpoint_to_resume(const TrainerConfig& config) {
   return latest;
 }
 
-TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model_config,
-                   const DispatcherFactory& make_dispatcher, const TrainObserver& observer) {
-  const int num_ranks = comm.size(), rank = comm.rank();
-  config.validate(num_ranks);
-  const std::int64_t local_sequences = config.batch_size / num_ranks;
-  const std::int64_t global_tokens = config.batch_size * config.data.seq_len;
-  const std::uint32_t tags = config.tag_base;
-  const std::chrono::milliseconds timeout = config.comm_timeout;
-  EPMOE_CHECK_EQ(model_config.vocab_size, config.data.vocab_size);
+namespace {
 
-  MemoryLedger ledger;
-  MoeLm model(model_config, num_ranks, rank, make_dispatcher, &ledger);
-  ParameterSet& state = model.state();
-  const SyntheticTokens data(config.data);
-  const int num_layers = model_config.num_layers, num_experts = model_config.layer.router.num_experts;
-  const bool update_bias = config.bias_update_rate > 0 && model_config.layer.router.kind == RouterKind::sigmoid_grouped;
-
-  TrainSummary summary;
-  const std::optional<CheckpointStore> store =
-      config.checkpoint_dir.empty() ? std::nullopt : std::optional<CheckpointStore>(config.checkpoint_dir);
-  const std::optional<std::int64_t> resume_from = checkpoint_to_resume(config);
-  if (resume_from) {
-    const CheckpointLoad loaded = load_checkpoint(*store, *resume_from, rank, num_ranks, state);
-    summary.resumed_from = resume_from;
-    if (rank == 0 && observer.on_note) {
-      if (loaded.saved_num_ranks != num_ranks) {
-        observer.on_note("resharding the experts of " + store->step_dir(*resume_from).string() + " from " +
-                         std::to_string(loaded.saved_num_ranks) + " to " + std::to_string(num_ranks) + " ranks");
-      }
-      for (const std::string& note : loaded.notes) observer.on_note(note);
+// One rank's run of the loop: what lives across steps (the model, the data,
+// the replicated gradients' buffer, the summary). Each step is the sequence
+// of small steps below, in this order; each names what it exists for.
+class TrainingRun {
+ public:
+  TrainingRun(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model_config,
+              const DispatcherFactory& make_dispatcher, const TrainObserver& observer)
+      : comm_(comm), config_(config), model_config_(model_config), observer_(observer),
+        num_ranks_(comm.size()), rank_(comm.rank()),
+        local_sequences_(config.batch_size / num_ranks_),
+        global_tokens_(config.batch_size * config.data.seq_len),
+        tags_(config.tag_base), timeout_(config.comm_timeout),
+        model_(model_config, num_ranks_, rank_, make_dispatcher, &ledger_), state_(model_.state()),
+        data_(config.data), num_layers_(model_config.num_layers),
+        num_experts_(model_config.layer.router.num_experts),
+        update_bias_(config.bias_update_rate > 0 && model_config.layer.router.kind == RouterKind::sigmoid_grouped),
+        store_(config.checkpoint_dir.empty() ? std::nullopt
+                                             : std::optional<CheckpointStore>(config.checkpoint_dir)),
+        checkpoint_context_{&comm, tags_ + kCheckpoint, timeout_},
+        replicated_(state_.replicated_elements()), flat_(static_cast<std::size_t>(replicated_)) {
+    // Where each replicated parameter's gradient sits in the flat buffer
+    // (their order in state()), for the backward's gradients-ready calls.
+    std::int64_t offset = 0;
+    for (const Parameter& p : state_.parameters()) {
+      if (!p.replicated) continue;
+      flat_offset_[&p] = offset;
+      offset += p.grad.numel();
     }
   }
-  const std::int64_t first_step = resume_from.value_or(0);
-  if (rank == 0 && observer.on_start) observer.on_start(first_step, resume_from);
-  const CheckpointContext checkpoint_context{&comm, tags + kCheckpoint, timeout};
 
-  // The replicated gradients travel in one flat buffer, summed in place.
-  const std::int64_t replicated = state.replicated_elements();
-  std::vector<float> flat(static_cast<std::size_t>(replicated));
-  Stopwatch run_watch;
-  // The checkpoint after step N is written after N's metrics line; its time
-  // is reported in the line of step N + 1 (phase "checkpoint").
-  double previous_checkpoint_seconds = -1;  // < 0: none
-  for (std::int64_t step = first_step; step < config.steps; ++step) try {
-    Stopwatch step_watch;
+  TrainSummary run() {
+    const std::int64_t first_step = resume();
+    if (rank_ == 0 && observer_.on_start) observer_.on_start(first_step, summary_.resumed_from);
+    Stopwatch run_watch;
+    for (std::int64_t step = first_step; step < config_.steps; ++step) try {
+      run_step(step);
+    } catch (const Error&) {
+      rethrow_naming_step(step + 1);
+    }
+    summary_.seconds = run_watch.elapsed_seconds();
+    return summary_;
+  }
+
+ private:
+  // One step's values, filled by the small steps in order.
+  struct Step {
+    std::int64_t index = 0;  // 0-based; the record says index + 1
+    Stopwatch watch;
     // clock=modelled: marks at the step's start, after the forward (and its
     // stats exchange), and before the metrics exchange.
-    const ModelledClock* const clock = this_thread_modelled_clock();
+    const ModelledClock* clock = this_thread_modelled_clock();
     ModelledMark modelled_start, modelled_forward_end;
-    if (clock != nullptr) modelled_start = modelled_mark(*clock);
     PhaseTimes times;
-    const std::map<std::string, double> moe_before = moe_phase_totals(model);
-
-    // Forward on this rank's sequences [rank * B_l, (rank + 1) * B_l).
+    std::map<std::string, double> moe_before;
     LmForwardResult forward;
-    {
-      ScopedPhase phase(times, "forward");
-      const Tensor tokens = data.batch(step, rank * local_sequences, local_sequences);
-      forward = model.forward(tokens, global_tokens, step);
-    }
-    // Global expert counts and cross-entropy, summed in rank order.
-    std::vector<std::int64_t> counts(forward.expert_counts.size(), 0);
-    double loss_sum = 0;
-    {
-      ScopedPhase phase(times, "forward_stats_exchange");
-      std::vector<std::int64_t> own = forward.expert_counts;
-      own.push_back(bits_of(forward.loss_sum));
-      const std::vector<std::int64_t> all = all_gather_words(comm, own, tags + kForwardStats, timeout);
-      for (int r = 0; r < num_ranks; ++r) {
-        const std::int64_t* part = all.data() + r * own.size();
-        for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += part[i];
-        loss_sum += double_of(part[counts.size()]);
-      }
-    }
-    if (clock != nullptr) modelled_forward_end = modelled_mark(*clock);
-    double aux_part = 0;
-    {
-      ScopedPhase phase(times, "backward");
-      aux_part = model.backward(counts, config.aux_loss_coef);
-    }
-    // Replicated gradients: one all-reduce of the flat buffer.
-    {
-      ScopedPhase phase(times, "gradient_all_reduce");
-      std::size_t offset = 0;
-      for (const Parameter& p : state.parameters()) {
-        if (!p.replicated) continue;
-        std::copy(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel(), flat.begin() + offset);
-        offset += static_cast<std::size_t>(p.grad.numel());
-      }
-      if (num_ranks > 1 && replicated > 0) {
-        comm::all_reduce(comm, {.data = flat.data(), .num_elements = replicated, .tag = tags + kGradients,
-                                .timeout = timeout})
-            .wait();
-      }
-    }
-    // Global gradient norm: replicated (identical everywhere) + every rank's experts.
+    // The forward stats exchange: this rank's words, then every rank's.
+    std::vector<std::int64_t> forward_words, all_forward_words;
+    comm::CollectiveHandle forward_stats;
+    bool forward_stats_done = false;
+    std::vector<std::int64_t> counts;  // [L * E] global expert counts
+    double loss_sum = 0;               // global cross-entropy sum
+    double aux_part = 0;               // this rank's load-balance loss
+    // The replicated gradients' sum over ranks, bucket by bucket (declared
+    // after what its collectives read, so an error unwinds it first).
+    std::optional<GradientReduction> reduction;
     double replicated_sq = 0, expert_sq = 0;
-    for (const float g : flat) replicated_sq += static_cast<double>(g) * g;
-    for (const Parameter& p : state.parameters()) {
-      if (p.replicated) continue;
-      for (const float g : p.grad.span<float>()) expert_sq += static_cast<double>(g) * g;
-    }
-    double aux_loss = 0;
-    {
-      ScopedPhase phase(times, "backward_stats_exchange");
-      const std::vector<std::int64_t> all =
-          all_gather_words(comm, {bits_of(aux_part), bits_of(expert_sq)}, tags + kBackwardStats, timeout);
-      expert_sq = 0;
-      for (int r = 0; r < num_ranks; ++r) {
-        aux_loss += double_of(all[2 * r]);
-        expert_sq += double_of(all[2 * r + 1]);
+    double aux_loss = 0, grad_norm = 0, cross_entropy = 0, loss = 0;
+    float clip = 1.0f;
+    double lr = 0;
+    bool checkpoint_now = false;
+  };
+
+  // A fresh start or the newest checkpoint's state (with notes for what an
+  // elastic resume changed); returns the step the run starts from.
+  std::int64_t resume() {
+    const std::optional<std::int64_t> resume_from = checkpoint_to_resume(config_);
+    if (resume_from) {
+      const CheckpointLoad loaded = load_checkpoint(*store_, *resume_from, rank_, num_ranks_, state_);
+      summary_.resumed_from = resume_from;
+      if (rank_ == 0 && observer_.on_note) {
+        if (loaded.saved_num_ranks != num_ranks_) {
+          observer_.on_note("resharding the experts of " + store_->step_dir(*resume_from).string() + " from " +
+                            std::to_string(loaded.saved_num_ranks) + " to " + std::to_string(num_ranks_) +
+                            " ranks");
+        }
+        for (const std::string& note : loaded.notes) observer_.on_note(note);
       }
     }
-    const double grad_norm = std::sqrt(replicated_sq + expert_sq);
-    const double cross_entropy = loss_sum / static_cast<double>(global_tokens);
-    const double loss = cross_entropy + aux_loss;
-    // Checked before the update, so the parameters (and the last checkpoint) stay finite.
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      throw Error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(loss) +
-                  " and the gradient norm " + std::to_string(grad_norm) +
+    return resume_from.value_or(0);
+  }
+
+  void run_step(std::int64_t index) {
+    Step s;
+    s.index = index;
+    if (s.clock != nullptr) s.modelled_start = modelled_mark(*s.clock);
+    s.moe_before = moe_phase_totals(model_);
+    forward(s);
+    start_forward_stats(s);
+    // The load-balance loss's gradient needs the global counts before the
+    // backward; without it the exchange runs under the backward.
+    if (config_.aux_loss_coef > 0) finish_forward_stats(s);
+    if (s.clock != nullptr) s.modelled_forward_end = modelled_mark(*s.clock);
+    backward(s);
+    finish_forward_stats(s);
+    finish_gradients(s);
+    check_finite(s);
+    optimizer(s);
+    StepRecord record = exchange_metrics(s);
+    report(s, record);
+    checkpoint(s);
+    ++summary_.steps_run;
+  }
+
+  // Forward on this rank's sequences [rank * B_l, (rank + 1) * B_l).
+  void forward(Step& s) {
+    ScopedPhase phase(s.times, "forward");
+    const Tensor tokens = data_.batch(s.index, rank_ * local_sequences_, local_sequences_);
+    s.forward = model_.forward(tokens, global_tokens_, s.index);
+  }
+
+  // Global expert counts (the load-balance loss, the bias update, the
+  // record) and the cross-entropy sum, gathered in rank order so that every
+  // rank sums them in the same order.
+  void start_forward_stats(Step& s) {
+    ScopedPhase phase(s.times, "forward_stats_exchange");
+    s.forward_words = s.forward.expert_counts;
+    s.forward_words.push_back(bits_of(s.forward.loss_sum));
+    s.all_forward_words.resize(s.forward_words.size() * static_cast<std::size_t>(num_ranks_));
+    s.forward_stats = comm::ring_all_gather(
+        comm_, {.input = s.forward_words.data(), .output = s.all_forward_words.data(),
+                .num_elements_per_rank = static_cast<std::int64_t>(s.forward_words.size()),
+                .dtype = DType::i64, .tag = tags_ + kForwardStats, .timeout = timeout_});
+  }
+  void finish_forward_stats(Step& s) {
+    if (s.forward_stats_done) return;
+    ScopedPhase phase(s.times, "forward_stats_exchange");
+    s.forward_stats.wait();
+    s.forward_stats_done = true;
+    const std::size_t words = s.forward_words.size();
+    s.counts.assign(s.forward.expert_counts.size(), 0);
+    for (int r = 0; r < num_ranks_; ++r) {
+      const std::int64_t* part = s.all_forward_words.data() + r * words;
+      for (std::size_t i = 0; i < s.counts.size(); ++i) s.counts[i] += part[i];
+      s.loss_sum += double_of(part[s.counts.size()]);
+    }
+  }
+
+  // The backward, with the replicated gradients copied into the flat buffer
+  // as each layer finishes them and their sum over ranks started there (the
+  // head's first), so that it runs under the backward of earlier layers.
+  void backward(Step& s) {
+    ScopedPhase phase(s.times, "backward");
+    if (!config_.overlap_gradient_all_reduce) {
+      s.aux_part = model_.backward(s.counts, config_.aux_loss_coef);
+      return;
+    }
+    s.reduction.emplace(comm_, std::span<float>(flat_), tags_ + kGradientBuckets, timeout_);
+    std::int64_t ready_begin = replicated_;
+    s.aux_part = model_.backward(s.counts, config_.aux_loss_coef, [&](std::span<Parameter* const> done) {
+      std::int64_t begin = ready_begin, end = ready_begin;
+      for (Parameter* p : done) {
+        if (!p->replicated) continue;
+        const std::int64_t offset = flat_offset_.at(p);
+        std::copy(p->grad.data<float>(), p->grad.data<float>() + p->grad.numel(), flat_.begin() + offset);
+        begin = std::min(begin, offset);
+        end = std::max(end, offset + p->grad.numel());
+      }
+      // The backward finishes parameters in the reverse of their order in
+      // the buffer, so what is ready is always its tail.
+      EPMOE_CHECK_EQ(end, ready_begin);
+      ready_begin = begin;
+      s.reduction->ready(begin);
+    });
+    EPMOE_CHECK_EQ(ready_begin, std::int64_t{0});
+  }
+
+  // The replicated gradients summed over ranks (identical everywhere), and
+  // the global gradient norm: replicated + every rank's experts, whose
+  // squares are exchanged while the last gradient buckets are in flight.
+  void finish_gradients(Step& s) {
+    for (const Parameter& p : state_.parameters()) {
+      if (p.replicated) continue;
+      for (const float g : p.grad.span<float>()) s.expert_sq += static_cast<double>(g) * g;
+    }
+    std::vector<std::int64_t> own = {bits_of(s.aux_part), bits_of(s.expert_sq)}, all(2 * num_ranks_);
+    comm::CollectiveHandle backward_stats = comm::ring_all_gather(
+        comm_, {.input = own.data(), .output = all.data(), .num_elements_per_rank = 2, .dtype = DType::i64,
+                .tag = tags_ + kBackwardStats, .timeout = timeout_});
+    {
+      ScopedPhase phase(s.times, "gradient_all_reduce");
+      if (s.reduction) {
+        s.reduction->wait();
+      } else {
+        std::size_t offset = 0;
+        for (const Parameter& p : state_.parameters()) {
+          if (!p.replicated) continue;
+          std::copy(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel(), flat_.begin() + offset);
+          offset += static_cast<std::size_t>(p.grad.numel());
+        }
+        if (num_ranks_ > 1 && replicated_ > 0) {
+          comm::all_reduce(comm_, {.data = flat_.data(), .num_elements = replicated_, .tag = tags_ + kGradients,
+                                   .timeout = timeout_})
+              .wait();
+        }
+      }
+    }
+    for (const float g : flat_) s.replicated_sq += static_cast<double>(g) * g;
+    {
+      ScopedPhase phase(s.times, "backward_stats_exchange");
+      backward_stats.wait();
+    }
+    s.expert_sq = 0;
+    for (int r = 0; r < num_ranks_; ++r) {
+      s.aux_loss += double_of(all[2 * r]);
+      s.expert_sq += double_of(all[2 * r + 1]);
+    }
+    s.grad_norm = std::sqrt(s.replicated_sq + s.expert_sq);
+    s.cross_entropy = s.loss_sum / static_cast<double>(global_tokens_);
+    s.loss = s.cross_entropy + s.aux_loss;
+  }
+
+  // Before the update, so the parameters (and the last checkpoint) stay finite.
+  void check_finite(Step& s) {
+    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
+      throw Error("step " + std::to_string(s.index + 1) + ": the loss is " + std::to_string(s.loss) +
+                  " and the gradient norm " + std::to_string(s.grad_norm) +
                   " (training diverged); lower learning_rate or set grad_clip");
     }
-    summary.losses.push_back(loss);
-    const float clip = config.grad_clip > 0 && grad_norm > config.grad_clip
-                           ? static_cast<float>(config.grad_clip / grad_norm)
-                           : 1.0f;
-    const double lr = config.learning_rate.at(step);
-    {
-      ScopedPhase phase(times, "optimizer");
-      std::size_t offset = 0;
-      for (Parameter& p : state.parameters()) {
-        const std::size_t n = static_cast<std::size_t>(p.value.numel());
-        const std::span<const float> grad =
-            p.replicated ? std::span<const float>(flat.data() + offset, n) : std::span<const float>(p.grad.span<float>());
-        if (p.replicated) offset += n;
-        adamw_update(config.adamw, step + 1, lr, p.decay, clip, p.value.span<float>(), grad, p.adam_m.span<float>(),
-                     p.adam_v.span<float>());
-      }
-      for (int l = 0; update_bias && l < num_layers; ++l) {
-        update_selection_bias(std::span<const std::int64_t>(counts).subspan(static_cast<std::size_t>(l * num_experts),
-                                                                           static_cast<std::size_t>(num_experts)),
-                              static_cast<float>(config.bias_update_rate), *model.selection_bias(l));
-      }
+    summary_.losses.push_back(s.loss);
+  }
+
+  // Clipping by the global norm, AdamW at the step's learning rate, and the
+  // aux-loss-free bias update from the global counts.
+  void optimizer(Step& s) {
+    s.clip = config_.grad_clip > 0 && s.grad_norm > config_.grad_clip
+                 ? static_cast<float>(config_.grad_clip / s.grad_norm)
+                 : 1.0f;
+    s.lr = config_.learning_rate.at(s.index);
+    ScopedPhase phase(s.times, "optimizer");
+    std::size_t offset = 0;
+    for (Parameter& p : state_.parameters()) {
+      const std::size_t n = static_cast<std::size_t>(p.value.numel());
+      const std::span<const float> grad = p.replicated ? std::span<const float>(flat_.data() + offset, n)
+                                                       : std::span<const float>(p.grad.span<float>());
+      if (p.replicated) offset += n;
+      adamw_update(config_.adamw, s.index + 1, s.lr, p.decay, s.clip, p.value.span<float>(), grad,
+                   p.adam_m.span<float>(), p.adam_v.span<float>());
     }
+    for (int l = 0; update_bias_ && l < num_layers_; ++l) {
+      update_selection_bias(std::span<const std::int64_t>(s.counts).subspan(static_cast<std::size_t>(l * num_experts_),
+                                                                           static_cast<std::size_t>(num_experts_)),
+                            static_cast<float>(config_.bias_update_rate), *model_.selection_bias(l));
+    }
+  }
 
-
-    // The record: rank 0's timings; bytes, loads and peaks from every rank.
+  // The record: the global values, plus what every rank measured (bytes,
+  // drops, peaks, modelled times) gathered to every rank - drops on every
+  // rank, so that every rank's summary holds the run's total.
+  StepRecord exchange_metrics(Step& s) {
     StepRecord record;
-    record.step = step + 1;
-    record.loss = loss;
-    record.cross_entropy = cross_entropy;
-    record.aux_loss = aux_loss;
-    record.grad_norm = grad_norm;
-    record.learning_rate = lr;
-    std::vector<std::string> reports;
+    record.step = s.index + 1;
+    record.loss = s.loss;
+    record.cross_entropy = s.cross_entropy;
+    record.aux_loss = s.aux_loss;
+    record.grad_norm = s.grad_norm;
+    record.learning_rate = s.lr;
     std::optional<ModelledRankTime> modelled;
-    if (clock != nullptr) modelled = modelled_between(*clock, modelled_start, modelled_forward_end, modelled_mark(*clock));
-    {
-      ScopedPhase phase(times, "metrics_exchange");
-      reports = comm::all_gather_texts(
-          comm, rank_report(model, gradient_all_reduce_bytes(replicated * 4, num_ranks, rank), modelled).dump(),
-          tags + kRankReports, timeout);
+    if (s.clock != nullptr) {
+      modelled = modelled_between(*s.clock, s.modelled_start, s.modelled_forward_end, modelled_mark(*s.clock));
     }
-    // Drops on every rank (the reports reach all ranks), so every rank's
-    // summary holds the run's total.
-    for (const std::string& text : reports) {
+    // The sum over ranks moves each element across R-1 links twice (the
+    // reduce-scatter and the all-gather of the ring all-reduce, or of each
+    // bucket): ranks report equal shares, rank 0 the remainder.
+    const std::int64_t moved = s.reduction ? s.reduction->elements_moved_over_all_ranks()
+                                           : 2 * static_cast<std::int64_t>(num_ranks_ - 1) * replicated_;
+    const std::int64_t moved_bytes = 4 * moved;
+    const std::int64_t grad_bytes = moved_bytes / num_ranks_ + (rank_ == 0 ? moved_bytes % num_ranks_ : 0);
+    {
+      ScopedPhase phase(s.times, "metrics_exchange");
+      reports_ = comm::all_gather_texts(comm_, rank_report(model_, grad_bytes, modelled).dump(),
+                                        tags_ + kRankReports, timeout_);
+    }
+    for (const std::string& text : reports_) {
       record.dropped_pairs += nlohmann::json::parse(text)["dropped"].get<std::int64_t>();
     }
-    record.routed_pairs = global_tokens * model_config.layer.router.top_k * num_layers;
-    summary.dropped_pairs += record.dropped_pairs;
-    summary.routed_pairs += record.routed_pairs;
-    const bool last = step + 1 == config.steps;
-    const bool checkpoint_now =
-        store && (last || (config.checkpoint_every > 0 && (step + 1) % config.checkpoint_every == 0));
-    if (checkpoint_now) record.checkpoint_step = step + 1;
-    // The metrics line of step N goes out (flushed, and fsynced when a
-    // checkpoint follows) before checkpoint N is committed: a run killed
-    // right after the commit must not leave a checkpoint whose step has no
-    // line, which a resume could not regenerate.
-    if (rank == 0) {
-      record.step_seconds = step_watch.elapsed_seconds();
-      record.tokens_per_second = static_cast<double>(global_tokens) / record.step_seconds;
-      record.phase_seconds = times.seconds();
-      if (previous_checkpoint_seconds >= 0) record.phase_seconds["checkpoint"] = previous_checkpoint_seconds;
-      for (const auto& [phase, total] : moe_phase_totals(model)) {
-        const auto before = moe_before.find(phase);
-        record.phase_seconds[phase] = total - (before == moe_before.end() ? 0.0 : before->second);
-      }
-      for (int l = 0; l < num_layers; ++l) {
-        const std::vector<std::int64_t> layer_counts(counts.begin() + l * num_experts,
-                                                     counts.begin() + (l + 1) * num_experts);
-        record.expert_load_max_over_mean.push_back(max_over_mean(layer_counts));
-        // Rows per rank with every expert at home: its experts' counts.
-        std::vector<std::int64_t> rank_loads(static_cast<std::size_t>(num_ranks), 0);
-        for (int e = 0; e < num_experts; ++e) rank_loads[e / (num_experts / num_ranks)] += layer_counts[e];
-        record.rank_load_max_over_mean_before.push_back(max_over_mean(rank_loads));
-        record.rank_load_max_over_mean_after.push_back(max_over_mean(rank_loads));
-        record.expert_counts.push_back(layer_counts);
-      }
-      for (const std::string& text : reports) {
-        const nlohmann::json report = nlohmann::json::parse(text);
-        for (const auto& [name, bytes] : report["bytes_sent"].items()) record.bytes_sent[name] += bytes.get<std::int64_t>();
-        record.saved_activation_peak_bytes =
-            std::max(record.saved_activation_peak_bytes, report["saved_peak"].get<std::int64_t>());
-      }
-      // With replicas the plan's per-rank loads after balancing (the same on
-      // every rank) replace the at-home ones.
-      if (modelled) {
-        std::vector<ModelledRankTime> ranks;
-        for (const std::string& text : reports) ranks.push_back(nlohmann::json::parse(text)["modelled"].get<ModelledRankTime>());
-        const ModelledStep step_time = modelled_step(ranks);
-        record.modelled = step_time.json;
-        record.modelled["tokens_per_second"] =
-            step_time.step_seconds > 0 ? static_cast<double>(global_tokens) / step_time.step_seconds : 0.0;
-      }
-      const nlohmann::json own = nlohmann::json::parse(reports[0]);
-      for (int l = 0; l < num_layers; ++l) {
-        if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();
-      }
-      if (observer.on_step) observer.on_step(record);
-    }
-    previous_checkpoint_seconds = -1;
-    if (checkpoint_now) {
-      Stopwatch checkpoint_watch;
-      nlohmann::json metadata = config.checkpoint_metadata;
-      metadata["step"] = step + 1;
-      metadata["num_ranks"] = num_ranks;
-      metadata["loss"] = loss;
-      save_checkpoint(*store, step + 1, state, metadata, checkpoint_context);
-      if (rank == 0) store->remove_all_but_latest(config.checkpoint_keep);
-      summary.last_checkpoint = step + 1;
-      previous_checkpoint_seconds = checkpoint_watch.elapsed_seconds();
-    }
-    ++summary.steps_run;
-  } catch (const Error&) {
-    rethrow_naming_step(step + 1);
+    record.routed_pairs = global_tokens_ * model_config_.layer.router.top_k * num_layers_;
+    summary_.dropped_pairs += record.dropped_pairs;
+    summary_.routed_pairs += record.routed_pairs;
+    const bool last = s.index + 1 == config_.steps;
+    s.checkpoint_now =
+        store_ && (last || (config_.checkpoint_every > 0 && (s.index + 1) % config_.checkpoint_every == 0));
+    if (s.checkpoint_now) record.checkpoint_step = s.index + 1;
+    return record;
   }
-  summary.seconds = run_watch.elapsed_seconds();
-  return summary;
+
+  // Rank 0 completes the record (timings, loads, bytes, modelled step) and
+  // hands it to the observer. The metrics line of step N goes out (flushed,
+  // and fsynced when a checkpoint follows) before checkpoint N is
+  // committed: a run killed right after the commit must not leave a
+  // checkpoint whose step has no line, which a resume could not regenerate.
+  void report(Step& s, StepRecord& record) {
+    if (rank_ != 0) return;
+    record.step_seconds = s.watch.elapsed_seconds();
+    record.tokens_per_second = static_cast<double>(global_tokens_) / record.step_seconds;
+    record.phase_seconds = s.times.seconds();
+    if (previous_checkpoint_seconds_ >= 0) record.phase_seconds["checkpoint"] = previous_checkpoint_seconds_;
+    for (const auto& [phase, total] : moe_phase_totals(model_)) {
+      const auto before = s.moe_before.find(phase);
+      record.phase_seconds[phase] = total - (before == s.moe_before.end() ? 0.0 : before->second);
+    }
+    for (int l = 0; l < num_layers_; ++l) {
+      const std::vector<std::int64_t> layer_counts(s.counts.begin() + l * num_experts_,
+                                                   s.counts.begin() + (l + 1) * num_experts_);
+      record.expert_load_max_over_mean.push_back(max_over_mean(layer_counts));
+      // Rows per rank with every expert at home: its experts' counts.
+      std::vector<std::int64_t> rank_loads(static_cast<std::size_t>(num_ranks_), 0);
+      for (int e = 0; e < num_experts_; ++e) rank_loads[e / (num_experts_ / num_ranks_)] += layer_counts[e];
+      record.rank_load_max_over_mean_before.push_back(max_over_mean(rank_loads));
+      record.rank_load_max_over_mean_after.push_back(max_over_mean(rank_loads));
+      record.expert_counts.push_back(layer_counts);
+    }
+    for (const std::string& text : reports_) {
+      const nlohmann::json report = nlohmann::json::parse(text);
+      for (const auto& [name, bytes] : report["bytes_sent"].items()) record.bytes_sent[name] += bytes.get<std::int64_t>();
+      record.saved_activation_peak_bytes =
+          std::max(record.saved_activation_peak_bytes, report["saved_peak"].get<std::int64_t>());
+    }
+    if (s.clock != nullptr) {
+      std::vector<ModelledRankTime> ranks;
+      for (const std::string& text : reports_) ranks.push_back(nlohmann::json::parse(text)["modelled"].get<ModelledRankTime>());
+      const ModelledStep step_time = modelled_step(ranks);
+      record.modelled = step_time.json;
+      record.modelled["tokens_per_second"] =
+          step_time.step_seconds > 0 ? static_cast<double>(global_tokens_) / step_time.step_seconds : 0.0;
+    }
+    // With replicas the plan's per-rank loads after balancing (the same on
+    // every rank) replace the at-home ones.
+    const nlohmann::json own = nlohmann::json::parse(reports_[0]);
+    for (int l = 0; l < num_layers_; ++l) {
+      if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();
+    }
+    if (observer_.on_step) observer_.on_step(record);
+  }
+
+  // Every checkpoint_every steps and after the last; its time goes into the
+  // next step's record (phase "checkpoint").
+  void checkpoint(Step& s) {
+    previous_checkpoint_seconds_ = -1;
+    if (!s.checkpoint_now) return;
+    Stopwatch checkpoint_watch;
+    nlohmann::json metadata = config_.checkpoint_metadata;
+    metadata["step"] = s.index + 1;
+    metadata["num_ranks"] = num_ranks_;
+    metadata["loss"] = s.loss;
+    save_checkpoint(*store_, s.index + 1, state_, metadata, checkpoint_context_);
+    if (rank_ == 0) store_->remove_all_but_latest(config_.checkpoint_keep);
+    summary_.last_checkpoint = s.index + 1;
+    previous_checkpoint_seconds_ = checkpoint_watch.elapsed_seconds();
+  }
+
+  transport::Communicator& comm_;
+  const TrainerConfig& config_;
+  const MoeLmConfig& model_config_;
+  const TrainObserver& observer_;
+  const int num_ranks_, rank_;
+  const std::int64_t local_sequences_, global_tokens_;
+  const std::uint32_t tags_;
+  const std::chrono::milliseconds timeout_;
+  MemoryLedger ledger_;
+  MoeLm model_;
+  ParameterSet& state_;
+  const SyntheticTokens data_;
+  const int num_layers_, num_experts_;
+  const bool update_bias_;
+  const std::optional<CheckpointStore> store_;
+  const CheckpointContext checkpoint_context_;
+  // The replicated gradients travel in one flat buffer, summed in place.
+  const std::int64_t replicated_;
+  std::vector<float> flat_;
+  std::map<const Parameter*, std::int64_t> flat_offset_;
+  std::vector<std::string> reports_;  // the last metrics exchange, rank order
+  TrainSummary summary_;
+  // The checkpoint after step N is written after N's metrics line; its time
+  // is reported in the line of step N + 1 (phase "checkpoint").
+  double previous_checkpoint_seconds_ = -1;  // < 0: none
+};
+
+}  // namespace
+
+TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model_config,
+                   const DispatcherFactory& make_dispatcher, const TrainObserver& observer) {
+  config.validate(comm.size());
+  EPMOE_CHECK_EQ(model_config.vocab_size, config.data.vocab_size);
+  return TrainingRun(comm, config, model_config, make_dispatcher, observer).run();
 }
 
 }  // namespace epmoe

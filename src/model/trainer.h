@@ -3,8 +3,10 @@
 //
 //   per step: this rank's sequences of the global batch (data/synthetic_tokens.h)
 //     -> forward (MoE layers dispatch across ranks)
-//     -> all-gather of expert counts and loss sums (load-balance loss, metrics)
-//     -> backward -> all-reduce of the replicated gradients
+//     -> all-gather of expert counts and loss sums (load-balance loss, metrics;
+//        under the backward when there is no load-balance loss)
+//     -> backward, the replicated gradients' sum over ranks started bucket
+//        by bucket as layers finish them (model/gradient_reduction.h)
 //     -> global gradient norm (replicated + every rank's experts), clipping
 //     -> AdamW with warm-up + cosine learning rate
 //     -> aux-loss-free selection-bias update (sigmoid_grouped)
@@ -49,6 +51,11 @@ struct TrainerConfig {
   int checkpoint_keep = 3;           // newest checkpoints kept
   bool resume = false;
   nlohmann::json checkpoint_metadata;  // written into every manifest; holds "compatibility"
+
+  // The replicated gradients' sum over ranks starts bucket by bucket during
+  // the backward (model/gradient_reduction.h) instead of as one all-reduce
+  // after it; the same bits either way.
+  bool overlap_gradient_all_reduce = true;
 
   std::chrono::milliseconds comm_timeout{60000};
   std::uint32_t tag_base = 0;  // the trainer's collective tags: [tag_base, tag_base + 1024)
