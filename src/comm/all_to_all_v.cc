@@ -34,37 +34,44 @@ void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& op
   const int num_ranks = comm.size();
   const int rank = comm.rank();
   const auto esize = static_cast<std::int64_t>(dtype_size_bytes(options.dtype));
-  std::vector<std::int64_t>& recv_counts = *options.recv_counts;
-  recv_counts.assign(num_ranks, 0);
-  recv_counts[rank] = options.send_counts[rank];
-
-  // Counts: one 8-byte message per pair.
-  const transport::Tag counts_tag = make_tag(CollectiveKind::all_to_all_v, options.tag, Slot::counts);
+  // Counts: one 8-byte message per pair, unless the caller knows them.
+  std::vector<std::int64_t> counted;
+  std::vector<std::int64_t>& recv_counts = options.recv_counts != nullptr ? *options.recv_counts : counted;
   std::vector<std::unique_ptr<Request>> requests;
-  requests.reserve(2 * num_ranks);
-  for (int step = 1; step < num_ranks; ++step) {
-    const int from = wrap(rank - step, num_ranks);
-    requests.push_back(comm.irecv(from, counts_tag, &recv_counts[from], sizeof(std::int64_t)));
-  }
-  for (int step = 1; step < num_ranks; ++step) {
-    const int to = wrap(rank + step, num_ranks);
-    requests.push_back(comm.isend(to, counts_tag, &options.send_counts[to], sizeof(std::int64_t)));
-  }
-  detail::collective_fault_point(comm);  // the counts are in flight
-  for (auto& request : requests) request->wait_until(deadline);
-  requests.clear();
-  for (int peer = 0; peer < num_ranks; ++peer) {
-    if (recv_counts[peer] < 0) {
-      throw PeerError("rank " + std::to_string(rank) + ": peer " + std::to_string(peer) +
-                      " announced a negative count " + std::to_string(recv_counts[peer]));
+  if (options.known_recv_counts != nullptr) {
+    recv_counts = *options.known_recv_counts;
+  } else {
+    recv_counts.assign(num_ranks, 0);
+    recv_counts[rank] = options.send_counts[rank];
+    const transport::Tag counts_tag = make_tag(CollectiveKind::all_to_all_v, options.tag, Slot::counts);
+    requests.reserve(2 * num_ranks);
+    for (int step = 1; step < num_ranks; ++step) {
+      const int from = wrap(rank - step, num_ranks);
+      requests.push_back(comm.irecv(from, counts_tag, &recv_counts[from], sizeof(std::int64_t)));
+    }
+    for (int step = 1; step < num_ranks; ++step) {
+      const int to = wrap(rank + step, num_ranks);
+      requests.push_back(comm.isend(to, counts_tag, &options.send_counts[to], sizeof(std::int64_t)));
+    }
+    detail::collective_fault_point(comm);  // the counts are in flight
+    for (auto& request : requests) request->wait_until(deadline);
+    requests.clear();
+    for (int peer = 0; peer < num_ranks; ++peer) {
+      if (recv_counts[peer] < 0) {
+        throw PeerError("rank " + std::to_string(rank) + ": peer " + std::to_string(peer) +
+                        " announced a negative count " + std::to_string(recv_counts[peer]));
+      }
     }
   }
 
   // Payload, sized exactly.
   const std::vector<std::int64_t> send_offsets = prefix_offsets(options.send_counts);
   const std::vector<std::int64_t> recv_offsets = prefix_offsets(recv_counts);
-  options.output->resize(static_cast<std::size_t>(total_of(recv_counts) * esize));
-  std::byte* output = options.output->data();
+  std::byte* output = static_cast<std::byte*>(options.recv_buffer);
+  if (output == nullptr) {
+    options.output->resize(static_cast<std::size_t>(total_of(recv_counts) * esize));
+    output = options.output->data();
+  }
   const auto* input = static_cast<const std::byte*>(options.input);
   const transport::Tag data_tag = make_tag(CollectiveKind::all_to_all_v, options.tag, Slot::data);
   for (int step = 1; step < num_ranks; ++step) {
@@ -83,23 +90,35 @@ void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& op
     std::memcpy(output + recv_offsets[rank] * esize, input + send_offsets[rank] * esize,
                 static_cast<std::size_t>(recv_counts[rank] * esize));
   }
+  // With known counts the fault point comes here: the payload is the first
+  // thing in flight.
+  if (options.known_recv_counts != nullptr) detail::collective_fault_point(comm);
   for (auto& request : requests) request->wait_until(deadline);
 }
 
 void exchange_native(transport::NativeCollectives& native, int num_ranks,
                      const AllToAllVOptions& options) {
   const auto esize = static_cast<std::int64_t>(dtype_size_bytes(options.dtype));
-  std::vector<std::int64_t>& recv_counts = *options.recv_counts;
-  recv_counts.assign(num_ranks, 0);
-  native.all_to_all_counts(options.send_counts, recv_counts);
-  options.output->resize(static_cast<std::size_t>(total_of(recv_counts) * esize));
+  std::vector<std::int64_t> counted;
+  std::vector<std::int64_t>& recv_counts = options.recv_counts != nullptr ? *options.recv_counts : counted;
+  if (options.known_recv_counts != nullptr) {
+    recv_counts = *options.known_recv_counts;
+  } else {
+    recv_counts.assign(num_ranks, 0);
+    native.all_to_all_counts(options.send_counts, recv_counts);
+  }
+  void* output = options.recv_buffer;
+  if (output == nullptr) {
+    options.output->resize(static_cast<std::size_t>(total_of(recv_counts) * esize));
+    output = options.output->data();
+  }
   std::vector<std::int64_t> send_bytes(num_ranks);
   std::vector<std::int64_t> recv_bytes(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
     send_bytes[r] = options.send_counts[r] * esize;
     recv_bytes[r] = recv_counts[r] * esize;
   }
-  native.all_to_all_v(options.input, send_bytes, options.output->data(), recv_bytes);
+  native.all_to_all_v(options.input, send_bytes, output, recv_bytes);
 }
 
 }  // namespace
@@ -114,8 +133,27 @@ void AllToAllVOptions::validate(const transport::Communicator& comm) const {
   for (std::int64_t count : send_counts) detail::check_count(kName, "send_counts[r]", count);
   detail::check_buffer(kName, "input", input,
                        total_of(send_counts) * static_cast<std::int64_t>(dtype_size_bytes(dtype)));
-  if (output == nullptr || recv_counts == nullptr) {
-    throw ConfigError(std::string(kName) + ": output and recv_counts must point to vectors");
+  if (known_recv_counts != nullptr) {
+    if (static_cast<int>(known_recv_counts->size()) != comm.size()) {
+      throw ConfigError(std::string(kName) + ": known_recv_counts has " + std::to_string(known_recv_counts->size()) +
+                        " entries: must have one per rank (" + std::to_string(comm.size()) + ")");
+    }
+    for (std::int64_t count : *known_recv_counts) detail::check_count(kName, "known_recv_counts[r]", count);
+    if ((*known_recv_counts)[comm.rank()] != send_counts[comm.rank()]) {
+      throw ConfigError(std::string(kName) + ": known_recv_counts[" + std::to_string(comm.rank()) + "] = " +
+                        std::to_string((*known_recv_counts)[comm.rank()]) + " but this rank sends itself " +
+                        std::to_string(send_counts[comm.rank()]) + ": they must agree");
+    }
+  }
+  if (recv_buffer != nullptr) {
+    if (known_recv_counts == nullptr) {
+      throw ConfigError(std::string(kName) + ": recv_buffer needs known_recv_counts (its size must be known before the exchange)");
+    }
+  } else if (output == nullptr) {
+    throw ConfigError(std::string(kName) + ": output must point to a vector (or pass recv_buffer with known_recv_counts)");
+  }
+  if (recv_counts == nullptr && known_recv_counts == nullptr) {
+    throw ConfigError(std::string(kName) + ": recv_counts must point to a vector (or pass known_recv_counts)");
   }
 }
 

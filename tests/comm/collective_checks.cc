@@ -259,6 +259,20 @@ void check_all_to_all_v(transport::Communicator& comm, std::uint64_t seed, std::
   ASSERT_EQ(static_cast<int>(recv_counts.size()), num_ranks);
   for (int src = 0; src < num_ranks; ++src) EXPECT_EQ(recv_counts[src], counts[src][rank]) << "from " << src;
   ASSERT_TRUE(output == expected) << "all_to_all_v payload differs on rank " << rank;
+
+  // Again with the counts known (no count round) into the caller's buffer:
+  // the same bytes, and nothing written past the buffer's end.
+  std::vector<std::byte> own_buffer(expected.size() + 8, std::byte{0x3C});
+  AllToAllVOptions known = options;
+  known.output = nullptr;
+  known.recv_counts = nullptr;
+  known.known_recv_counts = &recv_counts;
+  known.recv_buffer = own_buffer.data();
+  known.tag = tag + 1;
+  all_to_all_v(comm, known).wait();
+  ASSERT_TRUE(std::equal(expected.begin(), expected.end(), own_buffer.begin()))
+      << "all_to_all_v with known counts differs on rank " << rank;
+  for (std::size_t i = expected.size(); i < own_buffer.size(); ++i) ASSERT_EQ(own_buffer[i], std::byte{0x3C});
 }
 
 void check_all_reduce(transport::Communicator& comm, std::int64_t num_elements, DType dtype,
@@ -419,7 +433,8 @@ void check_everything(transport::Communicator& comm, Algorithm algorithm) {
   }
   for (std::int64_t max_count : {0, 1, 50}) {
     for (DType dtype : {DType::f32, DType::bf16, DType::fp8_e4m3}) {
-      check_all_to_all_v(comm, 6000 + max_count, max_count, dtype, algorithm, tag++);
+      check_all_to_all_v(comm, 6000 + max_count, max_count, dtype, algorithm, tag);
+      tag += 2;  // the second exchange (known counts) uses tag + 1
     }
   }
   for (std::int64_t n : {0, 1, 7, 1001}) {
