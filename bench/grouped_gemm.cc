@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench_harness.h"
+#include "fma_peak.h"
 #include "core/rng.h"
 #include "core/threading.h"
 #include "kernels/gemm.h"
@@ -168,16 +169,21 @@ int run(const Options& options) {
               static_cast<long long>(kHidden), static_cast<long long>(kFfn), compute_threads(),
               kZipfExponent, options.fresh_sizes ? ", Zipf sizes redrawn every call" : "");
 
-  {  // Machine context: one big square matmul.
+  {  // Machine context: the FMA ceiling and one big square matmul.
+    const bench::FmaPeak peak = bench::measure_fma_peak(compute_threads());
+    std::printf("peak context: f32 FMA loop %.1f GFLOP/s (%d-lane FMA, %d threads)\n", peak.gflops,
+                peak.vector_floats, peak.threads);
     const std::int64_t s = 2048;
     std::vector<float> a(s * s, 0.5f), b(s * s, 0.25f), c(s * s);
     for (ComputeDType dtype : {ComputeDType::f32, ComputeDType::bf16}) {
+      if (dtype == ComputeDType::bf16 && !bf16_gemm_supported()) continue;
       const auto stats = bench::measure(
           [&] { gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = s, .n = s, .k = s, .compute_dtype = dtype}); },
           timing);
       std::printf("peak context: %lldx%lldx%lld %s matmul %.1f GFLOP/s (spread %.1f%%)\n",
                   static_cast<long long>(s), static_cast<long long>(s), static_cast<long long>(s),
                   to_string(dtype).c_str(), gflops(2.0 * s * s * s, stats), 100 * stats.relative_spread());
+      std::printf("peak context: that matmul is %.2f of the FMA peak\n", gflops(2.0 * s * s * s, stats) / peak.gflops);
     }
   }
 
@@ -190,6 +196,11 @@ int run(const Options& options) {
     Buffers buf = make_buffers(rows, max_groups);
     const double flops = 2.0 * rows * kHidden * kFfn;
     for (ComputeDType dtype : {ComputeDType::f32, ComputeDType::bf16}) {
+      if (dtype == ComputeDType::bf16 && !bf16_gemm_supported()) {
+        std::printf("| %lld | | | bf16 | | skipped: oneDNN has no bf16 matmul on this CPU | | | | |\n",
+                    static_cast<long long>(rows));
+        continue;
+      }
       for (Op op : {Op::forward, Op::dlhs, Op::drhs}) {
         for (int num_groups : group_counts) {
           for (bool zipf : {false, true}) {

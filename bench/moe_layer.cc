@@ -1,7 +1,10 @@
 // Single-rank MoE layer, forward + backward, against one large matmul of the
-// same total FLOPs measured in the same run (the machine's practical GEMM
-// peak for this thread count). Prints a table, or one JSON object per line
-// with --json (bench/peers/compare_layer_with_torch.sh reads that).
+// same total FLOPs (the machine's practical GEMM peak for this thread count)
+// and against the f32 FMA peak (a tight FMA loop on the same threads,
+// bench/fma_peak.h), both measured in the same run. Prints a table, or one
+// JSON object per line with json=true (bench/peers/compare_layer_with_torch.sh
+// reads that). compute_dtype=bf16 where this CPU has no oneDNN bf16 matmul
+// is reported as skipped (both) or refused (bf16 alone).
 //
 //   bench_moe_layer [tokens=2048 hidden=1024 ffn=512 experts=16 top_k=2
 //                    compute_dtype=f32|bf16|both threads=N seconds=0.3 json=false]
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "bench_harness.h"
+#include "fma_peak.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "core/threading.h"
@@ -63,7 +67,7 @@ Tensor random_tensor(Shape shape, Rng& rng, double scale) {
   return t;
 }
 
-void run(const LayerBenchArgs& args, ComputeDType dtype) {
+void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   Rng rng(1);
   const std::int64_t n = args.tokens, h = args.hidden, f = args.ffn, e = args.experts;
   Tensor x = random_tensor({n, h}, rng, 1.0), dy = random_tensor({n, h}, rng, 1.0);
@@ -100,14 +104,16 @@ void run(const LayerBenchArgs& args, ComputeDType dtype) {
     std::printf("{\"impl\": \"epmoe\", \"compute_dtype\": \"%s\", \"tokens\": %lld, \"hidden\": %lld, "
                 "\"ffn\": %lld, \"experts\": %d, \"top_k\": %d, \"threads\": %d, "
                 "\"fwd_bwd_seconds\": %.6g, \"spread\": %.3f, \"gflops\": %.2f, "
-                "\"large_matmul_gflops\": %.2f}\n",
+                "\"large_matmul_gflops\": %.2f, \"fma_peak_gflops\": %.2f}\n",
                 name.c_str(), (long long)n, (long long)h, (long long)f, args.experts, args.top_k,
                 compute_threads(), forward.median_seconds, forward.relative_spread(), layer_gflops,
-                big_gflops);
+                big_gflops, peak.gflops);
   } else {
-    std::printf("%-6s  fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   large matmul %7.1f GFLOP/s   ratio %.2f\n",
+    std::printf("%-6s  fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   large matmul %7.1f GFLOP/s   "
+                "layer/matmul %.2f   layer/FMA peak %.2f   matmul/FMA peak %.2f\n",
                 name.c_str(), forward.median_seconds * 1e3, 100 * forward.relative_spread(),
-                layer_gflops, big_gflops, layer_gflops / big_gflops);
+                layer_gflops, big_gflops, layer_gflops / big_gflops, layer_gflops / peak.gflops,
+                big_gflops / peak.gflops);
   }
 }
 
@@ -118,12 +124,27 @@ int main(int argc, char** argv) {
   using namespace epmoe;
   const bench::LayerBenchArgs args = bench::parse_args(argc, argv);
   set_compute_threads(args.threads > 0 ? args.threads : hardware_cores());
-  if (!args.json) {
-    std::printf("MoE layer forward+backward, N=%lld H=%lld F=%lld E=%d K=%d, %d threads\n",
-                (long long)args.tokens, (long long)args.hidden, (long long)args.ffn, args.experts,
-                args.top_k, compute_threads());
+  if (args.compute_dtype != "f32" && args.compute_dtype != "bf16" && args.compute_dtype != "both") {
+    std::fprintf(stderr, "bench_moe_layer: compute_dtype must be f32, bf16 or both, not '%s'\n",
+                 args.compute_dtype.c_str());
+    return 2;
   }
-  if (args.compute_dtype == "f32" || args.compute_dtype == "both") bench::run(args, ComputeDType::f32);
-  if (args.compute_dtype == "bf16" || args.compute_dtype == "both") bench::run(args, ComputeDType::bf16);
+  if (args.compute_dtype == "bf16" && !bf16_gemm_supported()) {
+    std::fprintf(stderr, "bench_moe_layer: compute_dtype=bf16: oneDNN has no bf16 matmul on this CPU\n");
+    return 2;
+  }
+  // The FMA ceiling on the same threads, just before the layer runs.
+  const bench::FmaPeak peak = bench::measure_fma_peak(compute_threads());
+  if (!args.json) {
+    std::printf("MoE layer forward+backward, N=%lld H=%lld F=%lld E=%d K=%d, %d threads, "
+                "f32 FMA peak %.1f GFLOP/s (%d-lane FMA loop)\n",
+                (long long)args.tokens, (long long)args.hidden, (long long)args.ffn, args.experts,
+                args.top_k, compute_threads(), peak.gflops, peak.vector_floats);
+  }
+  if (args.compute_dtype == "f32" || args.compute_dtype == "both") bench::run(args, ComputeDType::f32, peak);
+  if (args.compute_dtype == "bf16" || args.compute_dtype == "both") {
+    if (bf16_gemm_supported()) bench::run(args, ComputeDType::bf16, peak);
+    else if (!args.json) std::printf("bf16    skipped: oneDNN has no bf16 matmul on this CPU\n");
+  }
   return 0;
 }
