@@ -69,7 +69,7 @@ class ProgressSlot {
   // throws; never waits longer than `cap`, whatever the progress thread does.
   Lent lend(Clock::duration cap);
   bool finished();
-  int num_lenders();  // threads blocked in lend() now (tests)
+  int num_lenders();  // threads blocked in lend() now (a polling transport stops spinning; tests)
 
  private:
   std::mutex mutex_;                   // guards everything below

@@ -115,7 +115,11 @@ class MpiRequest final : public Request {
              << (is_send_ ? "send to" : "receive from");
         throw PeerError(describe_wait(rank_, what.str(), peer_, tag_) + state_.liveness->late_rank_note(peer_));
       }
-      if (now - started < kSpinTime) {
+      // A progress thread whose launcher is lending it a core stops
+      // spinning: the lender waits for it to sleep, and a spin would hold
+      // both the lent core and the lender for up to kSpinTime.
+      ProgressSlot* const slot = this_thread_progress_slot();
+      if (now - started < kSpinTime && (slot == nullptr || slot->num_lenders() == 0)) {
         std::this_thread::yield();
       } else {
         const Clock::time_point until = now + std::min<Clock::duration>(sleep, deadline - now);
@@ -123,7 +127,7 @@ class MpiRequest final : public Request {
         // thread that launched the collective can lend it a core when the
         // next poll is due (transport/progress_slot.h) instead of leaving it
         // to the scheduler; MPI has no wait with a timeout to sleep on.
-        if (ProgressSlot* slot = this_thread_progress_slot()) {
+        if (slot != nullptr) {
           slot->poll_sleep(until);
         } else {
           std::this_thread::sleep_until(until);
