@@ -44,6 +44,14 @@ class AllToAllDispatcher final : public Dispatcher {
   int num_local_experts() const override { return num_local_experts_; }
   int first_local_expert() const override { return comm_.rank() * num_local_experts_; }
 
+  const DispatchStats& stats() const override { return stats_; }
+  ReplicaExchange* replicas() override { return replicas_.get(); }
+  int num_compute_experts() const override {
+    return num_local_experts_ + (replicas_ ? replicas_->num_slots() : 0);
+  }
+
+ private:
+  // The step's work (ep/dispatcher.h), reached through the handle.
   void start_forward(const Tensor& x, const RoutingView& routing) override;
   ExpertRows receive_rows(int chunk) override;
   void send_outputs(int chunk, Tensor slot_outputs) override;
@@ -55,13 +63,6 @@ class AllToAllDispatcher final : public Dispatcher {
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
   DispatchGradients finish_backward() override;
 
-  const DispatchStats& stats() const override { return stats_; }
-  ReplicaExchange* replicas() override { return replicas_.get(); }
-  int num_compute_experts() const override {
-    return num_local_experts_ + (replicas_ ? replicas_->num_slots() : 0);
-  }
-
- private:
   struct Chunk;
   void plan_chunk(int chunk);
   void send_tokens(int chunk, bool remat);

@@ -4,24 +4,9 @@
 //
 // A step is split into num_chunks() chunks of this rank's tokens (chunk c
 // covers local tokens [c * N_l / n, (c + 1) * N_l / n)), so that a
-// dispatcher can move chunk c + 1 while the experts compute chunk c. The call
-// order is fixed, forward then backward:
-//
-//   start_forward(x, routing)
-//   for c: rows_c = receive_rows(c); ...experts...; send_outputs(c, slot_outputs_c)
-//   y = finish_forward()
-//   start_backward(dy)
-//   for c: dy_slots_c = receive_cotangents(c); ...experts backward...;
-//          send_gradients(c, slot_dx_c, row_dweights_c)
-//   {dx, d_topk_weights} = finish_backward()
-//
-// With x_sorted recomputed (ep/remat_policy.h), the backward calls
-// redispatch_rows(c) before receive_cotangents(c): it re-runs chunk c's
-// dispatch (exchange or all-gather, and the sort) and returns the same rows,
-// bit for bit, as the forward's receive_rows(c).
-//
-// x, the routing and dy are the caller's and must stay alive and unchanged
-// until the matching finish_*() returned.
+// dispatcher can move chunk c + 1 while the experts compute chunk c.
+// dispatch() starts a step and returns its handle (ep/dispatch_handle.h),
+// through which the step's chunks, combine and backward go in their order.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +16,7 @@
 
 #include "core/tensor.h"
 #include "core/timer.h"
+#include "ep/dispatch_handle.h"
 #include "ep/expert_rows.h"
 
 namespace epmoe::ep {
@@ -92,17 +78,9 @@ class Dispatcher {
   virtual int num_local_experts() const = 0;
   virtual int first_local_expert() const = 0;
 
-  virtual void start_forward(const Tensor& x, const RoutingView& routing) = 0;
-  virtual ExpertRows receive_rows(int chunk) = 0;
-  virtual void send_outputs(int chunk, Tensor slot_outputs) = 0;  // [num_slots, H]
-  virtual Tensor finish_forward() = 0;                            // y [N_l, H]
-
-  virtual void start_backward(const Tensor& dy) = 0;
-  virtual ExpertRows redispatch_rows(int chunk) = 0;
-  virtual Tensor receive_cotangents(int chunk) = 0;  // [num_slots, H]
-  // slot_dx [num_slots, H]; row_dweights [num_rows] in the rows' order.
-  virtual void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) = 0;
-  virtual DispatchGradients finish_backward() = 0;
+  // Starts a step: plans chunk 0 and puts its tokens in flight. UsageError
+  // while another step's handle is in flight.
+  DispatchHandle dispatch(const Tensor& x, const RoutingView& routing);
 
   virtual const DispatchStats& stats() const = 0;
 
@@ -112,6 +90,22 @@ class Dispatcher {
   // on E_l + B experts' weights (ep/replica_exchange.h).
   virtual ReplicaExchange* replicas() { return nullptr; }
   virtual int num_compute_experts() const { return num_local_experts(); }  // E_l (+ B)
+
+ protected:
+  // The step's work, called only by the handle, in its order.
+  friend class DispatchHandle;
+  virtual void start_forward(const Tensor& x, const RoutingView& routing) = 0;
+  virtual ExpertRows receive_rows(int chunk) = 0;
+  virtual void send_outputs(int chunk, Tensor slot_outputs) = 0;  // [num_slots, H]
+  virtual Tensor finish_forward() = 0;                            // y [N_l, H]
+  virtual void start_backward(const Tensor& dy) = 0;
+  virtual ExpertRows redispatch_rows(int chunk) = 0;
+  virtual Tensor receive_cotangents(int chunk) = 0;  // [num_slots, H]
+  virtual void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) = 0;
+  virtual DispatchGradients finish_backward() = 0;
+
+ private:
+  bool step_in_flight_ = false;  // a handle of this dispatcher is in its step
 };
 
 // Local token range of chunk c: [begin, end).

@@ -14,6 +14,10 @@ class LocalDispatcher final : public Dispatcher {
   int num_local_experts() const override { return num_experts_; }
   int first_local_expert() const override { return 0; }
 
+  const DispatchStats& stats() const override { return stats_; }
+
+ private:
+  // The step's work (ep/dispatcher.h), reached through the handle.
   void start_forward(const Tensor& x, const RoutingView& routing) override;
   ExpertRows receive_rows(int chunk) override;
   void send_outputs(int chunk, Tensor slot_outputs) override;
@@ -25,9 +29,6 @@ class LocalDispatcher final : public Dispatcher {
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
   DispatchGradients finish_backward() override;
 
-  const DispatchStats& stats() const override { return stats_; }
-
- private:
   int num_experts_;
   int num_chunks_;
   const Tensor* x_ = nullptr;

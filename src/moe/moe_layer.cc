@@ -30,6 +30,7 @@ struct MoeLayer::Saved {
   const Tensor* dy = nullptr;              // from begin_backward
   const Tensor* extra_d_logits = nullptr;  // from begin_backward, or null
   MoeWeights weights;
+  ep::DispatchHandle dispatch;        // the step's dispatch, from begin_forward to finish_backward
   LocalExpertWeights expert_weights;  // the caller's, or the combined buffer with replicas
   RouterOutput routing;
   std::vector<ep::ExpertRows> rows;               // [chunk]
@@ -200,7 +201,7 @@ void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
   s.rows.resize(static_cast<std::size_t>(num_chunks));
   s.rows_metadata.resize(static_cast<std::size_t>(num_chunks));
   s.activations.resize(static_cast<std::size_t>(num_chunks));
-  dispatcher_->start_forward(x, {s.routing.topk_ids.data<std::int32_t>(),
+  s.dispatch = dispatcher_->dispatch(x, {s.routing.topk_ids.data<std::int32_t>(),
                                  s.routing.topk_weights.data<float>(), x.dim(0), config_.router.top_k});
   s.expert_weights = expert_weights(weights);
   stats_.replica_home_copy_bytes = 0;
@@ -247,7 +248,7 @@ MoeForwardOutput MoeLayer::finish_forward() {
   for (int c = 0; c < num_chunks; ++c) {
     {
       ScopedPhase phase(times, "dispatch");
-      s.rows[c] = dispatcher_->receive_rows(c);
+      s.rows[c] = s.dispatch.rows(c);
     }
     Tensor slot_outputs;
     {
@@ -273,12 +274,12 @@ MoeForwardOutput MoeLayer::finish_forward() {
     keep_or_drop(s.activations[c].mlpwi_1, remat.save_mlpwi_1, ledger_, "mlpwi_1");
     keep_or_drop(s.activations[c].mlpwo, remat.save_mlpwo, ledger_, "mlpwo");
     ScopedPhase phase(times, "combine");
-    dispatcher_->send_outputs(c, std::move(slot_outputs));
+    s.dispatch.combine(c, std::move(slot_outputs));
   }
   MoeForwardOutput out;
   {
     ScopedPhase phase(times, "combine");
-    out.y = dispatcher_->finish_forward();
+    out.y = s.dispatch.finish_forward();
     check_produced(config_, "layer output y", "forward/combine", out.y.span<float>(), at_row(config_.hidden));
   }
   out.topk_ids = s.routing.topk_ids.clone();
@@ -319,7 +320,7 @@ void MoeLayer::begin_backward(const Tensor& dy, const Tensor* extra_d_logits) {
   saved_->extra_d_logits = extra_d_logits;
   {
     ScopedPhase phase(stats_.phase_seconds, "backward_combine");
-    dispatcher_->start_backward(dy);
+    saved_->dispatch.start_backward(dy);
   }
   stage_ = Stage::backward_begun;
 }
@@ -358,7 +359,7 @@ MoeGradients MoeLayer::finish_backward() {
   for (int c = 0; c < dispatcher_->num_chunks(); ++c) {
     if (!config_.remat.save_x_sorted) {
       ScopedPhase phase(times, "backward_remat_dispatch");
-      s.rows[c] = dispatcher_->redispatch_rows(c);
+      s.rows[c] = s.dispatch.redispatch_rows(c);
       stats_.recomputed_bytes += s.rows[c].size_bytes();
     }
     {
@@ -368,7 +369,7 @@ MoeGradients MoeLayer::finish_backward() {
     Tensor slot_dy;
     {
       ScopedPhase phase(times, "backward_combine");
-      slot_dy = dispatcher_->receive_cotangents(c);
+      slot_dy = s.dispatch.cotangents(c);
     }
     ExpertGradients expert_grads;
     {
@@ -387,12 +388,12 @@ MoeGradients MoeLayer::finish_backward() {
     s.rows_metadata[c] = LedgerCharge();
     s.activations[c] = ExpertActivations();
     ScopedPhase phase(times, "backward_dispatch");
-    dispatcher_->send_gradients(c, std::move(expert_grads.slot_dx), std::move(expert_grads.row_dweights));
+    s.dispatch.return_gradients(c, std::move(expert_grads.slot_dx), std::move(expert_grads.row_dweights));
   }
   ep::DispatchGradients routed;
   {
     ScopedPhase phase(times, "backward_dispatch");
-    routed = dispatcher_->finish_backward();
+    routed = s.dispatch.finish_backward();
   }
   grads.dx = std::move(routed.dx);
   check_produced(config_, "input gradient dx", "backward/dispatch", grads.dx.span<float>(), at_row(hidden));

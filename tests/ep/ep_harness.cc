@@ -1,9 +1,12 @@
 #include "ep_harness.h"
 
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <optional>
 
+#include "comm/all_reduce.h"
+#include "core/error.h"
 #include "transport/threads/launcher.h"
 
 namespace epmoe::testing {
@@ -26,6 +29,24 @@ void copy_rows_into(Tensor& dst, std::int64_t begin, const Tensor& src) {
       static_cast<std::size_t>(dst.numel() / std::max<std::int64_t>(1, dst.dim(0))) * dtype_size_bytes(dst.dtype());
   if (src.size_bytes() > 0)
     std::memcpy(static_cast<char*>(dst.raw()) + begin * row_bytes, src.raw(), static_cast<std::size_t>(src.size_bytes()));
+}
+
+}  // namespace
+
+namespace {
+
+// What a caller does between a begin and its finish: an all-reduce in
+// flight across the layer's own exchanges (its own tags), and compute.
+void other_work(transport::Communicator& comm, std::uint32_t round) {
+  std::vector<float> data(1000, static_cast<float>(comm.rank() + 1));
+  comm::CollectiveHandle reduce = comm::all_reduce(
+      comm, {.data = data.data(), .num_elements = 1000, .tag = 0x7000 + round});
+  double sink = 0;
+  for (int i = 0; i < 20000; ++i) sink += std::sqrt(double(i));
+  reduce.wait();
+  EPMOE_CHECK(sink > 0);
+  const float expected = static_cast<float>(comm.size() * (comm.size() + 1) / 2);
+  for (const float v : data) EPMOE_CHECK_EQ(v, expected);
 }
 
 }  // namespace
@@ -74,8 +95,17 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     for (std::size_t step = 0; step < num_steps; ++step) {
       std::optional<std::uint64_t> version;
       if (!options.weight_versions.empty()) version = options.weight_versions[step];
-      out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
-      grads = layer.backward(dy);
+      if (!options.split_phase_with_other_work) {
+        out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
+        grads = layer.backward(dy);
+      } else {
+        layer.begin_forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
+        other_work(comm, 1);
+        out = layer.finish_forward();
+        layer.begin_backward(dy);
+        other_work(comm, 2);
+        grads = layer.finish_backward();
+      }
       result.step_stats[step][r] = layer.dispatch_stats();
     }
     copy_rows_into(result.y, t0, out.y);

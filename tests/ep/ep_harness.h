@@ -32,6 +32,10 @@ struct EpRunOptions {
   // clock=modelled (transport/threads/virtual_timeline.h) and its links; off: wall.
   transport::threads::ModelledTimeOptions modelled = {};
   transport::threads::EmulatedLinkOptions links = {};
+  // The layer's split-phase calls with other work between each begin and
+  // its finish (an all-reduce in flight, and compute), instead of forward()
+  // and backward(): the results must not change by a bit.
+  bool split_phase_with_other_work = false;
 };
 
 // What one rank's memory ledger and layer saw.
