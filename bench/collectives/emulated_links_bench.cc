@@ -4,6 +4,7 @@
 // this machine's 2 cores, so the CPU side (memcpy of every message, wake-ups)
 // is real and shows in the ratio to the bound.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -200,6 +201,59 @@ int run_overlap_part(const BenchArgs& args) {
       std::fflush(stdout);
     }
   }
+  return 0;
+}
+
+// What comm::drive_progress() costs the compute loop that calls it: per call
+// with nothing in flight, and with one all-gather in flight whose progress
+// thread sleeps on a slow emulated link (parked, not due - the common case
+// between GEMM tiles), counting the loans it made apart.
+int run_drive_cost_part(const BenchArgs& args) {
+  using Clock = std::chrono::steady_clock;
+  const auto calls = static_cast<std::int64_t>(args.number("calls", 1'000'000));
+  auto ns_per_call = [](Clock::time_point begin, std::int64_t n) {
+    return std::chrono::duration<double, std::nano>(Clock::now() - begin).count() / static_cast<double>(n);
+  };
+  // Nothing in flight: the thread-local list is empty.
+  Clock::time_point begin = Clock::now();
+  int loans = 0;
+  for (std::int64_t i = 0; i < calls; ++i) loans += comm::drive_progress();
+  const double idle_ns = ns_per_call(begin, calls);
+  // One all-gather of 8 MiB per rank over 0.5 GB/s links (~17 ms) in flight.
+  ThreadsOptions options = link_options(args);
+  options.links.bandwidth_gb_per_s = 0.5;
+  double busy_ns = 0;
+  std::int64_t busy_calls = 0;
+  int busy_loans = 0;
+  run_ranks(2, options, [&](Communicator& comm) {
+    const std::int64_t chunk_bytes = 8 << 20;
+    const std::vector<std::byte> input = rank_chunk(comm.rank(), chunk_bytes);
+    std::vector<std::byte> output(chunk_bytes * 2);
+    comm::AllGatherOptions gather;
+    gather.input = input.data();
+    gather.output = output.data();
+    gather.num_elements_per_rank = chunk_bytes;
+    gather.dtype = DType::fp8_e4m3;
+    comm::CollectiveHandle handle = comm::ring_all_gather(comm, gather);
+    std::int64_t n = 0;
+    int lent = 0;
+    const Clock::time_point start = Clock::now();
+    while (!handle.test()) {
+      for (int i = 0; i < 1000; ++i) lent += comm::drive_progress();
+      n += 1000;
+    }
+    const double per_call = ns_per_call(start, n);
+    if (args.verify()) verify_gather(output, 2, chunk_bytes);
+    if (comm.rank() == 0) {
+      busy_ns = per_call;
+      busy_calls = n;
+      busy_loans = lent;
+    }
+  });
+  std::printf("drive_progress cost: nothing in flight %.1f ns/call (%d loans in %lld calls); one all-gather in "
+              "flight (8 MiB, 0.5 GB/s link, rank 0 of 2): %.1f ns/call over %lld calls, %d of them loans "
+              "(loan time included)\n",
+              idle_ns, loans, static_cast<long long>(calls), busy_ns, static_cast<long long>(busy_calls), busy_loans);
   return 0;
 }
 
