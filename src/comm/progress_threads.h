@@ -15,7 +15,11 @@
 // Scheduling: the threads run at the default priority. Raising it (nice -10,
 // a 0.1 ms EEVDF slice, 1 ns timer slack) changed nothing measurable in
 // bench_collectives links/overlap on this shared 2-core machine (differences
-// within the run-to-run spread of +-30%), so the code does not do it.
+// within the run-to-run spread of +-30%), so the code does not do it. What
+// does help when rank threads fill the cores is the caller lending its core
+// (comm/cooperative_progress.h): a woken progress thread otherwise waits for
+// the compute thread's slice to end, and the first step runs on the caller
+// (launch_collective's prologue).
 #pragma once
 
 #include <condition_variable>
