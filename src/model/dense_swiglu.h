@@ -27,4 +27,19 @@ void dense_swiglu_backward(const Tensor& x, const Tensor& w0, const Tensor& w1, 
                            const DenseSwigluSaved& saved, const Tensor& dy, Tensor& dx, Tensor& dw0,
                            Tensor& dw1, Tensor& dwo);
 
+// The backward in two parts, for a caller that overlaps the weight part with
+// other work (the routed experts' exchanges, model/moe_lm.cc) and has the
+// other branch's dx only afterwards: dense_swiglu_backward is
+// backward_weights then backward_input, the same bits.
+struct DenseSwigluInputGrad {
+  Tensor dh0, dh1;  // [N, F]
+};
+// dw0, dw1, dwo OVERWRITTEN; `pending` receives what backward_input needs.
+void dense_swiglu_backward_weights(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo,
+                                   const DenseSwigluSaved& saved, const Tensor& dy, Tensor& dw0, Tensor& dw1,
+                                   Tensor& dwo, DenseSwigluInputGrad& pending);
+// dx [N, H] ADDED TO: dx += dh0 w0^T, then dx += dh1 w1^T.
+void dense_swiglu_backward_input(const Tensor& w0, const Tensor& w1, const DenseSwigluInputGrad& pending,
+                                 Tensor& dx);
+
 }  // namespace epmoe

@@ -175,18 +175,22 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
     // The weights change once per step: the step names their version (from
     // 1: 0 means "no weights held"), so replica slots are refreshed once per
     // step, not once per call.
-    MoeForwardOutput out = layer.forward(a.normed[l], weights, static_cast<std::uint64_t>(step) + 1);
+    layer.begin_forward(a.normed[l], weights, static_cast<std::uint64_t>(step) + 1);
+    // The shared expert reads only the layer's input: it runs while the
+    // dispatch the layer started moves the tokens.
+    Tensor shared_y;
+    if (p.shared_w0 != nullptr) {
+      shared_y = Tensor(DType::f32, {n, h});
+      a.shared.emplace_back();
+      dense_swiglu_forward(a.normed[l], p.shared_w0->value, p.shared_w1->value, p.shared_wo->value, shared_y,
+                           a.shared.back());
+    }
+    MoeForwardOutput out = layer.finish_forward();
     const std::vector<std::int64_t> counts = count_expert_assignments(out.topk_ids, num_experts);
     std::copy(counts.begin(), counts.end(), result.expert_counts.begin() + l * num_experts);
     Tensor next = a.h[l].clone();
     add_into(next, out.y);
-    if (p.shared_w0 != nullptr) {
-      Tensor shared_y(DType::f32, {n, h});
-      a.shared.emplace_back();
-      dense_swiglu_forward(a.normed[l], p.shared_w0->value, p.shared_w1->value, p.shared_wo->value, shared_y,
-                           a.shared.back());
-      add_into(next, shared_y);
-    }
+    if (p.shared_w0 != nullptr) add_into(next, shared_y);
     a.h.push_back(std::move(next));
   }
   a.inv_rms.push_back(Tensor(DType::f32, {n}));
@@ -244,12 +248,20 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
       aux_loss += balance.loss;
     }
     // h_{l+1} = h_l + moe(normed) + shared(normed): d_h reaches both branches unchanged.
-    MoeGradients g = layer.backward(d_h, aux_loss_coef > 0 ? &balance.d_logits : nullptr);
+    // The shared expert's weight gradients run while the layer's cotangents
+    // move; its dx is added after the routed one's, the order of
+    // dense_swiglu_backward into the layer's dx.
+    layer.begin_backward(d_h, aux_loss_coef > 0 ? &balance.d_logits : nullptr);
+    DenseSwigluInputGrad shared_pending;
+    if (p.shared_w0 != nullptr) {
+      dense_swiglu_backward_weights(a.normed[l], p.shared_w0->value, p.shared_w1->value, p.shared_wo->value,
+                                    a.shared[static_cast<std::size_t>(l)], d_h, p.shared_w0->grad,
+                                    p.shared_w1->grad, p.shared_wo->grad, shared_pending);
+    }
+    MoeGradients g = layer.finish_backward();
     Tensor d_normed = std::move(g.dx);
     if (p.shared_w0 != nullptr) {
-      dense_swiglu_backward(a.normed[l], p.shared_w0->value, p.shared_w1->value, p.shared_wo->value,
-                            a.shared[static_cast<std::size_t>(l)], d_h, d_normed, p.shared_w0->grad,
-                            p.shared_w1->grad, p.shared_wo->grad);
+      dense_swiglu_backward_input(p.shared_w0->value, p.shared_w1->value, shared_pending, d_normed);
     }
     p.gate->grad = std::move(g.dgate);
     p.wi0->grad = std::move(g.dwi0);
