@@ -1,9 +1,16 @@
 #include "transport/progress_slot.h"
 
+#include <algorithm>
+#include <thread>
+
 namespace epmoe::transport {
 namespace {
 
 thread_local ProgressSlot* tls_progress_slot = nullptr;
+
+// How long lend() yields before it sleeps (above): a progress thread's step
+// (a copy, a wake-up) mostly fits.
+constexpr auto kLendSpin = std::chrono::microseconds(200);
 
 }  // namespace
 
@@ -87,7 +94,19 @@ ProgressSlot::Lent ProgressSlot::lend(Clock::duration cap) {
   // way it parks again or finishes soon; this thread's core is what it lacks.
   const std::uint64_t parks = parks_;
   ++lenders_;
-  moved_on_.wait_until(lock, now + cap, [&] { return finished_ || parks_ != parks; });
+  const auto moved_on = [&] { return finished_ || parks_ != parks; };
+  // First yield rather than sleep: a sleeping lender lets the kernel give
+  // the core to any process, and when the progress thread parks the woken
+  // lender waits for that process's slice (up to a 4 ms tick here); a
+  // yielding one stays runnable, so the core goes to the other runnable
+  // threads of this process - the progress thread - and comes back at once.
+  const Clock::time_point spin_end = std::min(now + kLendSpin, now + cap);
+  while (!moved_on() && Clock::now() < spin_end) {
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
+  moved_on_.wait_until(lock, now + cap, moved_on);
   --lenders_;
   return Lent::yes;
 }

@@ -63,8 +63,8 @@ class ProgressSlot {
     finished,  // the body had already finished: returned at once
   };
   // If the progress thread could run now (parked and due, or not parked -
-  // running or waiting for a core), blocks until it is parked again or
-  // finished, at most `cap`, and returns yes; if it is parked and not due,
+  // running or waiting for a core), yields (up to 200 us) then blocks until
+  // it is parked again or finished, at most `cap`, and returns yes; if it is parked and not due,
   // returns no at once (an uncontended mutex and a clock read). Never
   // throws; never waits longer than `cap`, whatever the progress thread does.
   Lent lend(Clock::duration cap);
