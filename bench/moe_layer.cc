@@ -7,7 +7,8 @@
 // is reported as skipped (both) or refused (bf16 alone).
 //
 //   bench_moe_layer [tokens=2048 hidden=1024 ffn=512 experts=16 top_k=2
-//                    compute_dtype=f32|bf16|both threads=N seconds=0.3 json=false]
+//                    compute_dtype=f32|bf16|both threads=N seconds=0.3 json=false
+//                    phases=false]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +33,7 @@ struct LayerBenchArgs {
   std::string compute_dtype = "both";
   double seconds = 0.3;
   bool json = false;
+  bool phases = false;  // also print one step's time per layer phase
 };
 
 LayerBenchArgs parse_args(int argc, char** argv) {
@@ -53,6 +55,7 @@ LayerBenchArgs parse_args(int argc, char** argv) {
     else if (key == "compute_dtype") args.compute_dtype = value;
     else if (key == "seconds") args.seconds = std::stod(value);
     else if (key == "json") args.json = value == "true" || value == "1";
+    else if (key == "phases") args.phases = value == "true" || value == "1";
     else {
       std::fprintf(stderr, "bench_moe_layer: unknown key '%s'\n", key.c_str());
       std::exit(2);
@@ -81,7 +84,6 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
 
   const BenchOptions options{.warmup_calls = 1, .min_repetition_seconds = args.seconds, .repetitions = 5};
-  const BenchStats forward = measure([&] { layer.forward(x, weights); layer.backward(dy); }, options);
   // Expert GEMMs: 3 forward products of 2*M*H*F FLOPs, 6 backward (dlhs and
   // drhs of each); router: 2*N*H*E forward, 4*N*H*E backward.
   const double rows = double(n) * args.top_k;
@@ -91,12 +93,34 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   const std::int64_t cols = std::max<std::int64_t>(1, std::llround(flops / (2.0 * rows * h)));
   Tensor a = random_tensor({std::int64_t(rows), h}, rng, 1.0), b = random_tensor({h, cols}, rng, 1.0);
   Tensor c(DType::f32, {std::int64_t(rows), cols});
-  const BenchStats big = measure([&] {
-    gemm({.a = a.data<float>(), .b = b.data<float>(), .c = c.data<float>(), .m = std::int64_t(rows),
-          .n = cols, .k = h, .compute_dtype = dtype});
-  }, options);
+  // Interleaved repetitions (layer, matmul, layer, ...): a background load
+  // that comes and goes hits both alike, so their ratio stays meaningful.
+  const std::vector<BenchStats> measured = measure_interleaved(
+      {[&] { layer.forward(x, weights); layer.backward(dy); },
+       [&] {
+         gemm({.a = a.data<float>(), .b = b.data<float>(), .c = c.data<float>(), .m = std::int64_t(rows),
+               .n = cols, .k = h, .compute_dtype = dtype});
+       }},
+      options);
+  const BenchStats& forward = measured[0];
+  const BenchStats& big = measured[1];
   const double big_flops = 2.0 * rows * h * cols;
 
+  if (args.phases && !args.json) {
+    // One more step, its time per phase (the layer's accumulated phase times, differenced).
+    const std::map<std::string, double> before = layer.stats().phase_seconds.seconds();
+    layer.forward(x, weights);
+    layer.backward(dy);
+    std::string line;
+    for (const auto& [phase, total] : layer.stats().phase_seconds.seconds()) {
+      const auto it = before.find(phase);
+      const double step = total - (it == before.end() ? 0.0 : it->second);
+      char item[96];
+      std::snprintf(item, sizeof(item), " %s %.1f", phase.c_str(), step * 1e3);
+      line += item;
+    }
+    std::printf("%-6s  phases (ms, one step):%s\n", to_string(dtype).c_str(), line.c_str());
+  }
   const double layer_gflops = flops / forward.median_seconds * 1e-9;
   const double big_gflops = big_flops / big.median_seconds * 1e-9;
   const std::string name = to_string(dtype);

@@ -1,9 +1,13 @@
 #include "kernels/gemm.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
+#if defined(EPMOE_HAVE_OPENBLAS)
+#include <cblas.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -253,6 +257,24 @@ bool is_plain(const memory::desc& desc) {
 
 }  // namespace
 
+F32GemmBackend f32_gemm_backend() {
+  static const F32GemmBackend backend = [] {
+    const char* value = std::getenv("EPMOE_F32_GEMM");
+    const std::string name = value != nullptr ? value : "";
+    if (name.empty() || name == "onednn") return F32GemmBackend::onednn;
+    if (name == "openblas") {
+#if defined(EPMOE_HAVE_OPENBLAS)
+      return F32GemmBackend::openblas;
+#else
+      throw ConfigError("EPMOE_F32_GEMM=openblas: this build has no OpenBLAS (install libopenblas0-openmp "
+                        "and libopenblas-dev, then reconfigure)");
+#endif
+    }
+    throw ConfigError("EPMOE_F32_GEMM=" + name + ": must be one of onednn, openblas");
+  }();
+  return backend;
+}
+
 GemmWeightCacheStats gemm_weight_cache_stats() {
   WeightCache& cache = weight_cache();
   const std::lock_guard lock(cache.mutex);
@@ -275,6 +297,21 @@ void gemm(const GemmArgs& args) {
   }
   const double m = static_cast<double>(args.m), n = static_cast<double>(args.n), k = static_cast<double>(args.k);
   const ComputeScope charge(args.trace_name, {.flops = 2 * m * n * k, .bytes = 2 * (m * k + k * n) + 4 * m * n});
+#if defined(EPMOE_HAVE_OPENBLAS)
+  if (args.compute_dtype == ComputeDType::f32 && f32_gemm_backend() == F32GemmBackend::openblas) {
+    // OpenBLAS's OpenMP build takes the caller's OpenMP budget (one thread
+    // inside a parallel region). beta = 0 overwrites c without reading it.
+    cblas_sgemm(CblasRowMajor, args.transpose_a ? CblasTrans : CblasNoTrans,
+                args.transpose_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(args.m),
+                static_cast<blasint>(args.n), static_cast<blasint>(args.k), 1.0f, args.a,
+                static_cast<blasint>(args.transpose_a ? args.m : args.k), args.b,
+                static_cast<blasint>(args.transpose_b ? args.k : args.n), args.accumulate ? 1.0f : 0.0f,
+                args.c, static_cast<blasint>(args.n));
+    return;
+  }
+#else
+  if (args.compute_dtype == ComputeDType::f32) f32_gemm_backend();  // refuses openblas by name
+#endif
   ThreadGemmState& state = thread_state();
   // Only bf16 copies and packed layouts are kept: plain f32 has nothing to prepare.
   const bool prepare_b = args.b_version != 0 && (args.compute_dtype == ComputeDType::bf16 || args.pack_b);

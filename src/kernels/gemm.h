@@ -64,6 +64,20 @@ struct GemmArgs {
 // (core/modelled_clock.h).
 void gemm(const GemmArgs& args);
 
+// Which library runs compute_dtype=f32 products, read once per process from
+// the environment variable EPMOE_F32_GEMM: "onednn" (default, or unset) or
+// "openblas" (opt-in; a build found OpenBLAS's OpenMP build). Measured on the
+// AVX2-only AMD EPYC (2026-12-01), where oneDNN 2.6.3 serves every f32
+// matmul with gemm:jit well below the FMA peak, OpenBLAS's sgemm ran the
+// layer's expert shapes 1.4-2.5x faster (docs/BENCHMARKS.md, issue 15).
+// Another library sums in another order: bits differ from the default's
+// (within the same f32 bound, tests/kernels), so it is opt-in, per process,
+// and every configuration compared bit for bit inside one process uses the
+// same one. Any other value, or openblas in a build without it: ConfigError
+// naming EPMOE_F32_GEMM at the first f32 gemm.
+enum class F32GemmBackend { onednn, openblas };
+F32GemmBackend f32_gemm_backend();
+
 // Whether oneDNN offers bf16 x bf16 -> f32 matmul on this CPU (probed once
 // with a 2x2 product), so that a caller can refuse
 // compute_dtype=bf16 up front and tests can skip what this CPU cannot run.
