@@ -68,7 +68,7 @@ void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& op
   const std::vector<std::int64_t> send_offsets = prefix_offsets(options.send_counts);
   const std::vector<std::int64_t> recv_offsets = prefix_offsets(recv_counts);
   std::byte* output = static_cast<std::byte*>(options.recv_buffer);
-  if (output == nullptr) {
+  if (options.output != nullptr) {
     options.output->resize(static_cast<std::size_t>(total_of(recv_counts) * esize));
     output = options.output->data();
   }
@@ -108,7 +108,7 @@ void exchange_native(transport::NativeCollectives& native, int num_ranks,
     native.all_to_all_counts(options.send_counts, recv_counts);
   }
   void* output = options.recv_buffer;
-  if (output == nullptr) {
+  if (options.output != nullptr) {
     options.output->resize(static_cast<std::size_t>(total_of(recv_counts) * esize));
     output = options.output->data();
   }
@@ -145,12 +145,18 @@ void AllToAllVOptions::validate(const transport::Communicator& comm) const {
                         std::to_string(send_counts[comm.rank()]) + ": they must agree");
     }
   }
-  if (recv_buffer != nullptr) {
+  if (recv_buffer != nullptr && known_recv_counts == nullptr) {
+    throw ConfigError(std::string(kName) + ": recv_buffer needs known_recv_counts (its size must be known before the exchange)");
+  }
+  if (recv_buffer != nullptr && output != nullptr) {
+    throw ConfigError(std::string(kName) + ": pass output or recv_buffer, not both");
+  }
+  if (output == nullptr) {
     if (known_recv_counts == nullptr) {
-      throw ConfigError(std::string(kName) + ": recv_buffer needs known_recv_counts (its size must be known before the exchange)");
+      throw ConfigError(std::string(kName) + ": output must point to a vector (or pass recv_buffer with known_recv_counts)");
     }
-  } else if (output == nullptr) {
-    throw ConfigError(std::string(kName) + ": output must point to a vector (or pass recv_buffer with known_recv_counts)");
+    detail::check_buffer(kName, "recv_buffer", recv_buffer,
+                         total_of(*known_recv_counts) * static_cast<std::int64_t>(dtype_size_bytes(dtype)));
   }
   if (recv_counts == nullptr && known_recv_counts == nullptr) {
     throw ConfigError(std::string(kName) + ": recv_counts must point to a vector (or pass known_recv_counts)");

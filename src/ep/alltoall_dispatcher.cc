@@ -13,6 +13,12 @@ namespace epmoe::ep {
 
 // One chunk's exchange state. "Send" is this rank's tokens going out (and
 // their results coming back); "recv" is other ranks' tokens arriving here.
+// Chunks live as long as the dispatcher and their vectors keep their
+// capacity from step to step (cleared, never freed): after the first steps a
+// step allocates nothing and touches no fresh page (core/buffer_cache.h says
+// what a fresh page costs here). The forward's counts size everything after
+// it: the combine, the remat re-send and the whole backward exchange with
+// known counts (no count round) into these buffers.
 struct AllToAllDispatcher::Chunk {
   ChunkRange range;
   // Send side, grouped by destination rank.
@@ -28,24 +34,35 @@ struct AllToAllDispatcher::Chunk {
   std::vector<std::int64_t> recv_token_counts, recv_metadata_counts;
   std::vector<std::int64_t> recv_rows_per_rank, recv_entries_per_rank;
   std::vector<std::int64_t> entry_of_row;  // expert row -> received entry
+  // Element counts per rank, known from the forward's exchange: rows out
+  // (this rank's rows at each destination) and rows in (each source's rows
+  // here), times H; entries out, per destination.
+  std::vector<std::int64_t> rows_out_elements, rows_in_elements, send_entries_per_rank;
+  std::vector<std::int64_t> send_token_counts;  // [R] bytes
   comm::CollectiveHandle tokens_in_flight, metadata_in_flight;
   bool dispatch_started = false;
   // Combine: outputs go back to their sources.
   Tensor slot_outputs;
-  std::vector<std::byte> combined;
-  std::vector<std::int64_t> combined_counts;
+  std::vector<float> combined;
   comm::CollectiveHandle combine_in_flight;
   // Backward.
   std::vector<float> send_dy;
-  std::vector<std::byte> recv_dy;
-  std::vector<std::int64_t> recv_dy_counts;
+  Tensor recv_dy;  // [rows in, H], handed to the experts as they are
   comm::CollectiveHandle cotangent_in_flight;
   bool cotangent_started = false;
   Tensor slot_dx;
   std::vector<float> entry_dweights;
-  std::vector<std::byte> dx_back, dweights_back;
-  std::vector<std::int64_t> dx_back_counts, dweights_back_counts;
+  std::vector<float> dx_back, dweights_back;
   comm::CollectiveHandle dx_in_flight, dweights_in_flight;
+
+  // A new step: the vectors keep their capacity.
+  void start_step(ChunkRange chunk_range) {
+    range = chunk_range;
+    send_row_token.clear();
+    send_entry_pair.clear();
+    send_metadata.clear();
+    dispatch_started = cotangent_started = false;
+  }
 };
 
 AllToAllDispatcher::AllToAllDispatcher(transport::Communicator& comm, EpConfig config)
@@ -74,11 +91,9 @@ void AllToAllDispatcher::start_forward(const Tensor& x, const RoutingView& routi
   routing_ = routing;
   y_ = Tensor::zeros(DType::f32, {x.dim(0), x.dim(1)});
   stats_.reset(num_local_experts_);
-  chunks_.clear();
-  for (int c = 0; c < config_.num_chunks; ++c) {
-    chunks_.push_back(std::make_unique<Chunk>());
-    chunks_.back()->range = chunk_range(routing.num_tokens, config_.num_chunks, c);
-  }
+  while (static_cast<int>(chunks_.size()) < config_.num_chunks) chunks_.push_back(std::make_unique<Chunk>());
+  for (int c = 0; c < config_.num_chunks; ++c)
+    chunks_[c]->start_step(chunk_range(routing.num_tokens, config_.num_chunks, c));
   if (replicas_) {
     ScopedPhase phase(stats_.phase_seconds, "balance");
     replicas_->plan_step(routing);
@@ -100,20 +115,31 @@ void AllToAllDispatcher::plan_chunk(int c) {
   const std::int64_t hidden = config_.hidden;
 
   // Which pairs go where, in (token, k) order; capacity drops later tokens.
-  std::vector<std::vector<std::int64_t>> rows_to(num_ranks);     // token per row
-  std::vector<std::vector<std::int64_t>> entries_to(num_ranks);  // pair per entry
-  std::vector<std::vector<std::int32_t>> words_to(num_ranks);
-  std::vector<std::int64_t> pairs_per_expert(static_cast<std::size_t>(config_.num_experts), 0);
+  // The per-destination lists are the dispatcher's scratch (capacity kept).
+  PlanScratch& scratch = plan_scratch_;
+  scratch.rows_to.resize(num_ranks);
+  scratch.entries_to.resize(num_ranks);
+  scratch.words_to.resize(num_ranks);
+  for (int d = 0; d < num_ranks; ++d) {
+    scratch.rows_to[d].clear();
+    scratch.entries_to[d].clear();
+    scratch.words_to[d].clear();
+  }
+  auto& rows_to = scratch.rows_to;
+  auto& entries_to = scratch.entries_to;
+  auto& words_to = scratch.words_to;
+  std::vector<std::int64_t>& pairs_per_expert = scratch.pairs_per_expert;
+  pairs_per_expert.assign(static_cast<std::size_t>(config_.num_experts), 0);
   const std::int64_t capacity =
       config_.capacity_factor > 0
           ? static_cast<std::int64_t>(std::ceil(config_.capacity_factor * double(chunk.range.size()) *
                                                 top_k / config_.num_experts))
           : -1;
-  std::vector<std::int32_t> row_words;
+  std::vector<std::pair<int, std::int64_t>>& kept = scratch.kept;  // (dest, pair)
   for (std::int64_t t = chunk.range.begin; t < chunk.range.end; ++t) {
     // With dedup, one row per destination, entries in k order; without, one
     // row per pair.
-    std::vector<std::pair<int, std::int64_t>> kept;  // (dest, pair)
+    kept.clear();
     for (int k = 0; k < top_k; ++k) {
       const std::int64_t pair = t * top_k + k;
       const int expert = routing_.topk_ids[pair];
@@ -148,9 +174,13 @@ void AllToAllDispatcher::plan_chunk(int c) {
   }
   chunk.send_rows_per_rank.assign(num_ranks, 0);
   chunk.send_words_per_rank.assign(num_ranks, 0);
+  chunk.send_entries_per_rank.assign(num_ranks, 0);
+  chunk.rows_out_elements.assign(num_ranks, 0);
   for (int d = 0; d < num_ranks; ++d) {
     chunk.send_rows_per_rank[d] = static_cast<std::int64_t>(rows_to[d].size());
     chunk.send_words_per_rank[d] = static_cast<std::int64_t>(words_to[d].size());
+    chunk.send_entries_per_rank[d] = static_cast<std::int64_t>(entries_to[d].size());
+    chunk.rows_out_elements[d] = chunk.send_rows_per_rank[d] * hidden;
     chunk.send_row_token.insert(chunk.send_row_token.end(), rows_to[d].begin(), rows_to[d].end());
     chunk.send_entry_pair.insert(chunk.send_entry_pair.end(), entries_to[d].begin(), entries_to[d].end());
     chunk.send_metadata.insert(chunk.send_metadata.end(), words_to[d].begin(), words_to[d].end());
@@ -171,20 +201,25 @@ void AllToAllDispatcher::send_tokens(int c, bool remat) {
                 static_cast<std::int64_t>(chunk.send_row_token.size()), chunk.tensor_scale,
                 chunk.send_token_bytes.data());
 
-  std::vector<std::int64_t> token_counts(num_ranks);
+  std::vector<std::int64_t>& token_counts = chunk.send_token_counts;
+  token_counts.resize(num_ranks);
   for (int d = 0; d < num_ranks; ++d) token_counts[d] = chunk.send_rows_per_rank[d] * row_bytes;
   count_bytes(remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens", token_counts, 1);
   count_bytes(remat ? "backward/remat all_to_all_v routing" : "forward/all_to_all_v routing",
               chunk.send_words_per_rank, 4);
+  // The forward's exchange learns the receive counts; a remat re-send knows
+  // them (the same rows as the forward's, bit for bit).
   chunk.tokens_in_flight = comm::all_to_all_v(
       comm_, {.input = chunk.send_token_bytes.data(), .send_counts = token_counts, .dtype = DType::fp8_e4m3,
-              .output = &chunk.recv_tokens, .recv_counts = &chunk.recv_token_counts,
+              .output = &chunk.recv_tokens, .recv_counts = remat ? nullptr : &chunk.recv_token_counts,
+              .known_recv_counts = remat ? &chunk.recv_token_counts : nullptr,
               .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
               .timeout = config_.timeout});
   chunk.metadata_in_flight = comm::all_to_all_v(
       comm_, {.input = chunk.send_metadata.data(), .send_counts = chunk.send_words_per_rank,
               .dtype = DType::i32, .output = &chunk.recv_metadata,
-              .recv_counts = &chunk.recv_metadata_counts,
+              .recv_counts = remat ? nullptr : &chunk.recv_metadata_counts,
+              .known_recv_counts = remat ? &chunk.recv_metadata_counts : nullptr,
               .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_metadata : EpOp::forward_metadata),
               .timeout = config_.timeout});
 }
@@ -229,6 +264,7 @@ ExpertRows AllToAllDispatcher::collect_rows(int c) {
   const auto* words = reinterpret_cast<const std::int32_t*>(chunk.recv_metadata.data());
   chunk.recv_rows_per_rank.assign(num_ranks, 0);
   chunk.recv_entries_per_rank.assign(num_ranks, 0);
+  chunk.rows_in_elements.assign(num_ranks, 0);
   std::int64_t word = 0, row = 0;
   for (int s = 0; s < num_ranks; ++s) {
     const std::int64_t end_word = word + chunk.recv_metadata_counts[s];
@@ -247,31 +283,25 @@ ExpertRows AllToAllDispatcher::collect_rows(int c) {
       ++row;
     }
     EPMOE_CHECK_EQ(chunk.recv_rows_per_rank[s] * row_bytes, chunk.recv_token_counts[s]);
+    chunk.rows_in_elements[s] = chunk.recv_rows_per_rank[s] * config_.hidden;
   }
   EPMOE_CHECK_EQ(row, num_rows);
   ExpertRows rows = build_expert_rows(x_recv.data<float>(), config_.hidden, entries, num_compute_experts(),
                                       num_rows, &chunk.entry_of_row);
-  chunk.recv_tokens = {};
-  chunk.recv_metadata = {};
-  chunk.send_token_bytes = {};
   return rows;
 }
 
 void AllToAllDispatcher::send_outputs(int c, Tensor slot_outputs) {
   Chunk& chunk = *chunks_[c];
-  const std::int64_t hidden = config_.hidden;
-  std::vector<std::int64_t> counts(chunk.recv_rows_per_rank.size());
   std::int64_t total = 0;
-  for (std::size_t s = 0; s < counts.size(); ++s) {
-    counts[s] = chunk.recv_rows_per_rank[s] * hidden;
-    total += counts[s];
-  }
+  for (const std::int64_t count : chunk.rows_in_elements) total += count;
   EPMOE_CHECK_EQ(slot_outputs.numel(), total);
   chunk.slot_outputs = std::move(slot_outputs);
-  count_bytes("forward/all_to_all_v combine", counts, 4);
+  count_bytes("forward/all_to_all_v combine", chunk.rows_in_elements, 4);
+  chunk.combined.resize(chunk.send_row_token.size() * config_.hidden);
   chunk.combine_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.slot_outputs.raw(), .send_counts = counts, .dtype = DType::f32,
-              .output = &chunk.combined, .recv_counts = &chunk.combined_counts,
+      comm_, {.input = chunk.slot_outputs.raw(), .send_counts = chunk.rows_in_elements, .dtype = DType::f32,
+              .known_recv_counts = &chunk.rows_out_elements, .recv_buffer = chunk.combined.data(),
               .tag = ep_tag(config_.tag_base, c, EpOp::forward_combine), .timeout = config_.timeout});
 }
 
@@ -292,10 +322,7 @@ void add_rows_to_tokens(const float* rows, const std::vector<std::int64_t>& toke
 Tensor AllToAllDispatcher::finish_forward() {
   for (auto& chunk : chunks_) {
     chunk->combine_in_flight.wait();
-    EPMOE_CHECK_EQ(chunk->combined.size(), chunk->send_row_token.size() * config_.hidden * sizeof(float));
-    add_rows_to_tokens(reinterpret_cast<const float*>(chunk->combined.data()), chunk->send_row_token,
-                       config_.hidden, y_.data<float>());
-    chunk->combined = {};
+    add_rows_to_tokens(chunk->combined.data(), chunk->send_row_token, config_.hidden, y_.data<float>());
     chunk->slot_outputs = Tensor();
   }
   return std::move(y_);
@@ -316,12 +343,13 @@ void AllToAllDispatcher::start_cotangents(int c) {
   for (std::size_t i = 0; i < chunk.send_row_token.size(); ++i)
     std::memcpy(&chunk.send_dy[i * hidden], dy_->data<float>() + chunk.send_row_token[i] * hidden,
                 hidden * sizeof(float));
-  std::vector<std::int64_t> counts(chunk.send_rows_per_rank.size());
-  for (std::size_t d = 0; d < counts.size(); ++d) counts[d] = chunk.send_rows_per_rank[d] * hidden;
-  count_bytes("backward/all_to_all_v cotangent", counts, 4);
+  count_bytes("backward/all_to_all_v cotangent", chunk.rows_out_elements, 4);
+  std::int64_t rows_in = 0;
+  for (const std::int64_t count : chunk.recv_rows_per_rank) rows_in += count;
+  chunk.recv_dy = Tensor(DType::f32, {rows_in, hidden});
   chunk.cotangent_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.send_dy.data(), .send_counts = counts, .dtype = DType::f32,
-              .output = &chunk.recv_dy, .recv_counts = &chunk.recv_dy_counts,
+      comm_, {.input = chunk.send_dy.data(), .send_counts = chunk.rows_out_elements, .dtype = DType::f32,
+              .known_recv_counts = &chunk.rows_in_elements, .recv_buffer = chunk.recv_dy.raw(),
               .tag = ep_tag(config_.tag_base, c, EpOp::backward_cotangent), .timeout = config_.timeout});
 }
 
@@ -330,12 +358,7 @@ Tensor AllToAllDispatcher::receive_cotangents(int c) {
   if (!chunk.cotangent_started) start_cotangents(c);
   chunk.cotangent_in_flight.wait();
   if (c + 1 < config_.num_chunks && !chunks_[c + 1]->cotangent_started) start_cotangents(c + 1);
-  const std::int64_t num_rows = static_cast<std::int64_t>(chunk.recv_dy.size() / (config_.hidden * sizeof(float)));
-  Tensor slots(DType::f32, {num_rows, config_.hidden});
-  if (slots.size_bytes() > 0) std::memcpy(slots.raw(), chunk.recv_dy.data(), chunk.recv_dy.size());
-  chunk.recv_dy = {};
-  chunk.send_dy = {};
-  return slots;
+  return std::move(chunk.recv_dy);
 }
 
 void AllToAllDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float> row_dweights) {
@@ -344,18 +367,19 @@ void AllToAllDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float
   EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size());
   chunk.entry_dweights.assign(row_dweights.size(), 0.0f);
   for (std::size_t r = 0; r < row_dweights.size(); ++r) chunk.entry_dweights[chunk.entry_of_row[r]] = row_dweights[r];
-  std::vector<std::int64_t> row_counts(chunk.recv_rows_per_rank.size());
-  for (std::size_t s = 0; s < row_counts.size(); ++s) row_counts[s] = chunk.recv_rows_per_rank[s] * hidden;
   chunk.slot_dx = std::move(slot_dx);
-  count_bytes("backward/all_to_all_v dx", row_counts, 4);
+  count_bytes("backward/all_to_all_v dx", chunk.rows_in_elements, 4);
   count_bytes("backward/all_to_all_v dweights", chunk.recv_entries_per_rank, 4);
+  chunk.dx_back.resize(chunk.send_row_token.size() * hidden);
+  chunk.dweights_back.resize(chunk.send_entry_pair.size());
   chunk.dx_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.slot_dx.raw(), .send_counts = row_counts, .dtype = DType::f32,
-              .output = &chunk.dx_back, .recv_counts = &chunk.dx_back_counts,
+      comm_, {.input = chunk.slot_dx.raw(), .send_counts = chunk.rows_in_elements, .dtype = DType::f32,
+              .known_recv_counts = &chunk.rows_out_elements, .recv_buffer = chunk.dx_back.data(),
               .tag = ep_tag(config_.tag_base, c, EpOp::backward_dx), .timeout = config_.timeout});
   chunk.dweights_in_flight = comm::all_to_all_v(
       comm_, {.input = chunk.entry_dweights.data(), .send_counts = chunk.recv_entries_per_rank,
-              .dtype = DType::f32, .output = &chunk.dweights_back, .recv_counts = &chunk.dweights_back_counts,
+              .dtype = DType::f32, .known_recv_counts = &chunk.send_entries_per_rank,
+              .recv_buffer = chunk.dweights_back.data(),
               .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights), .timeout = config_.timeout});
 }
 
@@ -363,14 +387,11 @@ DispatchGradients AllToAllDispatcher::finish_backward() {
   for (auto& chunk : chunks_) {
     chunk->dx_in_flight.wait();
     chunk->dweights_in_flight.wait();
-    add_rows_to_tokens(reinterpret_cast<const float*>(chunk->dx_back.data()), chunk->send_row_token,
-                       config_.hidden, grads_.dx.data<float>());
-    const auto* dweights = reinterpret_cast<const float*>(chunk->dweights_back.data());
-    EPMOE_CHECK_EQ(chunk->dweights_back.size(), chunk->send_entry_pair.size() * sizeof(float));
+    add_rows_to_tokens(chunk->dx_back.data(), chunk->send_row_token, config_.hidden, grads_.dx.data<float>());
     for (std::size_t j = 0; j < chunk->send_entry_pair.size(); ++j)
-      grads_.d_topk_weights.data<float>()[chunk->send_entry_pair[j]] = dweights[j];
+      grads_.d_topk_weights.data<float>()[chunk->send_entry_pair[j]] = chunk->dweights_back[j];
+    chunk->slot_dx = Tensor();
   }
-  chunks_.clear();
   return std::move(grads_);
 }
 

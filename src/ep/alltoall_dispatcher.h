@@ -79,7 +79,15 @@ class AllToAllDispatcher final : public Dispatcher {
   RoutingView routing_;
   Tensor y_;
   DispatchGradients grads_;
-  std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;  // kept across steps (their buffers too)
+  // plan_chunk's per-destination lists, kept so their capacity is reused.
+  struct PlanScratch {
+    std::vector<std::vector<std::int64_t>> rows_to, entries_to;
+    std::vector<std::vector<std::int32_t>> words_to;
+    std::vector<std::int64_t> pairs_per_expert;
+    std::vector<std::pair<int, std::int64_t>> kept;
+  };
+  PlanScratch plan_scratch_;
   DispatchStats stats_;
   // Dynamic replicas (null when off): the step's destination of every pair.
   std::unique_ptr<ReplicaExchange> replicas_;
