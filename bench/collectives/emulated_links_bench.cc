@@ -12,6 +12,7 @@
 
 #include "bench_args.h"
 #include "comm/all_gather.h"
+#include "comm/all_to_all_v.h"
 #include "comm/cooperative_progress.h"
 #include "core/error.h"
 #include "transport/threads/launcher.h"
@@ -136,15 +137,26 @@ int run_overlap_part(const BenchArgs& args) {
   if (progress != "threads" && progress != "cooperative" && progress != "both") {
     throw ConfigError("bench overlap: progress=" + progress + ": must be threads, cooperative or both");
   }
+  // collective=all_gather (default: the ring all-gather, whose first step
+  // is posted on the caller's thread) or all_to_all_v (every rank sends
+  // `chunk` to every other rank; posted by its progress thread, so only
+  // drive_progress gets it going while the caller computes).
+  const auto found_collective = args.values.find("collective");
+  const std::string collective = found_collective == args.values.end() ? "all_gather" : found_collective->second;
+  if (collective != "all_gather" && collective != "all_to_all_v") {
+    throw ConfigError("bench overlap: collective=" + collective + ": must be all_gather or all_to_all_v");
+  }
+  const bool all_to_all = collective == "all_to_all_v";
   std::vector<bool> variants;  // cooperative?
   if (progress != "cooperative") variants.push_back(false);
   if (progress != "threads") variants.push_back(true);
-  std::printf("(c) overlap: async bidirectional all-gather beside a compute loop of similar length, "
+  std::printf("(c) overlap: async %s beside a compute loop of similar length, "
               "emulated ring links %.2f GB/s, %.1f us; all ranks compute at once (R threads on 2 cores); "
               "progress: threads = the compute loop never drives progress, cooperative = it calls "
               "comm::drive_progress() every %lld iterations\n",
+              all_to_all ? "all_to_all_v (chunk to every other rank)" : "bidirectional ring all-gather",
               options.links.bandwidth_gb_per_s, options.links.latency_us, static_cast<long long>(kSliceIterations));
-  std::printf("| R | chunk | progress | all-gather ms | compute ms | both, overlapped ms | sum ms | max ms | overlapped / sum | overlapped / max | loans / run |\n");
+  std::printf("| R | chunk | progress | collective ms | compute ms | both, overlapped ms | sum ms | max ms | overlapped / sum | overlapped / max | loans / run |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int num_ranks : args.ints("ranks", "2,4")) {
     for (std::int64_t chunk_bytes : args.sizes("chunks", "1M,8M")) {
@@ -160,7 +172,20 @@ int run_overlap_part(const BenchArgs& args) {
         gather.output = output.data();
         gather.num_elements_per_rank = chunk_bytes;
         gather.dtype = DType::fp8_e4m3;
-        const Timing g = measure(comm, args.timing(), [&] { comm::ring_all_gather(comm, gather).wait(); });
+        std::vector<std::byte> exchanged;
+        std::vector<std::int64_t> recv_counts;
+        comm::AllToAllVOptions exchange;
+        exchange.input = output.data();  // R chunks, the own one not sent
+        exchange.send_counts.assign(num_ranks, chunk_bytes);
+        exchange.send_counts[comm.rank()] = 0;
+        exchange.dtype = DType::fp8_e4m3;
+        exchange.output = &exchanged;
+        exchange.recv_counts = &recv_counts;
+        exchange.tag = 1;
+        auto launch = [&] {
+          return all_to_all ? comm::all_to_all_v(comm, exchange) : comm::ring_all_gather(comm, gather);
+        };
+        const Timing g = measure(comm, args.timing(), [&] { launch().wait(); });
         // Calibrate the compute loop to the all-gather's length (rank 0's
         // estimate, applied on every rank: iterations from a short probe).
         constexpr std::int64_t kProbeIterations = 200'000;  // ~1 ms on one Zen 5 core
@@ -174,12 +199,15 @@ int run_overlap_part(const BenchArgs& args) {
         for (std::size_t v = 0; v < variants.size(); ++v) {
           int loans = 0, runs = 0;
           const Timing b = measure(comm, args.timing(), [&] {
-            comm::CollectiveHandle handle = comm::ring_all_gather(comm, gather);
+            comm::CollectiveHandle handle = launch();
             sink = sink + compute(iterations, variants[v], &loans);
             handle.wait();
             ++runs;
           });
-          if (args.verify()) verify_gather(output, num_ranks, chunk_bytes);
+          if (args.verify() && !all_to_all) verify_gather(output, num_ranks, chunk_bytes);
+          if (args.verify() && all_to_all && static_cast<std::int64_t>(exchanged.size()) != chunk_bytes * (num_ranks - 1)) {
+            throw InternalError("bench: all_to_all_v received the wrong byte count");
+          }
           if (comm.rank() == 0) {
             both[v] = b;
             loans_per_run[v] = static_cast<double>(loans) / runs;
