@@ -13,7 +13,7 @@
 #    resolves to the reference BLAS (~4 GFLOP/s here) - a crippled peer.
 # A compute_dtype this CPU cannot run in epmoe (bf16 without oneDNN bf16
 # matmul) is reported and skipped.
-#   [TORCH_VENV=DIR] bench/peers/compare_layer_with_torch.sh [BUILD_DIR] [key=value ...]
+#   [TORCH_VENV=DIR] [THREADS=N] bench/peers/compare_layer_with_torch.sh [BUILD_DIR] [key=value ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build_dir=${1:-build}
@@ -32,7 +32,7 @@ if ((${#peers[@]} == 0)); then
   fi
 fi
 /usr/bin/python3 -c "import torch" 2>/dev/null && peers+=(/usr/bin/python3)
-threads=$(nproc)
+threads=${THREADS:-$(nproc)}
 for dtype in f32 bf16; do
   if ! ours=$("$build_dir/bench/bench_moe_layer" json=true compute_dtype=$dtype threads=$threads "$@"); then
     echo "$dtype: epmoe cannot run it on this CPU; skipped"
@@ -42,8 +42,13 @@ for dtype in f32 bf16; do
     # PyTorch's BLAS gets its own best settings: OpenBLAS detects the core
     # type itself (this machine's environment pins OPENBLAS_CORETYPE=Haswell
     # for other programs; it is unset for this command alone); the thread
-    # count through OMP_NUM_THREADS and torch.set_num_threads.
+    # count through OMP_NUM_THREADS and torch.set_num_threads; glibc malloc
+    # keeps freed blocks up to 32 MiB instead of returning them to the
+    # kernel, since a fresh page costs ~11 us here (DESIGN.md §7) and
+    # PyTorch's CPU allocator frees every step's tensors (measured: 6.9 s ->
+    # 4.3 s per step for the PyPI torch at 2 threads on a busy machine).
     theirs=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=$threads \
+             GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:glibc.malloc.top_pad=268435456 \
              "$python" bench/peers/torch_moe_layer.py compute_dtype=$dtype threads=$threads "$@")
     /usr/bin/python3 - "$ours" "$theirs" "$python" <<'PY'
 import json, sys

@@ -67,9 +67,11 @@ void gemm(const GemmArgs& args);
 // Which library runs compute_dtype=f32 products, read once per process from
 // the environment variable EPMOE_F32_GEMM: "onednn" (default, or unset) or
 // "openblas" (opt-in; a build found OpenBLAS's OpenMP build). Measured on the
-// AVX2-only AMD EPYC (2026-12-01), where oneDNN 2.6.3 serves every f32
-// matmul with gemm:jit well below the FMA peak, OpenBLAS's sgemm ran the
-// layer's expert shapes 1.4-2.5x faster (docs/BENCHMARKS.md, issue 15).
+// AVX2-only AMD EPYC (2026-12-01, busy machine, 1 thread), where oneDNN 2.6.3
+// serves every f32 matmul with gemm:jit at 0.5-0.7 of the FMA peak: OpenBLAS
+// 0.3.21 ran the grouped forward 1.0-1.6x faster but the weight gradient
+// (a transposed) 0.6-0.9x, the whole layer ~1.1x: no clear win, so not the
+// default (docs/BENCHMARKS.md, issue 15).
 // Another library sums in another order: bits differ from the default's
 // (within the same f32 bound, tests/kernels), so it is opt-in, per process,
 // and every configuration compared bit for bit inside one process uses the
