@@ -13,8 +13,13 @@ namespace {
 
 constexpr std::size_t kAlignment = 64;
 constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
-// Below this, malloc's own free lists already reuse memory without faults.
-constexpr std::size_t kMinCachedBytes = std::size_t{256} << 10;
+// From 32 KiB up. malloc reuses smaller blocks through its free lists, but
+// blocks of 32-256 KiB come from the top of its heap, which it trims (gives
+// back to the OS) once 128 KiB there are free: a step's freed activations
+// cross that every step, and the next step faults the pages in again. With
+// 256 KiB here a steady R=2 layer step took 380-460 page faults; with 32 KiB
+// at most 5 (tests/ep/steady_state_test.cc).
+constexpr std::size_t kMinCachedBytes = std::size_t{32} << 10;
 // A thread keeps at most this much idle; beyond it blocks go back to the OS.
 constexpr std::int64_t kMaxCachedBytesPerThread = std::int64_t{4} << 30;
 
