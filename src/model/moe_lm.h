@@ -83,7 +83,10 @@ class MoeLm {
   using GradientsReady = std::function<void(std::span<Parameter* const>)>;
 
   // After forward, with the step's expert counts summed over ranks (read
-  // only when aux_loss_coef > 0; may be empty otherwise): the load-balance
+  // only when aux_loss_coef > 0, and only once the first
+  // on_gradients_ready call - the head's - has returned, so that a caller
+  // may complete their exchange under the head's backward; may be empty
+  // when aux_loss_coef = 0): the load-balance
   // loss (when aux_loss_coef > 0) and the backward into every parameter's
   // grad (replicated ones hold this rank's part). Returns this rank's part
   // of the load-balance loss.

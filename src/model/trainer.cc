@@ -77,17 +77,26 @@ nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes, const st
   return report;
 }
 
+// "step N: ..." for some N.
+bool names_a_step(const std::string& what) {
+  if (what.rfind("step ", 0) != 0) return false;
+  std::size_t i = 5;
+  while (i < what.size() && what[i] >= '0' && what[i] <= '9') ++i;
+  return i > 5 && what.compare(i, 2, ": ") == 0;
+}
+
 // An error raised inside step N (a layer's non-finite check, a peer's
 // failure, a checkpoint write) is rethrown as the same kind with "step N: "
 // in front, so the message says when; one that already names its step (the
-// divergence check) passes unchanged.
+// divergence check; step N's metrics exchange completing in step N + 1)
+// passes unchanged.
 [[noreturn]] void rethrow_naming_step(std::int64_t step) {
   try {
     throw;
   } catch (const Error& e) {
     const std::string prefix = "step " + std::to_string(step) + ": ";
     const std::string what = e.what();
-    if (what.rfind(prefix, 0) == 0) throw;
+    if (names_a_step(what)) throw;
     // Rebuilt only as one of the kinds known here, matched exactly: any other
     // subclass passes as it is, because its type carries meaning (a peer
     // woken by another rank's failure is told from the root cause by its
@@ -212,6 +221,13 @@ class TrainingRun {
     for (std::int64_t step = first_step; step < config_.steps; ++step) try {
       run_step(step);
     } catch (const Error&) {
+      // Step N's line still goes out when step N + 1 fails before its
+      // deferred exchange completed (every rank started that exchange, so
+      // it ends unless it is what failed; then the line is lost with it).
+      try {
+        finish_metrics();
+      } catch (...) {  // the step's own error is the one to report
+      }
       rethrow_naming_step(step + 1);
     }
     summary_.seconds = run_watch.elapsed_seconds();
@@ -273,17 +289,23 @@ class TrainingRun {
     s.moe_before = moe_phase_totals(model_);
     forward(s);
     start_forward_stats(s);
-    // The load-balance loss's gradient needs the global counts before the
-    // backward; without it the exchange runs under the backward.
-    if (config_.aux_loss_coef > 0) finish_forward_stats(s);
+    // The load-balance loss's gradient needs the global counts from the last
+    // layer's backward on: overlapped, the exchange completes under the
+    // head's backward (backward()), else before the backward; without that
+    // loss it runs under the whole backward.
+    if (config_.aux_loss_coef > 0 && !config_.overlap_gradient_all_reduce) finish_forward_stats(s, true);
     if (s.clock != nullptr) s.modelled_forward_end = modelled_mark(*s.clock);
+    // The previous step's metrics exchange ran under this forward.
+    {
+      ScopedPhase phase(s.times, "metrics_exchange");
+      finish_metrics();
+    }
     backward(s);
-    finish_forward_stats(s);
+    finish_forward_stats(s, true);
     finish_gradients(s);
     check_finite(s);
     optimizer(s);
-    StepRecord record = exchange_metrics(s);
-    report(s, record);
+    exchange_metrics(s);
     checkpoint(s);
     ++summary_.steps_run;
   }
@@ -303,18 +325,21 @@ class TrainingRun {
     s.forward_words = s.forward.expert_counts;
     s.forward_words.push_back(bits_of(s.forward.loss_sum));
     s.all_forward_words.resize(s.forward_words.size() * static_cast<std::size_t>(num_ranks_));
+    s.counts.assign(s.forward.expert_counts.size(), 0);  // its final size: backward() holds a view
     s.forward_stats = comm::ring_all_gather(
         comm_, {.input = s.forward_words.data(), .output = s.all_forward_words.data(),
                 .num_elements_per_rank = static_cast<std::int64_t>(s.forward_words.size()),
                 .dtype = DType::i64, .tag = tags_ + kForwardStats, .timeout = timeout_});
   }
-  void finish_forward_stats(Step& s) {
+  // `timed`: a phase of its own, unless it completes inside the backward's
+  // (the backward's time then includes the wait).
+  void finish_forward_stats(Step& s, bool timed) {
     if (s.forward_stats_done) return;
-    ScopedPhase phase(s.times, "forward_stats_exchange");
+    std::optional<ScopedPhase> phase;
+    if (timed) phase.emplace(s.times, "forward_stats_exchange");
     s.forward_stats.wait();
     s.forward_stats_done = true;
     const std::size_t words = s.forward_words.size();
-    s.counts.assign(s.forward.expert_counts.size(), 0);
     for (int r = 0; r < num_ranks_; ++r) {
       const std::int64_t* part = s.all_forward_words.data() + r * words;
       for (std::size_t i = 0; i < s.counts.size(); ++i) s.counts[i] += part[i];
@@ -347,6 +372,9 @@ class TrainingRun {
       EPMOE_CHECK_EQ(end, ready_begin);
       ready_begin = begin;
       s.reduction->ready(begin);
+      // The layers' backward reads the counts only after this first call
+      // (the head's) returns: the exchange has run under the head's backward.
+      if (config_.aux_loss_coef > 0) finish_forward_stats(s, false);
     });
     EPMOE_CHECK_EQ(ready_begin, std::int64_t{0});
   }
@@ -430,17 +458,38 @@ class TrainingRun {
     }
   }
 
-  // The record: the global values, plus what every rank measured (bytes,
-  // drops, peaks, modelled times) gathered to every rank - drops on every
-  // rank, so that every rank's summary holds the run's total.
-  StepRecord exchange_metrics(Step& s) {
+  // A step's record in the making: the global values and (rank 0) its own
+  // measurements, waiting for every rank's report (bytes, drops, peaks,
+  // modelled times).
+  struct PendingMetrics {
+    std::int64_t step = 0;  // 1-based
     StepRecord record;
+    std::string own;                   // this rank's report
+    std::vector<std::string> reports;  // every rank's, rank order
+    comm::CollectiveHandle exchange;   // declared last: ends before the buffers go
+  };
+
+  // The record of the step, and the exchange of every rank's report. When
+  // no checkpoint follows and it is not the last step, the exchange runs
+  // under the next step's forward and the record is completed there
+  // (finish_metrics), before anything else of that step can fail; with a
+  // checkpoint it completes here, so that the line goes out before the
+  // checkpoint is committed.
+  void exchange_metrics(Step& s) {
+    auto pending = std::make_unique<PendingMetrics>();
+    pending->step = s.index + 1;
+    StepRecord& record = pending->record;
     record.step = s.index + 1;
     record.loss = s.loss;
     record.cross_entropy = s.cross_entropy;
     record.aux_loss = s.aux_loss;
     record.grad_norm = s.grad_norm;
     record.learning_rate = s.lr;
+    record.routed_pairs = global_tokens_ * model_config_.layer.router.top_k * num_layers_;
+    const bool last = s.index + 1 == config_.steps;
+    s.checkpoint_now =
+        store_ && (last || (config_.checkpoint_every > 0 && (s.index + 1) % config_.checkpoint_every == 0));
+    if (s.checkpoint_now) record.checkpoint_step = s.index + 1;
     std::optional<ModelledRankTime> modelled;
     if (s.clock != nullptr) {
       modelled = modelled_between(*s.clock, s.modelled_start, s.modelled_forward_end, modelled_mark(*s.clock));
@@ -452,31 +501,30 @@ class TrainingRun {
                                            : 2 * static_cast<std::int64_t>(num_ranks_ - 1) * replicated_;
     const std::int64_t moved_bytes = 4 * moved;
     const std::int64_t grad_bytes = moved_bytes / num_ranks_ + (rank_ == 0 ? moved_bytes % num_ranks_ : 0);
+    pending->own = rank_report(model_, grad_bytes, modelled).dump();
+    const bool deferred = !s.checkpoint_now && !last;
     {
       ScopedPhase phase(s.times, "metrics_exchange");
-      reports_ = comm::all_gather_texts(comm_, rank_report(model_, grad_bytes, modelled).dump(),
-                                        tags_ + kRankReports, timeout_);
+      PendingMetrics* const p = pending.get();
+      const std::uint32_t tag = tags_ + kRankReports;
+      pending->exchange = comm::launch_collective(
+          comm_, "metrics exchange of step " + std::to_string(pending->step), timeout_,
+          [&comm = comm_, p, tag](transport::Deadline deadline) {
+            const auto remaining = std::max(std::chrono::milliseconds(1),
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                deadline - transport::Clock::now()));
+            p->reports = comm::all_gather_texts(comm, p->own, tag, remaining);
+          });
+      if (!deferred) pending->exchange.wait();
     }
-    for (const std::string& text : reports_) {
-      record.dropped_pairs += nlohmann::json::parse(text)["dropped"].get<std::int64_t>();
-    }
-    record.routed_pairs = global_tokens_ * model_config_.layer.router.top_k * num_layers_;
-    summary_.dropped_pairs += record.dropped_pairs;
-    summary_.routed_pairs += record.routed_pairs;
-    const bool last = s.index + 1 == config_.steps;
-    s.checkpoint_now =
-        store_ && (last || (config_.checkpoint_every > 0 && (s.index + 1) % config_.checkpoint_every == 0));
-    if (s.checkpoint_now) record.checkpoint_step = s.index + 1;
-    return record;
+    if (rank_ == 0) own_measurements(s, record);
+    pending_metrics_ = std::move(pending);
+    if (!deferred) finish_metrics();
   }
 
-  // Rank 0 completes the record (timings, loads, bytes, modelled step) and
-  // hands it to the observer. The metrics line of step N goes out (flushed,
-  // and fsynced when a checkpoint follows) before checkpoint N is
-  // committed: a run killed right after the commit must not leave a
-  // checkpoint whose step has no line, which a resume could not regenerate.
-  void report(Step& s, StepRecord& record) {
-    if (rank_ != 0) return;
+  // Rank 0: the step's timings (up to its metrics exchange, or through it
+  // when it completes in the step), phases and loads, from this rank's view.
+  void own_measurements(Step& s, StepRecord& record) {
     record.step_seconds = s.watch.elapsed_seconds();
     record.tokens_per_second = static_cast<double>(global_tokens_) / record.step_seconds;
     record.phase_seconds = s.times.seconds();
@@ -496,27 +544,53 @@ class TrainingRun {
       record.rank_load_max_over_mean_after.push_back(max_over_mean(rank_loads));
       record.expert_counts.push_back(layer_counts);
     }
-    for (const std::string& text : reports_) {
-      const nlohmann::json report = nlohmann::json::parse(text);
-      for (const auto& [name, bytes] : report["bytes_sent"].items()) record.bytes_sent[name] += bytes.get<std::int64_t>();
-      record.saved_activation_peak_bytes =
-          std::max(record.saved_activation_peak_bytes, report["saved_peak"].get<std::int64_t>());
+  }
+
+  // Completes the pending record from every rank's report: drops on every
+  // rank (so that every rank's summary holds the run's total); rank 0 adds
+  // bytes, peaks, the modelled step and the replica loads, and hands the
+  // record to the observer. The metrics line of step N goes out (flushed,
+  // and fsynced when a checkpoint follows) before checkpoint N is
+  // committed: a run killed right after the commit must not leave a
+  // checkpoint whose step has no line, which a resume could not regenerate.
+  // An error names the record's step.
+  void finish_metrics() {
+    if (!pending_metrics_) return;
+    const std::unique_ptr<PendingMetrics> pending = std::move(pending_metrics_);
+    try {
+      pending->exchange.wait();
+      StepRecord& record = pending->record;
+      const std::vector<std::string>& reports = pending->reports;
+      for (const std::string& text : reports) {
+        record.dropped_pairs += nlohmann::json::parse(text)["dropped"].get<std::int64_t>();
+      }
+      summary_.dropped_pairs += record.dropped_pairs;
+      summary_.routed_pairs += record.routed_pairs;
+      if (rank_ != 0) return;
+      for (const std::string& text : reports) {
+        const nlohmann::json report = nlohmann::json::parse(text);
+        for (const auto& [name, bytes] : report["bytes_sent"].items()) record.bytes_sent[name] += bytes.get<std::int64_t>();
+        record.saved_activation_peak_bytes =
+            std::max(record.saved_activation_peak_bytes, report["saved_peak"].get<std::int64_t>());
+      }
+      const nlohmann::json own = nlohmann::json::parse(reports[0]);
+      if (own.contains("modelled")) {
+        std::vector<ModelledRankTime> ranks;
+        for (const std::string& text : reports) ranks.push_back(nlohmann::json::parse(text)["modelled"].get<ModelledRankTime>());
+        const ModelledStep step_time = modelled_step(ranks);
+        record.modelled = step_time.json;
+        record.modelled["tokens_per_second"] =
+            step_time.step_seconds > 0 ? static_cast<double>(global_tokens_) / step_time.step_seconds : 0.0;
+      }
+      // With replicas the plan's per-rank loads after balancing (the same on
+      // every rank) replace the at-home ones.
+      for (int l = 0; l < num_layers_; ++l) {
+        if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();
+      }
+      if (observer_.on_step) observer_.on_step(record);
+    } catch (const Error&) {
+      rethrow_naming_step(pending->step);
     }
-    if (s.clock != nullptr) {
-      std::vector<ModelledRankTime> ranks;
-      for (const std::string& text : reports_) ranks.push_back(nlohmann::json::parse(text)["modelled"].get<ModelledRankTime>());
-      const ModelledStep step_time = modelled_step(ranks);
-      record.modelled = step_time.json;
-      record.modelled["tokens_per_second"] =
-          step_time.step_seconds > 0 ? static_cast<double>(global_tokens_) / step_time.step_seconds : 0.0;
-    }
-    // With replicas the plan's per-rank loads after balancing (the same on
-    // every rank) replace the at-home ones.
-    const nlohmann::json own = nlohmann::json::parse(reports_[0]);
-    for (int l = 0; l < num_layers_; ++l) {
-      if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();
-    }
-    if (observer_.on_step) observer_.on_step(record);
   }
 
   // Every checkpoint_every steps and after the last; its time goes into the
@@ -555,7 +629,7 @@ class TrainingRun {
   const std::int64_t replicated_;
   std::vector<float> flat_;
   std::map<const Parameter*, std::int64_t> flat_offset_;
-  std::vector<std::string> reports_;  // the last metrics exchange, rank order
+  std::unique_ptr<PendingMetrics> pending_metrics_;  // a step whose record is not complete
   TrainSummary summary_;
   // The checkpoint after step N is written after N's metrics line; its time
   // is reported in the line of step N + 1 (phase "checkpoint").
