@@ -241,6 +241,14 @@ TEST(Gemm, PackedWeightsFollowTheVersion) {
   EXPECT_EQ(gemm_weight_cache_stats().bytes, 0);
 }
 
+// The library follows EPMOE_F32_GEMM (ctest also runs these suites with
+// EPMOE_F32_GEMM=openblas where the build has it).
+TEST(Gemm, F32BackendFollowsTheEnvironment) {
+  const char* value = std::getenv("EPMOE_F32_GEMM");
+  const std::string name = value != nullptr ? value : "";
+  EXPECT_EQ(f32_gemm_backend(), name == "openblas" ? F32GemmBackend::openblas : F32GemmBackend::onednn);
+}
+
 TEST(ComputeDType, ParsesAndNamesTheKey) {
   EXPECT_EQ(parse_compute_dtype("compute_dtype", "f32"), ComputeDType::f32);
   EXPECT_EQ(parse_compute_dtype("compute_dtype", "bf16"), ComputeDType::bf16);
