@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <utility>
 
 #include "balance/dedup_aware_choice.h"
 #include "balance/periodic_replicas.h"
@@ -155,17 +156,6 @@ std::vector<PairDestination> ReplicaExchange::local_destinations(const RoutingVi
 
 namespace {
 
-// One expert's three tensors in a combined buffer.
-struct ExpertSlices {
-  float* part[3];
-  std::int64_t elements;  // H * F, the same for all three
-};
-
-ExpertSlices slices(const CombinedExpertTensors& t, int local_expert) {
-  const std::int64_t n = t.hidden * t.ffn;
-  return {{t.wi0 + local_expert * n, t.wi1 + local_expert * n, t.wo + local_expert * n}, n};
-}
-
 transport::Tag slot_tag(std::uint32_t tag_base, int slot, EpOp op, int part) {
   return comm::make_tag(comm::CollectiveKind::point_to_point,
                         ep_tag(tag_base, slot, static_cast<EpOp>(static_cast<std::uint32_t>(op) + part)),
@@ -219,10 +209,31 @@ void ReplicaExchange::restore_planning_state(const std::vector<std::int64_t>& st
   if (at != state.size()) fail("has trailing values");
 }
 
-std::int64_t ReplicaExchange::exchange_slot_weights(const CombinedExpertTensors& weights,
-                                                    std::uint64_t version) {
+const float* ReplicaExchange::slot_weights(int part, int slot) const {
+  EPMOE_CHECK(part >= 0 && part < 3 && slot >= 0 && slot < num_slots_ && !slot_weights_[part].empty());
+  return slot_weights_[part].data<float>() + slot * hidden_ * ffn_;
+}
+
+float* ReplicaExchange::slot_gradients(int part, int slot) {
+  EPMOE_CHECK(part >= 0 && part < 3 && slot >= 0 && slot < num_slots_ && !slot_gradients_[part].empty());
+  return slot_gradients_[part].data<float>() + slot * hidden_ * ffn_;
+}
+
+void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uint64_t version) {
+  EPMOE_CHECK(weight_requests_.empty());  // finish_slot_weights ends every start
+  if (slot_weights_[0].empty()) {
+    hidden_ = home.hidden;
+    ffn_ = home.ffn;
+    for (int p = 0; p < 3; ++p) {
+      const Shape shape = p < 2 ? Shape{num_slots_, hidden_, ffn_} : Shape{num_slots_, ffn_, hidden_};
+      slot_weights_[p] = Tensor::zeros(DType::f32, shape);
+      slot_gradients_[p] = Tensor::zeros(DType::f32, shape);
+    }
+  }
+  EPMOE_CHECK(home.hidden == hidden_ && home.ffn == ffn_);
+  const std::int64_t n = hidden_ * ffn_;
+  const float* home_parts[3] = {home.wi0, home.wi1, home.wo};
   const int me = comm_.rank();
-  std::vector<std::unique_ptr<transport::Request>> requests;
   std::int64_t bytes = 0;
   int refreshed = 0;
   for (int r = 0; r < num_ranks_; ++r)
@@ -236,73 +247,77 @@ std::int64_t ReplicaExchange::exchange_slot_weights(const CombinedExpertTensors&
       if (held_expert_[at] == expert && held_version_[at] == version) continue;  // current
       held_expert_[at] = expert;
       held_version_[at] = version;
-      const int home = homes_[expert];
+      const int home_rank = homes_[expert];
       if (r == me) {
         ++refreshed;
-        const ExpertSlices dst = slices(weights, num_local_experts_ + b);
         for (int p = 0; p < 3; ++p)
-          requests.push_back(comm_.irecv(home, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p), dst.part[p],
-                                         dst.elements * 4));
+          weight_requests_.push_back(comm_.irecv(home_rank, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p),
+                                                 slot_weights_[p].data<float>() + b * n, n * 4));
       }
-      if (home == me) {
-        const ExpertSlices src = slices(weights, expert - me * num_local_experts_);
+      if (home_rank == me) {
+        const std::int64_t local = expert - me * num_local_experts_;
         for (int p = 0; p < 3; ++p) {
-          requests.push_back(comm_.isend(r, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p), src.part[p],
-                                         src.elements * 4));
-          bytes += src.elements * 4;
+          weight_requests_.push_back(comm_.isend(r, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p),
+                                                 home_parts[p] + local * n, n * 4));
+          bytes += n * 4;
         }
       }
     }
-  for (auto& request : requests) request->wait(config_.timeout);
-  stats_->bytes_sent["forward/replica weights"] += bytes;
+  weight_bytes_in_flight_ = bytes;
   stats_->slots_refreshed = refreshed;
-  return bytes;
 }
 
-std::int64_t ReplicaExchange::reduce_slot_gradients(const CombinedExpertTensors& grads) {
+std::int64_t ReplicaExchange::finish_slot_weights() {
+  // On an error the requests still in flight are cancelled by their
+  // destructors (the transport's contract) as the vector is cleared.
+  struct ClearOnExit {
+    std::vector<std::unique_ptr<transport::Request>>& requests;
+    ~ClearOnExit() { requests.clear(); }
+  } clear_on_exit{weight_requests_};
+  for (auto& request : weight_requests_) request->wait(config_.timeout);
+  stats_->bytes_sent["forward/replica weights"] += weight_bytes_in_flight_;
+  return std::exchange(weight_bytes_in_flight_, 0);
+}
+
+std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& home) {
   const int me = comm_.rank();
-  const std::int64_t n = grads.hidden * grads.ffn;
+  const std::int64_t n = hidden_ * ffn_;
+  float* home_parts[3] = {home.dwi0, home.dwi1, home.dwo};
   std::vector<std::unique_ptr<transport::Request>> requests;
   // Received slot gradients, in ascending (rank, slot) order, with the home
-  // expert each is added to.
-  struct Incoming {
-    int local_expert;
-    std::vector<float> data;  // 3 * H * F
-  };
-  std::vector<Incoming> incoming;
+  // expert each is added to; their buffer is kept from step to step.
+  std::vector<int> incoming_expert;
   std::int64_t bytes = 0;
   for (int r = 0; r < num_ranks_; ++r)
     for (int b = 0; b < num_slots_; ++b) {
       const int expert = plan_.slot_expert(r, b);
       if (expert == balance::kEmptySlot) continue;
-      const int home = homes_[expert];
+      const int home_rank = homes_[expert];
       if (r == me) {
-        const ExpertSlices src = slices(grads, num_local_experts_ + b);
         for (int p = 0; p < 3; ++p) {
-          requests.push_back(comm_.isend(home, slot_tag(config_.tag_base, b, EpOp::replica_dwi0, p), src.part[p],
-                                         n * 4));
+          requests.push_back(comm_.isend(home_rank, slot_tag(config_.tag_base, b, EpOp::replica_dwi0, p),
+                                         slot_gradients(p, b), n * 4));
           bytes += n * 4;
         }
       }
-      if (home == me) incoming.push_back({expert - me * num_local_experts_, std::vector<float>(3 * n)});
+      if (home_rank == me) incoming_expert.push_back(expert - me * num_local_experts_);
     }
-  // Post the receives once `incoming` no longer reallocates.
+  incoming_gradients_.resize(incoming_expert.size() * 3 * n);
   std::size_t next = 0;
   for (int r = 0; r < num_ranks_; ++r)
     for (int b = 0; b < num_slots_; ++b) {
       const int expert = plan_.slot_expert(r, b);
       if (expert == balance::kEmptySlot || homes_[expert] != me) continue;
-      Incoming& in = incoming[next++];
+      float* in = incoming_gradients_.data() + next++ * 3 * n;
       for (int p = 0; p < 3; ++p)
-        requests.push_back(comm_.irecv(r, slot_tag(config_.tag_base, b, EpOp::replica_dwi0, p),
-                                       in.data.data() + p * n, n * 4));
+        requests.push_back(comm_.irecv(r, slot_tag(config_.tag_base, b, EpOp::replica_dwi0, p), in + p * n, n * 4));
     }
   for (auto& request : requests) request->wait(config_.timeout);
-  for (const Incoming& in : incoming) {
-    const ExpertSlices dst = slices(grads, in.local_expert);
+  for (std::size_t i = 0; i < incoming_expert.size(); ++i) {
     for (int p = 0; p < 3; ++p) {
-      const float* src = in.data.data() + p * n;
-      for (std::int64_t i = 0; i < n; ++i) dst.part[p][i] += src[i];
+      const float* src = incoming_gradients_.data() + (i * 3 + p) * n;
+      float* dst = home_parts[p] + incoming_expert[i] * n;
+      for (std::int64_t j = 0; j < n; ++j) dst[j] += src[j];
     }
   }
   stats_->bytes_sent["backward/replica gradients"] += bytes;

@@ -28,26 +28,33 @@
 //     every source chunk by chunk (they see only indices, not the source's
 //     whole step), and it has no dedup, every token reaching every rank once
 //     anyway, so there is nothing to save.
-//  3. exchange_slot_weights (MoeLayer, before the experts): each slot whose
+//  3. start_slot_weights / finish_slot_weights (MoeLayer: started with the
+//     dispatch, finished before the experts compute): each slot whose
 //     (expert, weight version) changed receives wi0/wi1/wo of its expert
-//     point-to-point from the expert's home rank; nothing moves when every
-//     slot is current. Every rank tracks every slot's contents from the
-//     (identical) plans, so sender and receiver agree without a handshake.
+//     point-to-point from the expert's home rank into this exchange's own
+//     slot buffers; nothing moves when every slot is current. Every rank
+//     tracks every slot's contents from the (identical) plans, so sender
+//     and receiver agree without a handshake. The experts then compute on
+//     per-group pointers (compute_weights): the caller's home weights as
+//     they are, the slots' from these buffers; nothing is copied.
 //  4. reduce_slot_gradients (MoeLayer, after the experts' backward): each
-//     slot's dW goes point-to-point to its expert's home rank and is added to
-//     the home expert's gradient there, slots in ascending (rank, slot)
-//     order: deterministic, each replica's contribution counted once. No
-//     collective over all experts' weights anywhere.
+//     slot's dW (computed into this exchange's slot gradient buffers,
+//     compute_gradients) goes point-to-point to its expert's home rank and
+//     is added to the home expert's gradient there, slots in ascending
+//     (rank, slot) order: deterministic, each replica's contribution counted
+//     once. No collective over all experts' weights anywhere.
 //
 // Local expert indices on a rank: [0, E_l) home experts, E_l + b slot b.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "balance/replica_plan.h"
 #include "ep/dispatcher.h"
+#include "core/tensor.h"
 #include "ep/ep_config.h"
 #include "transport/communicator.h"
 
@@ -60,13 +67,19 @@ struct PairDestination {
   int local_expert = 0;
 };
 
-// Experts' weights (or their gradients) on this rank, home experts first
-// then the B slots: [E_l + B, H, F], [E_l + B, H, F], [E_l + B, F, H].
-struct CombinedExpertTensors {
-  float* wi0 = nullptr;
-  float* wi1 = nullptr;
-  float* wo = nullptr;
+// This rank's home experts' weights (the caller's), [E_l, H, F], [E_l, H, F],
+// [E_l, F, H].
+struct HomeExpertWeights {
+  const float* wi0 = nullptr;
+  const float* wi1 = nullptr;
+  const float* wo = nullptr;
   std::int64_t hidden = 0, ffn = 0;
+};
+// Their gradients, the same shapes.
+struct HomeExpertGradients {
+  float* dwi0 = nullptr;
+  float* dwi1 = nullptr;
+  float* dwo = nullptr;
 };
 
 class ReplicaExchange {
@@ -92,9 +105,18 @@ class ReplicaExchange {
   // choice (same count per copy). The all-to-all's senders only.
   std::vector<PairDestination> local_destinations(const RoutingView& routing) const;
 
-  // Step 3. `weights` home rows must hold the current home weights at
-  // `version`; slot rows are filled where needed. Returns bytes sent.
-  std::int64_t exchange_slot_weights(const CombinedExpertTensors& weights, std::uint64_t version);
+  // Step 3, split so the weights move while the caller works (the first
+  // chunk's dispatch, a shared expert). `home` holds the current home
+  // weights at `version` and must stay unchanged until finish. Finish waits
+  // for the slots' weights and returns the bytes this rank sent.
+  void start_slot_weights(const HomeExpertWeights& home, std::uint64_t version);
+  std::int64_t finish_slot_weights();
+  // Slot b's matrix `part` (0 wi0, 1 wi1, 2 wo) in this exchange's buffers:
+  // the weights the experts compute slot b with (zeros for an empty slot,
+  // whose group has no rows), and where their backward writes its dW (read
+  // by reduce_slot_gradients). Valid after the first start_slot_weights.
+  const float* slot_weights(int part, int slot) const;
+  float* slot_gradients(int part, int slot);
   // What later plans depend on besides their own step's counts: every slot's
   // expert (dynamic keeps an expert in its slot) and, for balance=periodic,
   // the step count, the count window and the placement held. Identical on
@@ -106,9 +128,10 @@ class ReplicaExchange {
   // are forgotten).
   void restore_planning_state(const std::vector<std::int64_t>& state);
 
-  // Step 4. Adds every slot's gradient (rows E_l + b of `grads`, this rank's
-  // slots) into its home expert's rows on the home rank. Returns bytes sent.
-  std::int64_t reduce_slot_gradients(const CombinedExpertTensors& grads);
+  // Step 4. Adds every slot's gradient (this rank's slots, from
+  // compute_gradients' buffers) into its home expert's gradient in `home` on
+  // the home rank. Returns bytes sent.
+  std::int64_t reduce_slot_gradients(const HomeExpertGradients& home);
 
  private:
   transport::Communicator& comm_;
@@ -131,6 +154,14 @@ class ReplicaExchange {
   std::int64_t step_ = 0;
   std::deque<std::vector<std::int64_t>> count_history_;
   std::vector<int> periodic_slots_;           // [R * B]
+  // The slots' weights and gradients, [B, H, F] x2 and [B, F, H] each,
+  // allocated at the first step (H and F come with the weights) and kept.
+  std::int64_t hidden_ = 0, ffn_ = 0;
+  Tensor slot_weights_[3], slot_gradients_[3];
+  std::vector<std::unique_ptr<transport::Request>> weight_requests_;  // in flight between start and finish
+  std::int64_t weight_bytes_in_flight_ = 0;
+  // Received slot gradients (a home rank's), kept across steps.
+  std::vector<float> incoming_gradients_;
 };
 
 }  // namespace epmoe::ep

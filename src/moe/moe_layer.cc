@@ -63,13 +63,6 @@ MoeLayer::MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispat
   EPMOE_CHECK(dispatcher_ != nullptr);
 }
 
-struct MoeLayer::CombinedWeights {
-  Tensor wi0, wi1, wo;  // [E_l + B, H, F], [E_l + B, H, F], [E_l + B, F, H]
-  const float* source[3] = {nullptr, nullptr, nullptr};
-  std::uint64_t version = 0;
-  bool home_current = false;
-};
-
 MoeLayer::~MoeLayer() = default;
 
 namespace {
@@ -204,35 +197,28 @@ void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
   s.dispatch = dispatcher_->dispatch(x, {s.routing.topk_ids.data<std::int32_t>(),
                                  s.routing.topk_weights.data<float>(), x.dim(0), config_.router.top_k});
   s.expert_weights = expert_weights(weights);
-  stats_.replica_home_copy_bytes = 0;
   if (ep::ReplicaExchange* replicas = dispatcher_->replicas()) {
+    // The slots' weights move while the caller works until finish_forward;
+    // the experts compute on per-group pointers: the caller's home weights
+    // as they are, the slots' from the exchange's buffers.
     ScopedPhase phase(times, "replica_weights");
     // Automatic versions have the top bit set so they never equal a caller's.
     const std::uint64_t version = weight_version ? *weight_version : (std::uint64_t{1} << 63) | ++auto_version_;
-    const std::int64_t home = replicas->num_local_experts(), total = home + replicas->num_slots();
-    const std::int64_t hf = config_.hidden * config_.ffn;
-    if (combined_ == nullptr) {
-      combined_ = std::make_unique<CombinedWeights>();
-      combined_->wi0 = Tensor::zeros(DType::f32, {total, config_.hidden, config_.ffn});
-      combined_->wi1 = Tensor::zeros(DType::f32, {total, config_.hidden, config_.ffn});
-      combined_->wo = Tensor::zeros(DType::f32, {total, config_.ffn, config_.hidden});
+    replicas->start_slot_weights({weights.wi0->data<float>(), weights.wi1->data<float>(), weights.wo->data<float>(),
+                                  config_.hidden, config_.ffn},
+                                 version);
+    const std::int64_t home = replicas->num_local_experts(), hf = config_.hidden * config_.ffn;
+    LocalExpertWeights& w = s.expert_weights;
+    for (std::int64_t e = 0; e < home; ++e) {
+      w.wi0_groups.push_back(w.wi0 + e * hf);
+      w.wi1_groups.push_back(w.wi1 + e * hf);
+      w.wo_groups.push_back(w.wo + e * hf);
     }
-    CombinedWeights& cw = *combined_;
-    const float* sources[3] = {weights.wi0->data<float>(), weights.wi1->data<float>(), weights.wo->data<float>()};
-    float* targets[3] = {cw.wi0.data<float>(), cw.wi1.data<float>(), cw.wo.data<float>()};
-    const bool same_source = sources[0] == cw.source[0] && sources[1] == cw.source[1] && sources[2] == cw.source[2];
-    if (!cw.home_current || cw.version != version || !same_source) {
-      const ComputeScope charge("replica home weights copy", {.bytes = 2.0 * 3 * home * hf * 4});
-      for (int i = 0; i < 3; ++i) {
-        std::copy(sources[i], sources[i] + home * hf, targets[i]);
-        cw.source[i] = sources[i];
-      }
-      cw.version = version;
-      cw.home_current = true;
-      stats_.replica_home_copy_bytes = 3 * home * hf * 4;
+    for (int b = 0; b < replicas->num_slots(); ++b) {
+      w.wi0_groups.push_back(replicas->slot_weights(0, b));
+      w.wi1_groups.push_back(replicas->slot_weights(1, b));
+      w.wo_groups.push_back(replicas->slot_weights(2, b));
     }
-    replicas->exchange_slot_weights({targets[0], targets[1], targets[2], config_.hidden, config_.ffn}, version);
-    s.expert_weights = {targets[0], targets[1], targets[2]};
   }
   stage_ = Stage::forward_begun;
 }
@@ -245,6 +231,10 @@ MoeForwardOutput MoeLayer::finish_forward() {
   const ExpertShape shape{config_.hidden, config_.ffn, config_.compute_dtype};
   const ep::RematPolicy& remat = config_.remat;
   const int num_chunks = dispatcher_->num_chunks();
+  if (ep::ReplicaExchange* replicas = dispatcher_->replicas()) {
+    ScopedPhase phase(times, "replica_weights");
+    replicas->finish_slot_weights();
+  }
   for (int c = 0; c < num_chunks; ++c) {
     {
       ScopedPhase phase(times, "dispatch");
@@ -342,19 +332,24 @@ MoeGradients MoeLayer::finish_backward() {
   MoeGradients grads{Tensor(), Tensor(DType::f32, {hidden, std::int64_t{num_experts}}),
                      Tensor(DType::f32, {num_local, hidden, ffn}), Tensor(DType::f32, {num_local, hidden, ffn}),
                      Tensor(DType::f32, {num_local, ffn, hidden})};
-  // With replicas the experts' dW covers E_l + B (home experts first); the
-  // slots' parts go home after the loop.
+  // With replicas the experts' dW covers E_l + B groups: the home experts'
+  // straight into grads, the slots' into the exchange's buffers, which go
+  // home after the loop.
   ep::ReplicaExchange* replicas = dispatcher_->replicas();
-  const std::int64_t num_compute = dispatcher_->num_compute_experts();
-  Tensor dwi0_all, dwi1_all, dwo_all;
+  ExpertWeightGradients dw;
   if (replicas != nullptr) {
-    dwi0_all = Tensor(DType::f32, {num_compute, hidden, ffn});
-    dwi1_all = Tensor(DType::f32, {num_compute, hidden, ffn});
-    dwo_all = Tensor(DType::f32, {num_compute, ffn, hidden});
+    const std::int64_t hf = hidden * ffn;
+    for (std::int64_t e = 0; e < num_local; ++e) {
+      dw.dwi0.push_back(grads.dwi0.data<float>() + e * hf);
+      dw.dwi1.push_back(grads.dwi1.data<float>() + e * hf);
+      dw.dwo.push_back(grads.dwo.data<float>() + e * hf);
+    }
+    for (int b = 0; b < replicas->num_slots(); ++b) {
+      dw.dwi0.push_back(replicas->slot_gradients(0, b));
+      dw.dwi1.push_back(replicas->slot_gradients(1, b));
+      dw.dwo.push_back(replicas->slot_gradients(2, b));
+    }
   }
-  Tensor& dwi0 = replicas != nullptr ? dwi0_all : grads.dwi0;
-  Tensor& dwi1 = replicas != nullptr ? dwi1_all : grads.dwi1;
-  Tensor& dwo = replicas != nullptr ? dwo_all : grads.dwo;
   stats_.recomputed_bytes = 0;
   for (int c = 0; c < dispatcher_->num_chunks(); ++c) {
     if (!config_.remat.save_x_sorted) {
@@ -374,8 +369,11 @@ MoeGradients MoeLayer::finish_backward() {
     ExpertGradients expert_grads;
     {
       ScopedPhase phase(times, "backward_experts");
-      expert_grads = experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c],
-                                      slot_dy, dwi0, dwi1, dwo, /*accumulate=*/c > 0);
+      expert_grads = replicas != nullptr
+                         ? experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy, dw,
+                                            /*accumulate=*/c > 0)
+                         : experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy,
+                                            grads.dwi0, grads.dwi1, grads.dwo, /*accumulate=*/c > 0);
       check_produced(config_, "expert input gradient", "backward/experts", expert_grads.slot_dx.span<float>(),
                      [c, hidden](std::int64_t i) {
                        return "slot " + std::to_string(i / hidden) + " of chunk " + std::to_string(c);
@@ -399,11 +397,7 @@ MoeGradients MoeLayer::finish_backward() {
   check_produced(config_, "input gradient dx", "backward/dispatch", grads.dx.span<float>(), at_row(hidden));
   if (replicas != nullptr) {
     ScopedPhase phase(times, "backward_replica_gradients");
-    replicas->reduce_slot_gradients({dwi0.data<float>(), dwi1.data<float>(), dwo.data<float>(), hidden, ffn});
-    const std::int64_t home_elements = num_local * hidden * ffn;
-    std::copy(dwi0.data<float>(), dwi0.data<float>() + home_elements, grads.dwi0.data<float>());
-    std::copy(dwi1.data<float>(), dwi1.data<float>() + home_elements, grads.dwi1.data<float>());
-    std::copy(dwo.data<float>(), dwo.data<float>() + home_elements, grads.dwo.data<float>());
+    replicas->reduce_slot_gradients({grads.dwi0.data<float>(), grads.dwi1.data<float>(), grads.dwo.data<float>()});
   }
   {
     ScopedPhase phase(times, "backward_router");

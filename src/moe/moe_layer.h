@@ -13,14 +13,13 @@
 // replicated, so dgate is this rank's contribution, to be summed over ranks.
 //
 // Dynamic replicas (balance=dynamic, ep/replica_exchange.h): the experts
-// compute on E_l home experts + B redundant slots. The layer keeps a
-// persistent combined weight buffer [E_l + B, H, F] etc.: the home rows are
-// copied from the caller's weights when their version (or address) changes
-// (E_l·3·H·F·4 bytes of memcpy, once per weight version), the slot rows are
-// received point-to-point from the experts' home ranks only when a slot's
-// (expert, version) changed. The backward computes dW for all E_l + B,
-// sends each slot's dW to its home rank, adds the received ones there and
-// returns dW of the E_l home experts only, exactly as with replicas off.
+// compute on E_l home experts + B redundant slots, through per-group weight
+// pointers: the home experts are the caller's weights as they are (no copy),
+// the slots live in the replica exchange, which receives them point-to-point
+// from the experts' home ranks only when a slot's (expert, version) changed.
+// The backward writes the home experts' dW straight into the result and the
+// slots' into the exchange, which sends each home and adds the received ones
+// there: dW of the E_l home experts, exactly as with replicas off.
 #pragma once
 
 #include <cstdint>
@@ -80,7 +79,6 @@ struct MoeLayerStats {
   PhaseTimes phase_seconds;  // route, dispatch, experts, combine, backward_* (accumulated)
   std::int64_t saved_activation_peak_bytes = 0;  // last forward, with a ledger
   std::int64_t recomputed_bytes = 0;             // last backward: tensors the remat policy rebuilt
-  std::int64_t replica_home_copy_bytes = 0;      // last forward: home weights copied into the combined buffer
 };
 
 class MoeLayer {
@@ -182,9 +180,6 @@ class MoeLayer {
   std::unique_ptr<ep::Dispatcher> dispatcher_;
   std::unique_ptr<Saved> saved_;
   MoeLayerStats stats_;
-  // Dynamic replicas: home experts then slots, [E_l + B, ...].
-  struct CombinedWeights;
-  std::unique_ptr<CombinedWeights> combined_;
   std::uint64_t auto_version_ = 0;
   // The expert weights last found finite: (caller's version, buffers).
   struct ExpertWeightsSeen {
