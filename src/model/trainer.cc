@@ -240,7 +240,8 @@ class TrainingRun {
     std::int64_t index = 0;  // 0-based; the record says index + 1
     Stopwatch watch;
     // clock=modelled: marks at the step's start, after the forward (and its
-    // stats exchange), and before the metrics exchange.
+    // stats exchange when the backward needs it first), and before the
+    // metrics exchange.
     const ModelledClock* clock = this_thread_modelled_clock();
     ModelledMark modelled_start, modelled_forward_end;
     PhaseTimes times;

@@ -10,7 +10,9 @@
 //     -> global gradient norm (replicated + every rank's experts), clipping
 //     -> AdamW with warm-up + cosine learning rate
 //     -> aux-loss-free selection-bias update (sigmoid_grouped)
-//     -> a record for metrics and the progress line; a checkpoint every n steps
+//     -> a record for metrics and the progress line (every rank's report
+//        gathered under the next step's forward, unless a checkpoint follows
+//        or it is the last step); a checkpoint every n steps
 //
 // Reproducibility: batches, initial weights and random routing are functions
 // of (seed, step, sequence / expert / layer), never of a generator's history,
@@ -72,6 +74,10 @@ struct StepRecord {
   double aux_loss = 0;
   double grad_norm = 0;              // before clipping
   double learning_rate = 0;
+  // Rank 0's wall time of the step: through its metrics exchange when that
+  // completes in the step (a checkpoint follows, or the last step), else up
+  // to starting it - it completes under the next step's forward, whose
+  // phase_seconds["metrics_exchange"] holds what was left of it.
   double step_seconds = 0;
   double tokens_per_second = 0;
   std::map<std::string, double> phase_seconds;          // rank 0: trainer and MoE phases
@@ -118,7 +124,9 @@ struct TrainObserver {
   // Before the first step, once per thing the run did differently from what
   // it was asked (an elastic resume, a reset replica plan).
   std::function<void(const std::string&)> on_note;
-  // Step N's record, before checkpoint N (if any) is written.
+  // Step N's record, before checkpoint N (if any) is written; in step order,
+  // called during step N + 1 (after its forward) unless checkpoint N follows
+  // or N is the last step. An error it throws names step N.
   std::function<void(const StepRecord&)> on_step;
 };
 
