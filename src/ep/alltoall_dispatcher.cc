@@ -89,6 +89,13 @@ void AllToAllDispatcher::start_forward(const Tensor& x, const RoutingView& routi
   EPMOE_CHECK_EQ(x.dim(1), config_.hidden);
   x_ = &x;
   routing_ = routing;
+  if (config_.token_format == TokenFormat::fp8_tensor) {
+    // Every chunk's scale in one all-gather, moving while the step plans.
+    std::vector<std::int64_t> chunk_begin;
+    for (int c = 0; c <= config_.num_chunks; ++c) chunk_begin.push_back(routing.num_tokens * c / config_.num_chunks);
+    tensor_scales_.start(comm_, x.data<float>(), config_.hidden, std::move(chunk_begin),
+                         ep_tag(config_.tag_base, 0, EpOp::forward_scale), config_.timeout);
+  }
   y_ = Tensor::zeros(DType::f32, {x.dim(0), x.dim(1)});
   stats_.reset(num_local_experts_);
   while (static_cast<int>(chunks_.size()) < config_.num_chunks) chunks_.push_back(std::make_unique<Chunk>());
@@ -186,10 +193,7 @@ void AllToAllDispatcher::plan_chunk(int c) {
     chunk.send_metadata.insert(chunk.send_metadata.end(), words_to[d].begin(), words_to[d].end());
   }
 
-  if (config_.token_format == TokenFormat::fp8_tensor)
-    chunk.tensor_scale = agree_on_tensor_scale(comm_, x_->data<float>() + chunk.range.begin * hidden,
-                                               chunk.range.size() * hidden,
-                                               ep_tag(config_.tag_base, c, EpOp::forward_scale), config_.timeout);
+  if (config_.token_format == TokenFormat::fp8_tensor) chunk.tensor_scale = tensor_scales_.scale(c);
 }
 
 void AllToAllDispatcher::send_tokens(int c, bool remat) {

@@ -74,6 +74,7 @@ class AllToAllDispatcher final : public Dispatcher {
   EpConfig config_;
   int num_local_experts_;
   TokenCodec codec_;
+  TensorScales tensor_scales_;  // fp8_tokens=tensor: this step's chunk scales
   const Tensor* x_ = nullptr;
   const Tensor* dy_ = nullptr;
   RoutingView routing_;

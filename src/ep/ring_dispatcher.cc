@@ -43,6 +43,9 @@ std::int64_t reduce_scatter_bytes_sent(const std::vector<std::int64_t>& elements
 
 }  // namespace
 
+// Chunks live as long as the dispatcher and their vectors keep their
+// capacity from step to step (cleared, never freed), so a steady step takes
+// no fresh pages (tests/ep/steady_state_test.cc).
 struct RingDispatcher::Chunk {
   ChunkRange range;
   std::vector<std::int64_t> rows_by_rank;  // [R] this chunk's tokens on every rank
@@ -64,6 +67,15 @@ struct RingDispatcher::Chunk {
   bool cotangent_started = false;
   Tensor slot_dx, dx_chunk, slot_dweights, dweights_chunk;
   comm::CollectiveHandle dx_in_flight, dweights_in_flight;
+
+  void start_step(ChunkRange chunk_range) {
+    range = chunk_range;
+    rows_by_rank.clear();
+    slot_offset.clear();
+    num_slots = 0;
+    gather_started = positions_known = cotangent_started = false;
+    entry_slot_k.clear();
+  }
 };
 
 RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config)
@@ -83,6 +95,13 @@ void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) 
   EPMOE_CHECK_EQ(x.dim(1), config_.hidden);
   x_ = &x;
   routing_ = routing;
+  if (config_.token_format == TokenFormat::fp8_tensor) {
+    // Every chunk's scale in one all-gather, moving while the step plans.
+    std::vector<std::int64_t> chunk_begin;
+    for (int c = 0; c <= config_.num_chunks; ++c) chunk_begin.push_back(routing.num_tokens * c / config_.num_chunks);
+    tensor_scales_.start(comm_, x.data<float>(), config_.hidden, std::move(chunk_begin),
+                         ep_tag(config_.tag_base, 0, EpOp::forward_scale), config_.timeout);
+  }
   stats_.reset(num_local_experts_);
   const int num_ranks = comm_.size();
   tokens_by_rank_.assign(static_cast<std::size_t>(num_ranks), routing.num_tokens);
@@ -94,11 +113,10 @@ void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) 
                                   .timeout = config_.timeout})
         .wait();
   }
-  chunks_.clear();
+  while (static_cast<int>(chunks_.size()) < config_.num_chunks) chunks_.push_back(std::make_unique<Chunk>());
   for (int c = 0; c < config_.num_chunks; ++c) {
-    chunks_.push_back(std::make_unique<Chunk>());
-    Chunk& chunk = *chunks_.back();
-    chunk.range = chunk_range(routing.num_tokens, config_.num_chunks, c);
+    Chunk& chunk = *chunks_[c];
+    chunk.start_step(chunk_range(routing.num_tokens, config_.num_chunks, c));
     for (int r = 0; r < num_ranks; ++r) {
       chunk.slot_offset.push_back(chunk.num_slots);
       chunk.rows_by_rank.push_back(chunk_range(tokens_by_rank_[r], config_.num_chunks, c).size());
@@ -120,9 +138,7 @@ void RingDispatcher::start_gather(int c, bool remat) {
   chunk.gather_started = true;
   const int top_k = config_.top_k;
   const std::int64_t hidden = config_.hidden, n = chunk.range.size();
-  if (config_.token_format == TokenFormat::fp8_tensor && !remat)
-    chunk.tensor_scale = agree_on_tensor_scale(comm_, x_->data<float>() + chunk.range.begin * hidden, n * hidden,
-                                               ep_tag(config_.tag_base, c, EpOp::forward_scale), config_.timeout);
+  if (config_.token_format == TokenFormat::fp8_tensor && !remat) chunk.tensor_scale = tensor_scales_.scale(c);
   const std::int64_t row_bytes = codec_.row_bytes();
   chunk.local_tokens.resize(static_cast<std::size_t>(n * row_bytes));
   codec_.encode(x_->data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
@@ -178,8 +194,6 @@ ExpertRows RingDispatcher::collect_rows(int c) {
   const std::int64_t num_slots = chunk.num_slots;
   Tensor x_all(DType::f32, {num_slots, config_.hidden});
   codec_.decode(chunk.gathered_tokens.data(), num_slots, chunk.tensor_scale, x_all.data<float>());
-  chunk.gathered_tokens = {};
-  chunk.local_tokens = {};
 
   RowEntries entries;
   chunk.entry_slot_k.clear();
@@ -224,8 +238,6 @@ ExpertRows RingDispatcher::collect_rows(int c) {
   if (replicas_ && first_collect) pairs_seen_ = seen;
   ExpertRows rows = build_expert_rows(x_all.data<float>(), config_.hidden, entries, num_compute_experts(),
                                       num_slots, &chunk.entry_of_row);
-  chunk.gathered_routing = {};
-  chunk.local_routing = {};
   return rows;
 }
 
@@ -328,7 +340,6 @@ DispatchGradients RingDispatcher::finish_backward() {
                   static_cast<std::size_t>(chunk->dweights_chunk.size_bytes()));
     }
   }
-  chunks_.clear();
   return grads;
 }
 

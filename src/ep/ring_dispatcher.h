@@ -78,6 +78,7 @@ class RingDispatcher final : public Dispatcher {
   EpConfig config_;
   int num_local_experts_;
   TokenCodec codec_;
+  TensorScales tensor_scales_;  // fp8_tokens=tensor: this step's chunk scales
   const Tensor* x_ = nullptr;
   const Tensor* dy_ = nullptr;
   RoutingView routing_;

@@ -41,29 +41,66 @@ float fp8_scale_for(float max_magnitude) {
   return max_magnitude > 0 ? max_magnitude / kFp8E4m3Max : 1.0f;
 }
 
-float agree_on_tensor_scale(transport::Communicator& comm, const float* rows, std::int64_t num_values,
-                            std::uint32_t tag, std::chrono::milliseconds timeout) {
+void TensorScales::start(transport::Communicator& comm, const float* rows, std::int64_t hidden,
+                         std::vector<std::int64_t> chunk_begin, std::uint32_t tag,
+                         std::chrono::milliseconds timeout) {
+  EPMOE_CHECK(collected_);  // the previous step's scales were all taken
+  num_ranks_ = comm.size();
+  num_chunks_ = static_cast<int>(chunk_begin.size()) - 1;
+  rows_ = rows;
+  hidden_ = hidden;
+  chunk_begin_ = std::move(chunk_begin);
   // A non-finite value travels as an absmax of inf, so every rank sees it in
   // the gathered maxima and throws, instead of one rank throwing here and
   // leaving its peers waiting in the all-gather.
-  float local_max = absmax(rows, num_values);
-  std::vector<float> all_max(static_cast<std::size_t>(comm.size()));
-  comm::ring_all_gather(comm, {.input = &local_max, .output = all_max.data(), .num_elements_per_rank = 1,
-                               .tag = tag, .timeout = timeout})
-      .wait();
-  float global_max = 0;
-  for (int r = 0; r < comm.size(); ++r) {
-    if (!std::isfinite(all_max[r])) {
-      std::string message = "fp8_tokens=tensor: rank " + std::to_string(r) +
-                            "'s tokens hold a non-finite value, so no finite per-tensor scale exists";
-      const std::int64_t index = find_non_finite({rows, static_cast<std::size_t>(num_values)});
-      if (index >= 0)
-        message += " (value " + std::to_string(index) + " of this rank's chunk = " + value_to_string(rows[index]) + ")";
-      throw NumericError(message + "; fp8 e4m3 tokens must be finite");
+  local_max_.resize(static_cast<std::size_t>(num_chunks_));
+  for (int c = 0; c < num_chunks_; ++c)
+    local_max_[c] = absmax(rows + chunk_begin_[c] * hidden, (chunk_begin_[c + 1] - chunk_begin_[c]) * hidden);
+  all_max_.resize(static_cast<std::size_t>(num_ranks_) * num_chunks_);
+  in_flight_ = comm::ring_all_gather(comm, {.input = local_max_.data(), .output = all_max_.data(),
+                                            .num_elements_per_rank = num_chunks_, .tag = tag, .timeout = timeout});
+  collected_ = false;
+}
+
+void TensorScales::collect() {
+  collected_ = true;
+  in_flight_.wait();
+  scales_.assign(static_cast<std::size_t>(num_chunks_), 1.0f);
+  for (int c = 0; c < num_chunks_; ++c) {
+    float global_max = 0;
+    for (int r = 0; r < num_ranks_; ++r) {
+      const float rank_max = all_max_[static_cast<std::size_t>(r) * num_chunks_ + c];
+      if (!std::isfinite(rank_max)) {
+        std::string message = "fp8_tokens=tensor: rank " + std::to_string(r) +
+                              "'s tokens hold a non-finite value, so no finite per-tensor scale exists";
+        const float* rows = rows_ + chunk_begin_[c] * hidden_;
+        const std::int64_t n = (chunk_begin_[c + 1] - chunk_begin_[c]) * hidden_;
+        const std::int64_t index = find_non_finite({rows, static_cast<std::size_t>(n)});
+        if (index >= 0) {
+          message += " (value " + std::to_string(index) + " of this rank's chunk" +
+                     (num_chunks_ > 1 ? " " + std::to_string(c) : std::string()) + " = " +
+                     value_to_string(rows[index]) + ")";
+        }
+        throw NumericError(message + "; fp8 e4m3 tokens must be finite");
+      }
+      global_max = std::max(global_max, rank_max);
     }
-    global_max = std::max(global_max, all_max[r]);
+    scales_[c] = fp8_scale_for(global_max);
   }
-  return fp8_scale_for(global_max);
+}
+
+float TensorScales::scale(int chunk) {
+  if (!collected_) collect();
+  EPMOE_CHECK(chunk >= 0 && chunk < static_cast<int>(scales_.size()));
+  return scales_[chunk];
+}
+
+float agree_on_tensor_scale(transport::Communicator& comm, const float* rows, std::int64_t num_values,
+                            std::uint32_t tag, std::chrono::milliseconds timeout) {
+  // Rows of one value each: the chunk is all of them.
+  TensorScales scales;
+  scales.start(comm, rows, 1, {0, num_values}, tag, timeout);
+  return scales.scale(0);
 }
 
 void TokenCodec::encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows,

@@ -26,7 +26,9 @@
 #include <cstddef>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
+#include "comm/collective_handle.h"
 #include "ep/ep_config.h"
 #include "transport/communicator.h"
 
@@ -57,8 +59,33 @@ float absmax(const float* values, std::int64_t n);
 // Throws NumericError for a non-finite max_magnitude (no finite scale fits).
 float fp8_scale_for(float max_magnitude);
 
-// fp8_tokens=tensor: the one scale every rank uses for a chunk, from the
-// global absmax of its rows (a tiny blocking all-gather of one float per rank).
+// fp8_tokens=tensor: the scale every rank uses for each chunk of a step, from
+// the global absmax of the chunk's rows. Every chunk's local maximum goes out
+// in one all-gather at the step's start (num_chunks floats per rank), which
+// moves while the dispatcher plans; scale(c) waits for it the first time.
+// One round per step instead of one blocking round per chunk, the same
+// scales bit for bit. A non-finite value makes every rank throw from
+// scale(), naming the rank (and, on that rank, the value).
+class TensorScales {
+ public:
+  // rows [num_tokens, hidden]; chunk c holds tokens [chunk_begin[c],
+  // chunk_begin[c + 1]). rows must stay unchanged until the last scale().
+  void start(transport::Communicator& comm, const float* rows, std::int64_t hidden,
+             std::vector<std::int64_t> chunk_begin, std::uint32_t tag, std::chrono::milliseconds timeout);
+  float scale(int chunk);
+
+ private:
+  void collect();
+  int num_ranks_ = 0, num_chunks_ = 0;
+  const float* rows_ = nullptr;
+  std::int64_t hidden_ = 0;
+  std::vector<std::int64_t> chunk_begin_;
+  std::vector<float> local_max_, all_max_, scales_;
+  comm::CollectiveHandle in_flight_;
+  bool collected_ = true;
+};
+
+// One chunk's scale, blocking (TensorScales with one chunk).
 float agree_on_tensor_scale(transport::Communicator& comm, const float* rows, std::int64_t num_values,
                             std::uint32_t tag, std::chrono::milliseconds timeout);
 
