@@ -18,7 +18,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 echo "epmoe train $*, $steps steps (median over steps > $skip); $(lscpu | grep 'Model name' | sed 's/  */ /g'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-6s %12s %8s   %s\n" ranks "tok/s" "vs 1" "median phase ms (rank 0): forward backward grad_all_reduce metrics_exchange"
+printf "%-6s %12s %8s   %s\n" ranks "tok/s" "vs 1" "median phase ms (us with clock=modelled), rank 0: forward backward grad_all_reduce metrics_exchange"
 for ranks in 1 2 4; do
   "$build/epmoe" train steps="$steps" ranks="$ranks" progress=off metrics_file="$out/$ranks.jsonl" "$@" > /dev/null
   python3 - "$out" "$ranks" "$skip" <<'PY'
@@ -30,7 +30,9 @@ tps = statistics.median((l["modelled"] if modelled else l)["tokens_per_second"] 
 if ranks == 1:
     open(f"{out}/base", "w").write(repr(tps))
 base = float(open(f"{out}/base").read())
-phase = lambda name: 1e3 * statistics.median(l["phase_seconds"].get(name, 0.0) for l in steady)
+# clock=modelled: phases are modelled seconds, printed in microseconds.
+unit = 1e6 if modelled else 1e3
+phase = lambda name: unit * statistics.median(l["phase_seconds"].get(name, 0.0) for l in steady)
 print(f"{ranks:<6} {tps:12.0f} {tps / base:8.2f}   {phase('forward'):.1f} {phase('backward'):.1f} "
       f"{phase('gradient_all_reduce'):.1f} {phase('metrics_exchange'):.1f}")
 PY
