@@ -24,6 +24,7 @@ packages=(
   libcli11-dev                     # command line
   libgtest-dev                     # tests
   libbenchmark-dev                 # micro-benchmarks
+  libopenblas-dev libopenblas0-openmp  # opt-in f32 GEMM backend EPMOE_F32_GEMM=openblas (and its tests)
 )
 if [ "${1:-}" = "--packages" ]; then
   printf '%s\n' "${packages[@]}"

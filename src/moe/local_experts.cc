@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "comm/cooperative_progress.h"
 #include "core/error.h"
 #include "core/threading.h"
 #include "kernels/grouped_gemm.h"
@@ -9,6 +10,13 @@
 
 namespace epmoe {
 namespace {
+
+// Between the expert GEMMs the rank's thread lends its core to the
+// collectives it has in flight (the next chunk's dispatch, the previous
+// chunk's combine) whose progress thread is due, so they move even when
+// rank threads fill every core (comm/cooperative_progress.h; a few ns when
+// nothing is due). Results do not change.
+void lend_core_to_collectives() { comm::drive_progress(); }
 
 // Rows of each slot in ascending row order (a stable counting sort by slot).
 struct SlotRows {
@@ -119,19 +127,23 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
   if (missing(act.mlpwi_0)) {
     act.mlpwi_0 = Tensor(DType::f32, {num_rows, ffn});
     grouped_gemm_forward(up, x, w.wi0, act.mlpwi_0.data<float>());
+    lend_core_to_collectives();
     recomputed += act.mlpwi_0.size_bytes();
   }
   if (missing(act.mlpwi_1)) {
     act.mlpwi_1 = Tensor(DType::f32, {num_rows, ffn});
     grouped_gemm_forward(up, x, w.wi1, act.mlpwi_1.data<float>());
+    lend_core_to_collectives();
     recomputed += act.mlpwi_1.size_bytes();
   }
   if (missing(act.mlpwo)) {
     Tensor activation(DType::f32, {num_rows, ffn});
     swiglu_forward(act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(), activation.data<float>(),
                    num_rows * ffn);
+    lend_core_to_collectives();
     act.mlpwo = Tensor(DType::f32, {num_rows, hidden});
     grouped_gemm_forward(down, activation.data<float>(), w.wo, act.mlpwo.data<float>());
+    lend_core_to_collectives();
     recomputed += act.mlpwo.size_bytes();
   }
   return recomputed;
@@ -204,6 +216,7 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
   Tensor activation(DType::f32, {num_rows, ffn});
   swiglu_forward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), activation.data<float>(),
                  num_rows * ffn);
+  lend_core_to_collectives();
   // The weight gradient of this chunk: straight into dW for the first chunk,
   // through a scratch buffer and an add for the others (a pass over dW that
   // the single-chunk case should not pay). All three matrices have H * F
@@ -217,21 +230,26 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
   auto weight_gradient = [&](const GroupedGemmShape& gemm_shape, const float* lhs, const float* dout,
                              const std::vector<float*>& dw_groups) {
     grouped_gemm_drhs(gemm_shape, lhs, dout, accumulate ? chunk_groups : dw_groups);
+    lend_core_to_collectives();
     if (accumulate)
       for (std::size_t g = 0; g < num_groups; ++g) add_into(dw_groups[g], chunk_groups[g], matrix_elements);
   };
   weight_gradient(down, activation.data<float>(), d_expert_out.data<float>(), dw.dwo);
   Tensor d_activation(DType::f32, {num_rows, ffn});
   grouped_gemm_dlhs(down, d_expert_out.data<float>(), w.wo, d_activation.data<float>());
+  lend_core_to_collectives();
   Tensor d_h0(DType::f32, {num_rows, ffn}), d_h1(DType::f32, {num_rows, ffn});
   swiglu_backward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), d_activation.data<float>(),
                   d_h0.data<float>(), d_h1.data<float>(), num_rows * ffn);
+  lend_core_to_collectives();
   const float* x = num_rows > 0 ? rows.x.data<float>() : nullptr;
   weight_gradient(up, x, d_h0.data<float>(), dw.dwi0);
   weight_gradient(up, x, d_h1.data<float>(), dw.dwi1);
   Tensor dx_rows(DType::f32, {num_rows, hidden});
   grouped_gemm_dlhs(up, d_h0.data<float>(), w.wi0, dx_rows.data<float>());
+  lend_core_to_collectives();
   grouped_gemm_dlhs(up, d_h1.data<float>(), w.wi1, dx_rows.data<float>(), /*accumulate=*/true);
+  lend_core_to_collectives();
 
   // Each slot's input gradient: the sum of its rows' (the backward of the
   // K-fold repeat; an inverse gather, no scatter-add).

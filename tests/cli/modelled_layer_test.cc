@@ -97,9 +97,15 @@ TEST_F(ModelledLayer, ARankWithTwiceTheRowsIsTheCriticalPath) {
     // |residual| <= two such serialisations (measured 0.06-0.19 us of 1.86;
     // which ranks see more depends on the order of the messages at ports).
     // At 1 PB/s those 81920 B take 82 ps and every message's latency is the
-    // same 2 us: the residual is below 1 ns (measured <= 0.17 ns).
-    const double tolerance = gbps < 1e3 ? 2 * 81920 / (gbps * 1e9) : 1e-9;
-    EXPECT_LT(rank_modelled(m, 0, "idle_seconds"), gbps < 1e3 ? 0.2e-6 : 1e-9) << what;
+    // same 2 us. Since the combine and the backward exchange with known
+    // counts (no count round: at these shapes with gen-inputs' routing the
+    // modelled step is 31% shorter, 13.4 vs 19.4 us), rank 0 also waits once for its peers, less than one
+    // latency: they start their backward only when rank 0's combine reaches
+    // them (measured 0.64-0.87 us of idle on rank 0, and the same in the
+    // residual). Both stay below one message latency.
+    const double latency = 2e-6;
+    const double tolerance = (gbps < 1e3 ? 2 * 81920 / (gbps * 1e9) : 1e-9) + latency;
+    EXPECT_LT(rank_modelled(m, 0, "idle_seconds"), latency) << what;
     for (int r = 1; r < 4; ++r) {
       const double residual =
           rank_modelled(m, r, "idle_seconds") - rank_modelled(m, 0, "idle_seconds") - extra_compute;
