@@ -31,7 +31,7 @@ struct MoeLayer::Saved {
   const Tensor* extra_d_logits = nullptr;  // from begin_backward, or null
   MoeWeights weights;
   ep::DispatchHandle dispatch;        // the step's dispatch, from begin_forward to finish_backward
-  LocalExpertWeights expert_weights;  // the caller's, or the combined buffer with replicas
+  LocalExpertWeights expert_weights;  // the caller's; with replicas, per-group pointers (homes, then slots)
   RouterOutput routing;
   std::vector<ep::ExpertRows> rows;               // [chunk]
   std::vector<LedgerCharge> rows_metadata;        // [chunk] the rows' metadata bytes
