@@ -24,6 +24,7 @@
 #include "core/buffer_cache.h"
 #include "ep/ep_config.h"
 #include "moe/moe_layer.h"
+#include "ep_harness.h"
 #include "reference_moe.h"
 #include "transport/threads/launcher.h"
 
@@ -76,17 +77,9 @@ TEST(SteadyState, AStepAllocatesNothingAndTakesNoPageFaults) {
         const int r = comm.rank();
         const std::int64_t t0 = n * r / num_ranks, t1 = n * (r + 1) / num_ranks;
         const std::int64_t el = router.num_experts / num_ranks;
-        const auto rows = [](const Tensor& t, std::int64_t b, std::int64_t e) {
-          const std::int64_t per = t.numel() / t.dim(0);
-          Shape shape = t.shape();
-          shape[0] = e - b;
-          Tensor out(DType::f32, shape);
-          std::copy(t.data<float>() + b * per, t.data<float>() + e * per, out.data<float>());
-          return out;
-        };
-        const Tensor x = rows(p.x, t0, t1), dy = rows(p.dy, t0, t1);
-        const Tensor wi0 = rows(p.wi0, r * el, (r + 1) * el), wi1 = rows(p.wi1, r * el, (r + 1) * el),
-                     wo = rows(p.wo, r * el, (r + 1) * el);
+        const Tensor x = slice_rows(p.x, t0, t1), dy = slice_rows(p.dy, t0, t1);
+        const Tensor wi0 = slice_rows(p.wi0, r * el, (r + 1) * el), wi1 = slice_rows(p.wi1, r * el, (r + 1) * el),
+                     wo = slice_rows(p.wo, r * el, (r + 1) * el);
         MoeLayerConfig layer_config{.hidden = h, .ffn = f, .router = router};
         if (c.remat) layer_config.remat = ep::RematPolicy::preset("remat_policy", "full");
         MoeLayer layer(layer_config, ep::make_dispatcher(c.dispatch, comm, config));
