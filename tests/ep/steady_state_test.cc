@@ -120,7 +120,9 @@ TEST(SteadyState, AStepAllocatesNothingAndTakesNoPageFaults) {
       // progress thread's memory; not found yet, docs/BENCHMARKS.md). Until
       // then only the all-to-all's page faults, which issue 15 measured, are
       // asserted; the ring's are printed.
-      if (c.dispatch == ep::DispatchKind::alltoall) EXPECT_LE(best, 20.0);
+      if (c.dispatch == ep::DispatchKind::alltoall) {
+        EXPECT_LE(best, 20.0);
+      }
     }
   }
 }
