@@ -234,7 +234,7 @@ ExpertRows AllToAllDispatcher::receive_rows(int c) {
     plan_chunk(c);
     send_tokens(c, false);
   }
-  ExpertRows rows = collect_rows(c);
+  ExpertRows rows = collect_rows(c, /*remat=*/false);
   // Prefetch: the next chunk's exchange runs while the experts compute this one.
   if (c + 1 < config_.num_chunks && !chunks_[c + 1]->dispatch_started) {
     plan_chunk(c + 1);
@@ -246,11 +246,14 @@ ExpertRows AllToAllDispatcher::receive_rows(int c) {
 
 ExpertRows AllToAllDispatcher::redispatch_rows(int c) {
   send_tokens(c, /*remat=*/true);
-  return collect_rows(c);
+  return collect_rows(c, /*remat=*/true);
 }
 
 // Waits for chunk c's tokens and routing words and sorts them into rows.
-ExpertRows AllToAllDispatcher::collect_rows(int c) {
+// The forward learns the chunk's layout here (rows and entries from each
+// source); a remat re-collect only checks it: the backward's exchanges, in
+// flight meanwhile, read it as their known counts.
+ExpertRows AllToAllDispatcher::collect_rows(int c, bool remat) {
   Chunk& chunk = *chunks_[c];
   // Test hook (core/fault_injection.h): fail with the token exchange in flight.
   fault_point("dispatch", comm_.rank());
@@ -266,9 +269,10 @@ ExpertRows AllToAllDispatcher::collect_rows(int c) {
   // Parse the routing words: per row [n, (local expert, weight bits) x n].
   RowEntries entries;
   const auto* words = reinterpret_cast<const std::int32_t*>(chunk.recv_metadata.data());
-  chunk.recv_rows_per_rank.assign(num_ranks, 0);
-  chunk.recv_entries_per_rank.assign(num_ranks, 0);
-  chunk.rows_in_elements.assign(num_ranks, 0);
+  std::vector<std::int64_t>& rows_from = plan_scratch_.rows_from;
+  std::vector<std::int64_t>& entries_from = plan_scratch_.entries_from;
+  rows_from.assign(num_ranks, 0);
+  entries_from.assign(num_ranks, 0);
   std::int64_t word = 0, row = 0;
   for (int s = 0; s < num_ranks; ++s) {
     const std::int64_t end_word = word + chunk.recv_metadata_counts[s];
@@ -282,14 +286,21 @@ ExpertRows AllToAllDispatcher::collect_rows(int c) {
         std::memcpy(&weight, &words[word++], sizeof weight);
         entries.add(expert, weight, row, row);
       }
-      chunk.recv_entries_per_rank[s] += n;
-      chunk.recv_rows_per_rank[s] += 1;
+      entries_from[s] += n;
+      rows_from[s] += 1;
       ++row;
     }
-    EPMOE_CHECK_EQ(chunk.recv_rows_per_rank[s] * row_bytes, chunk.recv_token_counts[s]);
-    chunk.rows_in_elements[s] = chunk.recv_rows_per_rank[s] * config_.hidden;
+    EPMOE_CHECK_EQ(rows_from[s] * row_bytes, chunk.recv_token_counts[s]);
   }
   EPMOE_CHECK_EQ(row, num_rows);
+  if (remat) {
+    EPMOE_CHECK(rows_from == chunk.recv_rows_per_rank && entries_from == chunk.recv_entries_per_rank);
+  } else {
+    chunk.recv_rows_per_rank = rows_from;
+    chunk.recv_entries_per_rank = entries_from;
+    chunk.rows_in_elements.resize(num_ranks);
+    for (int s = 0; s < num_ranks; ++s) chunk.rows_in_elements[s] = rows_from[s] * config_.hidden;
+  }
   ExpertRows rows = build_expert_rows(x_recv.data<float>(), config_.hidden, entries, num_compute_experts(),
                                       num_rows, &chunk.entry_of_row);
   return rows;

@@ -66,7 +66,7 @@ class AllToAllDispatcher final : public Dispatcher {
   struct Chunk;
   void plan_chunk(int chunk);
   void send_tokens(int chunk, bool remat);
-  ExpertRows collect_rows(int chunk);
+  ExpertRows collect_rows(int chunk, bool remat);
   void start_cotangents(int chunk);
   void count_bytes(const char* name, const std::vector<std::int64_t>& counts, std::int64_t element_bytes);
 
@@ -87,6 +87,7 @@ class AllToAllDispatcher final : public Dispatcher {
     std::vector<std::vector<std::int32_t>> words_to;
     std::vector<std::int64_t> pairs_per_expert;
     std::vector<std::pair<int, std::int64_t>> kept;
+    std::vector<std::int64_t> rows_from, entries_from;  // collect_rows: per source
   };
   PlanScratch plan_scratch_;
   DispatchStats stats_;
