@@ -84,7 +84,9 @@ TEST(CollectivesMpi, DrivingProgressGivesTheSameResultsAsWaiting) {
       EXPECT_EQ(output, expected) << "rank " << comm.rank() << " n " << n << (drive ? " (driven)" : "");
     }
     ASSERT_EQ(reduced_waited.size(), reduced_driven.size());
-    EXPECT_EQ(std::memcmp(reduced_waited.data(), reduced_driven.data(), reduced_waited.size() * sizeof(float)), 0)
+    // (n == 0: empty vectors may hold null pointers, which memcmp must not get)
+    EXPECT_TRUE(reduced_waited.empty() ||
+                std::memcmp(reduced_waited.data(), reduced_driven.data(), reduced_waited.size() * sizeof(float)) == 0)
         << "rank " << comm.rank() << " n " << n << ": driven sums differ in their bits";
   }
 }
