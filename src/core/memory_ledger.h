@@ -1,9 +1,12 @@
 // MemoryLedger: live and peak bytes by name (e.g. "saved/x_sorted",
-// "buffer/dispatch"), plus the total. Every buffer whose size matters for the
-// memory story (saved activations, communication buffers, replica slots) is
+// "buffer/dispatch"), by group (the name up to its first '/': "saved",
+// "buffer"), plus the total. Every buffer whose size matters for the memory
+// story (saved activations, communication buffers, replica slots) is
 // allocated through one, so peaks are measured rather than guessed
-// (DESIGN.md §4.7). Thread-safe: one ledger per rank is the usual set-up, but
-// helper threads of that rank may allocate too.
+// (DESIGN.md §4.7). A group's peak is the peak of its sum, not the sum of
+// its names' peaks: "saved" is what the backward holds at once, which is
+// what the plan's memory model projects. Thread-safe: one ledger per rank is
+// the usual set-up, but helper threads of that rank may allocate too.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,7 @@ struct LedgerEntry {
 
 struct LedgerSnapshot {
   std::map<std::string, LedgerEntry> by_name;
+  std::map<std::string, LedgerEntry> by_group;  // num_allocations summed
   std::int64_t total_live_bytes = 0;
   std::int64_t total_peak_bytes = 0;
 };
@@ -33,6 +37,8 @@ class MemoryLedger {
 
   std::int64_t live_bytes(const std::string& name) const;
   std::int64_t peak_bytes(const std::string& name) const;
+  std::int64_t group_live_bytes(const std::string& group) const;
+  std::int64_t group_peak_bytes(const std::string& group) const;
   std::int64_t total_live_bytes() const;
   std::int64_t total_peak_bytes() const;
   LedgerSnapshot snapshot() const;
@@ -43,6 +49,7 @@ class MemoryLedger {
  private:
   mutable std::mutex mutex_;  // guards everything below
   std::map<std::string, LedgerEntry> entries_;
+  std::map<std::string, LedgerEntry> groups_;
   std::int64_t total_live_bytes_ = 0;
   std::int64_t total_peak_bytes_ = 0;
 };
@@ -57,6 +64,12 @@ class LedgerCharge {
   LedgerCharge& operator=(LedgerCharge&& other) noexcept;
   ~LedgerCharge();
 
+  // Grows or shrinks the charge to `bytes` by the difference only, so a
+  // buffer that grows never counts its old and new size at once. A charge
+  // without a ledger ignores it.
+  void resize(std::int64_t bytes);
+  std::int64_t bytes() const { return bytes_; }
+
  private:
   void release() noexcept;  // gives the bytes back to the ledger, once
 
@@ -64,5 +77,12 @@ class LedgerCharge {
   std::string name_;
   std::int64_t bytes_ = 0;
 };
+
+// Bytes reserved by std::vectors (their capacity, not their size): what a
+// buffer kept across steps holds between them.
+template <typename... Vectors>
+std::int64_t vector_capacity_bytes(const Vectors&... vectors) {
+  return (static_cast<std::int64_t>(vectors.capacity() * sizeof(typename Vectors::value_type)) + ... + 0);
+}
 
 }  // namespace epmoe

@@ -25,21 +25,21 @@ struct AllToAllDispatcher::Chunk {
   std::vector<std::int64_t> send_row_token;         // local token of each row
   std::vector<std::int64_t> send_rows_per_rank;     // [R]
   std::vector<std::int64_t> send_entry_pair;        // pair (t * K + k) of each entry
-  std::vector<std::int64_t> send_words_per_rank;    // [R] metadata words
-  std::vector<std::byte> send_token_bytes;
-  std::vector<std::int32_t> send_metadata;
+  std::vector<std::int64_t> send_words_per_rank;    // [R] routing words
+  std::vector<std::int32_t> send_metadata;          // routing words, by destination
+  std::vector<std::byte> send_message;              // per destination: routing words, then token rows
+  std::vector<std::int64_t> send_message_counts;    // [R] bytes
   float tensor_scale = 1.0f;
   // Receive side, grouped by source rank.
-  std::vector<std::byte> recv_tokens, recv_metadata;
-  std::vector<std::int64_t> recv_token_counts, recv_metadata_counts;
+  std::vector<std::byte> recv_message;
+  std::vector<std::int64_t> recv_message_counts;  // [R] bytes, learnt by the forward's exchange
   std::vector<std::int64_t> recv_rows_per_rank, recv_entries_per_rank;
   std::vector<std::int64_t> entry_of_row;  // expert row -> received entry
   // Element counts per rank, known from the forward's exchange: rows out
   // (this rank's rows at each destination) and rows in (each source's rows
   // here), times H; entries out, per destination.
   std::vector<std::int64_t> rows_out_elements, rows_in_elements, send_entries_per_rank;
-  std::vector<std::int64_t> send_token_counts;  // [R] bytes
-  comm::CollectiveHandle tokens_in_flight, metadata_in_flight;
+  comm::CollectiveHandle message_in_flight;
   bool dispatch_started = false;
   // Combine: outputs go back to their sources.
   Tensor slot_outputs;
@@ -62,6 +62,17 @@ struct AllToAllDispatcher::Chunk {
     send_entry_pair.clear();
     send_metadata.clear();
     dispatch_started = cotangent_started = false;
+  }
+
+  // The vectors' capacity: what the chunk holds across steps. (The Tensors
+  // are the step's: the layer's outputs and gradients coming in, and the
+  // cotangent rows handed out to the experts.)
+  std::int64_t capacity_bytes() const {
+    return vector_capacity_bytes(send_row_token, send_rows_per_rank, send_entry_pair, send_words_per_rank,
+                                 send_metadata, send_message, send_message_counts, recv_message,
+                                 recv_message_counts, recv_rows_per_rank, recv_entries_per_rank, entry_of_row,
+                                 rows_out_elements, rows_in_elements, send_entries_per_rank, combined, send_dy,
+                                 entry_dweights, dx_back, dweights_back);
   }
 };
 
@@ -196,35 +207,47 @@ void AllToAllDispatcher::plan_chunk(int c) {
   if (config_.token_format == TokenFormat::fp8_tensor) chunk.tensor_scale = tensor_scales_.scale(c);
 }
 
+// One message per destination: its routing words, then its token rows
+// (TokenCodec), in one all_to_all_v: one count round per chunk, not one for
+// the tokens and one for the words. The receiver finds the boundary without
+// a header (collect_rows).
 void AllToAllDispatcher::send_tokens(int c, bool remat) {
   Chunk& chunk = *chunks_[c];
   const int num_ranks = comm_.size();
   const std::int64_t row_bytes = codec_.row_bytes();
-  chunk.send_token_bytes.resize(static_cast<std::size_t>(chunk.send_row_token.size() * row_bytes));
-  codec_.encode(x_->data<float>(), chunk.send_row_token.data(),
-                static_cast<std::int64_t>(chunk.send_row_token.size()), chunk.tensor_scale,
-                chunk.send_token_bytes.data());
+  std::vector<std::int64_t>& message_counts = chunk.send_message_counts;
+  message_counts.resize(num_ranks);
+  std::int64_t message_bytes = 0;
+  for (int d = 0; d < num_ranks; ++d) {
+    message_counts[d] = 4 * chunk.send_words_per_rank[d] + chunk.send_rows_per_rank[d] * row_bytes;
+    message_bytes += message_counts[d];
+  }
+  chunk.send_message.resize(static_cast<std::size_t>(message_bytes));
+  std::byte* out = chunk.send_message.data();
+  const std::int32_t* words = chunk.send_metadata.data();
+  const std::int64_t* row_token = chunk.send_row_token.data();
+  for (int d = 0; d < num_ranks; ++d) {
+    const std::int64_t word_bytes = 4 * chunk.send_words_per_rank[d], rows = chunk.send_rows_per_rank[d];
+    if (word_bytes > 0) std::memcpy(out, words, static_cast<std::size_t>(word_bytes));
+    codec_.encode(x_->data<float>(), row_token, rows, chunk.tensor_scale, out + word_bytes);
+    out += message_counts[d];
+    words += chunk.send_words_per_rank[d];
+    row_token += rows;
+  }
 
-  std::vector<std::int64_t>& token_counts = chunk.send_token_counts;
-  token_counts.resize(num_ranks);
-  for (int d = 0; d < num_ranks; ++d) token_counts[d] = chunk.send_rows_per_rank[d] * row_bytes;
-  count_bytes(remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens", token_counts, 1);
+  std::vector<std::int64_t>& token_bytes = plan_scratch_.token_bytes_to;
+  token_bytes.resize(num_ranks);
+  for (int d = 0; d < num_ranks; ++d) token_bytes[d] = chunk.send_rows_per_rank[d] * row_bytes;
+  count_bytes(remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens", token_bytes, 1);
   count_bytes(remat ? "backward/remat all_to_all_v routing" : "forward/all_to_all_v routing",
               chunk.send_words_per_rank, 4);
   // The forward's exchange learns the receive counts; a remat re-send knows
   // them (the same rows as the forward's, bit for bit).
-  chunk.tokens_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.send_token_bytes.data(), .send_counts = token_counts, .dtype = DType::fp8_e4m3,
-              .output = &chunk.recv_tokens, .recv_counts = remat ? nullptr : &chunk.recv_token_counts,
-              .known_recv_counts = remat ? &chunk.recv_token_counts : nullptr,
+  chunk.message_in_flight = comm::all_to_all_v(
+      comm_, {.input = chunk.send_message.data(), .send_counts = message_counts, .dtype = DType::fp8_e4m3,
+              .output = &chunk.recv_message, .recv_counts = remat ? nullptr : &chunk.recv_message_counts,
+              .known_recv_counts = remat ? &chunk.recv_message_counts : nullptr,
               .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
-              .timeout = config_.timeout});
-  chunk.metadata_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.send_metadata.data(), .send_counts = chunk.send_words_per_rank,
-              .dtype = DType::i32, .output = &chunk.recv_metadata,
-              .recv_counts = remat ? nullptr : &chunk.recv_metadata_counts,
-              .known_recv_counts = remat ? &chunk.recv_metadata_counts : nullptr,
-              .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_metadata : EpOp::forward_metadata),
               .timeout = config_.timeout});
 }
 
@@ -249,50 +272,66 @@ ExpertRows AllToAllDispatcher::redispatch_rows(int c) {
   return collect_rows(c, /*remat=*/true);
 }
 
-// Waits for chunk c's tokens and routing words and sorts them into rows.
-// The forward learns the chunk's layout here (rows and entries from each
-// source); a remat re-collect only checks it: the backward's exchanges, in
-// flight meanwhile, read it as their known counts.
+// Waits for chunk c's messages and sorts them into rows. The forward learns
+// the chunk's layout here (rows and entries from each source); a remat
+// re-collect only checks it: the backward's exchanges, in flight meanwhile,
+// read it as their known counts.
 ExpertRows AllToAllDispatcher::collect_rows(int c, bool remat) {
   Chunk& chunk = *chunks_[c];
   // Test hook (core/fault_injection.h): fail with the token exchange in flight.
   fault_point("dispatch", comm_.rank());
-  chunk.tokens_in_flight.wait();
-  chunk.metadata_in_flight.wait();
+  chunk.message_in_flight.wait();
 
+  // Each source's message is its routing words, per row [n, (local expert,
+  // weight bits) x n], then its rows' tokens. The words end after the j-th
+  // row exactly when the bytes left are j token rows: before the last row,
+  // the bytes left are more (the remaining words plus all J > j rows). Words
+  // are read with memcpy: a message starts at any byte offset.
   const int num_ranks = comm_.size();
   const std::int64_t row_bytes = codec_.row_bytes();
-  const std::int64_t num_rows = static_cast<std::int64_t>(chunk.recv_tokens.size()) / row_bytes;
-  Tensor x_recv(DType::f32, {num_rows, config_.hidden});
-  codec_.decode(chunk.recv_tokens.data(), num_rows, chunk.tensor_scale, x_recv.data<float>());
-
-  // Parse the routing words: per row [n, (local expert, weight bits) x n].
+  const std::byte* message = chunk.recv_message.data();
   RowEntries entries;
-  const auto* words = reinterpret_cast<const std::int32_t*>(chunk.recv_metadata.data());
   std::vector<std::int64_t>& rows_from = plan_scratch_.rows_from;
   std::vector<std::int64_t>& entries_from = plan_scratch_.entries_from;
+  std::vector<std::int64_t>& tokens_at = plan_scratch_.tokens_at;
   rows_from.assign(num_ranks, 0);
   entries_from.assign(num_ranks, 0);
-  std::int64_t word = 0, row = 0;
+  tokens_at.assign(num_ranks, 0);
+  auto read_word = [&](std::int64_t at) {
+    std::int32_t word;
+    std::memcpy(&word, message + at, sizeof word);
+    return word;
+  };
+  std::int64_t begin = 0, row = 0;
   for (int s = 0; s < num_ranks; ++s) {
-    const std::int64_t end_word = word + chunk.recv_metadata_counts[s];
-    while (word < end_word) {
-      const std::int32_t n = words[word++];
-      EPMOE_CHECK(n >= 1 && word + 2 * n <= end_word);
-      for (std::int32_t i = 0; i < n; ++i) {
-        const std::int32_t expert = words[word++];
+    const std::int64_t end = begin + chunk.recv_message_counts[s];
+    std::int64_t at = begin;
+    while (end - at != rows_from[s] * row_bytes) {
+      EPMOE_CHECK(end - at >= 4 + (rows_from[s] + 1) * row_bytes);
+      const std::int32_t n = read_word(at);
+      at += 4;
+      EPMOE_CHECK(n >= 1 && at + 8 * std::int64_t(n) + (rows_from[s] + 1) * row_bytes <= end);
+      for (std::int32_t i = 0; i < n; ++i, at += 8) {
+        const std::int32_t expert = read_word(at);
         EPMOE_CHECK(expert >= 0 && expert < num_compute_experts());
         float weight;
-        std::memcpy(&weight, &words[word++], sizeof weight);
+        std::memcpy(&weight, message + at + 4, sizeof weight);
         entries.add(expert, weight, row, row);
       }
       entries_from[s] += n;
       rows_from[s] += 1;
       ++row;
     }
-    EPMOE_CHECK_EQ(rows_from[s] * row_bytes, chunk.recv_token_counts[s]);
+    tokens_at[s] = at;
+    begin = end;
   }
-  EPMOE_CHECK_EQ(row, num_rows);
+  EPMOE_CHECK_EQ(begin, static_cast<std::int64_t>(chunk.recv_message.size()));
+  const std::int64_t num_rows = row;
+  Tensor x_recv(DType::f32, {num_rows, config_.hidden});
+  for (std::int64_t s = 0, first_row = 0; s < num_ranks; first_row += rows_from[s], ++s)
+    codec_.decode(message + tokens_at[s], rows_from[s], chunk.tensor_scale,
+                  x_recv.data<float>() + first_row * config_.hidden);
+
   if (remat) {
     EPMOE_CHECK(rows_from == chunk.recv_rows_per_rank && entries_from == chunk.recv_entries_per_rank);
   } else {
@@ -396,6 +435,17 @@ void AllToAllDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float
               .dtype = DType::f32, .known_recv_counts = &chunk.send_entries_per_rank,
               .recv_buffer = chunk.dweights_back.data(),
               .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights), .timeout = config_.timeout});
+}
+
+std::int64_t AllToAllDispatcher::persistent_buffer_bytes() const {
+  std::int64_t bytes = vector_capacity_bytes(plan_scratch_.pairs_per_expert, plan_scratch_.kept,
+                                             plan_scratch_.rows_from, plan_scratch_.entries_from,
+                                             plan_scratch_.tokens_at, plan_scratch_.token_bytes_to,
+                                             pair_destination_);
+  for (std::size_t d = 0; d < plan_scratch_.rows_to.size(); ++d)
+    bytes += vector_capacity_bytes(plan_scratch_.rows_to[d], plan_scratch_.entries_to[d], plan_scratch_.words_to[d]);
+  for (const auto& chunk : chunks_) bytes += chunk->capacity_bytes();
+  return bytes;
 }
 
 DispatchGradients AllToAllDispatcher::finish_backward() {

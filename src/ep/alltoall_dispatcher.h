@@ -16,9 +16,9 @@
 // destination and local expert index (E_l + slot there) come from the step's
 // replica plan; nothing else changes on the wire.
 //
-// Wire format of one destination's message: token rows (TokenCodec), and
-// routing metadata as 32-bit words: per row [n, (local expert, weight
-// bits) x n]. The combine returns one f32 row per received row; the backward
+// Wire format of one destination's message, one all_to_all_v per chunk:
+// routing metadata as 32-bit words, per row [n, (local expert, weight
+// bits) x n], then the token rows (TokenCodec). The combine returns one f32 row per received row; the backward
 // sends dy rows the forward way and returns dx rows and one f32 weight
 // gradient per entry the reverse way. Gradients always travel in f32.
 #pragma once
@@ -62,6 +62,7 @@ class AllToAllDispatcher final : public Dispatcher {
   Tensor receive_cotangents(int chunk) override;
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
   DispatchGradients finish_backward() override;
+  std::int64_t persistent_buffer_bytes() const override;
 
   struct Chunk;
   void plan_chunk(int chunk);
@@ -87,7 +88,8 @@ class AllToAllDispatcher final : public Dispatcher {
     std::vector<std::vector<std::int32_t>> words_to;
     std::vector<std::int64_t> pairs_per_expert;
     std::vector<std::pair<int, std::int64_t>> kept;
-    std::vector<std::int64_t> rows_from, entries_from;  // collect_rows: per source
+    std::vector<std::int64_t> token_bytes_to;  // send_tokens: per destination
+    std::vector<std::int64_t> rows_from, entries_from, tokens_at;  // collect_rows: per source
   };
   PlanScratch plan_scratch_;
   DispatchStats stats_;

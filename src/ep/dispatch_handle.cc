@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "ep/dispatcher.h"
+#include "ep/replica_exchange.h"
 
 namespace epmoe::ep {
 
@@ -30,7 +31,20 @@ DispatchHandle Dispatcher::dispatch(const Tensor& x, const RoutingView& routing)
   DispatchHandle handle(*this, num_chunks());
   step_in_flight_ = true;
   start_forward(x, routing);
+  update_buffer_charges();
   return handle;
+}
+
+void Dispatcher::charge_buffers_to(MemoryLedger* ledger) {
+  dispatch_buffers_ = LedgerCharge(ledger, "buffer/dispatch", 0);
+  replica_buffers_ = LedgerCharge(ledger, "buffer/replica slots", 0);
+  update_buffer_charges();
+}
+
+void Dispatcher::update_buffer_charges() {
+  dispatch_buffers_.resize(persistent_buffer_bytes());
+  ReplicaExchange* exchange = replicas();
+  replica_buffers_.resize(exchange != nullptr ? exchange->buffer_bytes() : 0);
 }
 
 DispatchHandle::DispatchHandle(Dispatcher& dispatcher, int num_chunks)
@@ -82,6 +96,7 @@ void DispatchHandle::expect(Next next, int chunk, const char* call) const {
 ExpertRows DispatchHandle::rows(int chunk) {
   expect(Next::rows, chunk, "rows");
   ExpertRows rows = dispatcher_->receive_rows(chunk);
+  dispatcher_->update_buffer_charges();
   next_ = Next::combine;
   return rows;
 }
@@ -89,6 +104,7 @@ ExpertRows DispatchHandle::rows(int chunk) {
 void DispatchHandle::combine(int chunk, Tensor slot_outputs) {
   expect(Next::combine, chunk, "combine");
   dispatcher_->send_outputs(chunk, std::move(slot_outputs));
+  dispatcher_->update_buffer_charges();
   ++chunk_;
   next_ = chunk_ < num_chunks_ ? Next::rows : Next::finish_forward;
 }
@@ -96,6 +112,7 @@ void DispatchHandle::combine(int chunk, Tensor slot_outputs) {
 Tensor DispatchHandle::finish_forward() {
   expect(Next::finish_forward, -1, "finish_forward");
   Tensor y = dispatcher_->finish_forward();
+  dispatcher_->update_buffer_charges();
   next_ = Next::start_backward;
   return y;
 }
@@ -103,6 +120,7 @@ Tensor DispatchHandle::finish_forward() {
 void DispatchHandle::start_backward(const Tensor& dy) {
   expect(Next::start_backward, -1, "start_backward");
   dispatcher_->start_backward(dy);
+  dispatcher_->update_buffer_charges();
   chunk_ = 0;
   redispatched_ = false;
   next_ = Next::cotangents;
@@ -114,6 +132,7 @@ ExpertRows DispatchHandle::redispatch_rows(int chunk) {
     throw UsageError("dispatch handle: redispatch_rows(chunk " + std::to_string(chunk) + ") called twice for the chunk");
   }
   ExpertRows rows = dispatcher_->redispatch_rows(chunk);
+  dispatcher_->update_buffer_charges();
   redispatched_ = true;
   return rows;
 }
@@ -121,6 +140,7 @@ ExpertRows DispatchHandle::redispatch_rows(int chunk) {
 Tensor DispatchHandle::cotangents(int chunk) {
   expect(Next::cotangents, chunk, "cotangents");
   Tensor slots = dispatcher_->receive_cotangents(chunk);
+  dispatcher_->update_buffer_charges();
   next_ = Next::return_gradients;
   return slots;
 }
@@ -128,6 +148,7 @@ Tensor DispatchHandle::cotangents(int chunk) {
 void DispatchHandle::return_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) {
   expect(Next::return_gradients, chunk, "return_gradients");
   dispatcher_->send_gradients(chunk, std::move(slot_dx), std::move(row_dweights));
+  dispatcher_->update_buffer_charges();
   ++chunk_;
   redispatched_ = false;
   next_ = chunk_ < num_chunks_ ? Next::cotangents : Next::finish_backward;
@@ -136,6 +157,7 @@ void DispatchHandle::return_gradients(int chunk, Tensor slot_dx, std::vector<flo
 DispatchGradients DispatchHandle::finish_backward() {
   expect(Next::finish_backward, -1, "finish_backward");
   DispatchGradients grads = dispatcher_->finish_backward();
+  dispatcher_->update_buffer_charges();
   release();
   return grads;
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory_ledger.h"
 #include "core/tensor.h"
 #include "core/timer.h"
 #include "ep/dispatch_handle.h"
@@ -91,6 +92,14 @@ class Dispatcher {
   virtual ReplicaExchange* replicas() { return nullptr; }
   virtual int num_compute_experts() const { return num_local_experts(); }  // E_l (+ B)
 
+  // The buffers this dispatcher keeps across steps (at their high-water
+  // mark: exchanged rows, routing words, combine and gradient rows, and the
+  // replica slots' weights and gradients) are charged to `ledger` (not
+  // owned; null: none) under "buffer/dispatch" and "buffer/replica slots",
+  // updated after every call of the step as they grow. MoeLayer passes its
+  // ledger; the "saved" group of that ledger stays the activations alone.
+  void charge_buffers_to(MemoryLedger* ledger);
+
  protected:
   // The step's work, called only by the handle, in its order.
   friend class DispatchHandle;
@@ -104,8 +113,15 @@ class Dispatcher {
   virtual void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) = 0;
   virtual DispatchGradients finish_backward() = 0;
 
+  // Bytes of the buffers kept across steps (their capacity), replica slots
+  // excluded: those are ReplicaExchange::buffer_bytes().
+  virtual std::int64_t persistent_buffer_bytes() const { return 0; }
+
  private:
+  void update_buffer_charges();  // by the handle, after each call
+
   bool step_in_flight_ = false;  // a handle of this dispatcher is in its step
+  LedgerCharge dispatch_buffers_, replica_buffers_;
 };
 
 // Local token range of chunk c: [begin, end).

@@ -324,4 +324,10 @@ std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& h
   return bytes;
 }
 
+std::int64_t ReplicaExchange::buffer_bytes() const {
+  std::int64_t bytes = static_cast<std::int64_t>(incoming_gradients_.capacity() * sizeof(float));
+  for (int p = 0; p < 3; ++p) bytes += slot_weights_[p].size_bytes() + slot_gradients_[p].size_bytes();
+  return bytes;
+}
+
 }  // namespace epmoe::ep

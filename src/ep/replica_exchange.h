@@ -90,6 +90,9 @@ class ReplicaExchange {
 
   int num_local_experts() const { return num_local_experts_; }  // E_l
   int num_slots() const { return num_slots_; }                  // B
+  // Bytes of the slot weight and gradient buffers and the incoming gradient
+  // rows, kept across steps (charged to the layer's ledger by the dispatcher).
+  std::int64_t buffer_bytes() const;
 
   // Collective (every rank, same step): counts, all-gather, plan. Blocking.
   void plan_step(const RoutingView& routing);

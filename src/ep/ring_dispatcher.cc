@@ -76,6 +76,13 @@ struct RingDispatcher::Chunk {
     gather_started = positions_known = cotangent_started = false;
     entry_slot_k.clear();
   }
+
+  // The vectors' capacity: what the chunk holds across steps (its Tensors
+  // are the step's).
+  std::int64_t capacity_bytes() const {
+    return vector_capacity_bytes(rows_by_rank, slot_offset, local_tokens, gathered_tokens, local_routing,
+                                 gathered_routing, entry_of_row, entry_slot_k, pairs_seen_start);
+  }
 };
 
 RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config)
@@ -341,6 +348,12 @@ DispatchGradients RingDispatcher::finish_backward() {
     }
   }
   return grads;
+}
+
+std::int64_t RingDispatcher::persistent_buffer_bytes() const {
+  std::int64_t bytes = vector_capacity_bytes(tokens_by_rank_, pairs_seen_);
+  for (const auto& chunk : chunks_) bytes += chunk->capacity_bytes();
+  return bytes;
 }
 
 }  // namespace epmoe::ep

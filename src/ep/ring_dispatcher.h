@@ -68,6 +68,7 @@ class RingDispatcher final : public Dispatcher {
   Tensor receive_cotangents(int chunk) override;
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
   DispatchGradients finish_backward() override;
+  std::int64_t persistent_buffer_bytes() const override;
 
   struct Chunk;
   void start_gather(int chunk, bool remat);

@@ -61,6 +61,7 @@ MoeLayer::MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispat
       router_((config_.validate(), config_.router)),
       dispatcher_(std::move(dispatcher)) {
   EPMOE_CHECK(dispatcher_ != nullptr);
+  dispatcher_->charge_buffers_to(ledger_);
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -274,7 +275,7 @@ MoeForwardOutput MoeLayer::finish_forward() {
   }
   out.topk_ids = s.routing.topk_ids.clone();
   out.topk_weights = s.routing.topk_weights.clone();
-  if (ledger_ != nullptr) stats_.saved_activation_peak_bytes = ledger_->total_peak_bytes();
+  if (ledger_ != nullptr) stats_.saved_activation_peak_bytes = ledger_->group_peak_bytes("saved");
   stage_ = Stage::forward_done;
   return out;
 }

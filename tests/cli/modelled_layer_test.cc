@@ -42,6 +42,30 @@ TEST_F(ModelledLayer, SameConfigTwiceGivesIdenticalModelledMetrics) {
   }
 }
 
+// The all-to-all dispatcher's exchanges per chunk: one in the forward
+// (the routing words travel inside the token message, so there is one count
+// round, not one for the tokens and one for the words), the combine, and the
+// backward's cotangent, dx and dweights (known counts, no count round); a
+// remat re-dispatch adds one. Counted by the modelled report, over all ranks.
+TEST_F(ModelledLayer, TheAllToAllTakesOneExchangeForTokensAndRouting) {
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = 48, .hidden = 16, .ffn = 12, .experts = 6});
+  for (const int ranks : {2, 3}) {
+    for (const int chunks : {1, 3}) {
+      for (const bool remat : {false, true}) {
+        std::vector<std::string> keys = {"ranks=" + std::to_string(ranks), "clock=modelled", "dispatch=alltoall",
+                                         "dedup=true", "token_chunks=" + std::to_string(chunks)};
+        if (remat) keys.push_back("remat_policy=full");
+        const nlohmann::json m = layer_metrics(in, keys);
+        ASSERT_FALSE(m.is_null());
+        EXPECT_EQ(m.at("modelled").at("collectives").at("all_to_all_v").at("count").get<int>(),
+                  ranks * chunks * (remat ? 6 : 5))
+            << "ranks " << ranks << " chunks " << chunks << (remat ? " remat" : "");
+      }
+    }
+  }
+}
+
 // --- 3. imbalance ------------------------------------------------------------
 
 TEST_F(ModelledLayer, ARankWithTwiceTheRowsIsTheCriticalPath) {

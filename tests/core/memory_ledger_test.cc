@@ -72,5 +72,42 @@ TEST(LedgerCharge, MoveAssignmentKeepsLongNames) {
   EXPECT_EQ(ledger.total_live_bytes(), 0);
 }
 
+// A group's peak is the peak of its names' sum at one moment: the saved
+// activations the backward holds at once, not the sum of each name's peak;
+// other groups (buffers) do not enter it.
+TEST(MemoryLedger, GroupPeakIsThePeakOfTheSum) {
+  MemoryLedger ledger;
+  ledger.on_allocate("saved/a", 100);
+  ledger.on_release("saved/a", 100);
+  ledger.on_allocate("saved/b", 60);
+  ledger.on_allocate("buffer/dispatch", 1000);
+  EXPECT_EQ(ledger.group_peak_bytes("saved"), 100);  // a's 100, then b's 60: never 160
+  EXPECT_EQ(ledger.group_live_bytes("saved"), 60);
+  EXPECT_EQ(ledger.group_peak_bytes("buffer"), 1000);
+  EXPECT_EQ(ledger.total_peak_bytes(), 1060);
+  EXPECT_EQ(ledger.group_peak_bytes("none"), 0);
+  ledger.reset_peaks();
+  EXPECT_EQ(ledger.group_peak_bytes("saved"), 60);
+  EXPECT_EQ(ledger.snapshot().by_group.at("saved").live_bytes, 60);
+}
+
+// Resizing a charge moves the ledger by the difference only: a growing
+// buffer never shows its old and new size at once in a peak.
+TEST(LedgerCharge, ResizeChargesTheDifference) {
+  MemoryLedger ledger;
+  LedgerCharge charge(&ledger, "buffer/dispatch", 100);
+  charge.resize(250);
+  EXPECT_EQ(ledger.live_bytes("buffer/dispatch"), 250);
+  EXPECT_EQ(ledger.peak_bytes("buffer/dispatch"), 250);  // not 350
+  charge.resize(40);
+  EXPECT_EQ(ledger.live_bytes("buffer/dispatch"), 40);
+  EXPECT_EQ(charge.bytes(), 40);
+  charge = LedgerCharge();
+  EXPECT_EQ(ledger.total_live_bytes(), 0);
+  LedgerCharge detached;  // no ledger: resize only records the size
+  detached.resize(8);
+  EXPECT_EQ(detached.bytes(), 8);
+}
+
 }  // namespace
 }  // namespace epmoe

@@ -118,7 +118,11 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     dgates[r] = std::move(grads.dgate);
     result.stats[r] = layer.dispatch_stats();
     const LedgerSnapshot snapshot = ledger.snapshot();
-    for (const auto& [name, entry] : snapshot.by_name) result.memory[r].peak_bytes_by_name[name] = entry.peak_bytes;
+    for (const auto& [name, entry] : snapshot.by_name) {
+      result.memory[r].peak_bytes_by_name[name] = entry.peak_bytes;
+      result.memory[r].live_bytes_by_name[name] = entry.live_bytes;
+    }
+    result.memory[r].saved_peak_bytes = ledger.group_peak_bytes("saved");
     result.memory[r].total_peak_bytes = snapshot.total_peak_bytes;
     result.memory[r].recomputed_bytes = layer.stats().recomputed_bytes;
   });

@@ -41,7 +41,9 @@ struct EpRunOptions {
 // What one rank's memory ledger and layer saw.
 struct RankMemory {
   std::map<std::string, std::int64_t> peak_bytes_by_name;
-  std::int64_t total_peak_bytes = 0;
+  std::map<std::string, std::int64_t> live_bytes_by_name;  // after the last step, the layer alive
+  std::int64_t saved_peak_bytes = 0;  // the "saved" group: activations held for the backward
+  std::int64_t total_peak_bytes = 0;  // saved activations and the dispatcher's buffers
   std::int64_t recomputed_bytes = 0;
 };
 
