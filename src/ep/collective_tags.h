@@ -10,13 +10,13 @@ namespace epmoe::ep {
 enum class EpOp : std::uint32_t {
   forward_scale = 0,       // fp8_tensor: the global absmax
   forward_tokens = 1,
-  forward_metadata = 2,    // ring: routing ids + weights (alltoall: inside forward_tokens)
+  // 2: free (the routing words travel inside forward_tokens' messages)
   forward_combine = 3,
   backward_cotangent = 4,
   backward_dx = 5,
   backward_dweights = 6,
   remat_tokens = 7,        // x_sorted recomputed: the dispatch again
-  remat_metadata = 8,      // ring
+  // 8: free (as 2)
   // Dynamic replicas (ep/replica_exchange.h). Point-to-point messages: the
   // chunk field carries the redundant slot index b (< 64), so each (layer,
   // slot, tensor) has its own tag.

@@ -52,9 +52,11 @@ struct RingDispatcher::Chunk {
   std::vector<std::int64_t> slot_offset;   // [R] first slot of rank r's tokens
   std::int64_t num_slots = 0;              // sum of rows_by_rank
   float tensor_scale = 1.0f;
-  std::vector<std::byte> local_tokens, gathered_tokens;
-  std::vector<std::int32_t> local_routing, gathered_routing;  // per token: K ids, K weight bits
-  comm::CollectiveHandle tokens_in_flight, routing_in_flight;
+  // Per rank's block, one all-gather: its tokens' routing words (per token
+  // K ids, then K weight bits), then its token rows (TokenCodec).
+  std::vector<std::int32_t> local_routing;
+  std::vector<std::byte> local_block, gathered_blocks;
+  comm::CollectiveHandle gather_in_flight;
   bool gather_started = false;
   std::vector<std::int64_t> entry_of_row;
   std::vector<std::int64_t> entry_slot_k;  // per entry: slot * K + k
@@ -80,8 +82,8 @@ struct RingDispatcher::Chunk {
   // The vectors' capacity: what the chunk holds across steps (its Tensors
   // are the step's).
   std::int64_t capacity_bytes() const {
-    return vector_capacity_bytes(rows_by_rank, slot_offset, local_tokens, gathered_tokens, local_routing,
-                                 gathered_routing, entry_of_row, entry_slot_k, pairs_seen_start);
+    return vector_capacity_bytes(rows_by_rank, slot_offset, local_routing, local_block, gathered_blocks,
+                                 entry_of_row, entry_slot_k, pairs_seen_start);
   }
 };
 
@@ -138,19 +140,17 @@ void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) 
   start_gather(0, /*remat=*/false);
 }
 
-// Starts chunk c's token and routing all-gathers: in the forward, or again in
-// the backward when x_sorted is recomputed (then the fp8 scale is reused).
+// Starts chunk c's all-gather of tokens and their routing, one block per
+// rank (the routing travels with the tokens: one ring, not two): in the
+// forward, or again in the backward when x_sorted is recomputed (then the
+// fp8 scale is reused).
 void RingDispatcher::start_gather(int c, bool remat) {
   Chunk& chunk = *chunks_[c];
   chunk.gather_started = true;
   const int top_k = config_.top_k;
   const std::int64_t hidden = config_.hidden, n = chunk.range.size();
   if (config_.token_format == TokenFormat::fp8_tensor && !remat) chunk.tensor_scale = tensor_scales_.scale(c);
-  const std::int64_t row_bytes = codec_.row_bytes();
-  chunk.local_tokens.resize(static_cast<std::size_t>(n * row_bytes));
-  codec_.encode(x_->data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
-                chunk.local_tokens.data());
-  chunk.gathered_tokens.resize(static_cast<std::size_t>(chunk.num_slots * row_bytes));
+  const std::int64_t row_bytes = codec_.row_bytes(), routing_bytes = 8 * top_k;
   chunk.local_routing.resize(static_cast<std::size_t>(n * 2 * top_k));
   for (std::int64_t t = 0; t < n; ++t)
     for (int k = 0; k < top_k; ++k) {
@@ -158,21 +158,21 @@ void RingDispatcher::start_gather(int c, bool remat) {
       chunk.local_routing[(t * 2) * top_k + k] = routing_.topk_ids[pair];
       std::memcpy(&chunk.local_routing[(t * 2 + 1) * top_k + k], &routing_.topk_weights[pair], 4);
     }
-  chunk.gathered_routing.resize(static_cast<std::size_t>(chunk.num_slots * 2 * top_k));
-  const std::vector<std::int64_t> token_bytes = times(chunk.rows_by_rank, row_bytes);
-  const std::vector<std::int64_t> routing_words = times(chunk.rows_by_rank, 2 * top_k);
+  chunk.local_block.resize(static_cast<std::size_t>(n * (routing_bytes + row_bytes)));
+  if (n > 0) std::memcpy(chunk.local_block.data(), chunk.local_routing.data(), n * routing_bytes);
+  codec_.encode(x_->data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
+                chunk.local_block.data() + n * routing_bytes);
+  chunk.gathered_blocks.resize(static_cast<std::size_t>(chunk.num_slots * (routing_bytes + row_bytes)));
   const std::string prefix = remat ? "backward/remat " : "forward/";
-  stats_.bytes_sent[prefix + "ring_all_gather tokens"] += all_gather_bytes_sent(token_bytes, comm_.rank(), 1);
-  stats_.bytes_sent[prefix + "ring_all_gather routing"] += all_gather_bytes_sent(routing_words, comm_.rank(), 4);
-  chunk.tokens_in_flight = comm::ring_all_gather(
-      comm_, {.input = chunk.local_tokens.data(), .output = chunk.gathered_tokens.data(),
-              .num_elements_by_rank = token_bytes, .dtype = DType::fp8_e4m3,
+  stats_.bytes_sent[prefix + "ring_all_gather tokens"] +=
+      all_gather_bytes_sent(times(chunk.rows_by_rank, row_bytes), comm_.rank(), 1);
+  stats_.bytes_sent[prefix + "ring_all_gather routing"] +=
+      all_gather_bytes_sent(times(chunk.rows_by_rank, 2 * top_k), comm_.rank(), 4);
+  chunk.gather_in_flight = comm::ring_all_gather(
+      comm_, {.input = chunk.local_block.data(), .output = chunk.gathered_blocks.data(),
+              .num_elements_by_rank = times(chunk.rows_by_rank, routing_bytes + row_bytes),
+              .dtype = DType::fp8_e4m3,
               .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
-              .timeout = config_.timeout});
-  chunk.routing_in_flight = comm::ring_all_gather(
-      comm_, {.input = chunk.local_routing.data(), .output = chunk.gathered_routing.data(),
-              .num_elements_by_rank = routing_words, .dtype = DType::i32,
-              .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_metadata : EpOp::forward_metadata),
               .timeout = config_.timeout});
 }
 
@@ -194,13 +194,29 @@ ExpertRows RingDispatcher::collect_rows(int c) {
   Chunk& chunk = *chunks_[c];
   // Test hook (core/fault_injection.h): fail with the token all-gather in flight.
   fault_point("dispatch", comm_.rank());
-  chunk.tokens_in_flight.wait();
-  chunk.routing_in_flight.wait();
+  chunk.gather_in_flight.wait();
 
+  // Rank r's block starts at its first slot times the bytes per token; its
+  // routing words are read with memcpy (a block starts at any byte offset).
   const int top_k = config_.top_k;
   const std::int64_t num_slots = chunk.num_slots;
+  const std::int64_t row_bytes = codec_.row_bytes(), routing_bytes = 8 * top_k;
+  const std::byte* blocks = chunk.gathered_blocks.data();
   Tensor x_all(DType::f32, {num_slots, config_.hidden});
-  codec_.decode(chunk.gathered_tokens.data(), num_slots, chunk.tensor_scale, x_all.data<float>());
+  for (int source = 0; source < comm_.size(); ++source) {
+    const std::int64_t first_slot = chunk.slot_offset[source], rows = chunk.rows_by_rank[source];
+    codec_.decode(blocks + first_slot * (routing_bytes + row_bytes) + rows * routing_bytes, rows,
+                  chunk.tensor_scale, x_all.data<float>() + first_slot * config_.hidden);
+  }
+  // Word w of slot g's routing (g in source's block).
+  auto routing_word = [&](int source, std::int64_t g, std::int64_t w) {
+    std::int32_t word;
+    std::memcpy(&word,
+                blocks + chunk.slot_offset[source] * (routing_bytes + row_bytes) +
+                    ((g - chunk.slot_offset[source]) * 2 * top_k + w) * 4,
+                sizeof word);
+    return word;
+  };
 
   RowEntries entries;
   chunk.entry_slot_k.clear();
@@ -222,7 +238,7 @@ ExpertRows RingDispatcher::collect_rows(int c) {
     const std::int64_t end = chunk.slot_offset[source] + chunk.rows_by_rank[source];
     for (std::int64_t g = chunk.slot_offset[source]; g < end; ++g) {
       for (int k = 0; k < top_k; ++k) {
-        const std::int32_t expert = chunk.gathered_routing[(g * 2) * top_k + k];
+        const std::int32_t expert = routing_word(source, g, k);
         int local = expert - first;
         if (replicas_) {
           // The positional rule, not the dedup-aware choice: this receiver
@@ -235,8 +251,9 @@ ExpertRows RingDispatcher::collect_rows(int c) {
         } else if (local < 0 || local >= num_local_experts_) {
           continue;
         }
+        const std::int32_t weight_bits = routing_word(source, g, top_k + k);
         float weight;
-        std::memcpy(&weight, &chunk.gathered_routing[(g * 2 + 1) * top_k + k], sizeof weight);
+        std::memcpy(&weight, &weight_bits, sizeof weight);
         entries.add(local, weight, g, g);
         chunk.entry_slot_k.push_back(g * top_k + k);
       }
