@@ -327,10 +327,10 @@ ExpertRows AllToAllDispatcher::collect_rows(int c, bool remat) {
   }
   EPMOE_CHECK_EQ(begin, static_cast<std::int64_t>(chunk.recv_message.size()));
   const std::int64_t num_rows = row;
-  Tensor x_recv(DType::f32, {num_rows, config_.hidden});
-  for (std::int64_t s = 0, first_row = 0; s < num_ranks; first_row += rows_from[s], ++s)
-    codec_.decode(message + tokens_at[s], rows_from[s], chunk.tensor_scale,
-                  x_recv.data<float>() + first_row * config_.hidden);
+  std::vector<const std::byte*>& row_address = plan_scratch_.row_address;
+  row_address.clear();
+  for (int s = 0; s < num_ranks; ++s)
+    for (std::int64_t i = 0; i < rows_from[s]; ++i) row_address.push_back(message + tokens_at[s] + i * row_bytes);
 
   if (remat) {
     EPMOE_CHECK(rows_from == chunk.recv_rows_per_rank && entries_from == chunk.recv_entries_per_rank);
@@ -340,7 +340,7 @@ ExpertRows AllToAllDispatcher::collect_rows(int c, bool remat) {
     chunk.rows_in_elements.resize(num_ranks);
     for (int s = 0; s < num_ranks; ++s) chunk.rows_in_elements[s] = rows_from[s] * config_.hidden;
   }
-  ExpertRows rows = build_expert_rows(x_recv.data<float>(), config_.hidden, entries, num_compute_experts(),
+  ExpertRows rows = build_expert_rows(codec_, chunk.tensor_scale, row_address, entries, num_compute_experts(),
                                       num_rows, &chunk.entry_of_row);
   return rows;
 }
@@ -441,7 +441,7 @@ std::int64_t AllToAllDispatcher::persistent_buffer_bytes() const {
   std::int64_t bytes = vector_capacity_bytes(plan_scratch_.pairs_per_expert, plan_scratch_.kept,
                                              plan_scratch_.rows_from, plan_scratch_.entries_from,
                                              plan_scratch_.tokens_at, plan_scratch_.token_bytes_to,
-                                             pair_destination_);
+                                             plan_scratch_.row_address, pair_destination_);
   for (std::size_t d = 0; d < plan_scratch_.rows_to.size(); ++d)
     bytes += vector_capacity_bytes(plan_scratch_.rows_to[d], plan_scratch_.entries_to[d], plan_scratch_.words_to[d]);
   for (const auto& chunk : chunks_) bytes += chunk->capacity_bytes();

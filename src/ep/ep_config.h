@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "ep/dispatcher.h"
+#include "ep/token_format.h"
 
 namespace epmoe::transport {
 class Communicator;
@@ -17,9 +18,6 @@ class Communicator;
 namespace epmoe::ep {
 
 enum class DispatchKind { alltoall, ring };
-// How tokens travel: f32, or fp8 e4m3 with one scale per tensor (from the
-// global absmax) or per token. Gradients always travel in f32.
-enum class TokenFormat { f32, fp8_tensor, fp8_token };
 // Ring of experts, backward: the output cotangent's all-gather is started
 // ahead and overlapped with compute (ring), or issued blocking where it is
 // needed (plain). Same bits either way.

@@ -1,14 +1,16 @@
 #include "ep/expert_rows.h"
 
+#include <cstring>
+
 #include "core/error.h"
+#include "core/threading.h"
+#include "ep/token_codec.h"
 #include "kernels/permute.h"
 
 namespace epmoe::ep {
 
-std::int64_t ExpertRows::size_bytes() const {
-  return x.size_bytes() +
-         static_cast<std::int64_t>(group_sizes.size() * sizeof(std::int64_t) +
-                                   weights.size() * sizeof(float) +
+std::int64_t ExpertRows::metadata_bytes() const {
+  return static_cast<std::int64_t>(group_sizes.size() * sizeof(std::int64_t) + weights.size() * sizeof(float) +
                                    slot_of_row.size() * sizeof(std::int64_t));
 }
 
@@ -19,9 +21,11 @@ void RowEntries::reserve(std::size_t n) {
   source_row.reserve(n);
 }
 
-ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries,
-                             int num_local_experts, std::int64_t num_slots,
-                             std::vector<std::int64_t>* entry_of_row) {
+namespace {
+
+// The sorted rows' metadata; source_of_row receives each sorted row's source row.
+ExpertRows sorted_metadata(const RowEntries& entries, int num_local_experts, std::int64_t num_slots,
+                           std::vector<std::int64_t>& source_of_row, std::vector<std::int64_t>* entry_of_row) {
   const ExpertPermutation perm = sort_by_expert(entries.local_expert, num_local_experts);
   const std::int64_t num_rows = static_cast<std::int64_t>(entries.size());
   ExpertRows rows;
@@ -29,7 +33,7 @@ ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const Row
   rows.group_sizes = perm.group_sizes;
   rows.weights.resize(entries.size());
   rows.slot_of_row.resize(entries.size());
-  std::vector<std::int64_t> source_of_row(entries.size());
+  source_of_row.resize(entries.size());
   for (std::int64_t r = 0; r < num_rows; ++r) {
     const std::int64_t entry = perm.sorted_to_pair[r];
     rows.weights[r] = entries.weight[entry];
@@ -37,9 +41,47 @@ ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const Row
     source_of_row[r] = entries.source_row[entry];
     EPMOE_DCHECK_LT(rows.slot_of_row[r], num_slots);
   }
-  rows.x = Tensor(DType::f32, {num_rows, hidden});
-  gather_rows(source, source_of_row, rows.x.data<float>(), hidden);
   if (entry_of_row != nullptr) *entry_of_row = perm.sorted_to_pair;
+  return rows;
+}
+
+}  // namespace
+
+ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries,
+                             int num_local_experts, std::int64_t num_slots,
+                             std::vector<std::int64_t>* entry_of_row) {
+  std::vector<std::int64_t> source_of_row;
+  ExpertRows rows = sorted_metadata(entries, num_local_experts, num_slots, source_of_row, entry_of_row);
+  rows.x = Tensor(DType::f32, {rows.num_rows(), hidden});
+  gather_rows(source, source_of_row, rows.x.data<float>(), hidden);
+  return rows;
+}
+
+ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale,
+                             std::span<const std::byte* const> row_address, const RowEntries& entries,
+                             int num_local_experts, std::int64_t num_slots,
+                             std::vector<std::int64_t>* entry_of_row) {
+  std::vector<std::int64_t> source_of_row;
+  ExpertRows rows = sorted_metadata(entries, num_local_experts, num_slots, source_of_row, entry_of_row);
+  const std::int64_t num_rows = rows.num_rows(), row_bytes = codec.row_bytes();
+  rows.x = Tensor(DType::f32, {num_rows, codec.hidden()});
+  // f32 rows are gathered straight into x; fp8 rows into the transfer form,
+  // then decoded (one pass over the sorted rows).
+  std::byte* gathered = reinterpret_cast<std::byte*>(rows.x.raw());
+  if (codec.is_fp8()) {
+    rows.transfer = {.bytes = std::vector<std::byte>(static_cast<std::size_t>(num_rows * row_bytes)),
+                     .format = codec.format(),
+                     .tensor_scale = tensor_scale};
+    gathered = rows.transfer.bytes.data();
+  }
+  parallel_for(num_rows, 256, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin; r < end; ++r) {
+      const std::int64_t source = source_of_row[r];
+      EPMOE_DCHECK_LT(source, static_cast<std::int64_t>(row_address.size()));
+      std::memcpy(gathered + r * row_bytes, row_address[source], static_cast<std::size_t>(row_bytes));
+    }
+  });
+  if (codec.is_fp8()) codec.decode(rows.transfer.bytes.data(), num_rows, tensor_scale, rows.x.data<float>());
   return rows;
 }
 

@@ -13,9 +13,20 @@
 #include <cstdint>
 #include <vector>
 
+#include <span>
+
 #include "core/tensor.h"
+#include "ep/token_format.h"
 
 namespace epmoe::ep {
+
+// Rows as they travelled in an fp8 format (TokenCodec), in the order of the
+// decoded rows they came with.
+struct TransferRows {
+  std::vector<std::byte> bytes;  // [num_rows, row_bytes]
+  TokenFormat format = TokenFormat::f32;
+  float tensor_scale = 1.0f;     // fp8_tensor
+};
 
 struct ExpertRows {
   Tensor x;                                // [num_rows, H] f32, sorted by local expert
@@ -23,15 +34,21 @@ struct ExpertRows {
   std::vector<float> weights;              // [num_rows] routing weight of each row
   std::vector<std::int64_t> slot_of_row;   // [num_rows] output slot each row adds into
   std::int64_t num_slots = 0;              // rows of this chunk's slot outputs
+  // fp8 tokens: the rows as they travelled, x being exactly their decoding,
+  // so the layer can keep x_sorted in that form (moe/saved_expert_rows.h).
+  // Empty when the rows travelled as f32.
+  TransferRows transfer;
 
-  std::int64_t num_rows() const { return x.empty() ? 0 : x.dim(0); }
-  // Bytes held: the rows plus the metadata (what saving x_sorted costs).
-  std::int64_t size_bytes() const;
+  std::int64_t num_rows() const { return static_cast<std::int64_t>(weights.size()); }
+  // Bytes of the routing metadata (weights, slots, group sizes).
+  std::int64_t metadata_bytes() const;
 };
 
 }  // namespace epmoe::ep
 
 namespace epmoe::ep {
+
+class TokenCodec;
 
 // Entries routed to this rank's experts, in the dispatcher's order; entry i
 // reads row source_row[i] of a [*, H] source matrix.
@@ -54,6 +71,13 @@ struct RowEntries {
 // Sorts the entries by local expert (stable) and gathers their rows.
 // `entry_of_row` (optional) receives, per sorted row, its entry index.
 ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries,
+                             int num_local_experts, std::int64_t num_slots,
+                             std::vector<std::int64_t>* entry_of_row);
+// The same for received rows in `codec`'s format, source row i at
+// row_address[i]: the sorted rows are gathered as they travelled (into
+// rows.transfer when fp8) and decoded into rows.x.
+ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale,
+                             std::span<const std::byte* const> row_address, const RowEntries& entries,
                              int num_local_experts, std::int64_t num_slots,
                              std::vector<std::int64_t>* entry_of_row);
 

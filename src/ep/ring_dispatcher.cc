@@ -56,6 +56,7 @@ struct RingDispatcher::Chunk {
   // K ids, then K weight bits), then its token rows (TokenCodec).
   std::vector<std::int32_t> local_routing;
   std::vector<std::byte> local_block, gathered_blocks;
+  std::vector<const std::byte*> row_address;  // per slot: its token row in gathered_blocks
   comm::CollectiveHandle gather_in_flight;
   bool gather_started = false;
   std::vector<std::int64_t> entry_of_row;
@@ -83,7 +84,7 @@ struct RingDispatcher::Chunk {
   // are the step's).
   std::int64_t capacity_bytes() const {
     return vector_capacity_bytes(rows_by_rank, slot_offset, local_routing, local_block, gathered_blocks,
-                                 entry_of_row, entry_slot_k, pairs_seen_start);
+                                 row_address, entry_of_row, entry_slot_k, pairs_seen_start);
   }
 };
 
@@ -202,11 +203,11 @@ ExpertRows RingDispatcher::collect_rows(int c) {
   const std::int64_t num_slots = chunk.num_slots;
   const std::int64_t row_bytes = codec_.row_bytes(), routing_bytes = 8 * top_k;
   const std::byte* blocks = chunk.gathered_blocks.data();
-  Tensor x_all(DType::f32, {num_slots, config_.hidden});
+  chunk.row_address.clear();
   for (int source = 0; source < comm_.size(); ++source) {
     const std::int64_t first_slot = chunk.slot_offset[source], rows = chunk.rows_by_rank[source];
-    codec_.decode(blocks + first_slot * (routing_bytes + row_bytes) + rows * routing_bytes, rows,
-                  chunk.tensor_scale, x_all.data<float>() + first_slot * config_.hidden);
+    const std::byte* tokens = blocks + first_slot * (routing_bytes + row_bytes) + rows * routing_bytes;
+    for (std::int64_t i = 0; i < rows; ++i) chunk.row_address.push_back(tokens + i * row_bytes);
   }
   // Word w of slot g's routing (g in source's block).
   auto routing_word = [&](int source, std::int64_t g, std::int64_t w) {
@@ -260,8 +261,8 @@ ExpertRows RingDispatcher::collect_rows(int c) {
     }
   }
   if (replicas_ && first_collect) pairs_seen_ = seen;
-  ExpertRows rows = build_expert_rows(x_all.data<float>(), config_.hidden, entries, num_compute_experts(),
-                                      num_slots, &chunk.entry_of_row);
+  ExpertRows rows = build_expert_rows(codec_, chunk.tensor_scale, chunk.row_address, entries,
+                                      num_compute_experts(), num_slots, &chunk.entry_of_row);
   return rows;
 }
 

@@ -39,6 +39,7 @@ class TokenCodec {
   TokenCodec(TokenFormat format, std::int64_t hidden);
 
   TokenFormat format() const { return format_; }
+  std::int64_t hidden() const { return hidden_; }
   bool is_fp8() const { return format_ != TokenFormat::f32; }
   std::int64_t row_bytes() const;
 

@@ -10,6 +10,7 @@
 #include "ep/replica_exchange.h"
 #include "kernels/gemm.h"
 #include "moe/local_experts.h"
+#include "moe/saved_expert_rows.h"
 
 namespace epmoe {
 
@@ -33,8 +34,8 @@ struct MoeLayer::Saved {
   ep::DispatchHandle dispatch;        // the step's dispatch, from begin_forward to finish_backward
   LocalExpertWeights expert_weights;  // the caller's; with replicas, per-group pointers (homes, then slots)
   RouterOutput routing;
-  std::vector<ep::ExpertRows> rows;               // [chunk]
-  std::vector<LedgerCharge> rows_metadata;        // [chunk] the rows' metadata bytes
+  std::vector<ep::ExpertRows> rows;               // [chunk] the chunk's rows while it computes
+  std::vector<SavedExpertRows> saved_rows;        // [chunk] x_sorted kept for the backward
   std::vector<ExpertActivations> activations;     // [chunk]
 };
 
@@ -193,7 +194,7 @@ void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
   }
   const int num_chunks = dispatcher_->num_chunks();
   s.rows.resize(static_cast<std::size_t>(num_chunks));
-  s.rows_metadata.resize(static_cast<std::size_t>(num_chunks));
+  s.saved_rows.resize(static_cast<std::size_t>(num_chunks));
   s.activations.resize(static_cast<std::size_t>(num_chunks));
   s.dispatch = dispatcher_->dispatch(x, {s.routing.topk_ids.data<std::int32_t>(),
                                  s.routing.topk_weights.data<float>(), x.dim(0), config_.router.top_k});
@@ -254,13 +255,9 @@ MoeForwardOutput MoeLayer::finish_forward() {
                        return "slot " + std::to_string(i / config_.hidden) + " of chunk " + std::to_string(c);
                      });
     }
-    if (remat.save_x_sorted) {
-      s.rows[c].x.attribute_to(ledger_, "saved/x_sorted");
-      s.rows_metadata[c] =
-          LedgerCharge(ledger_, "saved/x_sorted", s.rows[c].size_bytes() - s.rows[c].x.size_bytes());
-    } else {
-      s.rows[c] = ep::ExpertRows();
-    }
+    if (remat.save_x_sorted) s.saved_rows[c] = SavedExpertRows(std::move(s.rows[c]), config_.hidden,
+                                                               config_.compute_dtype, ledger_);
+    s.rows[c] = ep::ExpertRows();
     keep_or_drop(s.activations[c].mlpwi_0, remat.save_mlpwi_0, ledger_, "mlpwi_0");
     keep_or_drop(s.activations[c].mlpwi_1, remat.save_mlpwi_1, ledger_, "mlpwi_1");
     keep_or_drop(s.activations[c].mlpwo, remat.save_mlpwo, ledger_, "mlpwo");
@@ -353,10 +350,12 @@ MoeGradients MoeLayer::finish_backward() {
   }
   stats_.recomputed_bytes = 0;
   for (int c = 0; c < dispatcher_->num_chunks(); ++c) {
-    if (!config_.remat.save_x_sorted) {
+    if (config_.remat.save_x_sorted) {
+      s.rows[c] = s.saved_rows[c].restore();
+    } else {
       ScopedPhase phase(times, "backward_remat_dispatch");
       s.rows[c] = s.dispatch.redispatch_rows(c);
-      stats_.recomputed_bytes += s.rows[c].size_bytes();
+      stats_.recomputed_bytes += SavedExpertRows::bytes_of(s.rows[c], config_.hidden, config_.compute_dtype);
     }
     {
       ScopedPhase phase(times, "backward_remat_experts");
@@ -384,7 +383,7 @@ MoeGradients MoeLayer::finish_backward() {
     }
     // The chunk's saved state is no longer needed.
     s.rows[c] = ep::ExpertRows();
-    s.rows_metadata[c] = LedgerCharge();
+    s.saved_rows[c] = SavedExpertRows();
     s.activations[c] = ExpertActivations();
     ScopedPhase phase(times, "backward_dispatch");
     s.dispatch.return_gradients(c, std::move(expert_grads.slot_dx), std::move(expert_grads.row_dweights));

@@ -6,8 +6,8 @@
 
 namespace epmoe::plan {
 
-double x_sorted_bytes(double rows, double saved_row_bytes, std::int64_t experts_per_rank) {
-  return rows * saved_row_bytes + 12.0 * rows + 8.0 * double(experts_per_rank);
+double x_sorted_bytes(double rows, SavedRowForm form, std::int64_t hidden, std::int64_t experts_per_rank) {
+  return x_sorted_bundle_bytes(rows, form, hidden, experts_per_rank);
 }
 
 double routed_expert_activation_bytes(const std::string& name, double rows, std::int64_t hidden,
@@ -63,10 +63,12 @@ ActivationFootprint activation_footprint(const PlanConfig& c, const std::string&
     f = {t * h * a * all_layers, 2 * t * heads * att.v_head_dim * h * all_layers, all_layers};
   } else if (name == "x_sorted") {
     // Saved as it travelled: fp8 + scale when fp8_tokens is on (MaxText saves
-    // the quantized QArray leaf-wise). Recomputing it costs communication
-    // (communication_model.h "backward/remat"), and a sort, not FLOPs.
-    f = {x_sorted_bytes(buffered_rows, c.token_row_bytes(), c.model.num_experts / c.parallel.ep) * moe_layers, 0,
-         moe_layers};
+    // the quantized QArray leaf-wise), else in the activation type (the
+    // engine's definition, core/x_sorted_size.h). Recomputing it costs
+    // communication (communication_model.h "backward/remat"), and a sort,
+    // not FLOPs.
+    f = {x_sorted_bytes(buffered_rows, c.saved_row_form(), m.hidden, m.num_experts / c.parallel.ep) * moe_layers,
+         0, moe_layers};
   } else if (name == "mlpwi_0" || name == "mlpwi_1" || name == "mlpwo") {
     const bool wi = name != "mlpwo";
     // Routed rows, the shared experts (one fused MLP over all T tokens) and the dense layers' MLP.

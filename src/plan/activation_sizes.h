@@ -10,14 +10,15 @@
 #include <cstdint>
 #include <string>
 
+#include "core/x_sorted_size.h"
 #include "plan/plan_config.h"
 
 namespace epmoe::plan {
 
-// The engine's x_sorted bundle (ep/expert_rows.h) for `rows` routed rows:
-// the rows as saved, plus 12 bytes per row (f32 weight + i64 output slot) and
-// 8 per local expert (i64 group size).
-double x_sorted_bytes(double rows, double saved_row_bytes, std::int64_t experts_per_rank);
+// The engine's x_sorted bundle for `rows` routed rows, its rows kept in
+// `form`: the engine's own definition (core/x_sorted_size.h), so projection
+// and ledger agree by construction.
+double x_sorted_bytes(double rows, SavedRowForm form, std::int64_t hidden, std::int64_t experts_per_rank);
 // The engine's expert activations for `rows` routed rows: mlpwi_0 and mlpwi_1
 // [rows, F], mlpwo [rows, H], `element_bytes` each.
 double routed_expert_activation_bytes(const std::string& name, double rows, std::int64_t hidden,

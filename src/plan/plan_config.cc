@@ -106,6 +106,15 @@ double PlanConfig::token_row_bytes() const {
   return 0;
 }
 
+SavedRowForm PlanConfig::saved_row_form() const {
+  switch (token_transfer) {
+    case TokenTransfer::activation_dtype: break;
+    case TokenTransfer::fp8_tensor: return SavedRowForm::fp8_tensor;
+    case TokenTransfer::fp8_token: return SavedRowForm::fp8_token;
+  }
+  return activation_type == ElementType::bf16 ? SavedRowForm::bf16 : SavedRowForm::f32;
+}
+
 DispatchShape PlanConfig::dispatch_shape() const {
   return {.num_ranks = parallel.ep, .tokens_per_rank = parallel.tokens_per_device(), .hidden = model.hidden,
           .top_k = model.top_k, .num_experts = model.num_experts, .token_row_bytes = token_row_bytes(),

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/x_sorted_size.h"
+
 #include "plan/communication_model.h"
 #include "plan/hardware.h"
 #include "plan/model.h"
@@ -73,6 +75,9 @@ struct PlanConfig {
 
   RematChoice choice(const std::string& name) const { return remat.at(name); }
   double activation_bytes() const { return activation_type == ElementType::bf16 ? 2.0 : 4.0; }
+  // The form a saved x_sorted keeps its rows in (core/x_sorted_size.h): the
+  // transfer format with fp8 tokens, else the activation type.
+  SavedRowForm saved_row_form() const;
   // One token row as it travels forward (and as x_sorted is saved, see memory_model.h).
   double token_row_bytes() const;
   DispatchShape dispatch_shape() const;

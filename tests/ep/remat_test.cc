@@ -6,6 +6,9 @@
 //    rows a rank computes (rows·H·4 plus metadata: 8 bytes per local expert,
 //    12 per row); recomputed, its peak is zero, and the bytes recomputed and
 //    the extra communication are reported.
+//  * With fp8 tokens x_sorted is kept as it travelled: rows·H e4m3 bytes,
+//    plus 4 per row (fp8_token) or 4 per chunk (fp8_tensor), plus the
+//    metadata, exactly; R = 1-4, both dispatchers, chunks, dedup, replicas.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -36,7 +39,7 @@ TEST(Remat, GradientsAreBitIdenticalForEverySavedName) {
   for (int num_ranks : {1, 3, 4})
     for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring})
       for (int chunks : {1, 4})
-        for (auto tokens : {ep::TokenFormat::f32, ep::TokenFormat::fp8_token}) {
+        for (auto tokens : {ep::TokenFormat::f32, ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
           EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
           options.ep.num_chunks = chunks;
           options.ep.token_format = tokens;
@@ -81,6 +84,49 @@ TEST(Remat, LedgerPeakOfXSortedIsItsAnalyticSizeAndZeroWhenRecomputed) {
       EXPECT_EQ(saved.stats[r].bytes_sent.count(remat_key), 0u);
     }
   }
+}
+
+TEST(Remat, SavedXSortedKeepsTheFp8TransferFormatAtItsExactSize) {
+  const int num_experts = 12, top_k = 2;
+  const std::int64_t hidden = 16;
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
+  const MoeProblem p = testing::make_problem(48, hidden, 12, router, 53);
+  struct Case {
+    ep::DispatchKind dispatch;
+    int chunks;
+    bool dedup;
+    int slots;
+  };
+  const Case cases[] = {{ep::DispatchKind::alltoall, 1, false, 0}, {ep::DispatchKind::alltoall, 2, true, 0},
+                        {ep::DispatchKind::alltoall, 2, false, 1}, {ep::DispatchKind::ring, 1, false, 0},
+                        {ep::DispatchKind::ring, 3, false, 1}};
+  for (const int num_ranks : {1, 2, 3, 4})
+    for (const Case& c : cases)
+      for (const auto tokens : {ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
+        if (c.slots > 0 && num_ranks == 1) continue;  // replicas need another rank's experts
+        EpRunOptions options{.num_ranks = num_ranks, .dispatch = c.dispatch};
+        options.ep.num_chunks = c.chunks;
+        options.ep.dedup = c.dedup;
+        options.ep.token_format = tokens;
+        if (c.slots > 0) {
+          options.ep.balance = ep::BalanceMode::dynamic;
+          options.ep.redundant_slots = c.slots;
+        }
+        const EpRunResult run = testing::run_ep_layer(p, options);
+        for (int r = 0; r < num_ranks; ++r) {
+          const ep::DispatchStats& stats = run.stats[r];
+          std::int64_t rows = std::accumulate(stats.rows_per_local_expert.begin(), stats.rows_per_local_expert.end(),
+                                              std::int64_t{0});
+          rows = std::accumulate(stats.rows_per_slot.begin(), stats.rows_per_slot.end(), rows);
+          const std::int64_t groups = num_experts / num_ranks + c.slots;
+          const bool per_row_scale = tokens == ep::TokenFormat::fp8_token;
+          const std::int64_t expected =
+              rows * (hidden + (per_row_scale ? 4 : 0) + 12) + c.chunks * (8 * groups + (per_row_scale ? 0 : 4));
+          EXPECT_EQ(run.memory[r].peak_bytes_by_name.at("saved/x_sorted"), expected)
+              << "R" << num_ranks << " " << ep::to_string(c.dispatch) << " chunks " << c.chunks << " dedup "
+              << c.dedup << " slots " << c.slots << " " << ep::to_string(tokens) << " rank " << r;
+        }
+      }
 }
 
 }  // namespace

@@ -105,7 +105,10 @@ TEST(StepTime, MeanRingHops) {
 
 TEST(Memory, XSortedBundleByHand) {
   // 10 rows of 40 bytes, 12 B metadata per row, 8 per local expert.
-  EXPECT_DOUBLE_EQ(x_sorted_bytes(10, 40, 2), 400 + 120 + 16);
+  EXPECT_DOUBLE_EQ(x_sorted_bytes(10, SavedRowForm::f32, 10, 2), 400 + 120 + 16);
+  EXPECT_DOUBLE_EQ(x_sorted_bytes(10, SavedRowForm::bf16, 10, 2), 200 + 120 + 16);
+  EXPECT_DOUBLE_EQ(x_sorted_bytes(10, SavedRowForm::fp8_tensor, 10, 2), 100 + 4 + 120 + 16);
+  EXPECT_DOUBLE_EQ(x_sorted_bytes(10, SavedRowForm::fp8_token, 10, 2), 140 + 120 + 16);
   EXPECT_DOUBLE_EQ(routed_expert_activation_bytes("mlpwi_0", 10, 8, 6, 4), 240);
   EXPECT_DOUBLE_EQ(routed_expert_activation_bytes("mlpwo", 10, 8, 6, 4), 320);
 }

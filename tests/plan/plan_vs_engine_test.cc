@@ -15,6 +15,7 @@
 #include <set>
 
 #include "ep/ep_harness.h"
+#include "kernels/gemm.h"
 #include "plan/activation_sizes.h"
 #include "plan/communication_model.h"
 #include "plan/plan_config.h"
@@ -131,27 +132,60 @@ TEST(PlanVsEngine, SavedActivationsMatchTheLedger) {
   const std::int64_t hidden = 8, ffn = 6, tokens_per_rank = 1024;
   RouterConfig router{.kind = RouterKind::random, .num_experts = num_experts, .top_k = top_k, .seed = 7};
   const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, ffn, router, 90);
-  const plan::PlanConfig c = one_layer_config(num_ranks, tokens_per_rank, hidden, ffn, num_experts, top_k);
+  const std::pair<ep::TokenFormat, plan::TokenTransfer> formats[] = {
+      {ep::TokenFormat::f32, plan::TokenTransfer::activation_dtype},
+      {ep::TokenFormat::fp8_tensor, plan::TokenTransfer::fp8_tensor},
+      {ep::TokenFormat::fp8_token, plan::TokenTransfer::fp8_token}};
+  for (const auto& [format, transfer] : formats) {
+    plan::PlanConfig c = one_layer_config(num_ranks, tokens_per_rank, hidden, ffn, num_experts, top_k);
+    c.token_transfer = transfer;
+    for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+      EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
+      options.ep.token_format = format;
+      const EpRunResult run = testing::run_ep_layer(p, options);
+      for (int r = 0; r < num_ranks; ++r) {
+        const auto& peaks = run.memory[r].peak_bytes_by_name;
+        const auto& groups = run.stats[r].rows_per_local_expert;
+        const double rows = double(std::accumulate(groups.begin(), groups.end(), std::int64_t{0}));
+        const std::string what = ep::to_string(dispatch) + " " + ep::to_string(format) + " rank " + std::to_string(r);
+        // Exact at the measured rows.
+        EXPECT_EQ(double(peaks.at("saved/x_sorted")),
+                  plan::x_sorted_bytes(rows, c.saved_row_form(), hidden, num_experts / num_ranks))
+            << what;
+        for (const char* name : {"mlpwi_0", "mlpwi_1", "mlpwo"})
+          EXPECT_EQ(double(peaks.at(std::string("saved/") + name)),
+                    plan::routed_expert_activation_bytes(name, rows, hidden, ffn, 4))
+              << what << " " << name;
+        // The projection (uniform routing, N_l·K rows) within 5%.
+        for (const char* name : {"x_sorted", "mlpwi_0", "mlpwi_1", "mlpwo"}) {
+          const double projected = plan::activation_footprint(c, name).bytes_per_device;
+          const double measured = double(peaks.at(std::string("saved/") + name));
+          EXPECT_NEAR(projected / measured, 1.0, 0.05) << what << " " << name;
+        }
+      }
+    }
+  }
+}
+
+// compute_dtype=bf16 with f32 tokens: x_sorted is kept in bf16, 2 bytes per
+// value, and the plan (activation_type=bf16) predicts it exactly.
+TEST(PlanVsEngine, Bf16OperandsKeepXSortedInBf16) {
+  if (!bf16_gemm_supported()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (it needs AVX-512)";
+  const int num_ranks = 2, num_experts = 4, top_k = 2;
+  const std::int64_t hidden = 8, ffn = 6, tokens_per_rank = 64;
+  RouterConfig router{.kind = RouterKind::random, .num_experts = num_experts, .top_k = top_k, .seed = 7};
+  const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, ffn, router, 91);
+  plan::PlanConfig c = one_layer_config(num_ranks, tokens_per_rank, hidden, ffn, num_experts, top_k);
+  c.activation_type = plan::ElementType::bf16;
   for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
-    const EpRunResult run = testing::run_ep_layer(p, {.num_ranks = num_ranks, .dispatch = dispatch});
+    const EpRunResult run =
+        testing::run_ep_layer(p, {.num_ranks = num_ranks, .dispatch = dispatch, .compute_dtype = ComputeDType::bf16});
     for (int r = 0; r < num_ranks; ++r) {
-      const auto& peaks = run.memory[r].peak_bytes_by_name;
       const auto& groups = run.stats[r].rows_per_local_expert;
       const double rows = double(std::accumulate(groups.begin(), groups.end(), std::int64_t{0}));
-      const std::string what = ep::to_string(dispatch) + " rank " + std::to_string(r);
-      // Exact at the measured rows.
-      EXPECT_EQ(double(peaks.at("saved/x_sorted")), plan::x_sorted_bytes(rows, 4.0 * hidden, num_experts / num_ranks))
-          << what;
-      for (const char* name : {"mlpwi_0", "mlpwi_1", "mlpwo"})
-        EXPECT_EQ(double(peaks.at(std::string("saved/") + name)),
-                  plan::routed_expert_activation_bytes(name, rows, hidden, ffn, 4))
-            << what << " " << name;
-      // The projection (uniform routing, N_l·K rows) within 5%.
-      for (const char* name : {"x_sorted", "mlpwi_0", "mlpwi_1", "mlpwo"}) {
-        const double projected = plan::activation_footprint(c, name).bytes_per_device;
-        const double measured = double(peaks.at(std::string("saved/") + name));
-        EXPECT_NEAR(projected / measured, 1.0, 0.05) << what << " " << name;
-      }
+      EXPECT_EQ(double(run.memory[r].peak_bytes_by_name.at("saved/x_sorted")),
+                plan::x_sorted_bytes(rows, c.saved_row_form(), hidden, num_experts / num_ranks))
+          << ep::to_string(dispatch) << " rank " << r;
     }
   }
 }
