@@ -274,6 +274,7 @@ int run_replicas_bench(const BenchArgs& args) {
       for (const int slots : slot_counts) {
         Timing result_timing;
         std::vector<ep::DispatchStats> stats(static_cast<std::size_t>(shape.num_ranks));
+        std::vector<ep::ReplicaStats> replica_stats(static_cast<std::size_t>(shape.num_ranks));
         std::vector<float> y_sample;
         transport::threads::run_ranks(shape.num_ranks, threads, [&](transport::Communicator& comm) {
           Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
@@ -305,6 +306,7 @@ int run_replicas_bench(const BenchArgs& args) {
             layer.backward(dy);
           });
           stats[comm.rank()] = layer.dispatch_stats();
+          replica_stats[comm.rank()] = layer.replica_stats();
           if (comm.rank() == 0) {
             result_timing = t;
             y_sample.assign(y.span<float>().begin(), y.span<float>().end());
@@ -316,8 +318,8 @@ int run_replicas_bench(const BenchArgs& args) {
           if (auto it = s.bytes_sent.find("forward/replica weights"); it != s.bytes_sent.end()) weight_bytes += it->second;
           if (auto it = s.bytes_sent.find("backward/replica gradients"); it != s.bytes_sent.end())
             gradient_bytes += it->second;
-          planner_us = std::max(planner_us, s.planner_seconds * 1e6);
         }
+        for (const auto& s : replica_stats) planner_us = std::max(planner_us, s.planner_seconds * 1e6);
         if (slots == 0) {
           off_median = result_timing.median_s;
           y_off = y_sample;
@@ -332,7 +334,7 @@ int run_replicas_bench(const BenchArgs& args) {
                                 " disagrees with replicas off: " + std::to_string(max_diff));
         }
         // Loads without a plan: rows per rank measured with B = 0.
-        double before = stats[0].max_over_mean_before, after = stats[0].max_over_mean_after;
+        double before = replica_stats[0].max_over_mean_before, after = replica_stats[0].max_over_mean_after;
         if (slots == 0) {
           std::vector<std::int64_t> loads;
           for (const auto& s : stats) {
@@ -350,8 +352,8 @@ int run_replicas_bench(const BenchArgs& args) {
         std::printf("%-8s %-9s %3d %10.2f %7.2fx %9.3f %9.3f %9d %14.2f %14.2f %9.1f\n",
                     placement == balance::HotExpertPlacement::packed ? "packed" : "spread",
                     ep::to_string(dispatch).c_str(), slots, result_timing.median_s * 1e3,
-                    off_median / result_timing.median_s, before, after, stats[0].num_replicas, weight_bytes / 1e6,
-                    gradient_bytes / 1e6, planner_us);
+                    off_median / result_timing.median_s, before, after, replica_stats[0].num_replicas,
+                    weight_bytes / 1e6, gradient_bytes / 1e6, planner_us);
       }
     }
   }

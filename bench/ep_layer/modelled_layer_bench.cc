@@ -94,6 +94,7 @@ struct RankOutcome {
   ModelledTotals totals;
   std::vector<ModelledCollective> collectives;
   ep::DispatchStats dispatch;
+  ep::ReplicaStats replicas;
   std::map<std::string, double> phases;  // modelled seconds
   std::int64_t saved_peak_bytes = 0, recomputed_bytes = 0;
 };
@@ -165,7 +166,7 @@ struct Outcome {
     for (const RankOutcome& r : ranks) {
       std::int64_t n = 0;
       for (std::int64_t v : r.dispatch.rows_per_local_expert) n += v;
-      for (std::int64_t v : r.dispatch.rows_per_slot) n += v;
+      for (std::int64_t v : r.replicas.rows_per_slot) n += v;
       rows.push_back(n);
     }
     return rows;
@@ -260,6 +261,7 @@ class Runner {
       mine.totals = clock.totals();
       mine.collectives = clock.collectives(0);
       mine.dispatch = layer.dispatch_stats();
+      mine.replicas = layer.replica_stats();
       mine.phases = layer.stats().phase_seconds.seconds();
       mine.saved_peak_bytes = layer.stats().saved_activation_peak_bytes;
       mine.recomputed_bytes = layer.stats().recomputed_bytes;
@@ -470,7 +472,7 @@ void replicas_table(const BenchArgs& args, const Runner& runner, const LayerShap
       else verify_same(args, "redundant_slots=" + std::to_string(b), base, o);
       std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %d | %.2f |\n", ep::to_string(dispatch).c_str(),
                   b, us(o.step()), double(base.step()) / double(o.step()), us(o.max_compute()),
-                  o.mean_compute() * 1e-6, max_over_mean(o.rank_rows()), o.ranks[0].dispatch.num_replicas,
+                  o.mean_compute() * 1e-6, max_over_mean(o.rank_rows()), o.ranks[0].replicas.num_replicas,
                   mb(o.total_bytes("forward/replica weights") + o.total_bytes("backward/replica gradients")));
     }
   }

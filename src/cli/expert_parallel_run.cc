@@ -129,15 +129,16 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
   report.saved_activation_peak_bytes = layer.stats().saved_activation_peak_bytes;
   for (const auto& [name, entry] : ledger.snapshot().by_name) report.saved_peak_bytes_by_name[name] = entry.peak_bytes;
   report.recomputed_bytes = layer.stats().recomputed_bytes;
-  report.rows_per_slot = dispatch.rows_per_slot;
-  report.slot_experts = dispatch.slot_experts;
-  report.rank_loads_before = dispatch.rank_loads_before;
-  report.rank_loads_after = dispatch.rank_loads_after;
-  report.max_over_mean_before = dispatch.max_over_mean_before;
-  report.max_over_mean_after = dispatch.max_over_mean_after;
-  report.ideal_max_over_mean = dispatch.ideal_max_over_mean;
-  report.num_replicas = dispatch.num_replicas;
-  report.planner_seconds = dispatch.planner_seconds;
+  const ep::ReplicaStats& replicas = layer.replica_stats();
+  report.rows_per_slot = replicas.rows_per_slot;
+  report.slot_experts = replicas.slot_experts;
+  report.rank_loads_before = replicas.rank_loads_before;
+  report.rank_loads_after = replicas.rank_loads_after;
+  report.max_over_mean_before = replicas.max_over_mean_before;
+  report.max_over_mean_after = replicas.max_over_mean_after;
+  report.ideal_max_over_mean = replicas.ideal_max_over_mean;
+  report.num_replicas = replicas.num_replicas;
+  report.planner_seconds = replicas.planner_seconds;
   return run;
 }
 

@@ -82,7 +82,7 @@ AllToAllDispatcher::AllToAllDispatcher(transport::Communicator& comm, EpConfig c
       num_local_experts_((config_.validate(comm.size()), config_.num_experts / comm.size())),
       codec_(config_.token_format, config_.hidden) {
   stats_.reset(num_local_experts_);
-  if (config_.replicas_enabled()) replicas_ = std::make_unique<ReplicaExchange>(comm_, config_, &stats_);
+  if (config_.replicas_enabled()) replicas_ = std::make_unique<ReplicaExchange>(comm_, config_, &stats_.bytes_sent);
 }
 
 AllToAllDispatcher::~AllToAllDispatcher() = default;
@@ -264,6 +264,7 @@ ExpertRows AllToAllDispatcher::receive_rows(int c) {
     send_tokens(c + 1, false);
   }
   stats_.count_rows(rows, num_local_experts_);
+  if (replicas_) replicas_->count_slot_rows(rows);
   return rows;
 }
 

@@ -41,7 +41,10 @@ struct DispatchGradients {
 // What a dispatcher measured over the last forward + backward.
 struct DispatchStats {
   // Bytes this rank sent, by collective ("forward/all_to_all_v tokens", ...;
-  // "backward/remat ..." is what recomputing x_sorted costs).
+  // "backward/remat ..." is what recomputing x_sorted costs). Dynamic
+  // replicas' weights and gradients are here too ("forward/replica weights",
+  // "backward/replica gradients"); their other statistics are the exchange's
+  // (ep/replica_stats.h).
   std::map<std::string, std::int64_t> bytes_sent;
   // Rows this rank's experts computed, per local expert (all chunks).
   std::vector<std::int64_t> rows_per_local_expert;
@@ -49,25 +52,9 @@ struct DispatchStats {
   std::int64_t dropped_pairs = 0;
   PhaseTimes phase_seconds;  // dispatch, combine, backward_* (waits included)
 
-  // Dynamic replicas (balance=dynamic, ep/replica_exchange.h); empty or zero
-  // when off. Weight and gradient bytes are in bytes_sent under
-  // "forward/replica weights" and "backward/replica gradients".
-  std::vector<std::int64_t> rows_per_slot;    // [B] rows this rank's redundant slots computed
-  std::vector<int> slot_experts;              // [B] expert each slot held (-1: empty)
-  std::vector<std::int64_t> slot_quotas;      // [B] rows the plan gave each slot
-  std::vector<std::int64_t> home_quotas;      // [E_l] rows the plan left with each home expert
-  std::vector<std::int64_t> rank_loads_before;  // [R] rows per rank with every expert at home
-  std::vector<std::int64_t> rank_loads_after;   // [R] rows per rank under the plan
-  double max_over_mean_before = 1.0, max_over_mean_after = 1.0;
-  // ceil(total / R) / mean: the best any plan reaches; after > ideal means
-  // the B slots did not allow it (balance/replica_planner.h).
-  double ideal_max_over_mean = 1.0;
-  int num_replicas = 0;             // occupied slots over all ranks
-  int slots_refreshed = 0;          // this rank's slots that received weights this step
-  double planner_seconds = 0.0;     // counts all-gather excluded
-
   void reset(int num_local_experts);
-  // Adds a chunk's rows: home experts' groups, then the replica slots'.
+  // Adds a chunk's rows of the home experts' groups; a replica slot's
+  // (E_l + b) are the exchange's (ReplicaExchange::count_slot_rows).
   void count_rows(const ExpertRows& rows, int num_local_experts);
 };
 
@@ -88,7 +75,8 @@ class Dispatcher {
   // Dynamic replicas: non-null when balance=dynamic with redundant slots.
   // Then the rows' local expert index runs over E_l home experts followed by
   // the B redundant slots (index E_l + b is slot b), and the layer computes
-  // on E_l + B experts' weights (ep/replica_exchange.h).
+  // on E_l + B experts' weights (ep/replica_exchange.h). The exchange's
+  // statistics are its own: replicas()->stats().
   virtual ReplicaExchange* replicas() { return nullptr; }
   virtual int num_compute_experts() const { return num_local_experts(); }  // E_l (+ B)
 

@@ -15,10 +15,11 @@
 
 namespace epmoe::ep {
 
-ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config, DispatchStats* stats)
+ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config,
+                                 std::map<std::string, std::int64_t>* bytes_sent)
     : comm_(comm),
       config_(config),
-      stats_(stats),
+      bytes_sent_(bytes_sent),
       num_ranks_(comm.size()),
       num_experts_(config.num_experts),
       num_local_experts_(config.num_experts / comm.size()),
@@ -26,11 +27,12 @@ ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& 
       homes_(balance::contiguous_home_ranks(config.num_experts, comm.size())),
       held_expert_(static_cast<std::size_t>(num_ranks_) * num_slots_, balance::kEmptySlot),
       held_version_(held_expert_.size(), 0) {
-  EPMOE_CHECK(stats_ != nullptr);
+  EPMOE_CHECK(bytes_sent_ != nullptr);
   EPMOE_CHECK(config.replicas_enabled());
 }
 
 void ReplicaExchange::plan_step(const RoutingView& routing) {
+  stats_.reset();
   std::vector<std::int64_t> local(static_cast<std::size_t>(num_experts_), 0);
   const std::int64_t num_pairs = routing.num_tokens * routing.top_k;
   for (std::int64_t i = 0; i < num_pairs; ++i) {
@@ -71,15 +73,15 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
                                     .rebalance_threshold = config_.rebalance_threshold},
                                    held_expert_);
   }
-  stats_->planner_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.planner_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // Per copy: its local expert index.
   copy_local_.assign(plan_.copies.size(), 0);
   const int me = comm_.rank();
-  stats_->home_quotas.assign(static_cast<std::size_t>(num_local_experts_), 0);
-  stats_->slot_quotas.assign(static_cast<std::size_t>(num_slots_), 0);
-  stats_->slot_experts.assign(static_cast<std::size_t>(num_slots_), balance::kEmptySlot);
-  for (int b = 0; b < num_slots_; ++b) stats_->slot_experts[b] = plan_.slot_expert(me, b);
+  stats_.home_quotas.assign(static_cast<std::size_t>(num_local_experts_), 0);
+  stats_.slot_quotas.assign(static_cast<std::size_t>(num_slots_), 0);
+  stats_.slot_experts.assign(static_cast<std::size_t>(num_slots_), balance::kEmptySlot);
+  for (int b = 0; b < num_slots_; ++b) stats_.slot_experts[b] = plan_.slot_expert(me, b);
   for (int e = 0; e < num_experts_; ++e) {
     std::int64_t end = 0;
     for (int i = plan_.copy_offsets[e]; i < plan_.copy_offsets[e + 1]; ++i) {
@@ -88,7 +90,7 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
       if (i == plan_.copy_offsets[e]) {
         EPMOE_CHECK_EQ(copy.rank, homes_[e]);
         copy_local_[i] = e - copy.rank * num_local_experts_;
-        if (copy.rank == me) stats_->home_quotas[copy_local_[i]] = copy.token_quota;
+        if (copy.rank == me) stats_.home_quotas[copy_local_[i]] = copy.token_quota;
         continue;
       }
       int slot = -1;
@@ -96,7 +98,7 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
         if (plan_.slot_expert(copy.rank, b) == e) slot = b;
       EPMOE_CHECK_GE(slot, 0);  // a replica always sits in a slot of its rank
       copy_local_[i] = num_local_experts_ + slot;
-      if (copy.rank == me) stats_->slot_quotas[slot] = copy.token_quota;
+      if (copy.rank == me) stats_.slot_quotas[slot] = copy.token_quota;
     }
     EPMOE_CHECK_EQ(end, global[e]);
   }
@@ -110,13 +112,18 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
     for (int e = 0; e < num_experts_; ++e)
       for (int i = plan_.copy_offsets[e] + 1; i < plan_.copy_offsets[e + 1]; ++i) row[i] += row[i - 1];
   }
-  stats_->rows_per_slot.assign(static_cast<std::size_t>(num_slots_), 0);
-  stats_->rank_loads_before = plan_.rank_loads_before;
-  stats_->rank_loads_after = plan_.rank_loads_after;
-  stats_->max_over_mean_before = plan_.before.max_over_mean();
-  stats_->max_over_mean_after = plan_.after.max_over_mean();
-  stats_->ideal_max_over_mean = plan_.before.ideal_max_over_mean();
-  stats_->num_replicas = plan_.num_replicas();
+  stats_.rows_per_slot.assign(static_cast<std::size_t>(num_slots_), 0);
+  stats_.rank_loads_before = plan_.rank_loads_before;
+  stats_.rank_loads_after = plan_.rank_loads_after;
+  stats_.max_over_mean_before = plan_.before.max_over_mean();
+  stats_.max_over_mean_after = plan_.after.max_over_mean();
+  stats_.ideal_max_over_mean = plan_.before.ideal_max_over_mean();
+  stats_.num_replicas = plan_.num_replicas();
+}
+
+void ReplicaExchange::count_slot_rows(const ExpertRows& rows) {
+  std::vector<std::int64_t>& slot_rows = stats_.rows_per_slot;  // [B] once a step is planned
+  for (std::size_t b = 0; b < slot_rows.size(); ++b) slot_rows[b] += rows.group_sizes[num_local_experts_ + b];
 }
 
 PairDestination ReplicaExchange::destination(int source, int expert, std::int64_t index) const {
@@ -264,7 +271,7 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
       }
     }
   weight_bytes_in_flight_ = bytes;
-  stats_->slots_refreshed = refreshed;
+  stats_.slots_refreshed = refreshed;
 }
 
 std::int64_t ReplicaExchange::finish_slot_weights() {
@@ -275,7 +282,7 @@ std::int64_t ReplicaExchange::finish_slot_weights() {
     ~ClearOnExit() { requests.clear(); }
   } clear_on_exit{weight_requests_};
   for (auto& request : weight_requests_) request->wait(config_.timeout);
-  stats_->bytes_sent["forward/replica weights"] += weight_bytes_in_flight_;
+  (*bytes_sent_)["forward/replica weights"] += weight_bytes_in_flight_;
   return std::exchange(weight_bytes_in_flight_, 0);
 }
 
@@ -320,7 +327,7 @@ std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& h
       for (std::int64_t j = 0; j < n; ++j) dst[j] += src[j];
     }
   }
-  stats_->bytes_sent["backward/replica gradients"] += bytes;
+  (*bytes_sent_)["backward/replica gradients"] += bytes;
   return bytes;
 }
 

@@ -49,13 +49,16 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "balance/replica_plan.h"
 #include "ep/dispatcher.h"
 #include "core/tensor.h"
 #include "ep/ep_config.h"
+#include "ep/replica_stats.h"
 #include "transport/communicator.h"
 
 namespace epmoe::ep {
@@ -84,9 +87,14 @@ struct HomeExpertGradients {
 
 class ReplicaExchange {
  public:
-  // `stats` (not owned) is the dispatcher's; the exchange fills its replica
-  // fields and bytes_sent entries.
-  ReplicaExchange(transport::Communicator& comm, const EpConfig& config, DispatchStats* stats);
+  // `bytes_sent` (not owned) is the dispatcher's DispatchStats::bytes_sent:
+  // the exchange adds its weights' and gradients' bytes there because that
+  // map is the one place every collective's bytes are reported, and because
+  // MoeLayer drives those transfers on the exchange directly, so the
+  // dispatcher never sees their byte counts to add them itself. Everything
+  // else the exchange measures is its own (stats()).
+  ReplicaExchange(transport::Communicator& comm, const EpConfig& config,
+                  std::map<std::string, std::int64_t>* bytes_sent);
 
   int num_local_experts() const { return num_local_experts_; }  // E_l
   int num_slots() const { return num_slots_; }                  // B
@@ -95,7 +103,14 @@ class ReplicaExchange {
   std::int64_t buffer_bytes() const;
 
   // Collective (every rank, same step): counts, all-gather, plan. Blocking.
+  // Starts the step's statistics afresh.
   void plan_step(const RoutingView& routing);
+  // Adds a chunk's rows of the B slots (local experts E_l + b) to
+  // stats().rows_per_slot; the dispatcher calls it beside
+  // DispatchStats::count_rows, which counts the home experts'.
+  void count_slot_rows(const ExpertRows& rows);
+  // This rank's view of the step planned last (reset by plan_step).
+  const ReplicaStats& stats() const { return stats_; }
   const balance::ReplicaPlan& plan() const { return plan_; }
   std::int64_t count(int rank, int expert) const { return counts_[rank * num_experts_ + expert]; }
 
@@ -139,7 +154,8 @@ class ReplicaExchange {
  private:
   transport::Communicator& comm_;
   EpConfig config_;
-  DispatchStats* stats_;
+  std::map<std::string, std::int64_t>* bytes_sent_;  // the dispatcher's (see the constructor)
+  ReplicaStats stats_;
   int num_ranks_, num_experts_, num_local_experts_, num_slots_;
   std::vector<int> homes_;
   std::vector<std::int64_t> counts_;          // [R * E] all-gathered

@@ -95,7 +95,7 @@ RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config)
       codec_(config_.token_format, config_.hidden) {
   EPMOE_CHECK(config_.capacity_factor == 0.0);  // the ring moves every token; nothing to cap
   stats_.reset(num_local_experts_);
-  if (config_.replicas_enabled()) replicas_ = std::make_unique<ReplicaExchange>(comm_, config_, &stats_);
+  if (config_.replicas_enabled()) replicas_ = std::make_unique<ReplicaExchange>(comm_, config_, &stats_.bytes_sent);
 }
 
 RingDispatcher::~RingDispatcher() = default;
@@ -182,6 +182,7 @@ ExpertRows RingDispatcher::receive_rows(int c) {
   ExpertRows rows = collect_rows(c);
   if (c + 1 < config_.num_chunks && !chunks_[c + 1]->gather_started) start_gather(c + 1, false);
   stats_.count_rows(rows, num_local_experts_);
+  if (replicas_) replicas_->count_slot_rows(rows);
   return rows;
 }
 

@@ -68,8 +68,8 @@ nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes, const st
     saved_peak = std::max(saved_peak, layer.stats().saved_activation_peak_bytes);
     dropped += layer.dispatch_stats().dropped_pairs;
     // The replica plan's per-rank loads after balancing (null without replicas).
-    const ep::DispatchStats& stats = layer.dispatch_stats();
-    after.push_back(stats.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(stats.max_over_mean_after));
+    const ep::ReplicaStats& plan = layer.replica_stats();
+    after.push_back(plan.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(plan.max_over_mean_after));
   }
   bytes["gradients/all_reduce"] = grad_bytes;
   nlohmann::json report = {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"dropped", dropped}, {"after", after}};

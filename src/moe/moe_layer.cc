@@ -277,6 +277,12 @@ MoeForwardOutput MoeLayer::finish_forward() {
   return out;
 }
 
+const ep::ReplicaStats& MoeLayer::replica_stats() const {
+  static const ep::ReplicaStats kNoReplicas;
+  const ep::ReplicaExchange* replicas = dispatcher_->replicas();
+  return replicas != nullptr ? replicas->stats() : kNoReplicas;
+}
+
 std::vector<std::int64_t> MoeLayer::balance_state() const {
   const ep::ReplicaExchange* replicas = dispatcher_->replicas();
   return replicas != nullptr ? replicas->planning_state() : std::vector<std::int64_t>{};

@@ -34,6 +34,7 @@
 #include "core/timer.h"
 #include "ep/dispatcher.h"
 #include "ep/remat_policy.h"
+#include "ep/replica_stats.h"
 #include "kernels/compute_dtype.h"
 #include "moe/router.h"
 
@@ -165,6 +166,10 @@ class MoeLayer {
 
   const MoeLayerStats& stats() const { return stats_; }
   const ep::DispatchStats& dispatch_stats() const { return dispatcher_->stats(); }
+  // The replica exchange's last step (ep/replica_stats.h); without replicas
+  // an all-default ReplicaStats (empty, zero counts, ratios 1), so a reader
+  // needs no branch.
+  const ep::ReplicaStats& replica_stats() const;
   int num_local_experts() const { return dispatcher_->num_local_experts(); }
 
  private:

@@ -64,6 +64,9 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   std::vector<Tensor> dgates(static_cast<std::size_t>(num_ranks));
   result.step_stats.assign(std::max<std::size_t>(1, options.weight_versions.size()),
                            std::vector<ep::DispatchStats>(static_cast<std::size_t>(num_ranks)));
+  result.replica_stats.resize(static_cast<std::size_t>(num_ranks));
+  result.step_replica_stats.assign(result.step_stats.size(),
+                                   std::vector<ep::ReplicaStats>(static_cast<std::size_t>(num_ranks)));
   ep::EpConfig config = options.ep;
   config.num_experts = e;
   config.top_k = k;
@@ -107,6 +110,7 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
         grads = layer.finish_backward();
       }
       result.step_stats[step][r] = layer.dispatch_stats();
+      result.step_replica_stats[step][r] = layer.replica_stats();
     }
     copy_rows_into(result.y, t0, out.y);
     copy_rows_into(result.topk_ids, t0, out.topk_ids);
@@ -117,6 +121,7 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     copy_rows_into(result.grads.dwo, e0, grads.dwo);
     dgates[r] = std::move(grads.dgate);
     result.stats[r] = layer.dispatch_stats();
+    result.replica_stats[r] = layer.replica_stats();
     const LedgerSnapshot snapshot = ledger.snapshot();
     for (const auto& [name, entry] : snapshot.by_name) {
       result.memory[r].peak_bytes_by_name[name] = entry.peak_bytes;

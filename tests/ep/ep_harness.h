@@ -53,6 +53,10 @@ struct EpRunResult {
   std::vector<ep::DispatchStats> stats;      // per rank, last step
   std::vector<RankMemory> memory;            // per rank
   std::vector<std::vector<ep::DispatchStats>> step_stats;  // [step][rank]
+  // The replica exchange's (MoeLayer::replica_stats; all-default without
+  // replicas), as stats and step_stats.
+  std::vector<ep::ReplicaStats> replica_stats;                     // per rank, last step
+  std::vector<std::vector<ep::ReplicaStats>> step_replica_stats;   // [step][rank]
 };
 
 EpRunResult run_ep_layer(const MoeProblem& problem, const EpRunOptions& options);

@@ -10,6 +10,8 @@
 //    the reference's, which holds every token's contribution exactly once;
 //  * replica weights are not resent while the weight version is unchanged,
 //    and are resent when it changes;
+//  * the exchange's statistics (ep/replica_stats.h) are each step's own:
+//    rows per slot and slots refreshed do not carry over between steps;
 //  * locality-first sub-quotas: every copy computes its own rank's pairs
 //    first (min(quota, own count)), checked through the all-to-all's bytes;
 //  * the dedup-aware replica choice (balance/dedup_aware_choice.h) under
@@ -69,13 +71,13 @@ void expect_matches_reference(const MoeProblem& p, const EpRunResult& run, const
 
 // Every copy computed exactly its quota; returns the plan's replica count.
 int expect_quotas_met(const EpRunResult& run, const std::string& what) {
-  const int num_replicas = run.stats[0].num_replicas;
+  const int num_replicas = run.replica_stats[0].num_replicas;
   int occupied = 0;
-  for (std::size_t r = 0; r < run.stats.size(); ++r) {
-    const ep::DispatchStats& s = run.stats[r];
+  for (std::size_t r = 0; r < run.replica_stats.size(); ++r) {
+    const ep::ReplicaStats& s = run.replica_stats[r];
     EXPECT_EQ(s.num_replicas, num_replicas) << what << " rank " << r << ": every rank has the same plan";
     EXPECT_EQ(s.rows_per_slot, s.slot_quotas) << what << " rank " << r << " slots";
-    EXPECT_EQ(s.rows_per_local_expert, s.home_quotas) << what << " rank " << r << " home experts";
+    EXPECT_EQ(run.stats[r].rows_per_local_expert, s.home_quotas) << what << " rank " << r << " home experts";
     for (std::size_t b = 0; b < s.slot_experts.size(); ++b) {
       if (s.slot_experts[b] < 0) continue;
       ++occupied;
@@ -135,7 +137,7 @@ TEST_P(ReplicaEquivalence, ReplicasOnEqualsOff) {
     expect_matches_reference(p, run_on, what);
     const int num_replicas = expect_quotas_met(run_on, what);
     ASSERT_GT(num_replicas, 0) << what << ": the skew must make the planner place replicas";
-    EXPECT_LT(run_on.stats[0].max_over_mean_after, run_on.stats[0].max_over_mean_before) << what;
+    EXPECT_LT(run_on.replica_stats[0].max_over_mean_after, run_on.replica_stats[0].max_over_mean_before) << what;
     // Each replica's weights came once from home, its gradient went home once.
     const std::int64_t expert_bytes = 3 * kHidden * kFfn * 4;
     EXPECT_EQ(total_bytes(run_on.stats, "forward/replica weights"), num_replicas * expert_bytes) << what;
@@ -171,7 +173,7 @@ TEST(Replicas, HomeGradientCountsReplicasOnce) {
     // The hottest expert (0, packed on rank 0) is split: its home computes
     // only part of its tokens.
     std::int64_t replica_rows_of_0 = 0;
-    for (const auto& s : run.stats)
+    for (const auto& s : run.replica_stats)
       for (std::size_t b = 0; b < s.slot_experts.size(); ++b)
         if (s.slot_experts[b] == 0) replica_rows_of_0 += s.rows_per_slot[b];
     EXPECT_GT(replica_rows_of_0, 0) << ep::to_string(dispatch);
@@ -234,6 +236,45 @@ TEST(Replicas, ConfigErrors) {
   EXPECT_THROW(ep::parse_balance_mode("balance", "sometimes"), ConfigError);
 }
 
+// The exchange's statistics are each step's own, not the run's: over three
+// steps on one problem (versions 7, 7, 8), every step's slots computed
+// exactly that step's quotas (rows counted over all steps would be a
+// multiple), and slots_refreshed counts only the step's weight transfers:
+// every replica at step 0, none at step 1 (version unchanged), every one at
+// step 2. Without replicas the layer reports an all-default ReplicaStats.
+TEST(Replicas, StatsAreResetEveryStep) {
+  const MoeProblem p = skewed_problem(4);
+  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    const std::string what = ep::to_string(dispatch);
+    EpRunOptions on = dynamic_replicas(4, dispatch, 2);
+    on.ep.num_chunks = 2;
+    on.weight_versions = {7, 7, 8};
+    const EpRunResult run = testing::run_ep_layer(p, on);
+    const int num_replicas = expect_quotas_met(run, what);
+    ASSERT_GT(num_replicas, 0) << what;
+    const int expected_refreshed[] = {num_replicas, 0, num_replicas};
+    ASSERT_EQ(run.step_replica_stats.size(), 3u);
+    for (std::size_t step = 0; step < run.step_replica_stats.size(); ++step) {
+      int refreshed = 0;
+      for (std::size_t r = 0; r < run.step_replica_stats[step].size(); ++r) {
+        const ep::ReplicaStats& s = run.step_replica_stats[step][r];
+        EXPECT_EQ(s.num_replicas, num_replicas) << what << " step " << step << " rank " << r;
+        EXPECT_EQ(s.rows_per_slot, s.slot_quotas) << what << " step " << step << " rank " << r;
+        refreshed += s.slots_refreshed;
+      }
+      EXPECT_EQ(refreshed, expected_refreshed[step]) << what << " step " << step;
+    }
+
+    EpRunOptions off{.num_ranks = 4, .dispatch = dispatch};
+    for (const ep::ReplicaStats& s : testing::run_ep_layer(p, off).replica_stats) {
+      EXPECT_TRUE(s.rows_per_slot.empty() && s.slot_experts.empty() && s.rank_loads_after.empty()) << what;
+      EXPECT_EQ(s.num_replicas, 0) << what;
+      EXPECT_EQ(s.slots_refreshed, 0) << what;
+      EXPECT_EQ(s.max_over_mean_after, 1.0) << what;
+    }
+  }
+}
+
 // Locality-first sub-quotas (balance/replica_plan.h) in the engine: a copy on
 // rank r computes min(its quota, rank r's pairs of its expert) of rank r's own
 // pairs, and only those stay on their rank. So the all-to-all without dedup
@@ -258,7 +299,7 @@ TEST(Replicas, CopiesComputeTheirOwnRanksPairsFirst) {
         std::vector<std::int64_t> count(static_cast<std::size_t>(num_experts), 0);
         for (std::int64_t t = n * r / num_ranks; t < n * (r + 1) / num_ranks; ++t)
           for (int k = 0; k < top_k; ++k) ++count[ids[t * top_k + k]];
-        const ep::DispatchStats& s = run.stats[r];
+        const ep::ReplicaStats& s = run.replica_stats[r];
         for (int j = 0; j < experts_per_rank; ++j)
           local += std::min(s.home_quotas[j], count[r * experts_per_rank + j]);
         for (std::size_t b = 0; b < s.slot_experts.size(); ++b)
@@ -361,9 +402,10 @@ TEST(Replicas, PeriodicPlacementFromTheWindowIsExact) {
     on.ep.balance_period = 1;
     on.weight_versions = {1, 1, 1};
     const EpRunResult run = testing::run_ep_layer(p, on);
-    for (const auto& s : run.step_stats[0]) EXPECT_EQ(s.num_replicas, 0) << "a placement before any history";
-    EXPECT_GT(run.step_stats[1][0].num_replicas, 0) << ep::to_string(dispatch);
-    EXPECT_LT(run.step_stats[1][0].max_over_mean_after, run.step_stats[1][0].max_over_mean_before);
+    for (const auto& s : run.step_replica_stats[0]) EXPECT_EQ(s.num_replicas, 0) << "a placement before any history";
+    const ep::ReplicaStats& step1 = run.step_replica_stats[1][0];
+    EXPECT_GT(step1.num_replicas, 0) << ep::to_string(dispatch);
+    EXPECT_LT(step1.max_over_mean_after, step1.max_over_mean_before);
     // The same loads every step: the placement holds, so no weight moves again.
     EXPECT_EQ(total_bytes(run.step_stats[2], "forward/replica weights"), 0) << ep::to_string(dispatch);
     EXPECT_GT(expect_quotas_met(run, ep::to_string(dispatch)), 0);
