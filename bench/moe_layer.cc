@@ -1,5 +1,6 @@
-// Single-rank MoE layer, forward + backward, against one large matmul of the
-// same total FLOPs (the machine's practical GEMM peak for this thread count)
+// Single-rank MoE layer, forward + backward (with the fused wi0|wi1 product
+// and, in the same run, without it: their time ratio), against one large
+// matmul of the same total FLOPs (the machine's practical GEMM peak for this thread count)
 // and against the f32 FMA peak (a tight FMA loop on the same threads,
 // bench/fma_peak.h), both measured in the same run. Prints a table, or one
 // JSON object per line with json=true (bench/peers/compare_layer_with_torch.sh
@@ -78,9 +79,15 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   Tensor wi0 = random_tensor({e, h, f}, rng, 1.0 / std::sqrt(double(h)));
   Tensor wi1 = random_tensor({e, h, f}, rng, 1.0 / std::sqrt(double(h)));
   Tensor wo = random_tensor({e, f, h}, rng, 1.0 / std::sqrt(double(f)));
+  // The layer with the opt-in fused wi0|wi1 product
+  // (MoeLayerConfig::fuse_up_projection) and the default unfused one, timed
+  // in the same run.
   MoeLayer layer({.hidden = h, .ffn = f,
                   .router = {.num_experts = args.experts, .top_k = args.top_k},
-                  .compute_dtype = dtype});
+                  .compute_dtype = dtype, .fuse_up_projection = true});
+  MoeLayer unfused_layer({.hidden = h, .ffn = f,
+                          .router = {.num_experts = args.experts, .top_k = args.top_k},
+                          .compute_dtype = dtype, .fuse_up_projection = false});
   const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
 
   const BenchOptions options{.warmup_calls = 1, .min_repetition_seconds = args.seconds, .repetitions = 5};
@@ -97,13 +104,15 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   // that comes and goes hits both alike, so their ratio stays meaningful.
   const std::vector<BenchStats> measured = measure_interleaved(
       {[&] { layer.forward(x, weights); layer.backward(dy); },
+       [&] { unfused_layer.forward(x, weights); unfused_layer.backward(dy); },
        [&] {
          gemm({.a = a.data<float>(), .b = b.data<float>(), .c = c.data<float>(), .m = std::int64_t(rows),
                .n = cols, .k = h, .compute_dtype = dtype});
        }},
       options);
   const BenchStats& forward = measured[0];
-  const BenchStats& big = measured[1];
+  const BenchStats& unfused = measured[1];
+  const BenchStats& big = measured[2];
   const double big_flops = 2.0 * rows * h * cols;
 
   if (args.phases && !args.json) {
@@ -128,16 +137,22 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
     std::printf("{\"impl\": \"epmoe\", \"compute_dtype\": \"%s\", \"tokens\": %lld, \"hidden\": %lld, "
                 "\"ffn\": %lld, \"experts\": %d, \"top_k\": %d, \"threads\": %d, "
                 "\"fwd_bwd_seconds\": %.6g, \"spread\": %.3f, \"gflops\": %.2f, "
+                "\"unfused_fwd_bwd_seconds\": %.6g, \"unfused_spread\": %.3f, "
                 "\"large_matmul_gflops\": %.2f, \"fma_peak_gflops\": %.2f}\n",
                 name.c_str(), (long long)n, (long long)h, (long long)f, args.experts, args.top_k,
                 compute_threads(), forward.median_seconds, forward.relative_spread(), layer_gflops,
-                big_gflops, peak.gflops);
+                unfused.median_seconds, unfused.relative_spread(), big_gflops, peak.gflops);
   } else {
     std::printf("%-6s  fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   large matmul %7.1f GFLOP/s   "
                 "layer/matmul %.2f   layer/FMA peak %.2f   matmul/FMA peak %.2f\n",
                 name.c_str(), forward.median_seconds * 1e3, 100 * forward.relative_spread(),
                 layer_gflops, big_gflops, layer_gflops / big_gflops, layer_gflops / peak.gflops,
                 big_gflops / peak.gflops);
+    const double unfused_gflops = flops / unfused.median_seconds * 1e-9;
+    std::printf("%-6s  unfused wi0, wi1 products: fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   "
+                "fused/unfused time %.3f   unfused/FMA peak %.2f\n",
+                name.c_str(), unfused.median_seconds * 1e3, 100 * unfused.relative_spread(), unfused_gflops,
+                forward.median_seconds / unfused.median_seconds, unfused_gflops / peak.gflops);
   }
 }
 

@@ -7,6 +7,7 @@
 #include "core/threading.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/swiglu.h"
+#include "kernels/swiglu_up_projection.h"
 
 namespace epmoe {
 namespace {
@@ -124,6 +125,18 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
   std::int64_t recomputed = 0;
   // A zero-row chunk has empty activations either way: nothing to recompute.
   auto missing = [](const Tensor& t) { return t.shape().empty(); };
+  Tensor activation;  // SwiGLU(mlpwi_0, mlpwi_1), when the fused product already made it
+  if (shape.fuse_up_projection && missing(act.mlpwi_0) && missing(act.mlpwi_1)) {
+    // Both up products at once (kernels/swiglu_up_projection.h: the same
+    // bits), and the SwiGLU from cache when mlpwo needs it too.
+    act.mlpwi_0 = Tensor(DType::f32, {num_rows, ffn});
+    act.mlpwi_1 = Tensor(DType::f32, {num_rows, ffn});
+    if (missing(act.mlpwo)) activation = Tensor(DType::f32, {num_rows, ffn});
+    grouped_swiglu_up_projection(up, x, w.wi0, w.wi1, act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(),
+                                 activation.shape().empty() ? nullptr : activation.data<float>());
+    lend_core_to_collectives();
+    recomputed += act.mlpwi_0.size_bytes() + act.mlpwi_1.size_bytes();
+  }
   if (missing(act.mlpwi_0)) {
     act.mlpwi_0 = Tensor(DType::f32, {num_rows, ffn});
     grouped_gemm_forward(up, x, w.wi0, act.mlpwi_0.data<float>());
@@ -137,10 +150,12 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
     recomputed += act.mlpwi_1.size_bytes();
   }
   if (missing(act.mlpwo)) {
-    Tensor activation(DType::f32, {num_rows, ffn});
-    swiglu_forward(act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(), activation.data<float>(),
-                   num_rows * ffn);
-    lend_core_to_collectives();
+    if (activation.shape().empty()) {
+      activation = Tensor(DType::f32, {num_rows, ffn});
+      swiglu_forward(act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(), activation.data<float>(),
+                     num_rows * ffn);
+      lend_core_to_collectives();
+    }
     act.mlpwo = Tensor(DType::f32, {num_rows, hidden});
     grouped_gemm_forward(down, activation.data<float>(), w.wo, act.mlpwo.data<float>());
     lend_core_to_collectives();

@@ -63,6 +63,16 @@ struct ExpertShape {
   // oneDNN's preferred layout (GemmArgs::pack_b: the same bits where that
   // layout is plain, as on AVX2; otherwise within the f32/bf16 bound).
   bool pack_weights = false;
+  // Opt-in: with a weight version, mlpwi_0 and mlpwi_1 come from one
+  // product with [wi0 | wi1] and the SwiGLU runs on it while in cache
+  // (kernels/swiglu_up_projection.h), into the same [rows, F] tensors. Used
+  // when both are to be computed (the forward, or a recompute of both); one
+  // alone takes its own product. Off by default: the kernel keeps the two
+  // products' bits in every test and layer run, yet `epmoe train` (H = 128,
+  // F = 256) lost them in the last bits of the loss (2026-12-01, not yet
+  // explained), and it measured 1.02-1.07x the unfused layer's time on the
+  // AVX2 EPYC (docs/BENCHMARKS.md, issue 15 (e)).
+  bool fuse_up_projection = false;
 };
 
 // Returns the slot outputs [num_slots, H] and the activations in `saved`.

@@ -1,6 +1,7 @@
 #include "moe/moe_layer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "core/error.h"
@@ -156,6 +157,23 @@ MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) 
   return finish_backward();
 }
 
+std::uint64_t MoeLayer::kernel_weights_version(std::optional<std::uint64_t> weight_version,
+                                               const MoeWeights& weights) {
+  // Process-wide, so that no two layers (nor one layer's weights before and
+  // after its buffers were freed and reused) share a version: the kernels'
+  // caches are process-wide and keyed by pointer and version.
+  static std::atomic<std::uint64_t> next_version{1};
+  const ExpertWeightsSeen seen{weight_version, weights.wi0->raw(), weights.wi1->raw(), weights.wo->raw()};
+  // A replica slot's buffer holds whichever expert the plan puts there, so
+  // with replicas the caller's version does not identify the slots' values.
+  const bool reusable = weight_version && seen == kernel_weights_seen_ && dispatcher_->replicas() == nullptr;
+  if (!reusable) {
+    kernel_weights_version_ = next_version++;
+    kernel_weights_seen_ = seen;
+  }
+  return kernel_weights_version_;
+}
+
 void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
                              std::optional<std::uint64_t> weight_version) {
   expect_stage(Stage::idle, "begin_forward");
@@ -199,6 +217,9 @@ void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
   s.dispatch = dispatcher_->dispatch(x, {s.routing.topk_ids.data<std::int32_t>(),
                                  s.routing.topk_weights.data<float>(), x.dim(0), config_.router.top_k});
   s.expert_weights = expert_weights(weights);
+  // Only the opt-in fused product needs a version (its concatenation is
+  // keyed by it); unfused, the kernels see no version, as before it.
+  if (config_.fuse_up_projection) s.expert_weights.version = kernel_weights_version(weight_version, weights);
   if (ep::ReplicaExchange* replicas = dispatcher_->replicas()) {
     // The slots' weights move while the caller works until finish_forward;
     // the experts compute on per-group pointers: the caller's home weights
@@ -230,7 +251,8 @@ MoeForwardOutput MoeLayer::finish_forward() {
   stage_ = Stage::idle;  // until the finish completes
   Saved& s = *saved_;
   PhaseTimes& times = stats_.phase_seconds;
-  const ExpertShape shape{config_.hidden, config_.ffn, config_.compute_dtype};
+  const ExpertShape shape{.hidden = config_.hidden, .ffn = config_.ffn, .compute_dtype = config_.compute_dtype,
+                          .fuse_up_projection = config_.fuse_up_projection};
   const ep::RematPolicy& remat = config_.remat;
   const int num_chunks = dispatcher_->num_chunks();
   if (ep::ReplicaExchange* replicas = dispatcher_->replicas()) {
@@ -331,7 +353,8 @@ MoeGradients MoeLayer::finish_backward() {
   const int num_experts = config_.router.num_experts;
   const std::int64_t num_local = dispatcher_->num_local_experts();
   PhaseTimes& times = stats_.phase_seconds;
-  const ExpertShape shape{hidden, ffn, config_.compute_dtype};
+  const ExpertShape shape{.hidden = hidden, .ffn = ffn, .compute_dtype = config_.compute_dtype,
+                          .fuse_up_projection = config_.fuse_up_projection};
 
   MoeGradients grads{Tensor(), Tensor(DType::f32, {hidden, std::int64_t{num_experts}}),
                      Tensor(DType::f32, {num_local, hidden, ffn}), Tensor(DType::f32, {num_local, hidden, ffn}),

@@ -45,6 +45,9 @@ struct MoeLayerConfig {
   std::int64_t ffn = 0;          // F
   RouterConfig router;           // router.num_experts is E
   ComputeDType compute_dtype = ComputeDType::f32;
+  // Opt-in: one product with [wi0 | wi1] per expert, the SwiGLU on it from
+  // cache (ExpertShape::fuse_up_projection, which says why it is opt-in).
+  bool fuse_up_projection = false;
   ep::RematPolicy remat = {};    // what backward finds saved (default: everything)
   // Names the layer in error messages ("moe layer 1: ..."); empty means
   // "moe layer". A trainer sets it to the layer's index.
@@ -195,6 +198,12 @@ class MoeLayer {
     bool operator==(const ExpertWeightsSeen&) const = default;
   };
   ExpertWeightsSeen finite_weights_seen_;
+  // LocalExpertWeights::version for the kernels' caches of derived weights
+  // (bf16 copies, the [wi0 | wi1] concatenation): a new process-wide value
+  // unless the caller's version and buffers are the last forward's.
+  std::uint64_t kernel_weights_version(std::optional<std::uint64_t> weight_version, const MoeWeights& weights);
+  ExpertWeightsSeen kernel_weights_seen_;
+  std::uint64_t kernel_weights_version_ = 0;
 };
 
 }  // namespace epmoe
