@@ -127,7 +127,10 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
   report.forward_seconds = forward_seconds;
   report.backward_seconds = backward_seconds;
   report.saved_activation_peak_bytes = layer.stats().saved_activation_peak_bytes;
-  for (const auto& [name, entry] : ledger.snapshot().by_name) report.saved_peak_bytes_by_name[name] = entry.peak_bytes;
+  for (const auto& [name, entry] : ledger.snapshot().by_name) {
+    if (name.starts_with("saved/")) report.saved_peak_bytes_by_name[name] = entry.peak_bytes;
+    if (name.starts_with("buffer/")) report.buffer_bytes_by_name[name] = entry.live_bytes;
+  }
   report.recomputed_bytes = layer.stats().recomputed_bytes;
   const ep::ReplicaStats& replicas = layer.replica_stats();
   report.rows_per_slot = replicas.rows_per_slot;

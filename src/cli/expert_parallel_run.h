@@ -74,6 +74,8 @@ struct RankReport {
   // Peak bytes per saved name ("saved/x_sorted", ...), and the bytes the
   // remat policy recomputed in the backward.
   std::map<std::string, std::int64_t> saved_peak_bytes_by_name;
+  // Bytes the dispatcher keeps across steps ("buffer/dispatch", "buffer/replica slots").
+  std::map<std::string, std::int64_t> buffer_bytes_by_name;
   std::int64_t recomputed_bytes = 0;
   // Dynamic replicas (balance=dynamic; empty/zero when off): rows its B
   // redundant slots computed and the expert each held; the plan's per-rank
@@ -93,7 +95,8 @@ struct RankReport {
 // metrics.json shows it (with derived totals) under expert_parallel.per_rank.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, first_expert, num_experts,
                                    rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds,
-                                   forward_seconds, backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name, recomputed_bytes,
+                                   forward_seconds, backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name, buffer_bytes_by_name,
+                                   recomputed_bytes,
                                    rows_per_slot, slot_experts, rank_loads_before, rank_loads_after,
                                    max_over_mean_before, max_over_mean_after, ideal_max_over_mean, num_replicas, planner_seconds,
                                    modelled)

@@ -398,6 +398,13 @@ TEST_F(ExpertParallelCli, RematPoliciesGiveIdenticalFilesAndReportTheTrade) {
   EXPECT_EQ(recomputed_remat["saved_activation_peak_bytes"].get<std::int64_t>(), 0);
   EXPECT_EQ(recomputed_remat["recomputed_bytes"], saved_remat["saved_activation_peak_bytes"]);
   EXPECT_GT(recomputed_remat["extra_communication_bytes"].get<std::int64_t>(), 0);
+  // Per rank: saved names only under saved_peak_bytes_by_name; the
+  // dispatcher's kept buffers apart, present whatever the policy.
+  for (const auto& rank : read_metrics(recomputed)["expert_parallel"]["per_rank"]) {
+    for (const auto& [name, bytes] : rank["saved_peak_bytes_by_name"].items())
+      EXPECT_TRUE(name.starts_with("saved/")) << name;
+    EXPECT_GT(rank["buffer_bytes_by_name"]["buffer/dispatch"].get<std::int64_t>(), 0);
+  }
 }
 
 TEST_F(EpmoeCli, RejectsPerNameRematKeysWithoutCustomPolicy) {

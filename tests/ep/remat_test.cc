@@ -117,7 +117,8 @@ TEST(Remat, SavedXSortedKeepsTheFp8TransferFormatAtItsExactSize) {
           const ep::DispatchStats& stats = run.stats[r];
           std::int64_t rows = std::accumulate(stats.rows_per_local_expert.begin(), stats.rows_per_local_expert.end(),
                                               std::int64_t{0});
-          rows = std::accumulate(stats.rows_per_slot.begin(), stats.rows_per_slot.end(), rows);
+          const std::vector<std::int64_t>& slot_rows = run.replica_stats[r].rows_per_slot;
+          rows = std::accumulate(slot_rows.begin(), slot_rows.end(), rows);
           const std::int64_t groups = num_experts / num_ranks + c.slots;
           const bool per_row_scale = tokens == ep::TokenFormat::fp8_token;
           const std::int64_t expected =
