@@ -171,21 +171,23 @@ TEST(PlanVsEngine, SavedActivationsMatchTheLedger) {
 // value, and the plan (activation_type=bf16) predicts it exactly.
 TEST(PlanVsEngine, Bf16OperandsKeepXSortedInBf16) {
   if (!bf16_gemm_supported()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (it needs AVX-512)";
-  const int num_ranks = 2, num_experts = 4, top_k = 2;
+  const int num_experts = 12, top_k = 2;
   const std::int64_t hidden = 8, ffn = 6, tokens_per_rank = 64;
   RouterConfig router{.kind = RouterKind::random, .num_experts = num_experts, .top_k = top_k, .seed = 7};
-  const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, ffn, router, 91);
-  plan::PlanConfig c = one_layer_config(num_ranks, tokens_per_rank, hidden, ffn, num_experts, top_k);
-  c.activation_type = plan::ElementType::bf16;
-  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
-    const EpRunResult run =
-        testing::run_ep_layer(p, {.num_ranks = num_ranks, .dispatch = dispatch, .compute_dtype = ComputeDType::bf16});
-    for (int r = 0; r < num_ranks; ++r) {
-      const auto& groups = run.stats[r].rows_per_local_expert;
-      const double rows = double(std::accumulate(groups.begin(), groups.end(), std::int64_t{0}));
-      EXPECT_EQ(double(run.memory[r].peak_bytes_by_name.at("saved/x_sorted")),
-                plan::x_sorted_bytes(rows, c.saved_row_form(), hidden, num_experts / num_ranks))
-          << ep::to_string(dispatch) << " rank " << r;
+  for (const int num_ranks : {1, 2, 3, 4}) {
+    const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, ffn, router, 91);
+    plan::PlanConfig c = one_layer_config(num_ranks, tokens_per_rank, hidden, ffn, num_experts, top_k);
+    c.activation_type = plan::ElementType::bf16;
+    for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+      const EpRunResult run = testing::run_ep_layer(
+          p, {.num_ranks = num_ranks, .dispatch = dispatch, .compute_dtype = ComputeDType::bf16});
+      for (int r = 0; r < num_ranks; ++r) {
+        const auto& groups = run.stats[r].rows_per_local_expert;
+        const double rows = double(std::accumulate(groups.begin(), groups.end(), std::int64_t{0}));
+        EXPECT_EQ(double(run.memory[r].peak_bytes_by_name.at("saved/x_sorted")),
+                  plan::x_sorted_bytes(rows, c.saved_row_form(), hidden, num_experts / num_ranks))
+            << ep::to_string(dispatch) << " R" << num_ranks << " rank " << r;
+      }
     }
   }
 }
