@@ -31,7 +31,6 @@ DispatchHandle Dispatcher::dispatch(const Tensor& x, const RoutingView& routing)
   DispatchHandle handle(*this, num_chunks());
   step_in_flight_ = true;
   start_forward(x, routing);
-  update_buffer_charges();
   return handle;
 }
 
@@ -41,6 +40,9 @@ void Dispatcher::charge_buffers_to(MemoryLedger* ledger) {
   update_buffer_charges();
 }
 
+// Called where no exchange of the step is in flight (after finish_forward
+// and finish_backward): an exchange may resize the buffers it receives into,
+// so their capacity is not read while one runs.
 void Dispatcher::update_buffer_charges() {
   dispatch_buffers_.resize(persistent_buffer_bytes());
   ReplicaExchange* exchange = replicas();
@@ -96,7 +98,6 @@ void DispatchHandle::expect(Next next, int chunk, const char* call) const {
 ExpertRows DispatchHandle::rows(int chunk) {
   expect(Next::rows, chunk, "rows");
   ExpertRows rows = dispatcher_->receive_rows(chunk);
-  dispatcher_->update_buffer_charges();
   next_ = Next::combine;
   return rows;
 }
@@ -104,7 +105,6 @@ ExpertRows DispatchHandle::rows(int chunk) {
 void DispatchHandle::combine(int chunk, Tensor slot_outputs) {
   expect(Next::combine, chunk, "combine");
   dispatcher_->send_outputs(chunk, std::move(slot_outputs));
-  dispatcher_->update_buffer_charges();
   ++chunk_;
   next_ = chunk_ < num_chunks_ ? Next::rows : Next::finish_forward;
 }
@@ -120,7 +120,6 @@ Tensor DispatchHandle::finish_forward() {
 void DispatchHandle::start_backward(const Tensor& dy) {
   expect(Next::start_backward, -1, "start_backward");
   dispatcher_->start_backward(dy);
-  dispatcher_->update_buffer_charges();
   chunk_ = 0;
   redispatched_ = false;
   next_ = Next::cotangents;
@@ -132,7 +131,6 @@ ExpertRows DispatchHandle::redispatch_rows(int chunk) {
     throw UsageError("dispatch handle: redispatch_rows(chunk " + std::to_string(chunk) + ") called twice for the chunk");
   }
   ExpertRows rows = dispatcher_->redispatch_rows(chunk);
-  dispatcher_->update_buffer_charges();
   redispatched_ = true;
   return rows;
 }
@@ -140,7 +138,6 @@ ExpertRows DispatchHandle::redispatch_rows(int chunk) {
 Tensor DispatchHandle::cotangents(int chunk) {
   expect(Next::cotangents, chunk, "cotangents");
   Tensor slots = dispatcher_->receive_cotangents(chunk);
-  dispatcher_->update_buffer_charges();
   next_ = Next::return_gradients;
   return slots;
 }
@@ -148,7 +145,6 @@ Tensor DispatchHandle::cotangents(int chunk) {
 void DispatchHandle::return_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) {
   expect(Next::return_gradients, chunk, "return_gradients");
   dispatcher_->send_gradients(chunk, std::move(slot_dx), std::move(row_dweights));
-  dispatcher_->update_buffer_charges();
   ++chunk_;
   redispatched_ = false;
   next_ = chunk_ < num_chunks_ ? Next::cotangents : Next::finish_backward;

@@ -84,8 +84,9 @@ class Dispatcher {
   // mark: exchanged rows, routing words, combine and gradient rows, and the
   // replica slots' weights and gradients) are charged to `ledger` (not
   // owned; null: none) under "buffer/dispatch" and "buffer/replica slots",
-  // updated after every call of the step as they grow. MoeLayer passes its
-  // ledger; the "saved" group of that ledger stays the activations alone.
+  // updated as they grow, after finish_forward and after finish_backward
+  // (no exchange in flight then). MoeLayer passes its ledger; the "saved"
+  // group of that ledger stays the activations alone.
   void charge_buffers_to(MemoryLedger* ledger);
 
  protected:
@@ -106,7 +107,7 @@ class Dispatcher {
   virtual std::int64_t persistent_buffer_bytes() const { return 0; }
 
  private:
-  void update_buffer_charges();  // by the handle, after each call
+  void update_buffer_charges();  // by the handle, after finish_forward and finish_backward
 
   bool step_in_flight_ = false;  // a handle of this dispatcher is in its step
   LedgerCharge dispatch_buffers_, replica_buffers_;
