@@ -400,7 +400,8 @@ TEST_F(ExpertParallelCli, RematPoliciesGiveIdenticalFilesAndReportTheTrade) {
   EXPECT_GT(recomputed_remat["extra_communication_bytes"].get<std::int64_t>(), 0);
   // Per rank: saved names only under saved_peak_bytes_by_name; the
   // dispatcher's kept buffers apart, present whatever the policy.
-  for (const auto& rank : read_metrics(recomputed)["expert_parallel"]["per_rank"]) {
+  const nlohmann::json recomputed_metrics = read_metrics(recomputed);  // alive for the loop below
+  for (const auto& rank : recomputed_metrics["expert_parallel"]["per_rank"]) {
     for (const auto& [name, bytes] : rank["saved_peak_bytes_by_name"].items())
       EXPECT_TRUE(name.starts_with("saved/")) << name;
     EXPECT_GT(rank["buffer_bytes_by_name"]["buffer/dispatch"].get<std::int64_t>(), 0);
