@@ -235,10 +235,8 @@ void AllToAllDispatcher::send_tokens(int c, bool remat) {
     row_token += rows;
   }
 
-  std::vector<std::int64_t>& token_bytes = plan_scratch_.token_bytes_to;
-  token_bytes.resize(num_ranks);
-  for (int d = 0; d < num_ranks; ++d) token_bytes[d] = chunk.send_rows_per_rank[d] * row_bytes;
-  count_bytes(remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens", token_bytes, 1);
+  count_bytes(remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens",
+              chunk.send_rows_per_rank, row_bytes);
   count_bytes(remat ? "backward/remat all_to_all_v routing" : "forward/all_to_all_v routing",
               chunk.send_words_per_rank, 4);
   // The forward's exchange learns the receive counts; a remat re-send knows
@@ -441,8 +439,7 @@ void AllToAllDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float
 std::int64_t AllToAllDispatcher::persistent_buffer_bytes() const {
   std::int64_t bytes = vector_capacity_bytes(plan_scratch_.pairs_per_expert, plan_scratch_.kept,
                                              plan_scratch_.rows_from, plan_scratch_.entries_from,
-                                             plan_scratch_.tokens_at, plan_scratch_.token_bytes_to,
-                                             plan_scratch_.row_address, pair_destination_);
+                                             plan_scratch_.tokens_at, plan_scratch_.row_address, pair_destination_);
   for (std::size_t d = 0; d < plan_scratch_.rows_to.size(); ++d)
     bytes += vector_capacity_bytes(plan_scratch_.rows_to[d], plan_scratch_.entries_to[d], plan_scratch_.words_to[d]);
   for (const auto& chunk : chunks_) bytes += chunk->capacity_bytes();

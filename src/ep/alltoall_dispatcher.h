@@ -88,7 +88,6 @@ class AllToAllDispatcher final : public Dispatcher {
     std::vector<std::vector<std::int32_t>> words_to;
     std::vector<std::int64_t> pairs_per_expert;
     std::vector<std::pair<int, std::int64_t>> kept;
-    std::vector<std::int64_t> token_bytes_to;  // send_tokens: per destination
     std::vector<std::int64_t> rows_from, entries_from, tokens_at;  // collect_rows: per source
     std::vector<const std::byte*> row_address;                     // collect_rows: per received row
   };
