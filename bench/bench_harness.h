@@ -14,20 +14,18 @@
 namespace epmoe::bench {
 
 struct BenchOptions {
-  int warmup_calls = 2;                // untimed: caches, page faults, primitive creation
-  double min_repetition_seconds = 0.1; // each repetition runs at least this long
+  int warmup_calls = 2;                 // untimed: caches, page faults, primitive creation
+  double min_repetition_seconds = 0.1;  // each repetition runs at least this long
   int repetitions = 5;
 };
 
 struct BenchStats {
-  double median_seconds = 0;   // per call
-  double min_seconds = 0;      // per call, fastest repetition
-  double max_seconds = 0;      // per call, slowest repetition
+  double median_seconds = 0;  // per call
+  double min_seconds = 0;     // per call, fastest repetition
+  double max_seconds = 0;     // per call, slowest repetition
   std::int64_t calls_per_repetition = 0;
   // (max - min) / median: how far apart the repetitions were.
-  double relative_spread() const {
-    return median_seconds > 0 ? (max_seconds - min_seconds) / median_seconds : 0;
-  }
+  double relative_spread() const { return median_seconds > 0 ? (max_seconds - min_seconds) / median_seconds : 0; }
 };
 
 namespace detail {
@@ -42,8 +40,7 @@ inline BenchStats summarize(std::vector<double> per_call, std::int64_t calls_per
   std::sort(per_call.begin(), per_call.end());
   const std::size_t mid = per_call.size() / 2;
   BenchStats stats;
-  stats.median_seconds =
-      per_call.size() % 2 ? per_call[mid] : (per_call[mid - 1] + per_call[mid]) / 2;
+  stats.median_seconds = per_call.size() % 2 ? per_call[mid] : (per_call[mid - 1] + per_call[mid]) / 2;
   stats.min_seconds = per_call.front();
   stats.max_seconds = per_call.back();
   stats.calls_per_repetition = calls_per_repetition;
@@ -65,8 +62,7 @@ inline std::vector<BenchStats> measure_interleaved(const std::vector<std::functi
     const auto probe_start = detail::Clock::now();
     fns[f]();
     const double probe_seconds = std::max(detail::seconds_since(probe_start), 1e-9);
-    calls[f] = std::max<std::int64_t>(
-        1, static_cast<std::int64_t>(options.min_repetition_seconds / probe_seconds));
+    calls[f] = std::max<std::int64_t>(1, static_cast<std::int64_t>(options.min_repetition_seconds / probe_seconds));
   }
   const int repetitions = std::max(1, options.repetitions);
   std::vector<std::vector<double>> per_call(count, std::vector<double>(repetitions));

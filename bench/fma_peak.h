@@ -21,9 +21,9 @@
 namespace epmoe::bench {
 
 struct FmaPeak {
-  double gflops = 0;       // f32 FLOP/s (an FMA counts 2) over all threads, best repetition
+  double gflops = 0;  // f32 FLOP/s (an FMA counts 2) over all threads, best repetition
   int threads = 0;
-  int vector_floats = 0;   // f32 lanes per FMA: 8 (AVX2) or 16 (AVX-512)
+  int vector_floats = 0;  // f32 lanes per FMA: 8 (AVX2) or 16 (AVX-512)
 };
 
 namespace detail {

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "bench_harness.h"
-#include "fma_peak.h"
 #include "core/rng.h"
 #include "core/threading.h"
+#include "fma_peak.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 
@@ -72,16 +72,21 @@ Buffers make_buffers(std::int64_t rows, int num_groups) {
     for (float& f : v) f = rng.uniform(-1.0f, 1.0f);
     return v;
   };
-  return {random(rows * kHidden), random(num_groups * kHidden * kFfn),
-          std::vector<float>(rows * kFfn), random(rows * kFfn), std::vector<float>(rows * kHidden),
-          std::vector<float>(num_groups * kHidden * kFfn)};
+  return {random(rows * kHidden), random(num_groups * kHidden * kFfn), std::vector<float>(rows * kFfn),
+          random(rows * kFfn),    std::vector<float>(rows * kHidden),  std::vector<float>(num_groups * kHidden * kFfn)};
 }
 
 void run_grouped(Op op, const GroupedGemmShape& shape, Buffers& buf) {
   switch (op) {
-    case Op::forward: grouped_gemm_forward(shape, buf.x.data(), buf.w.data(), buf.out.data()); break;
-    case Op::dlhs: grouped_gemm_dlhs(shape, buf.dout.data(), buf.w.data(), buf.dx.data()); break;
-    case Op::drhs: grouped_gemm_drhs(shape, buf.x.data(), buf.dout.data(), buf.dw.data()); break;
+    case Op::forward:
+      grouped_gemm_forward(shape, buf.x.data(), buf.w.data(), buf.out.data());
+      break;
+    case Op::dlhs:
+      grouped_gemm_dlhs(shape, buf.dout.data(), buf.w.data(), buf.dx.data());
+      break;
+    case Op::drhs:
+      grouped_gemm_drhs(shape, buf.x.data(), buf.dout.data(), buf.dw.data());
+      break;
   }
 }
 
@@ -89,16 +94,33 @@ void run_grouped(Op op, const GroupedGemmShape& shape, Buffers& buf) {
 void run_dense(Op op, std::int64_t rows, ComputeDType dtype, Buffers& buf) {
   switch (op) {
     case Op::forward:
-      gemm({.a = buf.x.data(), .b = buf.w.data(), .c = buf.out.data(), .m = rows, .n = kFfn,
-            .k = kHidden, .compute_dtype = dtype});
+      gemm({.a = buf.x.data(),
+            .b = buf.w.data(),
+            .c = buf.out.data(),
+            .m = rows,
+            .n = kFfn,
+            .k = kHidden,
+            .compute_dtype = dtype});
       break;
     case Op::dlhs:
-      gemm({.a = buf.dout.data(), .b = buf.w.data(), .c = buf.dx.data(), .m = rows, .n = kHidden,
-            .k = kFfn, .transpose_b = true, .compute_dtype = dtype});
+      gemm({.a = buf.dout.data(),
+            .b = buf.w.data(),
+            .c = buf.dx.data(),
+            .m = rows,
+            .n = kHidden,
+            .k = kFfn,
+            .transpose_b = true,
+            .compute_dtype = dtype});
       break;
     case Op::drhs:
-      gemm({.a = buf.x.data(), .b = buf.dout.data(), .c = buf.dw.data(), .m = kHidden, .n = kFfn,
-            .k = rows, .transpose_a = true, .compute_dtype = dtype});
+      gemm({.a = buf.x.data(),
+            .b = buf.dout.data(),
+            .c = buf.dw.data(),
+            .m = kHidden,
+            .n = kFfn,
+            .k = rows,
+            .transpose_a = true,
+            .compute_dtype = dtype});
       break;
   }
 }
@@ -159,20 +181,19 @@ double gflops(double flops, const bench::BenchStats& stats) { return flops / sta
 
 int run(const Options& options) {
   set_compute_threads(options.threads > 0 ? options.threads : hardware_cores());
-  const bench::BenchOptions timing{.warmup_calls = 2,
-                                   .min_repetition_seconds = options.quick ? 0.05 : 0.1,
-                                   .repetitions = options.quick ? 3 : 5};
-  const std::vector<std::int64_t> row_counts = options.quick ? std::vector<std::int64_t>{8192}
-                                                             : std::vector<std::int64_t>{8192, 16384};
+  const bench::BenchOptions timing{
+      .warmup_calls = 2, .min_repetition_seconds = options.quick ? 0.05 : 0.1, .repetitions = options.quick ? 3 : 5};
+  const std::vector<std::int64_t> row_counts =
+      options.quick ? std::vector<std::int64_t>{8192} : std::vector<std::int64_t>{8192, 16384};
   const std::vector<int> group_counts = options.quick ? std::vector<int>{8, 64} : std::vector<int>{8, 16, 64};
   std::printf("bench_grouped_gemm: H(k)=%lld F(n)=%lld, %d compute threads, Zipf exponent %.1f%s\n",
-              static_cast<long long>(kHidden), static_cast<long long>(kFfn), compute_threads(),
-              kZipfExponent, options.fresh_sizes ? ", Zipf sizes redrawn every call" : "");
+              static_cast<long long>(kHidden), static_cast<long long>(kFfn), compute_threads(), kZipfExponent,
+              options.fresh_sizes ? ", Zipf sizes redrawn every call" : "");
 
   {  // Machine context: the FMA ceiling and one big square matmul.
     const bench::FmaPeak peak = bench::measure_fma_peak(compute_threads());
-    std::printf("peak context: f32 FMA loop %.1f GFLOP/s (%d-lane FMA, %d threads)\n", peak.gflops,
-                peak.vector_floats, peak.threads);
+    std::printf("peak context: f32 FMA loop %.1f GFLOP/s (%d-lane FMA, %d threads)\n", peak.gflops, peak.vector_floats,
+                peak.threads);
     const std::int64_t s = 2048;
     std::vector<float> a(s * s, 0.5f), b(s * s, 0.25f), c(s * s);
     for (ComputeDType dtype : {ComputeDType::f32, ComputeDType::bf16}) {
@@ -180,15 +201,16 @@ int run(const Options& options) {
       const auto stats = bench::measure(
           [&] { gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = s, .n = s, .k = s, .compute_dtype = dtype}); },
           timing);
-      std::printf("peak context: %lldx%lldx%lld %s matmul %.1f GFLOP/s (spread %.1f%%)\n",
-                  static_cast<long long>(s), static_cast<long long>(s), static_cast<long long>(s),
-                  to_string(dtype).c_str(), gflops(2.0 * s * s * s, stats), 100 * stats.relative_spread());
+      std::printf("peak context: %lldx%lldx%lld %s matmul %.1f GFLOP/s (spread %.1f%%)\n", static_cast<long long>(s),
+                  static_cast<long long>(s), static_cast<long long>(s), to_string(dtype).c_str(),
+                  gflops(2.0 * s * s * s, stats), 100 * stats.relative_spread());
       std::printf("peak context: that matmul is %.2f of the FMA peak\n", gflops(2.0 * s * s * s, stats) / peak.gflops);
     }
   }
 
-  std::printf("\n| rows | E | sizes | dtype | op | grouped ms (spread) | grouped GFLOP/s "
-              "| one-group-at-a-time GFLOP/s | dense GFLOP/s | grouped/dense |\n");
+  std::printf(
+      "\n| rows | E | sizes | dtype | op | grouped ms (spread) | grouped GFLOP/s "
+      "| one-group-at-a-time GFLOP/s | dense GFLOP/s | grouped/dense |\n");
   std::printf("|---:|---:|---|---|---|---:|---:|---:|---:|---:|\n");
   bool all_ok = true;
   for (std::int64_t rows : row_counts) {
@@ -210,15 +232,15 @@ int run(const Options& options) {
             auto grouped_with = [&](GroupSchedule schedule) {
               return [&, schedule] {
                 if (zipf && options.fresh_sizes) sizes = zipf_sizes(rows, num_groups, rng);
-                run_grouped(op, {.group_sizes = sizes, .k = kHidden, .n = kFfn,
-                                 .compute_dtype = dtype, .schedule = schedule}, buf);
+                run_grouped(
+                    op, {.group_sizes = sizes, .k = kHidden, .n = kFfn, .compute_dtype = dtype, .schedule = schedule},
+                    buf);
               };
             };
             // The dense peer is re-measured beside every configuration,
             // interleaved with it, so that both see the same background load.
             const auto measured = bench::measure_interleaved(
-                {[&] { run_dense(op, rows, dtype, buf); },
-                 grouped_with(GroupSchedule::one_group_at_a_time),
+                {[&] { run_dense(op, rows, dtype, buf); }, grouped_with(GroupSchedule::one_group_at_a_time),
                  grouped_with(GroupSchedule::balanced)},
                 timing);
             const auto& dense = measured[0];
@@ -228,11 +250,9 @@ int run(const Options& options) {
             const auto [min_it, max_it] = std::minmax_element(sizes.begin(), sizes.end());
             std::printf("| %lld | %d | %s %lld..%lld | %s | %s | %.2f (%.0f%%) | %.0f | %.0f | %.0f | %.2f |\n",
                         static_cast<long long>(rows), num_groups, zipf ? "zipf" : "uniform",
-                        static_cast<long long>(*min_it), static_cast<long long>(*max_it),
-                        to_string(dtype).c_str(), op_name(op), stats.median_seconds * 1e3,
-                        100 * stats.relative_spread(), gflops(flops, stats), gflops(flops, naive),
-                        gflops(flops, dense),
-                        dense.median_seconds / stats.median_seconds);
+                        static_cast<long long>(*min_it), static_cast<long long>(*max_it), to_string(dtype).c_str(),
+                        op_name(op), stats.median_seconds * 1e3, 100 * stats.relative_spread(), gflops(flops, stats),
+                        gflops(flops, naive), gflops(flops, dense), dense.median_seconds / stats.median_seconds);
             std::fflush(stdout);
           }
         }
@@ -249,10 +269,14 @@ int run(const Options& options) {
 int main(int argc, char** argv) {
   epmoe::Options options;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) options.quick = true;
-    else if (!std::strcmp(argv[i], "--no-verify")) options.verify = false;
-    else if (!std::strcmp(argv[i], "--fresh-sizes")) options.fresh_sizes = true;
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) options.threads = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--quick"))
+      options.quick = true;
+    else if (!std::strcmp(argv[i], "--no-verify"))
+      options.verify = false;
+    else if (!std::strcmp(argv[i], "--fresh-sizes"))
+      options.fresh_sizes = true;
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      options.threads = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: %s [--quick] [--no-verify] [--fresh-sizes] [--threads N]\n", argv[0]);
       return 2;

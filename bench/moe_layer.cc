@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "bench_harness.h"
-#include "fma_peak.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "core/threading.h"
+#include "fma_peak.h"
 #include "kernels/gemm.h"
 #include "moe/moe_layer.h"
 
@@ -47,16 +47,26 @@ LayerBenchArgs parse_args(int argc, char** argv) {
       std::exit(2);
     }
     const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
-    if (key == "tokens") args.tokens = std::stoll(value);
-    else if (key == "hidden") args.hidden = std::stoll(value);
-    else if (key == "ffn") args.ffn = std::stoll(value);
-    else if (key == "experts") args.experts = std::stoi(value);
-    else if (key == "top_k") args.top_k = std::stoi(value);
-    else if (key == "threads") args.threads = std::stoi(value);
-    else if (key == "compute_dtype") args.compute_dtype = value;
-    else if (key == "seconds") args.seconds = std::stod(value);
-    else if (key == "json") args.json = value == "true" || value == "1";
-    else if (key == "phases") args.phases = value == "true" || value == "1";
+    if (key == "tokens")
+      args.tokens = std::stoll(value);
+    else if (key == "hidden")
+      args.hidden = std::stoll(value);
+    else if (key == "ffn")
+      args.ffn = std::stoll(value);
+    else if (key == "experts")
+      args.experts = std::stoi(value);
+    else if (key == "top_k")
+      args.top_k = std::stoi(value);
+    else if (key == "threads")
+      args.threads = std::stoi(value);
+    else if (key == "compute_dtype")
+      args.compute_dtype = value;
+    else if (key == "seconds")
+      args.seconds = std::stod(value);
+    else if (key == "json")
+      args.json = value == "true" || value == "1";
+    else if (key == "phases")
+      args.phases = value == "true" || value == "1";
     else {
       std::fprintf(stderr, "bench_moe_layer: unknown key '%s'\n", key.c_str());
       std::exit(2);
@@ -82,12 +92,16 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   // The layer with the opt-in fused wi0|wi1 product
   // (MoeLayerConfig::fuse_up_projection) and the default unfused one, timed
   // in the same run.
-  MoeLayer layer({.hidden = h, .ffn = f,
+  MoeLayer layer({.hidden = h,
+                  .ffn = f,
                   .router = {.num_experts = args.experts, .top_k = args.top_k},
-                  .compute_dtype = dtype, .fuse_up_projection = true});
-  MoeLayer unfused_layer({.hidden = h, .ffn = f,
+                  .compute_dtype = dtype,
+                  .fuse_up_projection = true});
+  MoeLayer unfused_layer({.hidden = h,
+                          .ffn = f,
                           .router = {.num_experts = args.experts, .top_k = args.top_k},
-                          .compute_dtype = dtype, .fuse_up_projection = false});
+                          .compute_dtype = dtype,
+                          .fuse_up_projection = false});
   const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
 
   const BenchOptions options{.warmup_calls = 1, .min_repetition_seconds = args.seconds, .repetitions = 5};
@@ -102,14 +116,24 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   Tensor c(DType::f32, {std::int64_t(rows), cols});
   // Interleaved repetitions (layer, matmul, layer, ...): a background load
   // that comes and goes hits both alike, so their ratio stays meaningful.
-  const std::vector<BenchStats> measured = measure_interleaved(
-      {[&] { layer.forward(x, weights); layer.backward(dy); },
-       [&] { unfused_layer.forward(x, weights); unfused_layer.backward(dy); },
-       [&] {
-         gemm({.a = a.data<float>(), .b = b.data<float>(), .c = c.data<float>(), .m = std::int64_t(rows),
-               .n = cols, .k = h, .compute_dtype = dtype});
-       }},
-      options);
+  const std::vector<BenchStats> measured = measure_interleaved({[&] {
+                                                                  layer.forward(x, weights);
+                                                                  layer.backward(dy);
+                                                                },
+                                                                [&] {
+                                                                  unfused_layer.forward(x, weights);
+                                                                  unfused_layer.backward(dy);
+                                                                },
+                                                                [&] {
+                                                                  gemm({.a = a.data<float>(),
+                                                                        .b = b.data<float>(),
+                                                                        .c = c.data<float>(),
+                                                                        .m = std::int64_t(rows),
+                                                                        .n = cols,
+                                                                        .k = h,
+                                                                        .compute_dtype = dtype});
+                                                                }},
+                                                               options);
   const BenchStats& forward = measured[0];
   const BenchStats& unfused = measured[1];
   const BenchStats& big = measured[2];
@@ -134,25 +158,27 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   const double big_gflops = big_flops / big.median_seconds * 1e-9;
   const std::string name = to_string(dtype);
   if (args.json) {
-    std::printf("{\"impl\": \"epmoe\", \"compute_dtype\": \"%s\", \"tokens\": %lld, \"hidden\": %lld, "
-                "\"ffn\": %lld, \"experts\": %d, \"top_k\": %d, \"threads\": %d, "
-                "\"fwd_bwd_seconds\": %.6g, \"spread\": %.3f, \"gflops\": %.2f, "
-                "\"unfused_fwd_bwd_seconds\": %.6g, \"unfused_spread\": %.3f, "
-                "\"large_matmul_gflops\": %.2f, \"fma_peak_gflops\": %.2f}\n",
-                name.c_str(), (long long)n, (long long)h, (long long)f, args.experts, args.top_k,
-                compute_threads(), forward.median_seconds, forward.relative_spread(), layer_gflops,
-                unfused.median_seconds, unfused.relative_spread(), big_gflops, peak.gflops);
+    std::printf(
+        "{\"impl\": \"epmoe\", \"compute_dtype\": \"%s\", \"tokens\": %lld, \"hidden\": %lld, "
+        "\"ffn\": %lld, \"experts\": %d, \"top_k\": %d, \"threads\": %d, "
+        "\"fwd_bwd_seconds\": %.6g, \"spread\": %.3f, \"gflops\": %.2f, "
+        "\"unfused_fwd_bwd_seconds\": %.6g, \"unfused_spread\": %.3f, "
+        "\"large_matmul_gflops\": %.2f, \"fma_peak_gflops\": %.2f}\n",
+        name.c_str(), (long long)n, (long long)h, (long long)f, args.experts, args.top_k, compute_threads(),
+        forward.median_seconds, forward.relative_spread(), layer_gflops, unfused.median_seconds,
+        unfused.relative_spread(), big_gflops, peak.gflops);
   } else {
-    std::printf("%-6s  fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   large matmul %7.1f GFLOP/s   "
-                "layer/matmul %.2f   layer/FMA peak %.2f   matmul/FMA peak %.2f\n",
-                name.c_str(), forward.median_seconds * 1e3, 100 * forward.relative_spread(),
-                layer_gflops, big_gflops, layer_gflops / big_gflops, layer_gflops / peak.gflops,
-                big_gflops / peak.gflops);
+    std::printf(
+        "%-6s  fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   large matmul %7.1f GFLOP/s   "
+        "layer/matmul %.2f   layer/FMA peak %.2f   matmul/FMA peak %.2f\n",
+        name.c_str(), forward.median_seconds * 1e3, 100 * forward.relative_spread(), layer_gflops, big_gflops,
+        layer_gflops / big_gflops, layer_gflops / peak.gflops, big_gflops / peak.gflops);
     const double unfused_gflops = flops / unfused.median_seconds * 1e-9;
-    std::printf("%-6s  unfused wi0, wi1 products: fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   "
-                "fused/unfused time %.3f   unfused/FMA peak %.2f\n",
-                name.c_str(), unfused.median_seconds * 1e3, 100 * unfused.relative_spread(), unfused_gflops,
-                forward.median_seconds / unfused.median_seconds, unfused_gflops / peak.gflops);
+    std::printf(
+        "%-6s  unfused wi0, wi1 products: fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   "
+        "fused/unfused time %.3f   unfused/FMA peak %.2f\n",
+        name.c_str(), unfused.median_seconds * 1e3, 100 * unfused.relative_spread(), unfused_gflops,
+        forward.median_seconds / unfused.median_seconds, unfused_gflops / peak.gflops);
   }
 }
 
@@ -177,15 +203,18 @@ int main(int argc, char** argv) {
   // (a ratio against a peak measured in a busy moment overstates the layer).
   const bench::FmaPeak peak = bench::measure_fma_peak(compute_threads(), 0.1, 10);
   if (!args.json) {
-    std::printf("MoE layer forward+backward, N=%lld H=%lld F=%lld E=%d K=%d, %d threads, "
-                "f32 FMA peak %.1f GFLOP/s (%d-lane FMA loop)\n",
-                (long long)args.tokens, (long long)args.hidden, (long long)args.ffn, args.experts,
-                args.top_k, compute_threads(), peak.gflops, peak.vector_floats);
+    std::printf(
+        "MoE layer forward+backward, N=%lld H=%lld F=%lld E=%d K=%d, %d threads, "
+        "f32 FMA peak %.1f GFLOP/s (%d-lane FMA loop)\n",
+        (long long)args.tokens, (long long)args.hidden, (long long)args.ffn, args.experts, args.top_k,
+        compute_threads(), peak.gflops, peak.vector_floats);
   }
   if (args.compute_dtype == "f32" || args.compute_dtype == "both") bench::run(args, ComputeDType::f32, peak);
   if (args.compute_dtype == "bf16" || args.compute_dtype == "both") {
-    if (bf16_gemm_supported()) bench::run(args, ComputeDType::bf16, peak);
-    else if (!args.json) std::printf("bf16    skipped: oneDNN has no bf16 matmul on this CPU\n");
+    if (bf16_gemm_supported())
+      bench::run(args, ComputeDType::bf16, peak);
+    else if (!args.json)
+      std::printf("bf16    skipped: oneDNN has no bf16 matmul on this CPU\n");
   }
   return 0;
 }

@@ -56,15 +56,18 @@ int main() {
   constexpr std::int64_t kTokensPerRank = 4096;
   std::printf("E=%d K=%d tokens/rank=%lld B=%d threshold=1.0; rows = off-rank token rows summed over source ranks\n",
               kExperts, kTopK, static_cast<long long>(kTokensPerRank), kSlots);
-  std::printf("%3s %4s %-6s | %11s %9s | %10s | %10s %10s %10s | %7s %7s | %8s\n", "R", "zipf", "hot",
-              "max/mean", "replicas", "no dedup", "no replica", "positional", "dedup-awr", "aw/pos", "saved",
-              "us/rank");
+  std::printf("%3s %4s %-6s | %11s %9s | %10s | %10s %10s %10s | %7s %7s | %8s\n", "R", "zipf", "hot", "max/mean",
+              "replicas", "no dedup", "no replica", "positional", "dedup-awr", "aw/pos", "saved", "us/rank");
   for (int num_ranks : {8, 16})
     for (double zipf : {0.0, 1.0, 1.2})
       for (HotExpertPlacement placement : {HotExpertPlacement::spread, HotExpertPlacement::packed}) {
-        const LoadGeneratorOptions options{.num_experts = kExperts, .num_ranks = num_ranks,
-                                           .num_tokens_per_rank = kTokensPerRank, .top_k = kTopK,
-                                           .zipf_exponent = zipf, .placement = placement, .seed = 2024};
+        const LoadGeneratorOptions options{.num_experts = kExperts,
+                                           .num_ranks = num_ranks,
+                                           .num_tokens_per_rank = kTokensPerRank,
+                                           .top_k = kTopK,
+                                           .zipf_exponent = zipf,
+                                           .placement = placement,
+                                           .seed = 2024};
         const std::vector<std::vector<std::int32_t>> routing = generate_token_routing(options);
         std::vector<std::int64_t> counts(static_cast<std::size_t>(num_ranks) * kExperts, 0), global(kExperts, 0);
         for (int r = 0; r < num_ranks; ++r)
@@ -72,9 +75,9 @@ int main() {
             ++counts[static_cast<std::size_t>(r) * kExperts + e];
             ++global[e];
           }
-        const ReplicaPlan plan = plan_replicas(global, contiguous_home_ranks(kExperts, num_ranks),
-                                               {.num_ranks = num_ranks, .num_redundant_slots_per_rank = kSlots,
-                                                .rebalance_threshold = 1.0});
+        const ReplicaPlan plan =
+            plan_replicas(global, contiguous_home_ranks(kExperts, num_ranks),
+                          {.num_ranks = num_ranks, .num_redundant_slots_per_rank = kSlots, .rebalance_threshold = 1.0});
         const int experts_per_rank = kExperts / num_ranks;
         std::int64_t no_dedup = 0, no_replica = 0, positional = 0, aware = 0;
         double best_us = 1e30;
@@ -87,8 +90,8 @@ int main() {
           for (int rep = 0; rep < 5; ++rep) {
             const auto start = std::chrono::steady_clock::now();
             choice = dedup_aware_copy_choice(plan, counts, s, ids, kTopK);
-            best_us = std::min(best_us, std::chrono::duration<double, std::micro>(
-                                            std::chrono::steady_clock::now() - start).count());
+            best_us = std::min(
+                best_us, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
           }
           if (per_copy(plan, ids, choice) != per_copy(plan, ids, by_position) ||
               per_copy(plan, ids, by_position) != source_sub_quotas(plan, counts, s)) {

@@ -124,7 +124,9 @@ int main() {
                                          previous.slot_experts.empty() ? nullptr : &previous);
         return previous;
       });
-      const char* drift = s.drift == PopularityDrift::none ? "none" : s.drift == PopularityDrift::swap ? "swap/1" : "rotate/25";
+      const char* drift = s.drift == PopularityDrift::none   ? "none"
+                          : s.drift == PopularityDrift::swap ? "swap/1"
+                                                             : "rotate/25";
       std::printf("%4d %3d %-6s %4.1f %-9s %2d | %10.4f %10.4f %+9.4f\n", s.num_experts, s.num_ranks,
                   s.hot == HotExpertPlacement::spread ? "spread" : "packed", s.zipf, drift, B, published, ours,
                   ours - published);

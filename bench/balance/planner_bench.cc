@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
       {64, 8, 2, HotExpertPlacement::spread, 1.05},   {128, 16, 2, HotExpertPlacement::spread, 1.05},
       {256, 32, 2, HotExpertPlacement::spread, 1.05}, {1024, 128, 2, HotExpertPlacement::spread, 1.05},
   };
-  std::printf("%5s %4s %2s %-6s %5s | %9s %9s %9s %7s | %8s %15s | %9s %7s\n", "E", "R", "B", "hot", "thr",
-              "plan us", "min", "max", "spread", "replicas", "max/mean", "eplb us", "ratio");
+  std::printf("%5s %4s %2s %-6s %5s | %9s %9s %9s %7s | %8s %15s | %9s %7s\n", "E", "R", "B", "hot", "thr", "plan us",
+              "min", "max", "spread", "replicas", "max/mean", "eplb us", "ratio");
   for (const BenchCase& c : cases) {
     LoadGeneratorOptions generator;
     generator.num_experts = c.num_experts;

@@ -81,8 +81,7 @@ std::string format_bytes(std::int64_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
-Timing measure(transport::Communicator& comm, const TimingOptions& options,
-               const std::function<void()>& run_once) {
+Timing measure(transport::Communicator& comm, const TimingOptions& options, const std::function<void()>& run_once) {
   auto timed_run = [&] {
     comm::barrier(comm, comm::BarrierOptions{.tag = 90}).wait();
     const auto start = std::chrono::steady_clock::now();
@@ -91,8 +90,8 @@ Timing measure(transport::Communicator& comm, const TimingOptions& options,
   };
   const double warm_up = timed_run();
   // Rank 0 decides the run count; everyone runs it.
-  std::int64_t runs = std::max<std::int64_t>(options.min_runs,
-                                             static_cast<std::int64_t>(std::ceil(options.min_seconds / warm_up)));
+  std::int64_t runs =
+      std::max<std::int64_t>(options.min_runs, static_cast<std::int64_t>(std::ceil(options.min_seconds / warm_up)));
   runs = std::min<std::int64_t>(runs, options.max_runs);
   comm::BroadcastOptions broadcast;
   broadcast.data = &runs;

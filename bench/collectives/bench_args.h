@@ -15,7 +15,7 @@
 namespace epmoe::bench {
 
 struct BenchArgs {
-  std::string part;                      // links | overlap | mpi
+  std::string part;  // links | overlap | mpi
   std::map<std::string, std::string> values;
 
   static BenchArgs parse(int argc, char** argv);  // throws ConfigError
@@ -33,7 +33,6 @@ std::string format_bytes(std::int64_t bytes);  // 65536 -> "64 KiB"
 // of comm: a warm-up run, then a run count fixed from rank 0's warm-up time
 // and broadcast, so every rank runs the same number of times; each run starts
 // after a barrier. Returns rank 0's timing (all ranks return it).
-Timing measure(transport::Communicator& comm, const TimingOptions& options,
-               const std::function<void()>& run_once);
+Timing measure(transport::Communicator& comm, const TimingOptions& options, const std::function<void()>& run_once);
 
 }  // namespace epmoe::bench

@@ -29,7 +29,8 @@ int run_collectives_bench(int argc, char** argv) {
     if (args.part == "overlap") return run_overlap_part(args);
     if (args.part == "drive_cost") return run_drive_cost_part(args);
     if (args.part == "mpi") return run_mpi_part(argc, argv, args);
-    std::fprintf(stderr, "bench collectives: part '%s' unknown: links | overlap | drive_cost | mpi\n", args.part.c_str());
+    std::fprintf(stderr, "bench collectives: part '%s' unknown: links | overlap | drive_cost | mpi\n",
+                 args.part.c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench collectives: %s\n", e.what());

@@ -57,10 +57,11 @@ std::vector<std::byte> rank_chunk(int rank, std::int64_t chunk_bytes) {
 int run_links_part(const BenchArgs& args) {
   const ThreadsOptions options = link_options(args);
   const double bandwidth = options.links.bandwidth_gb_per_s * 1e9;
-  std::printf("(a) ring all-gather on emulated links: ring topology, %.2f GB/s per link and direction, "
-              "%.1f us latency, full duplex, pipe=%d; median of >= %d runs (min..max)\n",
-              options.links.bandwidth_gb_per_s, options.links.latency_us, static_cast<int>(args.number("pipe", 1)),
-              args.timing().min_runs);
+  std::printf(
+      "(a) ring all-gather on emulated links: ring topology, %.2f GB/s per link and direction, "
+      "%.1f us latency, full duplex, pipe=%d; median of >= %d runs (min..max)\n",
+      options.links.bandwidth_gb_per_s, options.links.latency_us, static_cast<int>(args.number("pipe", 1)),
+      args.timing().min_runs);
   std::printf("| R | chunk | bidirectional ms | unidirectional ms | uni / bi | bound (R-1)C/(2B) ms | bi / bound |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (int num_ranks : args.ints("ranks", "4,8")) {
@@ -75,8 +76,7 @@ int run_links_part(const BenchArgs& args) {
           gather.output = output.data();
           gather.num_elements_per_rank = chunk_bytes;
           gather.dtype = DType::fp8_e4m3;  // 1-byte elements
-          gather.direction = variant == 0 ? comm::RingDirection::bidirectional
-                                          : comm::RingDirection::unidirectional;
+          gather.direction = variant == 0 ? comm::RingDirection::bidirectional : comm::RingDirection::unidirectional;
           gather.pipe = static_cast<std::int64_t>(args.number("pipe", 1));
           const Timing timing = measure(comm, args.timing(), [&] { comm::ring_all_gather(comm, gather).wait(); });
           if (args.verify()) verify_gather(output, num_ranks, chunk_bytes);
@@ -86,9 +86,8 @@ int run_links_part(const BenchArgs& args) {
       const double bound = (num_ranks - 1) * static_cast<double>(chunk_bytes) / (2 * bandwidth);
       std::printf("| %d | %s | %.3f (%.3f..%.3f) | %.3f (%.3f..%.3f) | %.2f | %.3f | %.2f |\n", num_ranks,
                   format_bytes(chunk_bytes).c_str(), timings[0].median_s * 1e3, timings[0].min_s * 1e3,
-                  timings[0].max_s * 1e3, timings[1].median_s * 1e3, timings[1].min_s * 1e3,
-                  timings[1].max_s * 1e3, timings[1].median_s / timings[0].median_s, bound * 1e3,
-                  timings[0].median_s / bound);
+                  timings[0].max_s * 1e3, timings[1].median_s * 1e3, timings[1].min_s * 1e3, timings[1].max_s * 1e3,
+                  timings[1].median_s / timings[0].median_s, bound * 1e3, timings[0].median_s / bound);
       std::fflush(stdout);
     }
   }
@@ -150,13 +149,16 @@ int run_overlap_part(const BenchArgs& args) {
   std::vector<bool> variants;  // cooperative?
   if (progress != "cooperative") variants.push_back(false);
   if (progress != "threads") variants.push_back(true);
-  std::printf("(c) overlap: async %s beside a compute loop of similar length, "
-              "emulated ring links %.2f GB/s, %.1f us; all ranks compute at once (R threads on 2 cores); "
-              "progress: threads = the compute loop never drives progress, cooperative = it calls "
-              "comm::drive_progress() every %lld iterations\n",
-              all_to_all ? "all_to_all_v (chunk to every other rank)" : "bidirectional ring all-gather",
-              options.links.bandwidth_gb_per_s, options.links.latency_us, static_cast<long long>(kSliceIterations));
-  std::printf("| R | chunk | progress | collective ms | compute ms | both, overlapped ms | sum ms | max ms | overlapped / sum | overlapped / max | loans / run |\n");
+  std::printf(
+      "(c) overlap: async %s beside a compute loop of similar length, "
+      "emulated ring links %.2f GB/s, %.1f us; all ranks compute at once (R threads on 2 cores); "
+      "progress: threads = the compute loop never drives progress, cooperative = it calls "
+      "comm::drive_progress() every %lld iterations\n",
+      all_to_all ? "all_to_all_v (chunk to every other rank)" : "bidirectional ring all-gather",
+      options.links.bandwidth_gb_per_s, options.links.latency_us, static_cast<long long>(kSliceIterations));
+  std::printf(
+      "| R | chunk | progress | collective ms | compute ms | both, overlapped ms | sum ms | max ms | overlapped / sum "
+      "| overlapped / max | loans / run |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int num_ranks : args.ints("ranks", "2,4")) {
     for (std::int64_t chunk_bytes : args.sizes("chunks", "1M,8M")) {
@@ -205,7 +207,8 @@ int run_overlap_part(const BenchArgs& args) {
             ++runs;
           });
           if (args.verify() && !all_to_all) verify_gather(output, num_ranks, chunk_bytes);
-          if (args.verify() && all_to_all && static_cast<std::int64_t>(exchanged.size()) != chunk_bytes * (num_ranks - 1)) {
+          if (args.verify() && all_to_all &&
+              static_cast<std::int64_t>(exchanged.size()) != chunk_bytes * (num_ranks - 1)) {
             throw InternalError("bench: all_to_all_v received the wrong byte count");
           }
           if (comm.rank() == 0) {
@@ -278,10 +281,11 @@ int run_drive_cost_part(const BenchArgs& args) {
       busy_loans = lent;
     }
   });
-  std::printf("drive_progress cost: nothing in flight %.1f ns/call (%d loans in %lld calls); one all-gather in "
-              "flight (8 MiB, 0.5 GB/s link, rank 0 of 2): %.1f ns/call over %lld calls, %d of them loans "
-              "(loan time included)\n",
-              idle_ns, loans, static_cast<long long>(calls), busy_ns, static_cast<long long>(busy_calls), busy_loans);
+  std::printf(
+      "drive_progress cost: nothing in flight %.1f ns/call (%d loans in %lld calls); one all-gather in "
+      "flight (8 MiB, 0.5 GB/s link, rank 0 of 2): %.1f ns/call over %lld calls, %d of them loans "
+      "(loan time included)\n",
+      idle_ns, loans, static_cast<long long>(calls), busy_ns, static_cast<long long>(busy_calls), busy_loans);
   return 0;
 }
 

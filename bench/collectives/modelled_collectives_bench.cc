@@ -65,8 +65,9 @@ int run_modelled_links_part(const BenchArgs& args) {
       const double bandwidth = hw.threads.links.bandwidth_gb_per_s * 1e9;
       const double latency = hw.threads.links.latency_us * 1e-6;
       std::printf("\n%s, R=%d, links %s\n", hw.name.c_str(), num_ranks, describe_links(hw.threads.links).c_str());
-      std::printf("| chunk C | bidirectional us | unidirectional us | uni / bi | bound (R-1)C/(2B) us | bi / bound "
-                  "| (R-1)(C/2B+a) us | (R-1)(C/B+a) us |\n");
+      std::printf(
+          "| chunk C | bidirectional us | unidirectional us | uni / bi | bound (R-1)C/(2B) us | bi / bound "
+          "| (R-1)(C/2B+a) us | (R-1)(C/B+a) us |\n");
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (std::int64_t chunk_bytes : args.sizes("chunks", "64K,1M,8M")) {
         Picoseconds times[2];
@@ -101,15 +102,17 @@ int run_modelled_links_part(const BenchArgs& args) {
 }
 
 int run_modelled_overlap_part(const BenchArgs& args) {
-  std::printf("(c) overlap, clock=modelled: async bidirectional ring all-gather beside charged compute of the "
-              "all-gather's modelled length (one run per row)\n");
+  std::printf(
+      "(c) overlap, clock=modelled: async bidirectional ring all-gather beside charged compute of the "
+      "all-gather's modelled length (one run per row)\n");
   for (const std::string& name : hardware_names(args)) {
     for (int num_ranks : args.ints("ranks", "4,8")) {
       const ModelledHardware hw = modelled_hardware(name, num_ranks, args.number("latency_us", 2.0), args);
       const double flops_per_s = hw.peak_flops * hw.threads.modelled.compute_efficiency;
       std::printf("\n%s, R=%d, links %s\n", hw.name.c_str(), num_ranks, describe_links(hw.threads.links).c_str());
-      std::printf("| chunk | all-gather us | compute us | both, overlapped us | sum us | overlapped / sum | "
-                  "overlapped / max |\n");
+      std::printf(
+          "| chunk | all-gather us | compute us | both, overlapped us | sum us | overlapped / sum | "
+          "overlapped / max |\n");
       std::printf("|---|---|---|---|---|---|---|\n");
       for (std::int64_t chunk_bytes : args.sizes("chunks", "64K,1M,8M")) {
         auto run = [&](bool gather, double compute_seconds) {

@@ -35,9 +35,8 @@ using transport::Communicator;
 void print_row(const char* collective, int num_ranks, std::int64_t chunk_bytes, const Timing& ours,
                const Timing& native, const char* native_name) {
   std::printf("| %s | %d | %s | %.3f (%.3f..%.3f) | %s %.3f (%.3f..%.3f) | %.2f |\n", collective, num_ranks,
-              format_bytes(chunk_bytes).c_str(), ours.median_s * 1e3, ours.min_s * 1e3, ours.max_s * 1e3,
-              native_name, native.median_s * 1e3, native.min_s * 1e3, native.max_s * 1e3,
-              native.median_s / ours.median_s);
+              format_bytes(chunk_bytes).c_str(), ours.median_s * 1e3, ours.min_s * 1e3, ours.max_s * 1e3, native_name,
+              native.median_s * 1e3, native.min_s * 1e3, native.max_s * 1e3, native.median_s / ours.median_s);
   std::fflush(stdout);
 }
 
@@ -57,7 +56,8 @@ void bench_all_gather(Communicator& comm, const BenchArgs& args, std::int64_t ch
   gather.algorithm = comm::Algorithm::native;
   const Timing native = measure(comm, args.timing(), [&] { comm::ring_all_gather(comm, gather).wait(); });
   if (args.verify() && ours_out != native_out) throw InternalError("bench: ring all-gather != MPI_Allgather");
-  if (comm.rank() == 0) print_row("all-gather (bidirectional ring)", num_ranks, chunk_bytes, ours, native, "MPI_Allgather");
+  if (comm.rank() == 0)
+    print_row("all-gather (bidirectional ring)", num_ranks, chunk_bytes, ours, native, "MPI_Allgather");
 }
 
 void bench_reduce_scatter(Communicator& comm, const BenchArgs& args, std::int64_t chunk_bytes) {
@@ -81,7 +81,9 @@ void bench_reduce_scatter(Communicator& comm, const BenchArgs& args, std::int64_
       }
     }
   }
-  if (comm.rank() == 0) print_row("reduce-scatter f32 (bidirectional ring)", num_ranks, chunk_bytes, ours, native, "MPI_Reduce_scatter_block");
+  if (comm.rank() == 0)
+    print_row("reduce-scatter f32 (bidirectional ring)", num_ranks, chunk_bytes, ours, native,
+              "MPI_Reduce_scatter_block");
 }
 
 void bench_all_to_all_v(Communicator& comm, const BenchArgs& args, std::int64_t chunk_bytes) {
@@ -90,7 +92,8 @@ void bench_all_to_all_v(Communicator& comm, const BenchArgs& args, std::int64_t 
   std::int64_t total = 0;
   for (int peer = 0; peer < num_ranks; ++peer) {
     // x0.5 .. x1.5 of an even share, different for every (rank, peer) pair.
-    const double factor = 0.5 + static_cast<double>((comm.rank() * 7 + peer * 3) % num_ranks) / std::max(1, num_ranks - 1);
+    const double factor =
+        0.5 + static_cast<double>((comm.rank() * 7 + peer * 3) % num_ranks) / std::max(1, num_ranks - 1);
     send_counts[peer] = static_cast<std::int64_t>(factor * chunk_bytes / num_ranks);
     total += send_counts[peer];
   }
@@ -112,7 +115,9 @@ void bench_all_to_all_v(Communicator& comm, const BenchArgs& args, std::int64_t 
   if (args.verify() && (ours_out != native_out || ours_counts != native_counts)) {
     throw InternalError("bench: all_to_all_v differs from MPI_Alltoallv");
   }
-  if (comm.rank() == 0) print_row("all-to-all-v (pairwise, counts first)", num_ranks, chunk_bytes, ours, native, "MPI_Alltoall + MPI_Alltoallv");
+  if (comm.rank() == 0)
+    print_row("all-to-all-v (pairwise, counts first)", num_ranks, chunk_bytes, ours, native,
+              "MPI_Alltoall + MPI_Alltoallv");
 }
 
 }  // namespace
@@ -120,10 +125,11 @@ void bench_all_to_all_v(Communicator& comm, const BenchArgs& args, std::int64_t 
 int run_mpi_part(int argc, char** argv, const BenchArgs& args) {
   return transport::mpi::run_rank(argc, argv, [&](Communicator& comm) {
     if (comm.rank() == 0) {
-      std::printf("(b) mpi transport, %d processes (mpirun --oversubscribe --bind-to none, %d cores), "
-                  "all-gather pipe=%d; median of >= %d runs (min..max) in ms; ratio = MPI time / our time "
-                  "(> 1: ours faster)\n",
-                  comm.size(), hardware_cores(), static_cast<int>(args.number("pipe", 1)), args.timing().min_runs);
+      std::printf(
+          "(b) mpi transport, %d processes (mpirun --oversubscribe --bind-to none, %d cores), "
+          "all-gather pipe=%d; median of >= %d runs (min..max) in ms; ratio = MPI time / our time "
+          "(> 1: ours faster)\n",
+          comm.size(), hardware_cores(), static_cast<int>(args.number("pipe", 1)), args.timing().min_runs);
       std::printf("| collective | R | chunk | ours ms | MPI ms | MPI / ours |\n|---|---|---|---|---|---|\n");
     }
     for (std::int64_t chunk_bytes : args.sizes("chunks", "64K,1M,8M")) {

@@ -39,13 +39,13 @@
 #include "balance/routing_skew.h"
 #include "bench_args.h"
 #include "comm/barrier.h"
+#include "core/error.h"
 #include "core/memory_ledger.h"
+#include "core/rng.h"
 #include "core/timer.h"
 #include "core/trace_recorder.h"
-#include "modelled_hardware.h"
-#include "core/error.h"
-#include "core/rng.h"
 #include "ep/ep_config.h"
+#include "modelled_hardware.h"
 #include "moe/moe_layer.h"
 #include "transport/threads/launcher.h"
 
@@ -97,9 +97,12 @@ struct LayerShape {
 };
 
 LayerShape shape_from(const BenchArgs& args) {
-  return {static_cast<int>(args.number("ranks", 4)), static_cast<std::int64_t>(args.number("tokens_per_rank", 256)),
-          static_cast<std::int64_t>(args.number("hidden", 256)), static_cast<std::int64_t>(args.number("ffn", 128)),
-          static_cast<int>(args.number("experts", 64)), static_cast<int>(args.number("top_k", 8))};
+  return {static_cast<int>(args.number("ranks", 4)),
+          static_cast<std::int64_t>(args.number("tokens_per_rank", 256)),
+          static_cast<std::int64_t>(args.number("hidden", 256)),
+          static_cast<std::int64_t>(args.number("ffn", 128)),
+          static_cast<int>(args.number("experts", 64)),
+          static_cast<int>(args.number("top_k", 8))};
 }
 
 transport::threads::ThreadsOptions links_from(const BenchArgs& args) {
@@ -124,8 +127,8 @@ std::string trace_file(const BenchArgs& args) {
 struct TracedConfig {
   std::string name;
   ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
-  std::int64_t tokens = 0;                  // per rank
-  ep::RematPolicy remat = {};               // remat_policy=minimal
+  std::int64_t tokens = 0;                   // per rank
+  ep::RematPolicy remat = {};                // remat_policy=minimal
   const std::vector<float>* bias = nullptr;  // sigmoid_grouped routing with this selection bias
 };
 
@@ -151,11 +154,13 @@ void trace_first_configuration(const BenchArgs& args, const LayerShape& shape,
     Tensor bias(DType::f32, {shape.num_experts});
     if (config.bias)
       for (int e = 0; e < shape.num_experts; ++e) bias.data<float>()[e] = (*config.bias)[static_cast<std::size_t>(e)];
-    ep::EpConfig ep_config{.num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden,
-                           .tag_base = 1 << 20};
-    MoeLayer layer({.hidden = shape.hidden, .ffn = shape.ffn,
+    ep::EpConfig ep_config{
+        .num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden, .tag_base = 1 << 20};
+    MoeLayer layer({.hidden = shape.hidden,
+                    .ffn = shape.ffn,
                     .router = {.kind = config.bias ? RouterKind::sigmoid_grouped : RouterKind::softmax_topk,
-                               .num_experts = shape.num_experts, .top_k = shape.top_k},
+                               .num_experts = shape.num_experts,
+                               .top_k = shape.top_k},
                     .remat = config.remat},
                    ep::make_dispatcher(config.dispatch, comm, ep_config));
     layer.forward(x, {&gate, &wi0, &wi1, &wo, config.bias ? &bias : nullptr});
@@ -171,18 +176,18 @@ int run_remat_bench(const BenchArgs& args) {
   const transport::threads::ThreadsOptions threads = links_from(args);
   const bool ring = !args.values.count("dispatch") || args.values.at("dispatch") == "ring";
   const int repetitions = static_cast<int>(args.number("repetitions", 5));
-  std::printf("remat policies, %s dispatch, R=%d, H=%lld F=%lld E=%d K=%d, links %.2f GB/s; "
-              "backward median of %d (rank 0)\n",
-              ring ? "ring" : "alltoall", base.num_ranks, (long long)base.hidden, (long long)base.ffn,
-              base.num_experts, base.top_k, threads.links.enabled ? threads.links.bandwidth_gb_per_s : 0.0,
-              repetitions);
+  std::printf(
+      "remat policies, %s dispatch, R=%d, H=%lld F=%lld E=%d K=%d, links %.2f GB/s; "
+      "backward median of %d (rank 0)\n",
+      ring ? "ring" : "alltoall", base.num_ranks, (long long)base.hidden, (long long)base.ffn, base.num_experts,
+      base.top_k, threads.links.enabled ? threads.links.bandwidth_gb_per_s : 0.0, repetitions);
   trace_first_configuration(args, base, threads,
                             {.name = std::string(ring ? "ring" : "alltoall") + " remat_policy=minimal",
                              .dispatch = ring ? ep::DispatchKind::ring : ep::DispatchKind::alltoall,
                              .tokens = base.tokens,
                              .remat = ep::RematPolicy::preset("remat_policy", "minimal")});
-  std::printf("%-8s %-14s %16s %14s %16s %18s\n", "N_l", "policy", "saved peak MB", "backward ms",
-              "backward MB sent", "recomputed MB");
+  std::printf("%-8s %-14s %16s %14s %16s %18s\n", "N_l", "policy", "saved peak MB", "backward ms", "backward MB sent",
+              "recomputed MB");
   for (const std::int64_t tokens : {base.tokens, 4 * base.tokens}) {
     for (const char* policy : {"minimal", "save_dispatch", "full"}) {
       double backward_ms = 0, backward_mb = 0, saved_mb = 0, recomputed_mb = 0;
@@ -195,10 +200,11 @@ int run_remat_bench(const BenchArgs& args) {
         Tensor wi0 = random_tensor({el, base.hidden, base.ffn}, rng, 1.0 / std::sqrt(double(base.hidden)));
         Tensor wi1 = random_tensor({el, base.hidden, base.ffn}, rng, 1.0 / std::sqrt(double(base.hidden)));
         Tensor wo = random_tensor({el, base.ffn, base.hidden}, rng, 1.0 / std::sqrt(double(base.ffn)));
-        ep::EpConfig config{.num_experts = base.num_experts, .top_k = base.top_k, .hidden = base.hidden,
-                            .tag_base = 1 << 20};
+        ep::EpConfig config{
+            .num_experts = base.num_experts, .top_k = base.top_k, .hidden = base.hidden, .tag_base = 1 << 20};
         MemoryLedger ledger;
-        MoeLayer layer({.hidden = base.hidden, .ffn = base.ffn,
+        MoeLayer layer({.hidden = base.hidden,
+                        .ffn = base.ffn,
                         .router = {.num_experts = base.num_experts, .top_k = base.top_k},
                         .remat = ep::RematPolicy::preset("remat_policy", policy)},
                        ep::make_dispatcher(ring ? ep::DispatchKind::ring : ep::DispatchKind::alltoall, comm, config),
@@ -222,8 +228,8 @@ int run_remat_bench(const BenchArgs& args) {
           recomputed_mb = layer.stats().recomputed_bytes / 1e6;
         }
       });
-      std::printf("%-8lld %-14s %16.2f %14.2f %16.2f %18.2f\n", (long long)tokens, policy, saved_mb,
-                  backward_ms, backward_mb, recomputed_mb);
+      std::printf("%-8lld %-14s %16.2f %14.2f %16.2f %18.2f\n", (long long)tokens, policy, saved_mb, backward_ms,
+                  backward_mb, recomputed_mb);
     }
   }
   return 0;
@@ -247,27 +253,33 @@ int run_replicas_bench(const BenchArgs& args) {
     }
   }
   const std::int64_t expert_bytes = 3 * shape.hidden * shape.ffn * 4;
-  std::printf("dynamic replicas, EP layer fwd+bwd: R=%d N_l=%lld H=%lld F=%lld E=%d K=%d, sigmoid_grouped "
-              "routing with Zipf s=%.2f selection bias (scale %.2f); links %.2f GB/s %.0f us; one expert's "
-              "weights = %.2f MB\n",
-              shape.num_ranks, (long long)shape.tokens, (long long)shape.hidden, (long long)shape.ffn,
-              shape.num_experts, shape.top_k, zipf, skew_scale,
-              threads.links.enabled ? threads.links.bandwidth_gb_per_s : 0.0,
-              threads.links.latency_us, expert_bytes / 1e6);
+  std::printf(
+      "dynamic replicas, EP layer fwd+bwd: R=%d N_l=%lld H=%lld F=%lld E=%d K=%d, sigmoid_grouped "
+      "routing with Zipf s=%.2f selection bias (scale %.2f); links %.2f GB/s %.0f us; one expert's "
+      "weights = %.2f MB\n",
+      shape.num_ranks, (long long)shape.tokens, (long long)shape.hidden, (long long)shape.ffn, shape.num_experts,
+      shape.top_k, zipf, skew_scale, threads.links.enabled ? threads.links.bandwidth_gb_per_s : 0.0,
+      threads.links.latency_us, expert_bytes / 1e6);
   {
-    const std::vector<float> spread = balance::zipf_selection_bias(
-        {.num_experts = shape.num_experts, .num_ranks = shape.num_ranks, .zipf_exponent = zipf,
-         .placement = balance::HotExpertPlacement::spread, .scale = skew_scale});
+    const std::vector<float> spread = balance::zipf_selection_bias({.num_experts = shape.num_experts,
+                                                                    .num_ranks = shape.num_ranks,
+                                                                    .zipf_exponent = zipf,
+                                                                    .placement = balance::HotExpertPlacement::spread,
+                                                                    .scale = skew_scale});
     trace_first_configuration(args, shape, threads,
-                              {.name = "spread alltoall B=0", .dispatch = ep::DispatchKind::alltoall,
-                               .tokens = shape.tokens, .bias = &spread});
+                              {.name = "spread alltoall B=0",
+                               .dispatch = ep::DispatchKind::alltoall,
+                               .tokens = shape.tokens,
+                               .bias = &spread});
   }
-  std::printf("%-8s %-9s %3s %10s %8s %9s %9s %9s %14s %14s %9s\n", "hot", "dispatch", "B", "median ms",
-              "speedup", "max/mean", "after", "replicas", "weights MB/st", "grads MB/step", "plan us");
+  std::printf("%-8s %-9s %3s %10s %8s %9s %9s %9s %14s %14s %9s\n", "hot", "dispatch", "B", "median ms", "speedup",
+              "max/mean", "after", "replicas", "weights MB/st", "grads MB/step", "plan us");
   for (const auto placement : {balance::HotExpertPlacement::spread, balance::HotExpertPlacement::packed}) {
-    const std::vector<float> bias_values = balance::zipf_selection_bias(
-        {.num_experts = shape.num_experts, .num_ranks = shape.num_ranks, .zipf_exponent = zipf,
-         .placement = placement, .scale = skew_scale});
+    const std::vector<float> bias_values = balance::zipf_selection_bias({.num_experts = shape.num_experts,
+                                                                         .num_ranks = shape.num_ranks,
+                                                                         .zipf_exponent = zipf,
+                                                                         .placement = placement,
+                                                                         .scale = skew_scale});
     for (const auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
       double off_median = 0;
       std::vector<float> y_off;
@@ -288,15 +300,16 @@ int run_replicas_bench(const BenchArgs& args) {
           Tensor wi0 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
           Tensor wi1 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
           Tensor wo = random_tensor({el, shape.ffn, shape.hidden}, rng, 1.0 / std::sqrt(double(shape.ffn)));
-          ep::EpConfig config{.num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden,
-                              .tag_base = 1 << 20};
+          ep::EpConfig config{
+              .num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden, .tag_base = 1 << 20};
           config.balance = slots > 0 ? ep::BalanceMode::dynamic : ep::BalanceMode::off;
           config.redundant_slots = slots;
           config.rebalance_threshold = args.number("rebalance_threshold", 1.05);
-          MoeLayer layer({.hidden = shape.hidden, .ffn = shape.ffn,
-                          .router = {.kind = RouterKind::sigmoid_grouped, .num_experts = shape.num_experts,
-                                     .top_k = shape.top_k}},
-                         ep::make_dispatcher(dispatch, comm, config));
+          MoeLayer layer(
+              {.hidden = shape.hidden,
+               .ffn = shape.ffn,
+               .router = {.kind = RouterKind::sigmoid_grouped, .num_experts = shape.num_experts, .top_k = shape.top_k}},
+              ep::make_dispatcher(dispatch, comm, config));
           const MoeWeights weights{&gate, &wi0, &wi1, &wo, &bias};
           Tensor y;
           // A new weight version every step (the layer's default), as after
@@ -315,7 +328,8 @@ int run_replicas_bench(const BenchArgs& args) {
         std::int64_t weight_bytes = 0, gradient_bytes = 0;
         double planner_us = 0;
         for (const auto& s : stats) {
-          if (auto it = s.bytes_sent.find("forward/replica weights"); it != s.bytes_sent.end()) weight_bytes += it->second;
+          if (auto it = s.bytes_sent.find("forward/replica weights"); it != s.bytes_sent.end())
+            weight_bytes += it->second;
           if (auto it = s.bytes_sent.find("backward/replica gradients"); it != s.bytes_sent.end())
             gradient_bytes += it->second;
         }
@@ -357,8 +371,9 @@ int run_replicas_bench(const BenchArgs& args) {
       }
     }
   }
-  std::printf("max/mean: rows per rank over the mean (the plan's before/after; B=0 measured); weights/grads "
-              "MB: replica weights sent forward and replica gradients sent home, summed over ranks, per step\n");
+  std::printf(
+      "max/mean: rows per rank over the mean (the plan's before/after; B=0 measured); weights/grads "
+      "MB: replica weights sent forward and replica gradients sent home, summed over ranks, per step\n");
   return 0;
 }
 
@@ -385,8 +400,8 @@ int run_ep_layer_bench(int argc, char** argv) {
       {"ring chunks=4 fp8", ep::DispatchKind::ring, false, 4, ep::TokenFormat::fp8_tensor},
       {"alltoall dedup fp8", ep::DispatchKind::alltoall, true, 1, ep::TokenFormat::fp8_token},
   };
-  std::printf("EP layer fwd+bwd: R=%d ranks as threads, N_l=%lld H=%lld F=%lld E=%d K=%d; links %s\n",
-              num_ranks, (long long)tokens, (long long)hidden, (long long)ffn, num_experts, top_k,
+  std::printf("EP layer fwd+bwd: R=%d ranks as threads, N_l=%lld H=%lld F=%lld E=%d K=%d; links %s\n", num_ranks,
+              (long long)tokens, (long long)hidden, (long long)ffn, num_experts, top_k,
               threads.links.enabled ? (std::to_string(threads.links.bandwidth_gb_per_s) + " GB/s, " +
                                        std::to_string(threads.links.latency_us) + " us, " +
                                        transport::threads::link_topology_name(threads.links.topology))
@@ -406,8 +421,13 @@ int run_ep_layer_bench(int argc, char** argv) {
       Tensor wi0 = random_tensor({el, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
       Tensor wi1 = random_tensor({el, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
       Tensor wo = random_tensor({el, ffn, hidden}, rng, 1.0 / std::sqrt(double(ffn)));
-      ep::EpConfig config{.num_experts = num_experts, .top_k = top_k, .hidden = hidden, .num_chunks = v.chunks,
-                          .dedup = v.dedup, .token_format = v.tokens, .tag_base = 1 << 20};
+      ep::EpConfig config{.num_experts = num_experts,
+                          .top_k = top_k,
+                          .hidden = hidden,
+                          .num_chunks = v.chunks,
+                          .dedup = v.dedup,
+                          .token_format = v.tokens,
+                          .tag_base = 1 << 20};
       MoeLayer layer({.hidden = hidden, .ffn = ffn, .router = {.num_experts = num_experts, .top_k = top_k}},
                      ep::make_dispatcher(v.dispatch, comm, config));
       const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
@@ -456,12 +476,13 @@ int run_ep_layer_bench(int argc, char** argv) {
     if (v.tokens == ep::TokenFormat::fp8_tensor) analytic /= 4;
     if (v.tokens == ep::TokenFormat::fp8_token) analytic *= (hidden + 4.0) / (4.0 * hidden);
     std::printf("%-20s %10.2f %7.0f%% %11.2f MB %11.2f MB %9.3f   (x%.2f vs ring)\n", v.name.c_str(),
-                r.timing.median_s * 1e3, 100 * (r.timing.max_s - r.timing.min_s) / r.timing.median_s,
-                sent / 1e6, analytic / 1e6, sent / analytic, base / r.timing.median_s);
+                r.timing.median_s * 1e3, 100 * (r.timing.max_s - r.timing.min_s) / r.timing.median_s, sent / 1e6,
+                analytic / 1e6, sent / analytic, base / r.timing.median_s);
   }
-  std::printf("analytic (DESIGN.md §4.6, uniform routing): ring (R-1)·N_l·H·4; all-to-all K·N_l·H·4·(R-1)/R; "
-              "dedup N_l·H·4·(R-1)·P(hit), P(hit) = 1 - C(E-E_l,K)/C(E,K) = %.3f\n",
-              hit_probability(num_experts, el, top_k));
+  std::printf(
+      "analytic (DESIGN.md §4.6, uniform routing): ring (R-1)·N_l·H·4; all-to-all K·N_l·H·4·(R-1)/R; "
+      "dedup N_l·H·4·(R-1)·P(hit), P(hit) = 1 - C(E-E_l,K)/C(E,K) = %.3f\n",
+      hit_probability(num_experts, el, top_k));
   return 0;
 }
 

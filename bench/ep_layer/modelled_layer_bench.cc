@@ -55,7 +55,8 @@
 namespace epmoe::bench {
 
 // trace_file=: writes `trace` (FileError naming the path) and says so.
-void write_layer_trace(const TraceRecorder& trace, const std::string& path, const std::string& what);  // ep_layer_bench.cc
+void write_layer_trace(const TraceRecorder& trace, const std::string& path,
+                       const std::string& what);  // ep_layer_bench.cc
 
 namespace {
 
@@ -73,9 +74,12 @@ struct LayerShape {
 };
 
 LayerShape shape_from(const BenchArgs& args) {
-  return {static_cast<int>(args.number("ranks", 8)), static_cast<std::int64_t>(args.number("tokens_per_rank", 256)),
-          static_cast<std::int64_t>(args.number("hidden", 256)), static_cast<std::int64_t>(args.number("ffn", 128)),
-          static_cast<int>(args.number("experts", 64)), static_cast<int>(args.number("top_k", 8))};
+  return {static_cast<int>(args.number("ranks", 8)),
+          static_cast<std::int64_t>(args.number("tokens_per_rank", 256)),
+          static_cast<std::int64_t>(args.number("hidden", 256)),
+          static_cast<std::int64_t>(args.number("ffn", 128)),
+          static_cast<int>(args.number("experts", 64)),
+          static_cast<int>(args.number("top_k", 8))};
 }
 
 struct Case {
@@ -203,7 +207,8 @@ class Runner {
  public:
   Runner(const BenchArgs& args, const LayerShape& shape, const ModelledHardware& hardware)
       : args_(args), shape_(shape), hardware_(hardware) {
-    bias_ = balance::zipf_selection_bias({.num_experts = shape.num_experts, .num_ranks = shape.num_ranks,
+    bias_ = balance::zipf_selection_bias({.num_experts = shape.num_experts,
+                                          .num_ranks = shape.num_ranks,
                                           .zipf_exponent = args.number("zipf", 1.2),
                                           .placement = balance::HotExpertPlacement::packed,
                                           .scale = args.number("skew_scale", 0.15)});
@@ -239,16 +244,23 @@ class Runner {
       Tensor wo = random_tensor({el, s.ffn, s.hidden}, rng, 1.0 / std::sqrt(double(s.ffn)));
       Tensor bias(DType::f32, {s.num_experts});
       for (int e = 0; e < s.num_experts; ++e) bias.data<float>()[e] = bias_[static_cast<std::size_t>(e)];
-      ep::EpConfig config{.num_experts = s.num_experts, .top_k = s.top_k, .hidden = s.hidden,
-                          .num_chunks = c.chunks, .dedup = c.dedup, .token_format = c.tokens,
-                          .cotangent_all_gather = c.cotangent, .tag_base = kTagBase};
+      ep::EpConfig config{.num_experts = s.num_experts,
+                          .top_k = s.top_k,
+                          .hidden = s.hidden,
+                          .num_chunks = c.chunks,
+                          .dedup = c.dedup,
+                          .token_format = c.tokens,
+                          .cotangent_all_gather = c.cotangent,
+                          .tag_base = kTagBase};
       config.balance = c.slots > 0 ? ep::BalanceMode::dynamic : ep::BalanceMode::off;
       config.redundant_slots = c.slots;
       config.rebalance_threshold = args_.number("rebalance_threshold", 1.05);
       MemoryLedger ledger;
-      MoeLayer layer({.hidden = s.hidden, .ffn = s.ffn,
+      MoeLayer layer({.hidden = s.hidden,
+                      .ffn = s.ffn,
                       .router = {.kind = c.skewed ? RouterKind::sigmoid_grouped : RouterKind::softmax_topk,
-                                 .num_experts = s.num_experts, .top_k = s.top_k},
+                                 .num_experts = s.num_experts,
+                                 .top_k = s.top_k},
                       .remat = c.remat},
                      ep::make_dispatcher(c.dispatch, comm, config), &ledger);
       const MoeWeights weights{&gate, &wi0, &wi1, &wo, c.skewed ? &bias : nullptr};
@@ -314,11 +326,13 @@ ep::RematPolicy remat(bool x_sorted, bool mlpwi_0, bool mlpwi_1, bool mlpwo) {
 }
 
 void cotangent_table(const BenchArgs& args, const Runner& runner) {
-  std::printf("\n**cotangent_all_gather** (ring dispatch): ring = async, started a chunk ahead; plain = "
-              "blocking where needed. hidden = 1 - exposed / duration of the cotangent all-gathers (all ranks, "
-              "all chunks)\n\n");
-  std::printf("| chunks | remat_policy | cotangent | step us | backward us | cotangent all-gather us/rank | "
-              "exposed us/rank | hidden | backward plain / this |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n**cotangent_all_gather** (ring dispatch): ring = async, started a chunk ahead; plain = "
+      "blocking where needed. hidden = 1 - exposed / duration of the cotangent all-gathers (all ranks, "
+      "all chunks)\n\n");
+  std::printf(
+      "| chunks | remat_policy | cotangent | step us | backward us | cotangent all-gather us/rank | "
+      "exposed us/rank | hidden | backward plain / this |\n|---|---|---|---|---|---|---|---|---|\n");
   struct Row {
     int chunks;
     const char* policy;
@@ -326,7 +340,8 @@ void cotangent_table(const BenchArgs& args, const Runner& runner) {
   for (const Row row : {Row{1, "minimal"}, Row{4, "minimal"}, Row{1, "full"}, Row{4, "full"}}) {
     Outcome outcomes[2];
     for (int i = 0; i < 2; ++i) {
-      Case c{.chunks = row.chunks, .cotangent = i == 0 ? CotangentAllGather::plain : CotangentAllGather::ring,
+      Case c{.chunks = row.chunks,
+             .cotangent = i == 0 ? CotangentAllGather::plain : CotangentAllGather::ring,
              .remat = ep::RematPolicy::preset("remat_policy", row.policy)};
       outcomes[i] = runner.run(c);
     }
@@ -336,8 +351,8 @@ void cotangent_table(const BenchArgs& args, const Runner& runner) {
       const Outcome& o = outcomes[i];
       const auto [duration, exposed] = o.collective_time(EpOp::backward_cotangent);
       std::printf("| %d | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", row.chunks, row.policy,
-                  i == 1 ? "ring" : "plain", us(o.step()), us(o.backward()), us(duration) / ranks,
-                  us(exposed) / ranks, duration > 0 ? 1.0 - double(exposed) / double(duration) : 1.0,
+                  i == 1 ? "ring" : "plain", us(o.step()), us(o.backward()), us(duration) / ranks, us(exposed) / ranks,
+                  duration > 0 ? 1.0 - double(exposed) / double(duration) : 1.0,
                   double(outcomes[0].backward()) / double(o.backward()));
     }
   }
@@ -353,11 +368,13 @@ double phase_sum(const RankOutcome& r, std::initializer_list<const char*> prefix
 }
 
 void chunks_table(const BenchArgs& args, const Runner& runner) {
-  std::printf("\n**token_chunks** vs the pipeline formula T(n) = T(1) - L - X + max(L, X) + min(L, X) / n per "
-              "pass (L: the pass's communication phases, X: its expert compute, both at n = 1 on the critical "
-              "rank; per-chunk latency and launch costs are not in it)\n\n");
-  std::printf("| dispatch | chunks | forward us | formula | backward us | formula | step us | formula | "
-              "step(1) / step(n) | L fwd us | X fwd us |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n**token_chunks** vs the pipeline formula T(n) = T(1) - L - X + max(L, X) + min(L, X) / n per "
+      "pass (L: the pass's communication phases, X: its expert compute, both at n = 1 on the critical "
+      "rank; per-chunk latency and launch costs are not in it)\n\n");
+  std::printf(
+      "| dispatch | chunks | forward us | formula | backward us | formula | step us | formula | "
+      "step(1) / step(n) | L fwd us | X fwd us |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const DispatchKind dispatch : {DispatchKind::ring, DispatchKind::alltoall}) {
     double lf = 0, xf = 0, lb = 0, xb = 0, tf = 0, tb = 0;
     Outcome first;
@@ -385,10 +402,12 @@ void chunks_table(const BenchArgs& args, const Runner& runner) {
 }
 
 void remat_table(const BenchArgs& args, const Runner& runner) {
-  std::printf("\n**remat**: what backward finds saved. saved MB: the layer's MemoryLedger peak of "
-              "saved activations (largest rank); backward MB sent: per rank; recomputed MB: largest rank\n\n");
-  std::printf("| dispatch | policy | saved MB | saved / minimal | backward us | backward / minimal | "
-              "backward MB sent | recomputed MB |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n**remat**: what backward finds saved. saved MB: the layer's MemoryLedger peak of "
+      "saved activations (largest rank); backward MB sent: per rank; recomputed MB: largest rank\n\n");
+  std::printf(
+      "| dispatch | policy | saved MB | saved / minimal | backward us | backward / minimal | "
+      "backward MB sent | recomputed MB |\n|---|---|---|---|---|---|---|---|\n");
   struct Policy {
     const char* name;
     ep::RematPolicy policy;
@@ -403,8 +422,10 @@ void remat_table(const BenchArgs& args, const Runner& runner) {
     Outcome base;
     for (std::size_t i = 0; i < policies.size(); ++i) {
       const Outcome& o = runner.run({.dispatch = dispatch, .remat = policies[i].policy});
-      if (i == 0) base = o;
-      else verify_same(args, policies[i].name, base, o);
+      if (i == 0)
+        base = o;
+      else
+        verify_same(args, policies[i].name, base, o);
       std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", ep::to_string(dispatch).c_str(),
                   policies[i].name, mb(double(o.max_saved_bytes())),
                   double(o.max_saved_bytes()) / double(base.max_saved_bytes()), us(o.backward()),
@@ -425,11 +446,13 @@ void dedup_table(const BenchArgs& args, const Runner& runner, const LayerShape& 
   const double row = double(s.hidden) * 4;
   const int el = s.num_experts / s.num_ranks;
   const double p_hit = hit_probability(s.num_experts, el, s.top_k);
-  std::printf("\n**dedup** (alltoall): forward token bytes per rank against DESIGN.md §4.6 (uniform routing): "
-              "all-to-all K·N_l·H·4·(R-1)/R, dedup N_l·H·4·(R-1)·P(hit), P(hit) = %.3f; ring (R-1)·N_l·H·4\n\n",
-              p_hit);
-  std::printf("| variant | fwd token MB/rank | analytic MB | MB sent/rank, all | forward us | backward us | step us | "
-              "step vs alltoall |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n**dedup** (alltoall): forward token bytes per rank against DESIGN.md §4.6 (uniform routing): "
+      "all-to-all K·N_l·H·4·(R-1)/R, dedup N_l·H·4·(R-1)·P(hit), P(hit) = %.3f; ring (R-1)·N_l·H·4\n\n",
+      p_hit);
+  std::printf(
+      "| variant | fwd token MB/rank | analytic MB | MB sent/rank, all | forward us | backward us | step us | "
+      "step vs alltoall |\n|---|---|---|---|---|---|---|---|\n");
   struct Row {
     const char* name;
     Case c;
@@ -437,17 +460,20 @@ void dedup_table(const BenchArgs& args, const Runner& runner, const LayerShape& 
   };
   const std::vector<Row> rows = {
       {"alltoall", {.dispatch = DispatchKind::alltoall}, s.top_k * s.tokens * row * (s.num_ranks - 1) / s.num_ranks},
-      {"alltoall dedup", {.dispatch = DispatchKind::alltoall, .dedup = true},
+      {"alltoall dedup",
+       {.dispatch = DispatchKind::alltoall, .dedup = true},
        s.tokens * row * (s.num_ranks - 1) * p_hit},
       {"ring", {.dispatch = DispatchKind::ring}, double(s.num_ranks - 1) * s.tokens * row},
   };
   Outcome base;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Outcome& o = runner.run(rows[i].c);
-    if (i == 0) base = o;
-    else verify_same(args, rows[i].name, base, o);
-    const std::string key = rows[i].c.dispatch == DispatchKind::ring ? "forward/ring_all_gather tokens"
-                                                                      : "forward/all_to_all_v tokens";
+    if (i == 0)
+      base = o;
+    else
+      verify_same(args, rows[i].name, base, o);
+    const std::string key =
+        rows[i].c.dispatch == DispatchKind::ring ? "forward/ring_all_gather tokens" : "forward/all_to_all_v tokens";
     std::printf("| %s | %.3f | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f |\n", rows[i].name, mb(o.mean_bytes(key)),
                 mb(rows[i].analytic), mb(o.mean_bytes("")), us(o.forward()), us(o.backward()), us(o.step()),
                 double(base.step()) / double(o.step()));
@@ -455,24 +481,28 @@ void dedup_table(const BenchArgs& args, const Runner& runner, const LayerShape& 
 }
 
 void replicas_table(const BenchArgs& args, const Runner& runner, const LayerShape& s) {
-  std::printf("\n**replicas** (balance=dynamic) under packed Zipf routing (sigmoid_grouped, selection bias Zipf "
-              "s=%.2f scale %.2f, hot experts on rank 0). busiest compute: the largest rank's modelled compute; "
-              "rows max/mean: rows per rank over the mean; weights+grads MB: replica weights out and gradients "
-              "home, all ranks, per step\n\n",
-              args.number("zipf", 1.2), args.number("skew_scale", 0.15));
-  std::printf("| dispatch | B | step us | speed-up | busiest compute us | mean compute us | rows max/mean | "
-              "replicas | weights+grads MB |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n**replicas** (balance=dynamic) under packed Zipf routing (sigmoid_grouped, selection bias Zipf "
+      "s=%.2f scale %.2f, hot experts on rank 0). busiest compute: the largest rank's modelled compute; "
+      "rows max/mean: rows per rank over the mean; weights+grads MB: replica weights out and gradients "
+      "home, all ranks, per step\n\n",
+      args.number("zipf", 1.2), args.number("skew_scale", 0.15));
+  std::printf(
+      "| dispatch | B | step us | speed-up | busiest compute us | mean compute us | rows max/mean | "
+      "replicas | weights+grads MB |\n|---|---|---|---|---|---|---|---|---|\n");
   std::vector<int> slots = {0};
   for (int b : args.ints("slots", "1,2")) slots.push_back(b);
   for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     Outcome base;
     for (const int b : slots) {
       const Outcome& o = runner.run({.dispatch = dispatch, .slots = b, .skewed = true});
-      if (b == 0) base = o;
-      else verify_same(args, "redundant_slots=" + std::to_string(b), base, o);
-      std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %d | %.2f |\n", ep::to_string(dispatch).c_str(),
-                  b, us(o.step()), double(base.step()) / double(o.step()), us(o.max_compute()),
-                  o.mean_compute() * 1e-6, max_over_mean(o.rank_rows()), o.ranks[0].replicas.num_replicas,
+      if (b == 0)
+        base = o;
+      else
+        verify_same(args, "redundant_slots=" + std::to_string(b), base, o);
+      std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %d | %.2f |\n", ep::to_string(dispatch).c_str(), b,
+                  us(o.step()), double(base.step()) / double(o.step()), us(o.max_compute()), o.mean_compute() * 1e-6,
+                  max_over_mean(o.rank_rows()), o.ranks[0].replicas.num_replicas,
                   mb(o.total_bytes("forward/replica weights") + o.total_bytes("backward/replica gradients")));
     }
   }
@@ -481,10 +511,12 @@ void replicas_table(const BenchArgs& args, const Runner& runner, const LayerShap
 
 void fp8_table(const BenchArgs& args, const Runner& runner) {
   (void)args;
-  std::printf("\n**fp8 tokens**: token bytes (tokens travel f32 otherwise: fp8 is 1/4 of them, 1/2 of bf16; "
-              "fp8_token adds one f32 scale per row; gradients stay f32)\n\n");
-  std::printf("| dispatch | fp8_tokens | fwd token MB/rank | vs f32 | forward us | step us | step f32 / this |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n**fp8 tokens**: token bytes (tokens travel f32 otherwise: fp8 is 1/4 of them, 1/2 of bf16; "
+      "fp8_token adds one f32 scale per row; gradients stay f32)\n\n");
+  std::printf(
+      "| dispatch | fp8_tokens | fwd token MB/rank | vs f32 | forward us | step us | step f32 / this |\n"
+      "|---|---|---|---|---|---|---|\n");
   struct Row {
     DispatchKind dispatch;
     bool dedup;
@@ -527,20 +559,24 @@ int run_modelled_layer_bench(const BenchArgs& args) {
     std::stringstream stream(list);
     std::string item;
     while (std::getline(stream, item, ',')) {
-      if (item == "all") tables.insert(table_names().begin(), table_names().end());
-      else if (std::find(table_names().begin(), table_names().end(), item) != table_names().end()) tables.insert(item);
-      else throw ConfigError("tables=" + list + ": unknown table '" + item + "'");
+      if (item == "all")
+        tables.insert(table_names().begin(), table_names().end());
+      else if (std::find(table_names().begin(), table_names().end(), item) != table_names().end())
+        tables.insert(item);
+      else
+        throw ConfigError("tables=" + list + ": unknown table '" + item + "'");
     }
   }
   const double latency_us = args.number("link_latency_us", 2.0);
   const auto trace_it = args.values.find("trace_file");
   const std::string trace_file = trace_it == args.values.end() ? "" : trace_it->second;
-  std::printf("EP layer fwd+bwd, clock=modelled, compute_time=modelled (compute_efficiency %.2f): R=%d ranks as "
-              "threads, N_l=%lld tokens per rank, H=%lld F=%lld E=%d K=%d, f32 tokens unless stated. Every number "
-              "is a pure function of the configuration (one run per row, no repetitions; the host CPU does not "
-              "enter). Times: the slowest rank's modelled microseconds.\n",
-              args.number("compute_efficiency", 0.5), shape.num_ranks, (long long)shape.tokens,
-              (long long)shape.hidden, (long long)shape.ffn, shape.num_experts, shape.top_k);
+  std::printf(
+      "EP layer fwd+bwd, clock=modelled, compute_time=modelled (compute_efficiency %.2f): R=%d ranks as "
+      "threads, N_l=%lld tokens per rank, H=%lld F=%lld E=%d K=%d, f32 tokens unless stated. Every number "
+      "is a pure function of the configuration (one run per row, no repetitions; the host CPU does not "
+      "enter). Times: the slowest rank's modelled microseconds.\n",
+      args.number("compute_efficiency", 0.5), shape.num_ranks, (long long)shape.tokens, (long long)shape.hidden,
+      (long long)shape.ffn, shape.num_experts, shape.top_k);
   bool checked = false;
   for (const std::string& name : hardware_names(args)) {
     const ModelledHardware hardware = modelled_hardware(name, shape.num_ranks, latency_us, args);

@@ -21,7 +21,8 @@ void check_inputs(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
     EPMOE_CHECK(expert >= 0 && expert < num_experts);
     ++local[expert];
   }
-  for (int e = 0; e < num_experts; ++e) EPMOE_CHECK_EQ(local[e], counts[static_cast<std::size_t>(source) * num_experts + e]);
+  for (int e = 0; e < num_experts; ++e)
+    EPMOE_CHECK_EQ(local[e], counts[static_cast<std::size_t>(source) * num_experts + e]);
 }
 
 int copy_rank(const ReplicaPlan& plan, int expert, int copy) {
@@ -52,14 +53,14 @@ std::vector<int> positional_from(const ReplicaPlan& plan, std::vector<std::int64
 
 }  // namespace
 
-std::vector<int> positional_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                        int source, std::span<const std::int32_t> topk_ids, int top_k) {
+std::vector<int> positional_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
+                                        std::span<const std::int32_t> topk_ids, int top_k) {
   check_inputs(plan, counts, source, topk_ids, top_k);
   return positional_from(plan, source_sub_quotas(plan, counts, source), topk_ids);
 }
 
-std::vector<int> dedup_aware_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                         int source, std::span<const std::int32_t> topk_ids, int top_k) {
+std::vector<int> dedup_aware_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
+                                         std::span<const std::int32_t> topk_ids, int top_k) {
   check_inputs(plan, counts, source, topk_ids, top_k);
   const int num_experts = plan.num_experts;
   const auto num_pairs = static_cast<std::int64_t>(topk_ids.size());
@@ -113,8 +114,10 @@ std::vector<int> dedup_aware_copy_choice(const ReplicaPlan& plan, std::span<cons
   for (std::int64_t t = 0, p = 0; t < num_tokens; ++t)
     for (int k = 0; k < top_k; ++k, ++p) {
       const int copy = fixed_copy[topk_ids[p]];
-      if (copy >= 0) take(t, p, copy);
-      else any_flexible = true;
+      if (copy >= 0)
+        take(t, p, copy);
+      else
+        any_flexible = true;
     }
   if (!any_flexible) return choice;  // nothing to choose: the positional rule's choice
 

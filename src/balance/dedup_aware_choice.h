@@ -65,10 +65,10 @@ namespace epmoe::balance {
 // match counts[source]), the index within plan.copies_of(expert) of the copy
 // it goes to: the positional rule (s's pairs of e in (token, k) order fill
 // the copies' sub-quotas in copy order), or dedup-aware.
-std::vector<int> positional_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                        int source, std::span<const std::int32_t> topk_ids, int top_k);
-std::vector<int> dedup_aware_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                         int source, std::span<const std::int32_t> topk_ids, int top_k);
+std::vector<int> positional_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
+                                        std::span<const std::int32_t> topk_ids, int top_k);
+std::vector<int> dedup_aware_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
+                                         std::span<const std::int32_t> topk_ids, int top_k);
 
 // Rows `source` sends to other ranks with dedup under `copy_choice`: per
 // token, the distinct ranks of its pairs' copies other than `source`.

@@ -19,8 +19,8 @@ struct PackItem {
 // items: each onto the lightest pack with room that does not hold its expert.
 // Returns the experts of every pack; an item with no admissible pack is
 // dropped (only possible with several copies of one expert, see eplb.h).
-std::vector<std::vector<int>> pack_heaviest_first(const std::vector<PackItem>& items, int num_experts,
-                                                  int num_packs, int capacity) {
+std::vector<std::vector<int>> pack_heaviest_first(const std::vector<PackItem>& items, int num_experts, int num_packs,
+                                                  int capacity) {
   std::vector<std::vector<int>> packs(num_packs);
   std::vector<std::int64_t> pack_loads(num_packs, 0);
   std::vector<char> holds(static_cast<std::size_t>(num_packs) * num_experts, 0);
@@ -185,14 +185,15 @@ std::vector<int> balanced_home_ranks(std::span<const std::int64_t> expert_loads,
   const int num_experts = static_cast<int>(expert_loads.size());
   EPMOE_CHECK_GT(num_ranks, 0);
   EPMOE_CHECK_EQ(num_experts % num_ranks, 0);
-  const std::vector<std::vector<int>> packs = pack_heaviest_first(
-      items_heaviest_first(expert_loads, std::vector<int>(num_experts, 1)), num_experts, num_ranks,
-      num_experts / num_ranks);
+  const std::vector<std::vector<int>> packs =
+      pack_heaviest_first(items_heaviest_first(expert_loads, std::vector<int>(num_experts, 1)), num_experts, num_ranks,
+                          num_experts / num_ranks);
 
   std::vector<char> previously_held(static_cast<std::size_t>(num_ranks) * num_experts, 0);
   if (!previous_homes.empty()) {
     EPMOE_CHECK_EQ(previous_homes.size(), expert_loads.size());
-    for (int e = 0; e < num_experts; ++e) previously_held[static_cast<std::size_t>(previous_homes[e]) * num_experts + e] = 1;
+    for (int e = 0; e < num_experts; ++e)
+      previously_held[static_cast<std::size_t>(previous_homes[e]) * num_experts + e] = 1;
   }
   const std::vector<int> rank_of_pack = label_packs_with_ranks(packs, num_experts, previously_held);
   std::vector<int> homes(num_experts, -1);

@@ -19,7 +19,8 @@ enum class GeneratorStream : std::uint64_t { tokens = 0, drift = 1 };
 // popularity with K close to E) the remainder is sampled directly instead.
 class DistinctZipfSampler {
  public:
-  DistinctZipfSampler(int num_experts, double exponent) : cumulative_(num_experts), weights_(num_experts), picked_(num_experts, 0) {
+  DistinctZipfSampler(int num_experts, double exponent)
+      : cumulative_(num_experts), weights_(num_experts), picked_(num_experts, 0) {
     double total = 0;
     for (int i = 0; i < num_experts; ++i) {
       weights_[i] = 1.0 / std::pow(static_cast<double>(i + 1), exponent);
@@ -35,8 +36,8 @@ class DistinctZipfSampler {
       int rank = -1;
       for (int attempt = 0; attempt < kRedrawsBeforeScan && rank < 0; ++attempt) {
         const double u = rng.uniform01() * cumulative_.back();
-        const int drawn = static_cast<int>(std::upper_bound(cumulative_.begin(), cumulative_.end(), u) -
-                                           cumulative_.begin());
+        const int drawn =
+            static_cast<int>(std::upper_bound(cumulative_.begin(), cumulative_.end(), u) - cumulative_.begin());
         const int clamped = std::min(drawn, static_cast<int>(cumulative_.size()) - 1);
         if (!picked_[clamped]) rank = clamped;
       }
@@ -98,12 +99,12 @@ void validate(const LoadGeneratorOptions& options) {
   if (options.num_ranks < 1) fail("ranks=" + std::to_string(options.num_ranks) + ": must be >= 1");
   if (options.num_experts < 1) fail("experts=" + std::to_string(options.num_experts) + ": must be >= 1");
   if (options.num_experts % options.num_ranks != 0) {
-    fail("experts=" + std::to_string(options.num_experts) + " is not divisible by ranks=" +
-         std::to_string(options.num_ranks) + " (every rank is home to E/R experts)");
+    fail("experts=" + std::to_string(options.num_experts) +
+         " is not divisible by ranks=" + std::to_string(options.num_ranks) + " (every rank is home to E/R experts)");
   }
   if (options.top_k < 1 || options.top_k > options.num_experts) {
-    fail("top_k=" + std::to_string(options.top_k) + ": must be in [1, experts=" +
-         std::to_string(options.num_experts) + "] (K distinct experts per token)");
+    fail("top_k=" + std::to_string(options.top_k) + ": must be in [1, experts=" + std::to_string(options.num_experts) +
+         "] (K distinct experts per token)");
   }
   if (options.num_tokens_per_rank < 0) fail("tokens_per_rank must be >= 0");
   if (options.num_steps < 1) fail("steps=" + std::to_string(options.num_steps) + ": must be >= 1");
@@ -114,8 +115,8 @@ void validate(const LoadGeneratorOptions& options) {
   if (__builtin_mul_overflow(options.num_tokens_per_rank, std::int64_t{options.num_ranks}, &pairs) ||
       __builtin_mul_overflow(pairs, std::int64_t{options.top_k}, &pairs) ||
       __builtin_mul_overflow(pairs, std::int64_t{options.num_steps}, &pairs)) {
-    fail("tokens_per_rank=" + std::to_string(options.num_tokens_per_rank) + " ranks=" +
-         std::to_string(options.num_ranks) + " top_k=" + std::to_string(options.top_k) + " steps=" +
+    fail("tokens_per_rank=" + std::to_string(options.num_tokens_per_rank) +
+         " ranks=" + std::to_string(options.num_ranks) + " top_k=" + std::to_string(options.top_k) + " steps=" +
          std::to_string(options.num_steps) + ": the (token, expert) pairs of the file overflow a 64-bit count");
   }
   if (!(options.zipf_exponent >= 0) || !std::isfinite(options.zipf_exponent)) fail("zipf must be a finite number >= 0");
@@ -127,9 +128,8 @@ std::vector<int> initial_expert_of_popularity_rank(const LoadGeneratorOptions& o
   const int experts_per_rank = num_experts / num_ranks;
   std::vector<int> expert_of_popularity_rank(num_experts);
   for (int i = 0; i < num_experts; ++i) {
-    expert_of_popularity_rank[i] = options.placement == HotExpertPlacement::packed
-                                       ? i
-                                       : (i % num_ranks) * experts_per_rank + i / num_ranks;
+    expert_of_popularity_rank[i] =
+        options.placement == HotExpertPlacement::packed ? i : (i % num_ranks) * experts_per_rank + i / num_ranks;
   }
   return expert_of_popularity_rank;
 }

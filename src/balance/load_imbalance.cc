@@ -4,9 +4,7 @@
 
 namespace epmoe::balance {
 
-double LoadImbalance::mean_load() const {
-  return num_ranks > 0 ? static_cast<double>(total_load) / num_ranks : 0.0;
-}
+double LoadImbalance::mean_load() const { return num_ranks > 0 ? static_cast<double>(total_load) / num_ranks : 0.0; }
 
 double LoadImbalance::max_over_mean() const {
   if (total_load == 0) return 1.0;

@@ -15,14 +15,14 @@ std::vector<int> place_periodic_replicas(std::span<const std::int64_t> window_lo
   std::vector<int> slot_experts(static_cast<std::size_t>(num_ranks) * slots_per_rank, kEmptySlot);
   if (slots_per_rank == 0 || num_ranks < 2) return slot_experts;
   // At most one copy per rank: the home plus R - 1 replicas.
-  const std::vector<int> copies = eplb_replica_counts(window_loads, num_experts + num_ranks * slots_per_rank, num_ranks);
+  const std::vector<int> copies =
+      eplb_replica_counts(window_loads, num_experts + num_ranks * slots_per_rank, num_ranks);
 
   // Replicas to place, heaviest load per copy first (ties: lower expert).
   std::vector<int> order(static_cast<std::size_t>(num_experts));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return window_loads[a] * copies[b] > window_loads[b] * copies[a];
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return window_loads[a] * copies[b] > window_loads[b] * copies[a]; });
   // Rank loads as doubles (load / copies); only compared to pick a rank, with
   // ties to the lower rank. Every rank runs the same operations in the same
   // order on the same integers, so every rank picks the same placement.
@@ -53,8 +53,8 @@ std::vector<int> place_periodic_replicas(std::span<const std::int64_t> window_lo
   return slot_experts;
 }
 
-ReplicaPlan plan_with_placement(std::span<const std::int64_t> expert_counts, std::span<const int> homes,
-                                int num_ranks, int slots_per_rank, std::span<const int> slot_experts) {
+ReplicaPlan plan_with_placement(std::span<const std::int64_t> expert_counts, std::span<const int> homes, int num_ranks,
+                                int slots_per_rank, std::span<const int> slot_experts) {
   const int num_experts = static_cast<int>(expert_counts.size());
   EPMOE_CHECK_EQ(slot_experts.size(), static_cast<std::size_t>(num_ranks) * slots_per_rank);
   ReplicaPlan plan;

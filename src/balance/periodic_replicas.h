@@ -27,7 +27,7 @@ std::vector<int> place_periodic_replicas(std::span<const std::int64_t> window_lo
 
 // The plan of one step under a held placement: copies = home, then the slots
 // holding the expert by ascending rank; quotas split_evenly(count).
-ReplicaPlan plan_with_placement(std::span<const std::int64_t> expert_counts, std::span<const int> homes,
-                                int num_ranks, int slots_per_rank, std::span<const int> slot_experts);
+ReplicaPlan plan_with_placement(std::span<const std::int64_t> expert_counts, std::span<const int> homes, int num_ranks,
+                                int slots_per_rank, std::span<const int> slot_experts);
 
 }  // namespace epmoe::balance

@@ -48,12 +48,9 @@ class ResidencyTracker {
   std::vector<char> held_, next_;  // [R * E]
 };
 
-bool replans_at(int step, const PolicyReplayOptions& options) {
-  return step > 0 && step % options.period_steps == 0;
-}
+bool replans_at(int step, const PolicyReplayOptions& options) { return step > 0 && step % options.period_steps == 0; }
 
-std::vector<std::int64_t> window_loads(const ExpertLoadHistory& history, int step,
-                                       const PolicyReplayOptions& options) {
+std::vector<std::int64_t> window_loads(const ExpertLoadHistory& history, int step, const PolicyReplayOptions& options) {
   return history.window_sum(std::max(0, step - options.window_steps), step);
 }
 
@@ -84,12 +81,11 @@ StepOutcome plan_outcome(const ReplicaPlan& plan, ResidencyTracker& residency, b
 std::vector<StepOutcome> replay_fixed_homes(const ExpertLoadHistory& history, const PolicyReplayOptions& options,
                                             bool with_replicas) {
   const std::vector<int> homes = contiguous_home_ranks(history.num_experts, options.num_ranks);
-  const ReplicaPlannerOptions planner_options{options.num_ranks,
-                                              with_replicas ? options.num_redundant_slots_per_rank : 0,
-                                              options.rebalance_threshold};
+  const ReplicaPlannerOptions planner_options{
+      options.num_ranks, with_replicas ? options.num_redundant_slots_per_rank : 0, options.rebalance_threshold};
   ResidencyTracker residency(history.num_experts, options.num_ranks);
-  std::vector<int> previous_slots(static_cast<std::size_t>(options.num_ranks) * planner_options.num_redundant_slots_per_rank,
-                                  kEmptySlot);
+  std::vector<int> previous_slots(
+      static_cast<std::size_t>(options.num_ranks) * planner_options.num_redundant_slots_per_rank, kEmptySlot);
   std::vector<StepOutcome> outcomes;
   for (int step = 0; step < history.num_steps; ++step) {
     const ReplicaPlan plan = plan_replicas(history.step(step), homes, planner_options, previous_slots);
@@ -100,8 +96,8 @@ std::vector<StepOutcome> replay_fixed_homes(const ExpertLoadHistory& history, co
 }
 
 std::vector<StepOutcome> replay_hybrid(const ExpertLoadHistory& history, const PolicyReplayOptions& options) {
-  HybridBalancer balancer(history.num_experts, {options.num_ranks, options.num_redundant_slots_per_rank,
-                                                options.rebalance_threshold});
+  HybridBalancer balancer(history.num_experts,
+                          {options.num_ranks, options.num_redundant_slots_per_rank, options.rebalance_threshold});
   ResidencyTracker residency(history.num_experts, options.num_ranks);
   std::vector<StepOutcome> outcomes;
   for (int step = 0; step < history.num_steps; ++step) {
@@ -159,10 +155,14 @@ std::vector<StepOutcome> replay_eplb(const ExpertLoadHistory& history, const Pol
 
 std::string_view policy_name(BalancePolicy policy) {
   switch (policy) {
-    case BalancePolicy::none: return "none";
-    case BalancePolicy::eplb: return "eplb";
-    case BalancePolicy::dynamic: return "dynamic";
-    case BalancePolicy::hybrid: return "hybrid";
+    case BalancePolicy::none:
+      return "none";
+    case BalancePolicy::eplb:
+      return "eplb";
+    case BalancePolicy::dynamic:
+      return "dynamic";
+    case BalancePolicy::hybrid:
+      return "hybrid";
   }
   return "?";
 }
@@ -223,17 +223,24 @@ double PolicyReplay::mean_active_replicas() const {
   return steps.empty() ? 0.0 : sum / static_cast<double>(steps.size());
 }
 
-PolicyReplay replay_policy(BalancePolicy policy, const ExpertLoadHistory& history,
-                           const PolicyReplayOptions& options) {
+PolicyReplay replay_policy(BalancePolicy policy, const ExpertLoadHistory& history, const PolicyReplayOptions& options) {
   validate(options, history.num_experts);
   PolicyReplay replay;
   replay.policy = policy;
   replay.period_steps = options.period_steps;
   switch (policy) {
-    case BalancePolicy::none: replay.steps = replay_fixed_homes(history, options, false); break;
-    case BalancePolicy::dynamic: replay.steps = replay_fixed_homes(history, options, true); break;
-    case BalancePolicy::eplb: replay.steps = replay_eplb(history, options); break;
-    case BalancePolicy::hybrid: replay.steps = replay_hybrid(history, options); break;
+    case BalancePolicy::none:
+      replay.steps = replay_fixed_homes(history, options, false);
+      break;
+    case BalancePolicy::dynamic:
+      replay.steps = replay_fixed_homes(history, options, true);
+      break;
+    case BalancePolicy::eplb:
+      replay.steps = replay_eplb(history, options);
+      break;
+    case BalancePolicy::hybrid:
+      replay.steps = replay_hybrid(history, options);
+      break;
   }
   return replay;
 }

@@ -100,7 +100,6 @@ struct PolicyReplay {
   double fraction_of_steps_at_ideal() const;
 };
 
-PolicyReplay replay_policy(BalancePolicy policy, const ExpertLoadHistory& history,
-                           const PolicyReplayOptions& options);
+PolicyReplay replay_policy(BalancePolicy policy, const ExpertLoadHistory& history, const PolicyReplayOptions& options);
 
 }  // namespace epmoe::balance

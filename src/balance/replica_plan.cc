@@ -126,8 +126,7 @@ std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const st
   return sub;
 }
 
-std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                            int source) {
+std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source) {
   EPMOE_CHECK(source >= 0 && source < plan.num_ranks);
   const std::vector<std::int64_t> all = sub_quotas(plan, counts);
   const auto begin = all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(source) * plan.copies.size());

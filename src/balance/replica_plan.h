@@ -94,8 +94,7 @@ void split_evenly(std::int64_t count, std::span<ExpertCopy> copies);
 // column sum (checked).
 std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts);
 // Row `source` of sub_quotas, indexed like plan.copies.
-std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                            int source);
+std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source);
 
 // Reorders each rank's B slots in `slot_experts` [R * B] so that an expert
 // that held slot b of the rank in `previous` [R * B] stays in slot b (its

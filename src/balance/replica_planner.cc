@@ -153,7 +153,10 @@ class WaterFill {
     int low = 0, high = num_donors;
     while (low < high) {
       const int middle = (low + high) / 2;
-      if (run_of(donors_[middle], target) >= room) low = middle + 1; else high = middle;
+      if (run_of(donors_[middle], target) >= room)
+        low = middle + 1;
+      else
+        high = middle;
     }
     // A donor's whole remaining excess in one run that fits: it is done. Not
     // in the receiver's last slot, where only a run that fills the room
@@ -215,18 +218,18 @@ class WaterFill {
   int num_experts_, num_ranks_, num_slots_;
 
   // Fixed for the step.
-  std::vector<std::int64_t> home_loads_;       // [R]
-  std::vector<int> home_offsets_;              // [R + 1] experts_by_home_ ranges
-  std::vector<int> experts_by_count_;          // [E] by home, each rank's by count, largest first
+  std::vector<std::int64_t> home_loads_;  // [R]
+  std::vector<int> home_offsets_;         // [R + 1] experts_by_home_ ranges
+  std::vector<int> experts_by_count_;     // [E] by home, each rank's by count, largest first
 
   // One fill's plan.
-  std::vector<std::int64_t> loads_;            // [R]
-  std::vector<std::int64_t> home_quota_;       // [E]
-  std::vector<int> used_slots_;                // [R] slots are filled in index order
-  std::vector<int> slot_experts_;              // [R * B]
-  std::vector<std::int64_t> slot_quota_;       // [R * B]
-  std::vector<int> experts_by_home_;           // [E] as experts_by_count_, by remaining home quota
-  std::vector<int> donors_, receivers_;        // ranks above / below the target
+  std::vector<std::int64_t> loads_;       // [R]
+  std::vector<std::int64_t> home_quota_;  // [E]
+  std::vector<int> used_slots_;           // [R] slots are filled in index order
+  std::vector<int> slot_experts_;         // [R * B]
+  std::vector<std::int64_t> slot_quota_;  // [R * B]
+  std::vector<int> experts_by_home_;      // [E] as experts_by_count_, by remaining home quota
+  std::vector<int> donors_, receivers_;   // ranks above / below the target
 };
 
 void check_planner_inputs(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,

@@ -60,9 +60,7 @@ std::vector<int> contiguous_home_ranks(int num_experts, int num_ranks);
 // `home_rank_of_expert` [E]: any placement (hybrid re-homes experts).
 // `previous_slot_experts` [R * B] or empty: the last plan's slot_experts, so
 // experts that stay on a rank keep their slot (see ReplicaPlan).
-ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts,
-                          std::span<const int> home_rank_of_expert,
-                          const ReplicaPlannerOptions& options,
-                          std::span<const int> previous_slot_experts = {});
+ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
+                          const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts = {});
 
 }  // namespace epmoe::balance

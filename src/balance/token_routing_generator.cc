@@ -34,9 +34,9 @@ std::vector<std::vector<std::int32_t>> generate_token_routing(const LoadGenerato
         int chosen = -1;
         for (int attempt = 0; attempt < 16 && chosen < 0; ++attempt) {
           const double u = rng.uniform01() * total;
-          const int drawn = std::min(
-              static_cast<int>(std::upper_bound(cumulative.begin(), cumulative.end(), u) - cumulative.begin()),
-              num_experts - 1);
+          const int drawn =
+              std::min(static_cast<int>(std::upper_bound(cumulative.begin(), cumulative.end(), u) - cumulative.begin()),
+                       num_experts - 1);
           if (!picked[drawn]) chosen = drawn;
         }
         if (chosen < 0) {

@@ -15,13 +15,13 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <optional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,19 +47,53 @@ KeyGroup replay_keys() {
   return {
       "with --loads: replay balancing policies",
       {
-          {.name = "ranks", .type = KeyType::integer, .default_value = "8", .help = "expert-parallel ranks (R); must divide E", .min_value = 1},
-          {.name = "slots", .type = KeyType::integer, .default_value = "2", .help = "redundant expert slots per rank (B)", .min_value = 0},
-          {.name = "policy", .type = KeyType::choice, .default_value = "all", .help = "policy to replay; all = every policy",
+          {.name = "ranks",
+           .type = KeyType::integer,
+           .default_value = "8",
+           .help = "expert-parallel ranks (R); must divide E",
+           .min_value = 1},
+          {.name = "slots",
+           .type = KeyType::integer,
+           .default_value = "2",
+           .help = "redundant expert slots per rank (B)",
+           .min_value = 0},
+          {.name = "policy",
+           .type = KeyType::choice,
+           .default_value = "all",
+           .help = "policy to replay; all = every policy",
            .choices = {"none", "eplb", "dynamic", "hybrid", "all"}},
-          {.name = "window", .type = KeyType::integer, .default_value = "50", .help = "eplb, hybrid: steps of past loads a placement is made from (W)", .min_value = 1},
-          {.name = "period", .type = KeyType::integer, .default_value = "50", .help = "eplb, hybrid: steps between placements (P)", .min_value = 1},
-          {.name = "rebalance_threshold", .type = KeyType::real, .default_value = "1.05",
-           .help = "dynamic, hybrid: stop adding replicas at this max/mean rank load", .min_value = 1},
-          {.name = "hidden", .type = KeyType::integer, .default_value = "7168", .help = "hidden size H, for weight bytes (default: DeepSeek-V3)", .min_value = 1},
-          {.name = "ffn", .type = KeyType::integer, .default_value = "2048", .help = "expert FFN size F; an expert move is 3*H*F*4 bytes", .min_value = 1},
-          {.name = "layer", .type = KeyType::text, .default_value = "all",
+          {.name = "window",
+           .type = KeyType::integer,
+           .default_value = "50",
+           .help = "eplb, hybrid: steps of past loads a placement is made from (W)",
+           .min_value = 1},
+          {.name = "period",
+           .type = KeyType::integer,
+           .default_value = "50",
+           .help = "eplb, hybrid: steps between placements (P)",
+           .min_value = 1},
+          {.name = "rebalance_threshold",
+           .type = KeyType::real,
+           .default_value = "1.05",
+           .help = "dynamic, hybrid: stop adding replicas at this max/mean rank load",
+           .min_value = 1},
+          {.name = "hidden",
+           .type = KeyType::integer,
+           .default_value = "7168",
+           .help = "hidden size H, for weight bytes (default: DeepSeek-V3)",
+           .min_value = 1},
+          {.name = "ffn",
+           .type = KeyType::integer,
+           .default_value = "2048",
+           .help = "expert FFN size F; an expert move is 3*H*F*4 bytes",
+           .min_value = 1},
+          {.name = "layer",
+           .type = KeyType::text,
+           .default_value = "all",
            .help = "a metrics.jsonl's MoE layer to replay (0-based); all = every layer, each on its own"},
-          {.name = "plans", .type = KeyType::boolean, .default_value = "true",
+          {.name = "plans",
+           .type = KeyType::boolean,
+           .default_value = "true",
            .help = "with --json: every step's copies and weight moves per policy (false: the summary only)"},
       },
   };
@@ -83,18 +117,56 @@ KeyGroup generate_keys() {
   return {
       "with --generate: Zipf-skewed loads",
       {
-          {.name = "experts", .type = KeyType::integer, .default_value = "64", .help = "routed experts (E)", .min_value = 1},
-          {.name = "ranks", .type = KeyType::integer, .default_value = "8", .help = "ranks (R) whose tokens route; hot experts spread over them", .min_value = 1},
-          {.name = "tokens_per_rank", .type = KeyType::integer, .default_value = "1024", .help = "tokens per rank per step (T)", .min_value = 0},
-          {.name = "top_k", .type = KeyType::integer, .default_value = "8", .help = "distinct experts per token (K)", .min_value = 1},
-          {.name = "steps", .type = KeyType::integer, .default_value = "200", .help = "steps (rows of the file)", .min_value = 1},
-          {.name = "zipf", .type = KeyType::real, .default_value = "1.2", .help = "Zipf exponent s of expert popularity; 0 = uniform", .min_value = 0},
-          {.name = "placement", .type = KeyType::choice, .default_value = "spread",
-           .help = "hot experts round-robin over ranks, or all on rank 0", .choices = {"spread", "packed"}},
-          {.name = "drift", .type = KeyType::choice, .default_value = "none",
-           .help = "popularity drift: a random adjacent swap, or a rotation by one rank", .choices = {"none", "swap", "rotate"}},
-          {.name = "drift_interval", .type = KeyType::integer, .default_value = "1", .help = "steps between drift events", .min_value = 1},
-          {.name = "seed", .type = KeyType::integer, .default_value = "0", .help = "seed of the generator", .min_value = 0},
+          {.name = "experts",
+           .type = KeyType::integer,
+           .default_value = "64",
+           .help = "routed experts (E)",
+           .min_value = 1},
+          {.name = "ranks",
+           .type = KeyType::integer,
+           .default_value = "8",
+           .help = "ranks (R) whose tokens route; hot experts spread over them",
+           .min_value = 1},
+          {.name = "tokens_per_rank",
+           .type = KeyType::integer,
+           .default_value = "1024",
+           .help = "tokens per rank per step (T)",
+           .min_value = 0},
+          {.name = "top_k",
+           .type = KeyType::integer,
+           .default_value = "8",
+           .help = "distinct experts per token (K)",
+           .min_value = 1},
+          {.name = "steps",
+           .type = KeyType::integer,
+           .default_value = "200",
+           .help = "steps (rows of the file)",
+           .min_value = 1},
+          {.name = "zipf",
+           .type = KeyType::real,
+           .default_value = "1.2",
+           .help = "Zipf exponent s of expert popularity; 0 = uniform",
+           .min_value = 0},
+          {.name = "placement",
+           .type = KeyType::choice,
+           .default_value = "spread",
+           .help = "hot experts round-robin over ranks, or all on rank 0",
+           .choices = {"spread", "packed"}},
+          {.name = "drift",
+           .type = KeyType::choice,
+           .default_value = "none",
+           .help = "popularity drift: a random adjacent swap, or a rotation by one rank",
+           .choices = {"none", "swap", "rotate"}},
+          {.name = "drift_interval",
+           .type = KeyType::integer,
+           .default_value = "1",
+           .help = "steps between drift events",
+           .min_value = 1},
+          {.name = "seed",
+           .type = KeyType::integer,
+           .default_value = "0",
+           .help = "seed of the generator",
+           .min_value = 0},
       },
   };
 }
@@ -129,7 +201,8 @@ void check_generate_target(const std::filesystem::path& file) {
   }
   const std::filesystem::path dir = std::filesystem::absolute(file).parent_path();
   if (!std::filesystem::is_directory(dir)) {
-    throw FileError(file.string() + ": directory " + dir.string() + " does not exist (--generate creates no directories)");
+    throw FileError(file.string() + ": directory " + dir.string() +
+                    " does not exist (--generate creates no directories)");
   }
   const std::filesystem::path probe = dir / (".epmoe-probe-" + std::to_string(::getpid()));
   if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -149,7 +222,7 @@ void run_generate(const BalanceArguments& arguments) {
   options.num_steps = values.get_int32("steps");
   options.zipf_exponent = values.get_float("zipf");
   options.placement = values.get_string("placement") == "packed" ? balance::HotExpertPlacement::packed
-                                                                  : balance::HotExpertPlacement::spread;
+                                                                 : balance::HotExpertPlacement::spread;
   const std::string& drift = values.get_string("drift");
   options.drift = drift == "swap"     ? balance::PopularityDrift::swap
                   : drift == "rotate" ? balance::PopularityDrift::rotate
@@ -182,8 +255,8 @@ void run_generate(const BalanceArguments& arguments) {
 // --- --loads -----------------------------------------------------------------
 
 balance::ExpertLoadHistory read_loads(const std::string& file) {
-  const Tensor loads = read_npy(file, DType::i64,
-                                ExpectedShape{{ExpectedShape::kAnyDim, ExpectedShape::kAnyDim}, {"steps", "E"}, ""});
+  const Tensor loads =
+      read_npy(file, DType::i64, ExpectedShape{{ExpectedShape::kAnyDim, ExpectedShape::kAnyDim}, {"steps", "E"}, ""});
   if (loads.dim(0) > std::numeric_limits<int>::max() || loads.dim(1) > std::numeric_limits<int>::max()) {
     throw FileError(file + ": shape " + shape_to_string(loads.shape()) + " has more than 2^31-1 steps or experts");
   }
@@ -293,10 +366,9 @@ void print_table(const nlohmann::json& policies) {
     std::printf("%-8s %14.3f %15.3f %15.3f %8.0f%% %13.2f %11d %15.1f %16.1f\n",
                 row["policy"].get<std::string>().c_str(), row["mean_max_over_mean"].get<double>(),
                 row["worst_max_over_mean"].get<double>(), row["mean_max_over_mean_from_first_period"].get<double>(),
-                100.0 * row["fraction_of_steps_at_ideal"].get<double>(), row["mean_expert_moves_per_step"].get<double>(),
-                row["max_expert_moves_in_a_step"].get<int>(),
-                row["mean_weight_bytes_moved_per_step"].get<double>() / 1e6,
-                row["mean_active_replicas"].get<double>());
+                100.0 * row["fraction_of_steps_at_ideal"].get<double>(),
+                row["mean_expert_moves_per_step"].get<double>(), row["max_expert_moves_in_a_step"].get<int>(),
+                row["mean_weight_bytes_moved_per_step"].get<double>() / 1e6, row["mean_active_replicas"].get<double>());
   }
 }
 
@@ -311,8 +383,8 @@ void run_replay(const BalanceArguments& arguments) {
   // The plans are kept only where they are printed.
   options.record_plans = arguments.json && values.get_bool("plans");
   // fp32 wi0 [H, F], wi1 [H, F] and wo [F, H] of one expert.
-  const double expert_weight_bytes = 3.0 * static_cast<double>(values.get_int("hidden")) *
-                                     static_cast<double>(values.get_int("ffn")) * 4.0;
+  const double expert_weight_bytes =
+      3.0 * static_cast<double>(values.get_int("hidden")) * static_cast<double>(values.get_int("ffn")) * 4.0;
   const std::optional<int> layer = layer_to_replay(values);
 
   const bool from_metrics = is_metrics_file(arguments.loads_file);
@@ -321,7 +393,8 @@ void run_replay(const BalanceArguments& arguments) {
   std::vector<LoadsToReplay> inputs;
   if (from_metrics) {
     metrics = read_metrics_loads(arguments.loads_file, layer);
-    for (std::size_t i = 0; i < metrics->layers.size(); ++i) inputs.push_back({metrics->layers[i], &metrics->history[i]});
+    for (std::size_t i = 0; i < metrics->layers.size(); ++i)
+      inputs.push_back({metrics->layers[i], &metrics->history[i]});
   } else {
     if (layer) {
       throw ConfigError("layer=" + values.get_string("layer") + ": only a metrics.jsonl has layers; " +
@@ -338,26 +411,28 @@ void run_replay(const BalanceArguments& arguments) {
     nlohmann::json policies = nlohmann::json::array();
     for (const balance::BalancePolicy policy : policies_to_replay(values.get_string("policy"))) {
       const balance::PolicyReplay replay = balance::replay_policy(policy, *input.history, options);
-      nlohmann::json row = {{"policy", std::string(balance::policy_name(policy))},
-                            {"mean_max_over_mean", replay.mean_max_over_mean()},
-                            {"worst_max_over_mean", replay.worst_max_over_mean()},
-                            {"mean_max_over_mean_from_first_period", replay.mean_max_over_mean_from_first_period()},
-                            {"mean_expert_moves_per_step", replay.mean_expert_moves_per_step()},
-                            {"max_expert_moves_in_a_step", replay.max_expert_moves_in_a_step()},
-                            {"mean_weight_bytes_moved_per_step", replay.mean_expert_moves_per_step() * expert_weight_bytes},
-                            {"mean_active_replicas", replay.mean_active_replicas()},
-                            {"fraction_of_steps_at_ideal", replay.fraction_of_steps_at_ideal()}};
+      nlohmann::json row = {
+          {"policy", std::string(balance::policy_name(policy))},
+          {"mean_max_over_mean", replay.mean_max_over_mean()},
+          {"worst_max_over_mean", replay.worst_max_over_mean()},
+          {"mean_max_over_mean_from_first_period", replay.mean_max_over_mean_from_first_period()},
+          {"mean_expert_moves_per_step", replay.mean_expert_moves_per_step()},
+          {"max_expert_moves_in_a_step", replay.max_expert_moves_in_a_step()},
+          {"mean_weight_bytes_moved_per_step", replay.mean_expert_moves_per_step() * expert_weight_bytes},
+          {"mean_active_replicas", replay.mean_active_replicas()},
+          {"fraction_of_steps_at_ideal", replay.fraction_of_steps_at_ideal()}};
       if (options.record_plans) {
         nlohmann::json steps = nlohmann::json::array();
         for (std::size_t s = 0; s < replay.steps.size(); ++s) {
-          steps.push_back(step_to_json(replay.steps[s], static_cast<int>(s), metrics ? &metrics->train_steps : nullptr));
+          steps.push_back(
+              step_to_json(replay.steps[s], static_cast<int>(s), metrics ? &metrics->train_steps : nullptr));
         }
         row["steps"] = std::move(steps);
       }
       policies.push_back(std::move(row));
     }
-    layers.push_back({{"layer", input.layer ? nlohmann::json(*input.layer) : nlohmann::json()},
-                      {"policies", std::move(policies)}});
+    layers.push_back(
+        {{"layer", input.layer ? nlohmann::json(*input.layer) : nlohmann::json()}, {"policies", std::move(policies)}});
   }
 
   if (arguments.json) {
@@ -380,10 +455,9 @@ void run_replay(const BalanceArguments& arguments) {
     std::printf("%s\n", text.c_str());
     return;
   }
-  const std::string settings = "ranks=" + std::to_string(options.num_ranks) + " slots=" +
-                               std::to_string(options.num_redundant_slots_per_rank) + " window=" +
-                               std::to_string(options.window_steps) + " period=" +
-                               std::to_string(options.period_steps);
+  const std::string settings =
+      "ranks=" + std::to_string(options.num_ranks) + " slots=" + std::to_string(options.num_redundant_slots_per_rank) +
+      " window=" + std::to_string(options.window_steps) + " period=" + std::to_string(options.period_steps);
   if (!metrics) {
     std::printf("%s: %d steps, %d experts; %s rebalance_threshold=%g\n", arguments.loads_file.c_str(), num_steps,
                 num_experts, settings.c_str(), options.rebalance_threshold);
@@ -419,9 +493,10 @@ void run_balance_command(const BalanceArguments& arguments) {
 
 void add_balance_command(CLI::App& app) {
   auto arguments = std::make_shared<BalanceArguments>();
-  CLI::App* command = app.add_subcommand(
-      kCommand, "Replay expert-balancing policies (none, eplb, dynamic, hybrid) on per-step expert loads, "
-                "or generate such loads");
+  CLI::App* command =
+      app.add_subcommand(kCommand,
+                         "Replay expert-balancing policies (none, eplb, dynamic, hybrid) on per-step expert loads, "
+                         "or generate such loads");
   command->add_option("--loads", arguments->loads_file,
                       "global expert loads to replay: int64 .npy [steps, E], or epmoe train's metrics.jsonl "
                       "(its expert_counts, per layer)");

@@ -33,14 +33,29 @@ constexpr double kIntMax = std::numeric_limits<int>::max();
 
 std::vector<KeySpec> timing_keys() {
   return {
-      {.name = "min_runs", .type = KeyType::integer, .default_value = "5", .help = "timed runs at least",
-       .min_value = 1, .max_value = kIntMax},
-      {.name = "max_runs", .type = KeyType::integer, .default_value = "50", .help = "timed runs at most",
-       .min_value = 1, .max_value = kIntMax},
-      {.name = "min_seconds", .type = KeyType::real, .default_value = "0.2",
-       .help = "time each measurement at least this long (layer: default 1)", .min_value = 0},
-      {.name = "verify", .type = KeyType::integer, .default_value = "1",
-       .help = "1 = check every result against a reference, 0 = skip", .min_value = 0, .max_value = 1},
+      {.name = "min_runs",
+       .type = KeyType::integer,
+       .default_value = "5",
+       .help = "timed runs at least",
+       .min_value = 1,
+       .max_value = kIntMax},
+      {.name = "max_runs",
+       .type = KeyType::integer,
+       .default_value = "50",
+       .help = "timed runs at most",
+       .min_value = 1,
+       .max_value = kIntMax},
+      {.name = "min_seconds",
+       .type = KeyType::real,
+       .default_value = "0.2",
+       .help = "time each measurement at least this long (layer: default 1)",
+       .min_value = 0},
+      {.name = "verify",
+       .type = KeyType::integer,
+       .default_value = "1",
+       .help = "1 = check every result against a reference, 0 = skip",
+       .min_value = 0,
+       .max_value = 1},
   };
 }
 
@@ -53,41 +68,65 @@ std::vector<KeySpec> modelled_bench_keys() {
   std::string presets;
   for (const std::string& name : plan::hardware_preset_names()) presets += (presets.empty() ? "" : ", ") + name;
   return {
-      {.name = "clock", .type = KeyType::choice, .default_value = "wall",
+      {.name = "clock",
+       .type = KeyType::choice,
+       .default_value = "wall",
        .help = "wall: time on this machine (emulated links); modelled: every rank on a virtual clock, compute "
                "and links at the hardware's rates, deterministic (one run per row)",
        .choices = {"wall", "modelled"}},
-      {.name = "hardware", .type = KeyType::text, .default_value = "all",
-       .help = "clock=modelled: comma-separated hardware presets (" + presets +
-               ") or YAML files; all = every preset"},
-      {.name = "compute_efficiency", .type = KeyType::real, .default_value = "0.5",
-       .help = "clock=modelled: the fraction of peak bf16 FLOP/s a matmul reaches", .min_value = 0,
-       .min_exclusive = true, .max_value = 1},
+      {.name = "hardware",
+       .type = KeyType::text,
+       .default_value = "all",
+       .help = "clock=modelled: comma-separated hardware presets (" + presets + ") or YAML files; all = every preset"},
+      {.name = "compute_efficiency",
+       .type = KeyType::real,
+       .default_value = "0.5",
+       .help = "clock=modelled: the fraction of peak bf16 FLOP/s a matmul reaches",
+       .min_value = 0,
+       .min_exclusive = true,
+       .max_value = 1},
   };
 }
 
 // A test hook, as for `epmoe layer`: see core/fault_injection.h.
 KeySpec fault_injection_key() {
-  return {.name = "fault_injection", .type = KeyType::text, .default_value = "",
-          .help = "TEST HOOK, not for real runs: RANK:POINT[:throw|kill|stop[:NTH]] makes rank RANK fail at "
-                  "POINT (collective, dispatch) the NTH time it gets there (docs/RELIABILITY.md)"};
+  return {.name = "fault_injection",
+          .type = KeyType::text,
+          .default_value = "",
+          .help =
+              "TEST HOOK, not for real runs: RANK:POINT[:throw|kill|stop[:NTH]] makes rank RANK fail at "
+              "POINT (collective, dispatch) the NTH time it gets there (docs/RELIABILITY.md)"};
 }
 
 KeyGroup collectives_keys() {
   KeyGroup group{
       "bench collectives (parts: links, overlap, mpi)",
       {
-          {.name = "ranks", .type = KeyType::text, .default_value = "4,8",
+          {.name = "ranks",
+           .type = KeyType::text,
+           .default_value = "4,8",
            .help = "links, overlap: comma-separated rank counts, each >= 1"},
-          {.name = "chunks", .type = KeyType::text, .default_value = "64K,1M,8M",
+          {.name = "chunks",
+           .type = KeyType::text,
+           .default_value = "64K,1M,8M",
            .help = "comma-separated bytes per rank, each > 0, optional K or M suffix"},
-          {.name = "bandwidth_gb_s", .type = KeyType::real, .default_value = "1",
-           .help = "links, overlap: emulated GB/s per link and direction", .min_value = 0, .min_exclusive = true},
-          {.name = "latency_us", .type = KeyType::real, .default_value = "2",
+          {.name = "bandwidth_gb_s",
+           .type = KeyType::real,
+           .default_value = "1",
+           .help = "links, overlap: emulated GB/s per link and direction",
+           .min_value = 0,
+           .min_exclusive = true},
+          {.name = "latency_us",
+           .type = KeyType::real,
+           .default_value = "2",
            .help = "links, overlap: emulated (clock=modelled: modelled) latency per message and hop, microseconds",
            .min_value = 0},
-          {.name = "pipe", .type = KeyType::integer, .default_value = "1",
-           .help = "links, mpi: ring all-gather pipeline depth", .min_value = 1, .max_value = kIntMax},
+          {.name = "pipe",
+           .type = KeyType::integer,
+           .default_value = "1",
+           .help = "links, mpi: ring all-gather pipeline depth",
+           .min_value = 1,
+           .max_value = kIntMax},
       },
   };
   for (KeySpec& key : timing_keys()) group.keys.push_back(std::move(key));
@@ -106,42 +145,96 @@ KeyGroup layer_bench_keys() {
   KeyGroup group{
       "bench layer (parts: none, remat, replicas)",
       {
-          {.name = "ranks", .type = KeyType::integer, .default_value = "4",
-           .help = "ranks (threads); clock=modelled: default 8", .min_value = 1, .max_value = 1024},
-          {.name = "tokens_per_rank", .type = KeyType::integer, .default_value = "256", .help = "tokens per rank",
-           .min_value = 1, .max_value = kIntMax},
-          {.name = "hidden", .type = KeyType::integer, .default_value = "256", .help = "hidden size H",
-           .min_value = 1, .max_value = kIntMax},
-          {.name = "ffn", .type = KeyType::integer, .default_value = "128", .help = "expert FFN size F",
-           .min_value = 1, .max_value = kIntMax},
-          {.name = "experts", .type = KeyType::integer, .default_value = "64", .help = "experts E",
-           .min_value = 1, .max_value = kIntMax},
-          {.name = "top_k", .type = KeyType::integer, .default_value = "8", .help = "experts per token K",
-           .min_value = 1, .max_value = kIntMax},
-          {.name = "link_gbps", .type = KeyType::real, .default_value = "0.5",
-           .help = "emulated GB/s per link and direction; 0 = no emulation", .min_value = 0},
-          {.name = "link_latency_us", .type = KeyType::real, .default_value = "5",
+          {.name = "ranks",
+           .type = KeyType::integer,
+           .default_value = "4",
+           .help = "ranks (threads); clock=modelled: default 8",
+           .min_value = 1,
+           .max_value = 1024},
+          {.name = "tokens_per_rank",
+           .type = KeyType::integer,
+           .default_value = "256",
+           .help = "tokens per rank",
+           .min_value = 1,
+           .max_value = kIntMax},
+          {.name = "hidden",
+           .type = KeyType::integer,
+           .default_value = "256",
+           .help = "hidden size H",
+           .min_value = 1,
+           .max_value = kIntMax},
+          {.name = "ffn",
+           .type = KeyType::integer,
+           .default_value = "128",
+           .help = "expert FFN size F",
+           .min_value = 1,
+           .max_value = kIntMax},
+          {.name = "experts",
+           .type = KeyType::integer,
+           .default_value = "64",
+           .help = "experts E",
+           .min_value = 1,
+           .max_value = kIntMax},
+          {.name = "top_k",
+           .type = KeyType::integer,
+           .default_value = "8",
+           .help = "experts per token K",
+           .min_value = 1,
+           .max_value = kIntMax},
+          {.name = "link_gbps",
+           .type = KeyType::real,
+           .default_value = "0.5",
+           .help = "emulated GB/s per link and direction; 0 = no emulation",
+           .min_value = 0},
+          {.name = "link_latency_us",
+           .type = KeyType::real,
+           .default_value = "5",
            .help = "emulated latency per message, microseconds; clock=modelled: per message and hop, default 2 "
                    "(as epmoe layer)",
            .min_value = 0},
-          {.name = "topology", .type = KeyType::choice, .default_value = "full_mesh",
-           .help = "emulated links", .choices = {"full_mesh", "ring"}},
-          {.name = "dispatch", .type = KeyType::choice, .default_value = "ring", .help = "remat: the dispatcher",
+          {.name = "topology",
+           .type = KeyType::choice,
+           .default_value = "full_mesh",
+           .help = "emulated links",
+           .choices = {"full_mesh", "ring"}},
+          {.name = "dispatch",
+           .type = KeyType::choice,
+           .default_value = "ring",
+           .help = "remat: the dispatcher",
            .choices = {"ring", "alltoall"}},
-          {.name = "repetitions", .type = KeyType::integer, .default_value = "5", .help = "remat: runs per policy",
-           .min_value = 1, .max_value = kIntMax},
-          {.name = "zipf", .type = KeyType::real, .default_value = "1.2", .help = "replicas: Zipf exponent of skew",
+          {.name = "repetitions",
+           .type = KeyType::integer,
+           .default_value = "5",
+           .help = "remat: runs per policy",
+           .min_value = 1,
+           .max_value = kIntMax},
+          {.name = "zipf",
+           .type = KeyType::real,
+           .default_value = "1.2",
+           .help = "replicas: Zipf exponent of skew",
            .min_value = 0},
-          {.name = "skew_scale", .type = KeyType::real, .default_value = "0.15",
-           .help = "replicas: strength of the routing skew", .min_value = 0},
-          {.name = "slots", .type = KeyType::text, .default_value = "1,2",
+          {.name = "skew_scale",
+           .type = KeyType::real,
+           .default_value = "0.15",
+           .help = "replicas: strength of the routing skew",
+           .min_value = 0},
+          {.name = "slots",
+           .type = KeyType::text,
+           .default_value = "1,2",
            .help = "replicas: comma-separated redundant slot counts, each >= 0"},
-          {.name = "rebalance_threshold", .type = KeyType::real, .default_value = "1.05",
-           .help = "replicas: stop adding replicas at this max/mean", .min_value = 1},
-          {.name = "tables", .type = KeyType::text, .default_value = "all",
+          {.name = "rebalance_threshold",
+           .type = KeyType::real,
+           .default_value = "1.05",
+           .help = "replicas: stop adding replicas at this max/mean",
+           .min_value = 1},
+          {.name = "tables",
+           .type = KeyType::text,
+           .default_value = "all",
            .help = "clock=modelled, no part: comma-separated tables (cotangent, chunks, remat, dedup, replicas, "
                    "fp8) or all; the parts remat and replicas print their table"},
-          {.name = "trace_file", .type = KeyType::text, .default_value = "",
+          {.name = "trace_file",
+           .type = KeyType::text,
+           .default_value = "",
            .help = "write a Chrome trace (Perfetto UI, chrome://tracing) of one forward + backward of the bench's "
                    "first configuration, every rank's phases, compute and collectives, in the run's clock (wall: "
                    "an extra untimed run before the timed ones; clock=modelled: the determinism check's first run, "
@@ -251,7 +344,8 @@ std::vector<std::string> validated_bench_arguments(const std::string& which, con
     check_int_list(values, "slots", 0, 63);
   }
   if (values.get_string("clock") == "modelled") {
-    if (part == "mpi") throw ConfigError("clock=modelled: bench collectives mpi runs on the wall clock (MPI processes)");
+    if (part == "mpi")
+      throw ConfigError("clock=modelled: bench collectives mpi runs on the wall clock (MPI processes)");
     for (const std::string& item : list_items("hardware", values.get_string("hardware"))) {
       if (item != "all") plan::load_hardware("hardware", item);  // ConfigError naming it
     }
@@ -267,20 +361,21 @@ std::vector<std::string> validated_bench_arguments(const std::string& which, con
       }
       const std::int64_t ranks = values.is_set("ranks") ? values.get_int("ranks") : 8;  // the modelled default
       if (values.get_int("experts") % ranks != 0) {
-        throw ConfigError("experts=" + std::to_string(values.get_int("experts")) + ": must be a multiple of ranks=" +
-                          std::to_string(ranks));
+        throw ConfigError("experts=" + std::to_string(values.get_int("experts")) +
+                          ": must be a multiple of ranks=" + std::to_string(ranks));
       }
     }
   } else {
     for (const char* key : {"hardware", "compute_efficiency", "tables"}) {
       if (!collectives || std::string(key) != "tables") {
-        if (values.is_set(key)) throw ConfigError(values.setting(key) + ": applies to clock=modelled only (clock=wall)");
+        if (values.is_set(key))
+          throw ConfigError(values.setting(key) + ": applies to clock=modelled only (clock=wall)");
       }
     }
   }
   if (values.get_int("min_runs") > values.get_int("max_runs")) {
-    throw ConfigError("min_runs=" + std::to_string(values.get_int("min_runs")) + ": must be <= max_runs=" +
-                      std::to_string(values.get_int("max_runs")));
+    throw ConfigError("min_runs=" + std::to_string(values.get_int("min_runs")) +
+                      ": must be <= max_runs=" + std::to_string(values.get_int("max_runs")));
   }
   if (values.is_set("fault_injection")) configure_fault_injection(values.get_string("fault_injection"));
   return forwarded;
@@ -308,8 +403,10 @@ void add_bench_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "bench",
       "Run a benchmark: collectives [links|overlap|mpi] (ring all-gather, reduce-scatter, all-to-all-v "
-      "vs bounds and MPI), layer [remat|replicas] (expert-parallel layer per dispatcher / remat policy / dynamic replicas under Zipf skew, on emulated links; "
-      "trace_file=PATH traces its first configuration); clock=modelled: the same on the modelled clock per hardware preset (docs/BENCHMARKS.md, Modelled time)");
+      "vs bounds and MPI), layer [remat|replicas] (expert-parallel layer per dispatcher / remat policy / dynamic "
+      "replicas under Zipf skew, on emulated links; "
+      "trace_file=PATH traces its first configuration); clock=modelled: the same on the modelled clock per hardware "
+      "preset (docs/BENCHMARKS.md, Modelled time)");
   auto which = std::make_shared<std::string>();
   auto rest = std::make_shared<std::vector<std::string>>();
   command->add_option("benchmark", *which, "collectives or layer")->required();

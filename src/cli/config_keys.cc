@@ -40,8 +40,7 @@ std::optional<std::string> parse_value(const KeySpec& spec, std::string_view tex
       std::int64_t parsed = 0;
       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
       if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
-        return error == std::errc::result_out_of_range ? "out of the 64-bit integer range"
-                                                       : "expected an integer";
+        return error == std::errc::result_out_of_range ? "out of the 64-bit integer range" : "expected an integer";
       }
       value = parsed;
       break;
@@ -49,8 +48,7 @@ std::optional<std::string> parse_value(const KeySpec& spec, std::string_view tex
     case KeyType::real: {
       double parsed = 0;
       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-      if (text.empty() || error != std::errc() || end != text.data() + text.size() ||
-          !std::isfinite(parsed)) {
+      if (text.empty() || error != std::errc() || end != text.data() + text.size() || !std::isfinite(parsed)) {
         return "expected a finite number";
       }
       value = parsed;
@@ -77,9 +75,8 @@ std::optional<std::string> parse_value(const KeySpec& spec, std::string_view tex
   }
 
   if (spec.type == KeyType::integer || spec.type == KeyType::real) {
-    const double number = spec.type == KeyType::integer
-                              ? static_cast<double>(std::get<std::int64_t>(value))
-                              : std::get<double>(value);
+    const double number =
+        spec.type == KeyType::integer ? static_cast<double>(std::get<std::int64_t>(value)) : std::get<double>(value);
     if (spec.min_value && (spec.min_exclusive ? number <= *spec.min_value : number < *spec.min_value)) {
       return std::string("must be ") + (spec.min_exclusive ? "> " : ">= ") + format_number(*spec.min_value);
     }
@@ -92,11 +89,16 @@ std::optional<std::string> parse_value(const KeySpec& spec, std::string_view tex
 
 const char* type_mismatch_name(KeyType type) {
   switch (type) {
-    case KeyType::integer: return "integer";
-    case KeyType::real: return "real";
-    case KeyType::boolean: return "boolean";
-    case KeyType::choice: return "choice";
-    case KeyType::text: return "text";
+    case KeyType::integer:
+      return "integer";
+    case KeyType::real:
+      return "real";
+    case KeyType::boolean:
+      return "boolean";
+    case KeyType::choice:
+      return "choice";
+    case KeyType::text:
+      return "text";
   }
   return "?";
 }
@@ -120,28 +122,24 @@ ConfigValues::Entry& ConfigValues::entry(std::string_view key) {
 template <typename T>
 static const T& get_as(const ConfigValues::Entry& entry) {
   if (const T* value = std::get_if<T>(&entry.value)) return *value;
-  throw InternalError("config key '" + entry.name + "' is declared " +
-                      type_mismatch_name(entry.type) + " but read as another type");
+  throw InternalError("config key '" + entry.name + "' is declared " + type_mismatch_name(entry.type) +
+                      " but read as another type");
 }
 
-std::int64_t ConfigValues::get_int(std::string_view key) const {
-  return get_as<std::int64_t>(entry(key));
-}
+std::int64_t ConfigValues::get_int(std::string_view key) const { return get_as<std::int64_t>(entry(key)); }
 
 int ConfigValues::get_int32(std::string_view key) const {
   const std::int64_t value = get_int(key);
   if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
-    throw ConfigError(std::string(key) + "=" + std::to_string(value) + ": must be <= " +
-                      std::to_string(std::numeric_limits<int>::max()));
+    throw ConfigError(std::string(key) + "=" + std::to_string(value) +
+                      ": must be <= " + std::to_string(std::numeric_limits<int>::max()));
   }
   return static_cast<int>(value);
 }
 
 double ConfigValues::get_float(std::string_view key) const { return get_as<double>(entry(key)); }
 bool ConfigValues::get_bool(std::string_view key) const { return get_as<bool>(entry(key)); }
-const std::string& ConfigValues::get_string(std::string_view key) const {
-  return get_as<std::string>(entry(key));
-}
+const std::string& ConfigValues::get_string(std::string_view key) const { return get_as<std::string>(entry(key)); }
 std::string ConfigValues::setting(std::string_view key) const {
   std::ostringstream text;
   text << key << "=";
@@ -170,8 +168,8 @@ KeyRegistry::KeyRegistry(std::string command, std::vector<KeyGroup> groups)
       }
       KeyValue ignored;
       if (const auto why = parse_value(spec, spec.default_value, ignored)) {
-        throw InternalError("epmoe " + command_ + ": default " + spec.name + "=" +
-                            spec.default_value + " is invalid: " + *why);
+        throw InternalError("epmoe " + command_ + ": default " + spec.name + "=" + spec.default_value +
+                            " is invalid: " + *why);
       }
     }
   }
@@ -208,8 +206,7 @@ void KeyRegistry::apply(ConfigValues& values, const KeyAssignment& assignment) c
   }
   KeyValue value;
   if (const auto why = parse_value(*spec, assignment.value, value)) {
-    throw ConfigError(prefix_origin(assignment.origin,
-                                    assignment.key + "=" + assignment.value + ": " + *why));
+    throw ConfigError(prefix_origin(assignment.origin, assignment.key + "=" + assignment.value + ": " + *why));
   }
   ConfigValues::Entry& entry = values.entry(spec->name);
   entry.value = std::move(value);
@@ -251,8 +248,7 @@ std::string KeyRegistry::help_text() const {
   std::string text = "Keys (key=value; later ones win):\n";
   for (const KeyGroup& group : groups_) {
     text += "\n  " + group.title + ":\n";
-    text += "    " + pad("key", name_width) + pad("type", type_width) + pad("default", default_width) +
-            "meaning\n";
+    text += "    " + pad("key", name_width) + pad("type", type_width) + pad("default", default_width) + "meaning\n";
     for (const KeySpec& spec : group.keys) {
       text += "    " + pad(spec.name, name_width) + pad(describe_type(spec), type_width) +
               pad(spec.default_value, default_width) + spec.help + "\n";
@@ -266,14 +262,13 @@ std::string KeyRegistry::help_text() const {
 KeyAssignment parse_assignment(std::string_view argument, std::string_view command) {
   const std::size_t equals = argument.find('=');
   if (equals == std::string_view::npos || equals == 0) {
-    throw ConfigError("'" + std::string(argument) + "': expected key=value (epmoe " +
-                      std::string(command) + " --help lists every key)");
+    throw ConfigError("'" + std::string(argument) + "': expected key=value (epmoe " + std::string(command) +
+                      " --help lists every key)");
   }
   return {std::string(argument.substr(0, equals)), std::string(argument.substr(equals + 1)), ""};
 }
 
-std::vector<KeyAssignment> parse_assignments(const std::vector<std::string>& arguments,
-                                             std::string_view command) {
+std::vector<KeyAssignment> parse_assignments(const std::vector<std::string>& arguments, std::string_view command) {
   std::vector<KeyAssignment> assignments;
   assignments.reserve(arguments.size());
   for (const std::string& argument : arguments) {
@@ -285,11 +280,18 @@ std::vector<KeyAssignment> parse_assignments(const std::vector<std::string>& arg
 std::string describe_type(const KeySpec& spec) {
   std::string text;
   switch (spec.type) {
-    case KeyType::integer: text = "int"; break;
-    case KeyType::real: text = "float"; break;
-    case KeyType::boolean: return "bool";
-    case KeyType::choice: return join(spec.choices, "|");
-    case KeyType::text: return "string";
+    case KeyType::integer:
+      text = "int";
+      break;
+    case KeyType::real:
+      text = "float";
+      break;
+    case KeyType::boolean:
+      return "bool";
+    case KeyType::choice:
+      return join(spec.choices, "|");
+    case KeyType::text:
+      return "string";
   }
   if (spec.min_value) {
     text += (spec.min_exclusive ? " > " : " >= ") + format_number(*spec.min_value);

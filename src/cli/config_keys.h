@@ -27,10 +27,10 @@ enum class KeyType { integer, real, boolean, choice, text };
 
 struct KeySpec {
   // Every member has an initializer so tables can name only what they need.
-  std::string name = {};           // snake_case; nested groups use dots: "remat.x_sorted"
+  std::string name = {};  // snake_case; nested groups use dots: "remat.x_sorted"
   KeyType type = KeyType::integer;
-  std::string default_value = {};  // written as on the command line; validated like user input
-  std::string help = {};           // one line
+  std::string default_value = {};         // written as on the command line; validated like user input
+  std::string help = {};                  // one line
   std::vector<std::string> choices = {};  // KeyType::choice: the allowed values
   std::optional<double> min_value = {};   // integer / real: inclusive bound ...
   bool min_exclusive = false;             // ... or exclusive ("must be > 0")
@@ -120,8 +120,7 @@ class KeyRegistry {
 
 // "top_k=3" -> {"top_k", "3", ""}; ConfigError when there is no '=' or no key.
 KeyAssignment parse_assignment(std::string_view argument, std::string_view command);
-std::vector<KeyAssignment> parse_assignments(const std::vector<std::string>& arguments,
-                                             std::string_view command);
+std::vector<KeyAssignment> parse_assignments(const std::vector<std::string>& arguments, std::string_view command);
 
 // How a type reads in --help: "int", "int >= 1", "float > 0", "bool",
 // "softmax_topk|sigmoid_grouped|random", "string".

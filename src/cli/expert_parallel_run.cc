@@ -24,7 +24,15 @@ namespace {
 // the gather's start above them and never meet its messages.
 constexpr std::uint32_t kGatherTagBase = 1024;
 enum class GatherTag : std::uint32_t {
-  y, topk_ids, topk_weights, dx, dgate, dwi0, dwi1, dwo, report_texts  // and report_texts + 1
+  y,
+  topk_ids,
+  topk_weights,
+  dx,
+  dgate,
+  dwi0,
+  dwi1,
+  dwo,
+  report_texts  // and report_texts + 1
 };
 
 Tensor copy_leading_rows(const Tensor& tensor, std::int64_t begin, std::int64_t end) {
@@ -56,8 +64,8 @@ class RankShard {
       return copy_leading_rows(t, first_expert_, first_expert_ + num_experts_);
     };
     if (!whole) {
-      owned_ = {token_rows(in.x), in.dy ? token_rows(*in.dy) : Tensor(), expert_rows(in.wi0),
-                expert_rows(in.wi1), expert_rows(in.wo)};
+      owned_ = {token_rows(in.x), in.dy ? token_rows(*in.dy) : Tensor(), expert_rows(in.wi0), expert_rows(in.wi1),
+                expert_rows(in.wo)};
     }
     x_ = whole ? &in.x : &owned_[0];
     dy_ = !in.dy ? nullptr : whole ? &*in.dy : &owned_[1];
@@ -91,8 +99,8 @@ struct RankRun {
   RankReport report;
 };
 
-RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config,
-                       std::unique_ptr<ep::Dispatcher> dispatcher, int rank) {
+RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config, std::unique_ptr<ep::Dispatcher> dispatcher,
+                       int rank) {
   MemoryLedger ledger;  // measures the activations saved for backward
   MoeLayer layer(config, std::move(dispatcher), &ledger);
   RankRun run;
@@ -158,8 +166,10 @@ class Gatherer {
   Tensor start(const Tensor& part, GatherTag tag, const std::vector<std::int64_t>& rows_by_rank = {}) {
     Shape shape = part.shape();
     const std::int64_t row_elements = shape[0] > 0 ? part.numel() / shape[0] : 0;
-    comm::AllGatherOptions options{.input = part.raw(), .dtype = part.dtype(),
-                                   .tag = kGatherTagBase + static_cast<std::uint32_t>(tag), .timeout = timeout_};
+    comm::AllGatherOptions options{.input = part.raw(),
+                                   .dtype = part.dtype(),
+                                   .tag = kGatherTagBase + static_cast<std::uint32_t>(tag),
+                                   .timeout = timeout_};
     if (rows_by_rank.empty()) {
       shape[0] *= comm_.size();
       options.num_elements_per_rank = part.numel();
@@ -252,8 +262,8 @@ LayerRunResult gather_results(transport::Communicator& comm, const RankRun& run,
 }
 
 // One rank of a multi-rank run, on either transport.
-LayerRunResult run_and_gather(transport::Communicator& comm, const LayerInputs& inputs,
-                              const MoeLayerConfig& config, const ExpertParallelSettings& settings) {
+LayerRunResult run_and_gather(transport::Communicator& comm, const LayerInputs& inputs, const MoeLayerConfig& config,
+                              const ExpertParallelSettings& settings) {
   EPMOE_CHECK_EQ(comm.size(), settings.num_ranks);
   const RankShard shard(inputs, settings, comm.rank());
   const RankRun run =

@@ -67,7 +67,7 @@ struct RankReport {
   std::vector<std::int64_t> rows_per_local_expert;
   // Bytes it sent to other ranks, by collective ("forward/all_to_all_v tokens").
   std::map<std::string, std::int64_t> bytes_sent;
-  std::int64_t dropped_pairs = 0;  // of its tokens, to capacity_factor
+  std::int64_t dropped_pairs = 0;               // of its tokens, to capacity_factor
   std::map<std::string, double> phase_seconds;  // route, dispatch, experts, combine, backward_*
   double forward_seconds = 0, backward_seconds = 0;
   std::int64_t saved_activation_peak_bytes = 0;
@@ -94,12 +94,11 @@ struct RankReport {
 // One JSON form for both uses: the report travels to rank 0 as this text, and
 // metrics.json shows it (with derived totals) under expert_parallel.per_rank.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, first_expert, num_experts,
-                                   rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds,
-                                   forward_seconds, backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name, buffer_bytes_by_name,
-                                   recomputed_bytes,
-                                   rows_per_slot, slot_experts, rank_loads_before, rank_loads_after,
-                                   max_over_mean_before, max_over_mean_after, ideal_max_over_mean, num_replicas, planner_seconds,
-                                   modelled)
+                                   rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds, forward_seconds,
+                                   backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name,
+                                   buffer_bytes_by_name, recomputed_bytes, rows_per_slot, slot_experts,
+                                   rank_loads_before, rank_loads_after, max_over_mean_before, max_over_mean_after,
+                                   ideal_max_over_mean, num_replicas, planner_seconds, modelled)
 
 struct LayerRunResult {
   MoeForwardOutput forward;               // gathered, as described above
@@ -109,8 +108,7 @@ struct LayerRunResult {
 
 // The gathered result on the process that writes the outputs (always, except
 // on MPI ranks other than 0: nullopt). Keys and files are validated already.
-std::optional<LayerRunResult> run_layer_across_ranks(const LayerInputs& inputs,
-                                                     const MoeLayerConfig& config,
+std::optional<LayerRunResult> run_layer_across_ranks(const LayerInputs& inputs, const MoeLayerConfig& config,
                                                      const ExpertParallelSettings& settings);
 
 }  // namespace epmoe::cli

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "ep/ep_config.h"
 #include "core/trace_recorder.h"
+#include "ep/ep_config.h"
 #include "transport/threads/emulated_links.h"
 #include "transport/threads/virtual_timeline.h"
 
@@ -23,14 +23,14 @@ struct ExpertParallelSettings {
   int num_ranks = 1;
   TransportKind transport = TransportKind::threads;
   ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
-  ep::EpConfig ep;                                  // validated for num_ranks
-  std::string cotangent_all_gather = "ring";        // as given, for the metrics echo
-  transport::threads::EmulatedLinkOptions links;    // threads only; enabled = emulate
+  ep::EpConfig ep;                                   // validated for num_ranks
+  std::string cotangent_all_gather = "ring";         // as given, for the metrics echo
+  transport::threads::EmulatedLinkOptions links;     // threads only; enabled = emulate
   transport::threads::ModelledTimeOptions modelled;  // clock=modelled (cli/modelled_time_settings.h)
-  std::string hardware;                             // clock=modelled: the device's name
-  std::string trace_file;                           // empty: no trace
-  TraceRecorder* trace = nullptr;                   // set by the command when trace_file is given
-  int compute_threads_per_rank = 1;                 // OpenMP budget of each rank
+  std::string hardware;                              // clock=modelled: the device's name
+  std::string trace_file;                            // empty: no trace
+  TraceRecorder* trace = nullptr;                    // set by the command when trace_file is given
+  int compute_threads_per_rank = 1;                  // OpenMP budget of each rank
 
   // True when the run needs no dispatcher: one rank on threads and no key
   // that only a dispatcher implements (ring, dedup, capacity, fp8 tokens).
@@ -38,9 +38,7 @@ struct ExpertParallelSettings {
   // its LocalDispatcher on the calling thread, bit for bit the same results.
   bool single_rank_local() const;
 
-  std::int64_t first_token(int rank, std::int64_t num_tokens) const {
-    return num_tokens * rank / num_ranks;
-  }
+  std::int64_t first_token(int rank, std::int64_t num_tokens) const { return num_tokens * rank / num_ranks; }
   int num_local_experts() const { return ep.num_experts / num_ranks; }
 };
 

@@ -34,16 +34,40 @@ KeyGroup gen_inputs_keys() {
       "gen-inputs",
       {
           {.name = "num_tokens", .type = KeyType::integer, .default_value = "64", .help = "tokens (N)", .min_value = 0},
-          {.name = "hidden", .type = KeyType::integer, .default_value = "32", .help = "hidden size (H)", .min_value = 1},
-          {.name = "ffn", .type = KeyType::integer, .default_value = "48", .help = "expert FFN size (F)", .min_value = 1},
-          {.name = "num_experts", .type = KeyType::integer, .default_value = "8", .help = "routed experts (E)", .min_value = 1},
-          {.name = "seed", .type = KeyType::integer, .default_value = "0", .help = "seed of every array", .min_value = 0},
-          {.name = "with_dy", .type = KeyType::boolean, .default_value = "true",
+          {.name = "hidden",
+           .type = KeyType::integer,
+           .default_value = "32",
+           .help = "hidden size (H)",
+           .min_value = 1},
+          {.name = "ffn",
+           .type = KeyType::integer,
+           .default_value = "48",
+           .help = "expert FFN size (F)",
+           .min_value = 1},
+          {.name = "num_experts",
+           .type = KeyType::integer,
+           .default_value = "8",
+           .help = "routed experts (E)",
+           .min_value = 1},
+          {.name = "seed",
+           .type = KeyType::integer,
+           .default_value = "0",
+           .help = "seed of every array",
+           .min_value = 0},
+          {.name = "with_dy",
+           .type = KeyType::boolean,
+           .default_value = "true",
            .help = "also write dy.npy [N,H], so `epmoe layer` runs the backward"},
-          {.name = "with_bias", .type = KeyType::boolean, .default_value = "false",
+          {.name = "with_bias",
+           .type = KeyType::boolean,
+           .default_value = "false",
            .help = "also write bias.npy [E] (for router=sigmoid_grouped)"},
-          {.name = "scale", .type = KeyType::real, .default_value = "1.0",
-           .help = "weight stddev as a multiple of 1/sqrt(fan_in)", .min_value = 0, .min_exclusive = true},
+          {.name = "scale",
+           .type = KeyType::real,
+           .default_value = "1.0",
+           .help = "weight stddev as a multiple of 1/sqrt(fan_in)",
+           .min_value = 0,
+           .min_exclusive = true},
       },
   };
 }
@@ -74,8 +98,8 @@ struct GenInputsArguments {
 // any is written, so a size that cannot be held would end in an allocation
 // failure (or the OOM killer) after seconds of work instead of a message.
 void check_input_sizes(const ConfigValues& values) {
-  const std::int64_t n = values.get_int("num_tokens"), h = values.get_int("hidden"),
-                     f = values.get_int("ffn"), e = values.get_int("num_experts");
+  const std::int64_t n = values.get_int("num_tokens"), h = values.get_int("hidden"), f = values.get_int("ffn"),
+                     e = values.get_int("num_experts");
   const std::string setting = "num_tokens=" + std::to_string(n) + " hidden=" + std::to_string(h) +
                               " ffn=" + std::to_string(f) + " num_experts=" + std::to_string(e);
   // x, dy [N,H]; gate [H,E]; wi0, wi1 [E,H,F]; wo [E,F,H]; bias [E]; float32.
@@ -94,14 +118,13 @@ void check_input_sizes(const ConfigValues& values) {
 }
 
 void run_gen_inputs_command(const GenInputsArguments& arguments) {
-  const ConfigValues values =
-      gen_inputs_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  const ConfigValues values = gen_inputs_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
   check_input_sizes(values);
   // Claimed (locked) before the arrays are made: a second gen-inputs into the
   // same --out is refused before any work.
   StagedOutputDir staged(arguments.out_dir);
-  const std::int64_t n = values.get_int("num_tokens"), h = values.get_int("hidden"),
-                     f = values.get_int("ffn"), e = values.get_int("num_experts");
+  const std::int64_t n = values.get_int("num_tokens"), h = values.get_int("hidden"), f = values.get_int("ffn"),
+                     e = values.get_int("num_experts");
   const double scale = values.get_float("scale");
   const Rng root(static_cast<std::uint64_t>(values.get_int("seed")));
   const double hidden_fan_in = scale / std::sqrt(static_cast<double>(h));
@@ -137,8 +160,7 @@ void run_gen_inputs_command(const GenInputsArguments& arguments) {
     shapes[std::filesystem::path(input.file_name).stem().string()] = shape_to_json(input.tensor.shape());
   }
   // The manifest records how the files were made and marks the set complete.
-  const nlohmann::json manifest = {
-      {"command", kCommand}, {"config", config_to_json(values)}, {"shapes", shapes}};
+  const nlohmann::json manifest = {{"command", kCommand}, {"config", config_to_json(values)}, {"shapes", shapes}};
   write_json_file(staged.staged_path(kManifestFile), manifest);
   staged.commit(file_names, kManifestFile, obsolete_files);
 }
@@ -149,8 +171,9 @@ void add_gen_inputs_command(CLI::App& app) {
   auto arguments = std::make_shared<GenInputsArguments>();
   CLI::App* command = app.add_subcommand(
       kCommand, "Write seeded random inputs (x, gate, wi0, wi1, wo, dy, bias .npy) for `epmoe layer`");
-  command->add_option("--out", arguments->out_dir,
-                      "Directory for the .npy files and inputs.json (written last); created if missing")
+  command
+      ->add_option("--out", arguments->out_dir,
+                   "Directory for the .npy files and inputs.json (written last); created if missing")
       ->required();
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
   command->footer(gen_inputs_key_registry().help_text());

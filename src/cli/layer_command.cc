@@ -15,12 +15,12 @@
 #include "cli/commands.h"
 #include "cli/config_keys.h"
 #include "cli/expert_parallel_run.h"
-#include "cli/modelled_time_report.h"
-#include "cli/modelled_time_settings.h"
 #include "cli/json_output.h"
 #include "cli/layer_inputs.h"
 #include "cli/layer_key_groups.h"
 #include "cli/layer_metrics.h"
+#include "cli/modelled_time_report.h"
+#include "cli/modelled_time_settings.h"
 #include "cli/yaml_overrides.h"
 #include "data/npy.h"
 #include "data/staged_output_dir.h"
@@ -66,8 +66,7 @@ std::vector<NamedOutput> layer_outputs(const LayerRunResult& run) {
 
 // Files of an earlier run with dy that a run without dy does not replace;
 // removed so they cannot pass for this run's gradients.
-const std::vector<std::string> kGradientFiles = {"dx.npy", "dgate.npy", "dwi0.npy", "dwi1.npy",
-                                                 "dwo.npy"};
+const std::vector<std::string> kGradientFiles = {"dx.npy", "dgate.npy", "dwi0.npy", "dwi1.npy", "dwo.npy"};
 
 void run_layer_command(const LayerArguments& arguments) {
   // Validation: keys, then --out, then every input file, then the config
@@ -77,8 +76,7 @@ void run_layer_command(const LayerArguments& arguments) {
       layer_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kCommand));
   StagedOutputDir::check_usable(arguments.out_dir);
   const LayerInputs inputs = read_layer_inputs(arguments.in_dir);
-  const MoeLayerConfig config =
-      moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
+  const MoeLayerConfig config = moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
   check_bias_is_used(inputs, config);
   ExpertParallelSettings settings = expert_parallel_settings_from(values, config);
   std::optional<TraceRecorder> trace;
@@ -114,42 +112,48 @@ void run_layer_command(const LayerArguments& arguments) {
   if (run->gradients)
     std::snprintf(backward, sizeof backward, ", backward %.1f ms", metrics.value("backward_seconds", 0.0) * 1e3);
   // With clock=modelled the phase times, and so the expert rate, are modelled.
-  std::printf("epmoe layer: N=%lld H=%lld F=%lld E=%lld K=%d on %zu rank(s): forward %.1f ms%s, "
-              "experts %.1f GFLOP/s%s; %zu files + %s in %s\n",
-              static_cast<long long>(inputs.num_tokens), static_cast<long long>(inputs.hidden),
-              static_cast<long long>(inputs.ffn), static_cast<long long>(inputs.num_experts), config.router.top_k,
-              run->ranks.size(), metrics.value("forward_seconds", 0.0) * 1e3, backward,
-              metrics.value("expert_gflop_per_second", 0.0), settings.modelled.enabled ? " (modelled)" : "",
-              file_names.size(), kMetricsFile,
-              arguments.out_dir.c_str());
+  std::printf(
+      "epmoe layer: N=%lld H=%lld F=%lld E=%lld K=%d on %zu rank(s): forward %.1f ms%s, "
+      "experts %.1f GFLOP/s%s; %zu files + %s in %s\n",
+      static_cast<long long>(inputs.num_tokens), static_cast<long long>(inputs.hidden),
+      static_cast<long long>(inputs.ffn), static_cast<long long>(inputs.num_experts), config.router.top_k,
+      run->ranks.size(), metrics.value("forward_seconds", 0.0) * 1e3, backward,
+      metrics.value("expert_gflop_per_second", 0.0), settings.modelled.enabled ? " (modelled)" : "", file_names.size(),
+      kMetricsFile, arguments.out_dir.c_str());
   if (settings.modelled.enabled) {
     std::vector<ModelledRankTime> modelled;
     for (const RankReport& report : run->ranks) modelled.push_back(report.modelled.value_or(ModelledRankTime{}));
     std::printf("  %s\n", modelled_summary_line(modelled_step(modelled), settings).c_str());
   }
-  if (trace) std::printf("  trace: %s (%zu events; open in https://ui.perfetto.dev)\n", settings.trace_file.c_str(), trace->num_events());
+  if (trace)
+    std::printf("  trace: %s (%zu events; open in https://ui.perfetto.dev)\n", settings.trace_file.c_str(),
+                trace->num_events());
 }
 
 }  // namespace
 
 void add_layer_command(CLI::App& app) {
   auto arguments = std::make_shared<LayerArguments>();
-  CLI::App* command = app.add_subcommand(
-      kCommand, "Run one MoE layer forward (and backward when dy.npy is given) on .npy arrays, on one "
-                "rank or expert-parallel (ranks=R threads, or transport=mpi under mpirun)");
-  command->add_option("--in", arguments->in_dir,
-                      "Directory with x.npy [N,H], gate.npy [H,E], wi0.npy and wi1.npy [E,H,F], "
-                      "wo.npy [E,F,H]; optional bias.npy [E], dy.npy [N,H] (float32, C order). "
-                      "Always the full arrays: each rank takes its own rows and experts")
+  CLI::App* command =
+      app.add_subcommand(kCommand,
+                         "Run one MoE layer forward (and backward when dy.npy is given) on .npy arrays, on one "
+                         "rank or expert-parallel (ranks=R threads, or transport=mpi under mpirun)");
+  command
+      ->add_option("--in", arguments->in_dir,
+                   "Directory with x.npy [N,H], gate.npy [H,E], wi0.npy and wi1.npy [E,H,F], "
+                   "wo.npy [E,F,H]; optional bias.npy [E], dy.npy [N,H] (float32, C order). "
+                   "Always the full arrays: each rank takes its own rows and experts")
       ->required();
-  command->add_option("--out", arguments->out_dir,
-                      "Directory for y, topk_ids, topk_weights (and dx, dgate, dwi0, dwi1, dwo) "
-                      ".npy and metrics.json (written last); created if missing. With ranks > 1 "
-                      "the outputs are gathered into the same shapes as one rank (dgate summed)")
+  command
+      ->add_option("--out", arguments->out_dir,
+                   "Directory for y, topk_ids, topk_weights (and dx, dgate, dwi0, dwi1, dwo) "
+                   ".npy and metrics.json (written last); created if missing. With ranks > 1 "
+                   "the outputs are gathered into the same shapes as one rank (dgate summed)")
       ->required();
-  command->add_option("--config", arguments->config_file,
-                      "YAML file of keys (e.g. configs/layer_example.yaml); key=value arguments "
-                      "override it")
+  command
+      ->add_option("--config", arguments->config_file,
+                   "YAML file of keys (e.g. configs/layer_example.yaml); key=value arguments "
+                   "override it")
       ->check(non_empty_config_path);
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
   command->footer(layer_key_registry().help_text());

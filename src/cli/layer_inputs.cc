@@ -40,8 +40,11 @@ LayerInputs read_layer_inputs(const std::filesystem::path& in_dir) {
   }
   // Refused here, by file and whole-array index, before any rank starts (the
   // layer checks again, but only knows its own rank's rows).
-  for (const auto& [name, tensor] : {std::pair<const char*, const Tensor*>{"x.npy", &in.x}, {"gate.npy", &in.gate},
-                                     {"wi0.npy", &in.wi0}, {"wi1.npy", &in.wi1}, {"wo.npy", &in.wo}}) {
+  for (const auto& [name, tensor] : {std::pair<const char*, const Tensor*>{"x.npy", &in.x},
+                                     {"gate.npy", &in.gate},
+                                     {"wi0.npy", &in.wi0},
+                                     {"wi1.npy", &in.wi1},
+                                     {"wo.npy", &in.wo}}) {
     check_finite((in_dir / name).string(), *tensor, "npy inputs must be finite");
   }
   if (in.bias) check_finite((in_dir / "bias.npy").string(), *in.bias, "npy inputs must be finite");

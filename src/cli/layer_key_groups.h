@@ -26,8 +26,8 @@ KeyGroup expert_parallel_keys();
 // The layer config for the given dimensions (from the input files) and the
 // keys of moe_layer_keys(); validated, so it throws ConfigError naming the key
 // and the rule.
-MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hidden,
-                                     std::int64_t ffn, std::int64_t num_experts);
+MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hidden, std::int64_t ffn,
+                                     std::int64_t num_experts);
 
 // The keys of expert_parallel_keys() (and `threads` of runtime_keys(), split
 // over the ranks). Checks every rule that can be checked before MPI_Init or
@@ -37,8 +37,7 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
 // dispatcher that uses it, link emulation only on threads. ConfigError naming
 // the key and the rule. Configures fault_injection= (core/fault_injection.h)
 // when it is set.
-ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
-                                                     const MoeLayerConfig& layer);
+ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer);
 
 // Applies runtime_keys() to the calling thread (its compute thread budget).
 void apply_runtime_keys(const ConfigValues& values);

@@ -137,8 +137,8 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   // Per routed (token, expert) pair the SwiGLU expert runs three [1, H] x
   // [H, F]-sized GEMMs (wi0, wi1, wo) of 2*H*F flops each; the backward runs
   // two per forward GEMM (dlhs and drhs).
-  const double forward_gemm_flop = 6.0 * static_cast<double>(routed_pairs) *
-                                   static_cast<double>(in.hidden) * static_cast<double>(in.ffn);
+  const double forward_gemm_flop =
+      6.0 * static_cast<double>(routed_pairs) * static_cast<double>(in.hidden) * static_cast<double>(in.ffn);
   const double gemm_gflop = forward_gemm_flop * (run.gradients ? 3.0 : 1.0) / 1e9;
   double expert_seconds = 0;
   for (const char* phase : {"experts", "backward_experts"}) {
@@ -148,13 +148,17 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   nlohmann::json metrics;
   metrics["command"] = "layer";
   metrics["config"] = config_to_json(values);
-  metrics["dims"] = {{"num_tokens", in.num_tokens}, {"hidden", in.hidden},
-                     {"num_experts", in.num_experts}, {"ffn", in.ffn},
+  metrics["dims"] = {{"num_tokens", in.num_tokens},
+                     {"hidden", in.hidden},
+                     {"num_experts", in.num_experts},
+                     {"ffn", in.ffn},
                      {"top_k", config.router.top_k}};
   metrics["backward"] = run.gradients.has_value();
   metrics["bias"] = in.bias.has_value();
-  nlohmann::json shapes = {{"x", shape_to_json(in.x.shape())},     {"gate", shape_to_json(in.gate.shape())},
-                           {"wi0", shape_to_json(in.wi0.shape())}, {"wi1", shape_to_json(in.wi1.shape())},
+  nlohmann::json shapes = {{"x", shape_to_json(in.x.shape())},
+                           {"gate", shape_to_json(in.gate.shape())},
+                           {"wi0", shape_to_json(in.wi0.shape())},
+                           {"wi1", shape_to_json(in.wi1.shape())},
                            {"wo", shape_to_json(in.wo.shape())}};
   if (in.bias) shapes["bias"] = shape_to_json(in.bias->shape());
   if (in.dy) shapes["dy"] = shape_to_json(in.dy->shape());

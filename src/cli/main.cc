@@ -38,8 +38,9 @@ int main(int argc, char** argv) {
   try {
     // CLI11 reports a misspelt subcommand only as "A subcommand is required".
     const std::vector<CLI::App*> subcommands = app.get_subcommands({});
-    const bool known_subcommand = argc > 1 && std::any_of(subcommands.begin(), subcommands.end(),
-                                                          [&](const CLI::App* sub) { return sub->check_name(argv[1]); });
+    const bool known_subcommand =
+        argc > 1 && std::any_of(subcommands.begin(), subcommands.end(),
+                                [&](const CLI::App* sub) { return sub->check_name(argv[1]); });
     if (argc > 1 && argv[1][0] != '-' && !known_subcommand) {
       std::string known;
       for (const CLI::App* sub : subcommands) known += (known.empty() ? "" : ", ") + sub->get_name();

@@ -33,7 +33,8 @@ bool blank(const std::string& line) { return line.find_first_not_of(" \t\r\n") =
 // per line).
 std::string parse_error_text(const nlohmann::json::parse_error& error) {
   std::string text = error.what();
-  if (const std::size_t tag_end = text.find("] "); text.rfind("[json.exception", 0) == 0 && tag_end != std::string::npos) {
+  if (const std::size_t tag_end = text.find("] ");
+      text.rfind("[json.exception", 0) == 0 && tag_end != std::string::npos) {
     text.erase(0, tag_end + 2);
   }
   if (const std::size_t at = text.find("at line 1, "); at != std::string::npos) text.replace(at, 11, "at ");
@@ -138,8 +139,9 @@ MetricsLoads read_metrics_loads(const std::filesystem::path& file, std::optional
       record = nlohmann::json::parse(text);
     } catch (const nlohmann::json::parse_error& error) {
       fail_at(file, line_number,
-              "not JSON (" + parse_error_text(error) + "); every line of a metrics file is one JSON object "
-              "(a torn last line of a killed run: remove it)");
+              "not JSON (" + parse_error_text(error) +
+                  "); every line of a metrics file is one JSON object "
+                  "(a torn last line of a killed run: remove it)");
     }
     if (!record.is_object()) fail_at(file, line_number, "not a JSON object; every line of a metrics file is one");
     const auto step = record.find("step");
@@ -172,8 +174,9 @@ MetricsLoads read_metrics_loads(const std::filesystem::path& file, std::optional
       for (std::size_t e = 0; e < num_experts; ++e) {
         if (__builtin_add_overflow(totals[l], flat[l * num_experts + e], &totals[l])) {
           fail_at(file, line_number,
-                  "the counts of layer " + std::to_string(l) + " summed over the lines so far overflow a 64-bit "
-                  "integer; expert counts are token counts (at most 2^63-1 in all)");
+                  "the counts of layer " + std::to_string(l) +
+                      " summed over the lines so far overflow a 64-bit "
+                      "integer; expert counts are token counts (at most 2^63-1 in all)");
         }
       }
     }
@@ -203,7 +206,8 @@ MetricsLoads read_metrics_loads(const std::filesystem::path& file, std::optional
   for (const auto& [step, kept] : rows) {
     loads.train_steps.push_back(step);
     for (std::size_t i = 0; i < loads.layers.size(); ++i) {
-      loads.history[i].counts.insert(loads.history[i].counts.end(), kept.begin() + static_cast<std::ptrdiff_t>(i * num_experts),
+      loads.history[i].counts.insert(loads.history[i].counts.end(),
+                                     kept.begin() + static_cast<std::ptrdiff_t>(i * num_experts),
                                      kept.begin() + static_cast<std::ptrdiff_t>((i + 1) * num_experts));
     }
   }

@@ -29,8 +29,8 @@
 namespace epmoe::cli {
 
 struct MetricsLoads {
-  int num_layers = 0;   // L of the file
-  int num_experts = 0;  // E
+  int num_layers = 0;                               // L of the file
+  int num_experts = 0;                              // E
   std::vector<int> layers;                          // the layers read, ascending
   std::vector<balance::ExpertLoadHistory> history;  // one per entry of `layers`: [steps, E]
   std::vector<std::int64_t> train_steps;            // the "step" of each row

@@ -18,25 +18,40 @@ KeyGroup modelled_time_keys() {
   return {
       "modelled time and trace (DESIGN.md 4.11)",
       {
-          {.name = "clock", .type = KeyType::choice, .default_value = "wall",
+          {.name = "clock",
+           .type = KeyType::choice,
+           .default_value = "wall",
            .help = "wall: time as this machine runs it; modelled: every rank on its own virtual clock, "
                    "compute at the hardware's rates and messages at its links' (transport=threads)",
            .choices = {"wall", "modelled"}},
-          {.name = "hardware", .type = KeyType::text, .default_value = "h100",
+          {.name = "hardware",
+           .type = KeyType::text,
+           .default_value = "h100",
            .help = "clock=modelled: the device and links, a preset (" + join(plan::hardware_preset_names()) +
                    ") or a YAML file (configs/hardware/); link_* keys override its links"},
-          {.name = "compute_time", .type = KeyType::choice, .default_value = "modelled",
+          {.name = "compute_time",
+           .type = KeyType::choice,
+           .default_value = "modelled",
            .help = "clock=modelled: modelled = FLOPs at the device's bf16 peak x compute_efficiency, memory-bound "
                    "steps at its memory bandwidth (deterministic); measured = each operation's thread CPU time "
                    "here x compute_scale",
            .choices = {"modelled", "measured"}},
-          {.name = "compute_efficiency", .type = KeyType::real, .default_value = "0.5",
-           .help = "compute_time=modelled: the fraction of peak FLOP/s a matmul reaches", .min_value = 0,
-           .min_exclusive = true, .max_value = 1},
-          {.name = "compute_scale", .type = KeyType::real, .default_value = "1",
+          {.name = "compute_efficiency",
+           .type = KeyType::real,
+           .default_value = "0.5",
+           .help = "compute_time=modelled: the fraction of peak FLOP/s a matmul reaches",
+           .min_value = 0,
+           .min_exclusive = true,
+           .max_value = 1},
+          {.name = "compute_scale",
+           .type = KeyType::real,
+           .default_value = "1",
            .help = "compute_time=measured: multiplies the measured CPU seconds (this host vs the device)",
-           .min_value = 0, .min_exclusive = true},
-          {.name = "trace_file", .type = KeyType::text, .default_value = "",
+           .min_value = 0,
+           .min_exclusive = true},
+          {.name = "trace_file",
+           .type = KeyType::text,
+           .default_value = "",
            .help = "write a Chrome trace (Perfetto UI, chrome://tracing) of every rank's phases, compute and "
                    "collectives to this path, in the run's clock; empty = none"},
       },
@@ -46,12 +61,14 @@ KeyGroup modelled_time_keys() {
 void check_modelled_time_transport(const ConfigValues& values) {
   if (values.get_string("transport") != "mpi") return;
   if (!values.get_string("trace_file").empty()) {
-    throw ConfigError(values.setting("trace_file") + ": transport=threads only (an mpi rank cannot see the "
+    throw ConfigError(values.setting("trace_file") +
+                      ": transport=threads only (an mpi rank cannot see the "
                       "other processes' events); run the same config with transport=threads to trace it");
   }
   if (values.get_string("clock") == "modelled") {
-    throw ConfigError("clock=modelled: needs transport=threads (the virtual timeline orders every rank's "
-                      "messages in one address space); transport=mpi runs on the wall clock");
+    throw ConfigError(
+        "clock=modelled: needs transport=threads (the virtual timeline orders every rank's "
+        "messages in one address space); transport=mpi runs on the wall clock");
   }
 }
 

@@ -40,9 +40,9 @@ KeyGroup train_expert_parallel_keys() {
 }
 
 const KeyRegistry& train_key_registry() {
-  static const KeyRegistry registry(kCommand, {model_keys(), training_keys(), data_keys(), train_output_keys(),
-                                               moe_layer_keys(), train_expert_parallel_keys(), modelled_time_keys(),
-                                               runtime_keys()});
+  static const KeyRegistry registry(kCommand,
+                                    {model_keys(), training_keys(), data_keys(), train_output_keys(), moe_layer_keys(),
+                                     train_expert_parallel_keys(), modelled_time_keys(), runtime_keys()});
   return registry;
 }
 
@@ -137,9 +137,10 @@ void run_train_command(const TrainArguments& arguments) {
     if (!metrics_path.empty()) {
       metrics.emplace(metrics_path, resumed);
       if (!metrics->missing_steps().empty()) {
-        std::printf("epmoe train: note: metrics_file=%s has no lines for steps %s of the checkpoint's past "
-                    "(another metrics_file, or lost); this run appends from step %lld\n",
-                    metrics_path.c_str(), metrics->missing_steps().c_str(), static_cast<long long>(*resumed + 1));
+        std::printf(
+            "epmoe train: note: metrics_file=%s has no lines for steps %s of the checkpoint's past "
+            "(another metrics_file, or lost); this run appends from step %lld\n",
+            metrics_path.c_str(), metrics->missing_steps().c_str(), static_cast<long long>(*resumed + 1));
       }
     }
     if (resumed) std::printf("epmoe train: resuming from step %lld\n", static_cast<long long>(*resumed));
@@ -159,13 +160,14 @@ void run_train_command(const TrainArguments& arguments) {
     if (comm.rank() == 0) summary = std::move(own);
   });
   if (!summary) return;  // an MPI rank other than 0
-  progress.reset();  // ends an in-place line before the summary
+  progress.reset();      // ends an in-place line before the summary
   const double tokens = static_cast<double>(summary->steps_run * trainer.batch_size * trainer.data.seq_len);
-  std::printf("epmoe train: %lld steps on %d rank(s) (%s, dispatch=%s) in %.1f s, %.1fk tok/s; loss %.4f -> %.4f "
-              "(floor: the data's entropy rate %.4f)",
-              static_cast<long long>(summary->steps_run), settings.num_ranks, to_string(settings.transport).c_str(),
-              ep::to_string(settings.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3,
-              summary->losses.front(), summary->losses.back(), SyntheticTokens(trainer.data).entropy_rate_nats());
+  std::printf(
+      "epmoe train: %lld steps on %d rank(s) (%s, dispatch=%s) in %.1f s, %.1fk tok/s; loss %.4f -> %.4f "
+      "(floor: the data's entropy rate %.4f)",
+      static_cast<long long>(summary->steps_run), settings.num_ranks, to_string(settings.transport).c_str(),
+      ep::to_string(settings.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3,
+      summary->losses.front(), summary->losses.back(), SyntheticTokens(trainer.data).entropy_rate_nats());
   std::printf("; dropped %lld of %lld (token, expert) pairs", static_cast<long long>(summary->dropped_pairs),
               static_cast<long long>(summary->routed_pairs));
   if (summary->dropped_pairs > 0) {
@@ -175,15 +177,15 @@ void run_train_command(const TrainArguments& arguments) {
   }
   if (metrics) std::printf("; metrics in %s", metrics->path().c_str());
   if (summary->last_checkpoint) {
-    std::printf("; checkpoint %s",
-                CheckpointStore(trainer.checkpoint_dir).step_dir(*summary->last_checkpoint).c_str());
+    std::printf("; checkpoint %s", CheckpointStore(trainer.checkpoint_dir).step_dir(*summary->last_checkpoint).c_str());
   }
   std::printf("\n");
   if (settings.modelled.enabled && modelled_seconds > 0) {
-    std::printf("  modelled on %s: %.1fk tok/s, %.3f ms per step (metrics.jsonl \"modelled\": per rank compute, "
-                "communication, idle; critical rank; hidden fraction per collective)\n",
-                settings.hardware.c_str(), tokens / modelled_seconds / 1e3,
-                modelled_seconds / static_cast<double>(summary->steps_run) * 1e3);
+    std::printf(
+        "  modelled on %s: %.1fk tok/s, %.3f ms per step (metrics.jsonl \"modelled\": per rank compute, "
+        "communication, idle; critical rank; hidden fraction per collective)\n",
+        settings.hardware.c_str(), tokens / modelled_seconds / 1e3,
+        modelled_seconds / static_cast<double>(summary->steps_run) * 1e3);
   }
   if (trace) {
     trace->write(settings.trace_file);
@@ -197,10 +199,12 @@ void run_train_command(const TrainArguments& arguments) {
 void add_train_command(CLI::App& app) {
   auto arguments = std::make_shared<TrainArguments>();
   CLI::App* command = app.add_subcommand(
-      kCommand, "Train a tiny MoE language model on synthetic uniform or Zipf tokens, expert-parallel over "
-                "ranks=R threads or mpirun processes (transport=mpi), with checkpoints and JSON-lines metrics");
-  command->add_option("--config", arguments->config_file,
-                      "YAML file of keys (e.g. configs/train_example.yaml); key=value arguments override it")
+      kCommand,
+      "Train a tiny MoE language model on synthetic uniform or Zipf tokens, expert-parallel over "
+      "ranks=R threads or mpirun processes (transport=mpi), with checkpoints and JSON-lines metrics");
+  command
+      ->add_option("--config", arguments->config_file,
+                   "YAML file of keys (e.g. configs/train_example.yaml); key=value arguments override it")
       ->check(non_empty_config_path);
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
   command->footer(train_key_registry().help_text());

@@ -10,9 +10,9 @@
 
 namespace epmoe::cli {
 
-KeyGroup model_keys();     // vocab_size, hidden, ffn, num_experts, num_layers, shared_expert_ffn, ...
-KeyGroup training_keys();  // steps, batch_size, seq_len, learning_rate, ..., aux_loss_coef, bias_update_rate
-KeyGroup data_keys();      // data, zipf_exponent, repeat_probability, data_seed
+KeyGroup model_keys();         // vocab_size, hidden, ffn, num_experts, num_layers, shared_expert_ffn, ...
+KeyGroup training_keys();      // steps, batch_size, seq_len, learning_rate, ..., aux_loss_coef, bias_update_rate
+KeyGroup data_keys();          // data, zipf_exponent, repeat_probability, data_seed
 KeyGroup train_output_keys();  // checkpoint_dir, checkpoint_every, checkpoint_keep, resume, metrics_file, ...
 
 MoeLmConfig moe_lm_config_from(const ConfigValues& values);

@@ -85,8 +85,9 @@ MetricsFile::MetricsFile(std::filesystem::path path, std::optional<std::int64_t>
 void MetricsFile::append(const StepRecord& record) {
   out_ << nlohmann::json(record).dump() << '\n';
   out_.flush();
-  if (!out_) throw FileError(path_.string() + ": writing the metrics of step " + std::to_string(record.step) +
-                             " failed: " + system_reason());
+  if (!out_)
+    throw FileError(path_.string() + ": writing the metrics of step " + std::to_string(record.step) +
+                    " failed: " + system_reason());
   // A checkpoint of this step is committed next: the line must be on disk
   // first, or a crash could leave checkpoint N with no line N (a resume
   // keeps lines <= N and cannot recompute a lost one). fsync through a
@@ -135,7 +136,8 @@ void ProgressLine::update(const StepRecord& record) {
   for (const double l : record.expert_load_max_over_mean) load = std::max(load, l);
   char modelled[48] = "";
   if (!record.modelled.is_null()) {
-    std::snprintf(modelled, sizeof modelled, " (modelled %.1fk)", record.modelled["tokens_per_second"].get<double>() / 1e3);
+    std::snprintf(modelled, sizeof modelled, " (modelled %.1fk)",
+                  record.modelled["tokens_per_second"].get<double>() / 1e3);
   }
   char line[384];
   // Dropped pairs always show (0 included): a capacity limit never loses

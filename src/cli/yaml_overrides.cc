@@ -134,8 +134,7 @@ std::string non_empty_config_path(const std::string& path) {
 }
 
 std::vector<KeyAssignment> command_assignments(const std::filesystem::path& config_file,
-                                               const std::vector<std::string>& arguments,
-                                               std::string_view command) {
+                                               const std::vector<std::string>& arguments, std::string_view command) {
   std::vector<KeyAssignment> assignments;
   if (!config_file.empty()) assignments = load_yaml_overrides(config_file);
   for (KeyAssignment& assignment : parse_assignments(arguments, command)) {

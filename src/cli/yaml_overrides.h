@@ -34,7 +34,6 @@ std::vector<KeyAssignment> load_yaml_overrides(const std::filesystem::path& path
 std::string non_empty_config_path(const std::string& path);
 
 std::vector<KeyAssignment> command_assignments(const std::filesystem::path& config_file,
-                                               const std::vector<std::string>& arguments,
-                                               std::string_view command);
+                                               const std::vector<std::string>& arguments, std::string_view command);
 
 }  // namespace epmoe::cli

@@ -76,9 +76,9 @@ CollectiveHandle ring_all_gather(transport::Communicator& comm, const AllGatherO
   }
   // The prologue copies this rank's block into place and posts every
   // receive and the first sends; the progress thread forwards the rest.
-  auto gather = std::make_shared<detail::RingAllGather>(
-      comm, std::move(layout), esize, output, options.direction == RingDirection::bidirectional, options.pipe,
-      CollectiveKind::all_gather, options.tag);
+  auto gather = std::make_shared<detail::RingAllGather>(comm, std::move(layout), esize, output,
+                                                        options.direction == RingDirection::bidirectional, options.pipe,
+                                                        CollectiveKind::all_gather, options.tag);
   return launch_collective(
       comm, name, options.timeout,
       [gather, input = options.input, own_bytes, own_slot](transport::Deadline) {

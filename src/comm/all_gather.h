@@ -36,17 +36,17 @@
 namespace epmoe::comm {
 
 struct AllGatherOptions {
-  const void* input = nullptr;  // this rank's block; may be output's own slot
-  void* output = nullptr;       // every rank's block, rank order
+  const void* input = nullptr;             // this rank's block; may be output's own slot
+  void* output = nullptr;                  // every rank's block, rank order
   std::int64_t num_elements_per_rank = 0;  // equal blocks: every rank's count
   // Unequal blocks: [size()] counts, the same on every rank; then
   // num_elements_per_rank must be 0. Empty: equal blocks.
   std::vector<std::int64_t> num_elements_by_rank = {};
-  DType dtype = DType::f32;     // only its size matters: any dtype moves as bytes
+  DType dtype = DType::f32;  // only its size matters: any dtype moves as bytes
   RingDirection direction = RingDirection::bidirectional;
-  std::int64_t pipe = 1;        // messages per lane per step, >= 1
+  std::int64_t pipe = 1;  // messages per lane per step, >= 1
   Algorithm algorithm = Algorithm::ring;
-  std::uint32_t tag = 0;        // comm/tag.h
+  std::uint32_t tag = 0;  // comm/tag.h
   std::chrono::milliseconds timeout = kDefaultTimeout;
 
   void validate(const transport::Communicator& comm) const;  // throws ConfigError

@@ -16,8 +16,7 @@
 namespace epmoe::comm {
 
 // Uses collective tags `tag` and `tag + 1` (comm/tag.h).
-std::vector<std::string> all_gather_texts(transport::Communicator& comm, const std::string& own,
-                                          std::uint32_t tag,
+std::vector<std::string> all_gather_texts(transport::Communicator& comm, const std::string& own, std::uint32_t tag,
                                           std::chrono::milliseconds timeout = kDefaultTimeout);
 
 }  // namespace epmoe::comm

@@ -23,13 +23,12 @@ CollectiveHandle all_reduce(transport::Communicator& comm, const AllReduceOption
   options.validate(comm);
   if (options.algorithm == Algorithm::native) {
     transport::NativeCollectives& native = detail::require_native(comm, "all_reduce");
-    detail::run_native(detail::collective_name("all_reduce(native)", options.tag), [&] {
-      native.all_reduce_sum_f32(static_cast<float*>(options.data), options.num_elements);
-    });
+    detail::run_native(detail::collective_name("all_reduce(native)", options.tag),
+                       [&] { native.all_reduce_sum_f32(static_cast<float*>(options.data), options.num_elements); });
     return CollectiveHandle{};
   }
-  return launch_collective(comm,
-      detail::collective_name("all_reduce", options.tag), options.timeout,
+  return launch_collective(
+      comm, detail::collective_name("all_reduce", options.tag), options.timeout,
       [&comm, options](transport::Deadline deadline) {
         const detail::BlockLayout layout = detail::BlockLayout::split(comm.size(), options.num_elements);
         const std::size_t esize = dtype_size_bytes(options.dtype);

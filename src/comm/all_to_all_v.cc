@@ -29,8 +29,7 @@ std::int64_t total_of(const std::vector<std::int64_t>& counts) {
   return total;
 }
 
-void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& options,
-                       transport::Deadline deadline) {
+void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& options, transport::Deadline deadline) {
   const int num_ranks = comm.size();
   const int rank = comm.rank();
   const auto esize = static_cast<std::int64_t>(dtype_size_bytes(options.dtype));
@@ -77,14 +76,12 @@ void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& op
   for (int step = 1; step < num_ranks; ++step) {
     const int from = wrap(rank - step, num_ranks);
     if (recv_counts[from] == 0) continue;
-    requests.push_back(comm.irecv(from, data_tag, output + recv_offsets[from] * esize,
-                                  recv_counts[from] * esize));
+    requests.push_back(comm.irecv(from, data_tag, output + recv_offsets[from] * esize, recv_counts[from] * esize));
   }
   for (int step = 1; step < num_ranks; ++step) {
     const int to = wrap(rank + step, num_ranks);
     if (options.send_counts[to] == 0) continue;
-    requests.push_back(comm.isend(to, data_tag, input + send_offsets[to] * esize,
-                                  options.send_counts[to] * esize));
+    requests.push_back(comm.isend(to, data_tag, input + send_offsets[to] * esize, options.send_counts[to] * esize));
   }
   if (recv_counts[rank] > 0) {
     std::memcpy(output + recv_offsets[rank] * esize, input + send_offsets[rank] * esize,
@@ -96,8 +93,7 @@ void exchange_pairwise(transport::Communicator& comm, const AllToAllVOptions& op
   for (auto& request : requests) request->wait_until(deadline);
 }
 
-void exchange_native(transport::NativeCollectives& native, int num_ranks,
-                     const AllToAllVOptions& options) {
+void exchange_native(transport::NativeCollectives& native, int num_ranks, const AllToAllVOptions& options) {
   const auto esize = static_cast<std::int64_t>(dtype_size_bytes(options.dtype));
   std::vector<std::int64_t> counted;
   std::vector<std::int64_t>& recv_counts = options.recv_counts != nullptr ? *options.recv_counts : counted;
@@ -140,20 +136,22 @@ void AllToAllVOptions::validate(const transport::Communicator& comm) const {
     }
     for (std::int64_t count : *known_recv_counts) detail::check_count(kName, "known_recv_counts[r]", count);
     if ((*known_recv_counts)[comm.rank()] != send_counts[comm.rank()]) {
-      throw ConfigError(std::string(kName) + ": known_recv_counts[" + std::to_string(comm.rank()) + "] = " +
-                        std::to_string((*known_recv_counts)[comm.rank()]) + " but this rank sends itself " +
+      throw ConfigError(std::string(kName) + ": known_recv_counts[" + std::to_string(comm.rank()) +
+                        "] = " + std::to_string((*known_recv_counts)[comm.rank()]) + " but this rank sends itself " +
                         std::to_string(send_counts[comm.rank()]) + ": they must agree");
     }
   }
   if (recv_buffer != nullptr && known_recv_counts == nullptr) {
-    throw ConfigError(std::string(kName) + ": recv_buffer needs known_recv_counts (its size must be known before the exchange)");
+    throw ConfigError(std::string(kName) +
+                      ": recv_buffer needs known_recv_counts (its size must be known before the exchange)");
   }
   if (recv_buffer != nullptr && output != nullptr) {
     throw ConfigError(std::string(kName) + ": pass output or recv_buffer, not both");
   }
   if (output == nullptr) {
     if (known_recv_counts == nullptr) {
-      throw ConfigError(std::string(kName) + ": output must point to a vector (or pass recv_buffer with known_recv_counts)");
+      throw ConfigError(std::string(kName) +
+                        ": output must point to a vector (or pass recv_buffer with known_recv_counts)");
     }
     detail::check_buffer(kName, "recv_buffer", recv_buffer,
                          total_of(*known_recv_counts) * static_cast<std::int64_t>(dtype_size_bytes(dtype)));
@@ -171,10 +169,9 @@ CollectiveHandle all_to_all_v(transport::Communicator& comm, const AllToAllVOpti
                        [&] { exchange_native(native, comm.size(), options); });
     return CollectiveHandle{};
   }
-  return launch_collective(comm, detail::collective_name("all_to_all_v", options.tag), options.timeout,
-                           [&comm, options](transport::Deadline deadline) {
-                             exchange_pairwise(comm, options, deadline);
-                           });
+  return launch_collective(
+      comm, detail::collective_name("all_to_all_v", options.tag), options.timeout,
+      [&comm, options](transport::Deadline deadline) { exchange_pairwise(comm, options, deadline); });
 }
 
 }  // namespace epmoe::comm

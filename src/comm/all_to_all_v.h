@@ -31,9 +31,9 @@
 namespace epmoe::comm {
 
 struct AllToAllVOptions {
-  const void* input = nullptr;           // sum(send_counts) elements, packed by destination
+  const void* input = nullptr;            // sum(send_counts) elements, packed by destination
   std::vector<std::int64_t> send_counts;  // [size()] elements to each rank, 0 allowed
-  DType dtype = DType::f32;              // only its size matters
+  DType dtype = DType::f32;               // only its size matters
   // Filled by the collective; must stay valid until it completes.
   std::vector<std::byte>* output = nullptr;          // resized to sum(recv_counts) elements
   std::vector<std::int64_t>* recv_counts = nullptr;  // resized to size(); optional with known_recv_counts

@@ -21,8 +21,7 @@ CollectiveHandle barrier(transport::Communicator& comm, const BarrierOptions& op
                              const int rank = comm.rank();
                              const transport::Tag tag = make_tag(CollectiveKind::barrier, options.tag, Slot::barrier);
                              for (int distance = 1; distance < num_ranks; distance <<= 1) {
-                               auto recv = comm.irecv((rank - distance + num_ranks) % num_ranks, tag,
-                                                      nullptr, 0);
+                               auto recv = comm.irecv((rank - distance + num_ranks) % num_ranks, tag, nullptr, 0);
                                auto send = comm.isend((rank + distance) % num_ranks, tag, nullptr, 0);
                                if (distance == 1) detail::collective_fault_point(comm);
                                recv->wait_until(deadline);

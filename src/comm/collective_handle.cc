@@ -68,8 +68,8 @@ void CollectiveHandle::finish_quietly() noexcept {
     // the error back from the launcher that tells the peers.
     lock.unlock();
     try {
-      state_->comm->cancel_pending("rank " + std::to_string(state_->comm->rank()) + " is failing: " +
-                                   state_->name + " was abandoned in flight by an exception");
+      state_->comm->cancel_pending("rank " + std::to_string(state_->comm->rank()) + " is failing: " + state_->name +
+                                   " was abandoned in flight by an exception");
     } catch (...) {  // destructors never throw; the wait below stays bounded by the deadline
     }
     lock.lock();
@@ -86,10 +86,9 @@ void CollectiveHandle::wait() {
   if (!state_) return;
   const ModelledWaitScope modelled(*state_, /*quiet=*/false);
   std::unique_lock<std::mutex> lock(state_->mutex);
-  if (!state_->finished.wait_until(lock, state_->deadline + kDeadlineGrace,
-                                   [&] { return state_->done; })) {
-    throw PeerError(state_->name + ": did not end within its timeout plus " +
-                    std::to_string(kDeadlineGrace.count()) + " s");
+  if (!state_->finished.wait_until(lock, state_->deadline + kDeadlineGrace, [&] { return state_->done; })) {
+    throw PeerError(state_->name + ": did not end within its timeout plus " + std::to_string(kDeadlineGrace.count()) +
+                    " s");
   }
   rethrow_once();
 }
@@ -126,14 +125,12 @@ void collective_fault_point(const transport::Communicator& comm) { fault_point("
 
 }  // namespace detail
 
-CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
-                                   std::chrono::milliseconds timeout,
+CollectiveHandle launch_collective(transport::Communicator& comm, std::string name, std::chrono::milliseconds timeout,
                                    std::function<void(transport::Deadline)> body) {
   return launch_collective(comm, std::move(name), timeout, nullptr, std::move(body));
 }
 
-CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
-                                   std::chrono::milliseconds timeout,
+CollectiveHandle launch_collective(transport::Communicator& comm, std::string name, std::chrono::milliseconds timeout,
                                    std::function<void(transport::Deadline)> prologue,
                                    std::function<void(transport::Deadline)> body) {
   auto state = std::make_shared<detail::CollectiveState>();

@@ -59,7 +59,7 @@ struct CollectiveState {
   std::exception_ptr error;
   bool error_reported = false;  // wait()/test() rethrow the error once
   transport::Deadline deadline;
-  std::string name;  // "ring_all_gather tag 7"
+  std::string name;                         // "ring_all_gather tag 7"
   transport::Communicator* comm = nullptr;  // not owned; outlives every handle on it
   // clock=modelled: the collective's own virtual clock (forked at launch).
   std::shared_ptr<ModelledClock> clock;
@@ -90,8 +90,7 @@ class CollectiveHandle {
                                             std::chrono::milliseconds timeout,
                                             std::function<void(transport::Deadline)> prologue,
                                             std::function<void(transport::Deadline)> body);
-  explicit CollectiveHandle(std::shared_ptr<detail::CollectiveState> state)
-      : state_(std::move(state)) {}
+  explicit CollectiveHandle(std::shared_ptr<detail::CollectiveState> state) : state_(std::move(state)) {}
   void finish_quietly() noexcept;
   void rethrow_once();  // caller holds state_->mutex
 
@@ -101,8 +100,7 @@ class CollectiveHandle {
 // Runs body(deadline) on a progress thread; PeerErrors it throws are prefixed
 // with `name` (AbortedErrors stay AbortedErrors), and any error but an
 // AbortedError aborts comm's group (above). Used by every collective in comm/.
-CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
-                                   std::chrono::milliseconds timeout,
+CollectiveHandle launch_collective(transport::Communicator& comm, std::string name, std::chrono::milliseconds timeout,
                                    std::function<void(transport::Deadline)> body);
 // The same, with a prologue that posts the collective's first messages and
 // never waits: in wall time it runs on the calling thread before this
@@ -111,8 +109,7 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
 // modelled time it runs on the progress thread just before body, on the
 // collective's clock. Its errors are the body's (they fail the collective,
 // abort the group and reach wait(); launch itself does not throw them).
-CollectiveHandle launch_collective(transport::Communicator& comm, std::string name,
-                                   std::chrono::milliseconds timeout,
+CollectiveHandle launch_collective(transport::Communicator& comm, std::string name, std::chrono::milliseconds timeout,
                                    std::function<void(transport::Deadline)> prologue,
                                    std::function<void(transport::Deadline)> body);
 

@@ -35,8 +35,8 @@ CollectiveHandle reduce_scatter(transport::Communicator& comm, const ReduceScatt
   if (options.algorithm == Algorithm::native) {
     transport::NativeCollectives& native = detail::require_native(comm, "reduce_scatter");
     detail::run_native(detail::collective_name("reduce_scatter(native)", options.tag), [&] {
-      native.reduce_scatter_sum_f32(static_cast<const float*>(options.input),
-                                    static_cast<float*>(options.output), options.num_elements_per_rank);
+      native.reduce_scatter_sum_f32(static_cast<const float*>(options.input), static_cast<float*>(options.output),
+                                    options.num_elements_per_rank);
     });
     return CollectiveHandle{};
   }
@@ -47,16 +47,14 @@ CollectiveHandle reduce_scatter(transport::Communicator& comm, const ReduceScatt
     layout.offset.push_back(offset);
     offset += count;
   }
-  return launch_collective(comm,
-      detail::collective_name("reduce_scatter", options.tag), options.timeout,
-      [&comm, options, layout = std::move(layout)](transport::Deadline deadline) {
-        detail::ring_reduce_scatter_blocks(comm, layout, options.dtype,
-                                           static_cast<const std::byte*>(options.input),
-                                           static_cast<std::byte*>(options.output),
-                                           options.direction == RingDirection::bidirectional,
-                                           CollectiveKind::reduce_scatter, options.tag,
-                                           deadline);
-      });
+  return launch_collective(comm, detail::collective_name("reduce_scatter", options.tag), options.timeout,
+                           [&comm, options, layout = std::move(layout)](transport::Deadline deadline) {
+                             detail::ring_reduce_scatter_blocks(comm, layout, options.dtype,
+                                                                static_cast<const std::byte*>(options.input),
+                                                                static_cast<std::byte*>(options.output),
+                                                                options.direction == RingDirection::bidirectional,
+                                                                CollectiveKind::reduce_scatter, options.tag, deadline);
+                           });
 }
 
 }  // namespace epmoe::comm

@@ -27,10 +27,10 @@
 namespace epmoe::comm {
 
 struct ReduceScatterOptions {
-  const void* input = nullptr;                   // sum(num_elements_per_rank) elements
-  void* output = nullptr;                        // num_elements_per_rank[rank] elements
+  const void* input = nullptr;                      // sum(num_elements_per_rank) elements
+  void* output = nullptr;                           // num_elements_per_rank[rank] elements
   std::vector<std::int64_t> num_elements_per_rank;  // [size()], counts may differ, 0 allowed
-  DType dtype = DType::f32;                      // f32 or bf16
+  DType dtype = DType::f32;                         // f32 or bf16
   RingDirection direction = RingDirection::bidirectional;
   Algorithm algorithm = Algorithm::ring;
   std::uint32_t tag = 0;

@@ -78,12 +78,18 @@ LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional) {
   return LaneSplit{{0, clockwise}, {clockwise, num_elements - clockwise}};
 }
 
-RingAllGather::RingAllGather(Communicator& comm, BlockLayout layout, std::size_t element_size_bytes,
-                             std::byte* output, bool bidirectional, std::int64_t pipe, CollectiveKind kind,
-                             std::uint32_t collective_tag)
-    : comm_(comm), layout_(std::move(layout)), esize_(static_cast<std::int64_t>(element_size_bytes)),
-      output_(output), bidirectional_(bidirectional), pipe_(pipe), num_ranks_(comm.size()), rank_(comm.rank()),
-      num_steps_(comm.size() - 1), num_lanes_(bidirectional ? 2 : 1),
+RingAllGather::RingAllGather(Communicator& comm, BlockLayout layout, std::size_t element_size_bytes, std::byte* output,
+                             bool bidirectional, std::int64_t pipe, CollectiveKind kind, std::uint32_t collective_tag)
+    : comm_(comm),
+      layout_(std::move(layout)),
+      esize_(static_cast<std::int64_t>(element_size_bytes)),
+      output_(output),
+      bidirectional_(bidirectional),
+      pipe_(pipe),
+      num_ranks_(comm.size()),
+      rank_(comm.rank()),
+      num_steps_(comm.size() - 1),
+      num_lanes_(bidirectional ? 2 : 1),
       peer_to_{wrap(comm.rank() + 1, comm.size()), wrap(comm.rank() - 1, comm.size())},
       tags_{make_tag(kind, collective_tag, Slot::ring_clockwise),
             make_tag(kind, collective_tag, Slot::ring_counter_clockwise)} {}
@@ -158,18 +164,17 @@ void RingAllGather::finish(Deadline deadline) {
   for (auto& request : sends_) request->wait_until(deadline);
 }
 
-void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout,
-                            std::size_t element_size_bytes, std::byte* output, bool bidirectional,
-                            std::int64_t pipe, CollectiveKind kind, std::uint32_t collective_tag,
-                            Deadline deadline) {
+void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout, std::size_t element_size_bytes,
+                            std::byte* output, bool bidirectional, std::int64_t pipe, CollectiveKind kind,
+                            std::uint32_t collective_tag, Deadline deadline) {
   RingAllGather gather(comm, layout, element_size_bytes, output, bidirectional, pipe, kind, collective_tag);
   gather.start();
   gather.finish(deadline);
 }
 
-void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, DType dtype,
-                                const std::byte* input, std::byte* output, bool bidirectional,
-                                CollectiveKind kind, std::uint32_t collective_tag, Deadline deadline) {
+void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, DType dtype, const std::byte* input,
+                                std::byte* output, bool bidirectional, CollectiveKind kind,
+                                std::uint32_t collective_tag, Deadline deadline) {
   EPMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16);
   const int num_ranks = comm.size();
   const int rank = comm.rank();
@@ -274,8 +279,8 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
       lane.send->wait_until(deadline);
       const int next = wrap(rank + lane.direction, num_ranks);
       const int prev = wrap(rank - lane.direction, num_ranks);
-      lane.recv = comm.irecv(prev, lane.tag, lane.partials[(step + 1) % 2],
-                             lane_bytes(l, received_block(lane, step + 1)));
+      lane.recv =
+          comm.irecv(prev, lane.tag, lane.partials[(step + 1) % 2], lane_bytes(l, received_block(lane, step + 1)));
       lane.send = comm.isend(next, lane.tag, partial, lane_bytes(l, block));
     }
   }

@@ -50,9 +50,8 @@ LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional);
 // everything. At R=2 start() is all the work a core is needed for.
 class RingAllGather {
  public:
-  RingAllGather(transport::Communicator& comm, BlockLayout layout, std::size_t element_size_bytes,
-                std::byte* output, bool bidirectional, std::int64_t pipe, CollectiveKind kind,
-                std::uint32_t collective_tag);
+  RingAllGather(transport::Communicator& comm, BlockLayout layout, std::size_t element_size_bytes, std::byte* output,
+                bool bidirectional, std::int64_t pipe, CollectiveKind kind, std::uint32_t collective_tag);
   void start();
   void finish(transport::Deadline deadline);  // after start(), on any one thread
 
@@ -80,10 +79,9 @@ class RingAllGather {
 };
 
 // Both parts at once, on the calling thread.
-void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& layout,
-                            std::size_t element_size_bytes, std::byte* output, bool bidirectional,
-                            std::int64_t pipe, CollectiveKind kind, std::uint32_t collective_tag,
-                            transport::Deadline deadline);
+void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& layout, std::size_t element_size_bytes,
+                            std::byte* output, bool bidirectional, std::int64_t pipe, CollectiveKind kind,
+                            std::uint32_t collective_tag, transport::Deadline deadline);
 
 // Sums block b of every rank's input into output (this rank's block), for
 // dtype f32 or bf16; partial sums travel as f32. Bidirectional: the first
@@ -95,9 +93,8 @@ void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& la
 //   out_b[i] = ((x_{b+d}[i] + x_{b+2d}[i]) + ...) + x_b[i]      (ranks mod R)
 // so results are identical run to run and independent of timing and threads.
 // `output` may alias this rank's block inside `input`.
-void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout,
-                                DType dtype, const std::byte* input, std::byte* output,
-                                bool bidirectional, CollectiveKind kind, std::uint32_t collective_tag,
-                                transport::Deadline deadline);
+void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout, DType dtype,
+                                const std::byte* input, std::byte* output, bool bidirectional, CollectiveKind kind,
+                                std::uint32_t collective_tag, transport::Deadline deadline);
 
 }  // namespace epmoe::comm::detail

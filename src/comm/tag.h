@@ -42,18 +42,18 @@ enum class CollectiveKind : std::uint32_t {
 };
 
 enum class Slot : std::uint32_t {
-  ring_clockwise = 0,          // all-gather lane to rank + 1
-  ring_counter_clockwise = 1,  // all-gather lane to rank - 1
-  reduce = 2,                  // reduce-scatter partial sums, to rank + 1
+  ring_clockwise = 0,            // all-gather lane to rank + 1
+  ring_counter_clockwise = 1,    // all-gather lane to rank - 1
+  reduce = 2,                    // reduce-scatter partial sums, to rank + 1
   reduce_counter_clockwise = 3,  // reduce-scatter partial sums, to rank - 1
-  counts = 4,                  // all-to-all-v counts
-  data = 5,                    // all-to-all-v payload, broadcast payload, point-to-point
+  counts = 4,                    // all-to-all-v counts
+  data = 5,                      // all-to-all-v payload, broadcast payload, point-to-point
   barrier = 6,
 };
 
 constexpr transport::Tag make_tag(CollectiveKind kind, std::uint32_t collective_tag, Slot slot) {
-  return (static_cast<std::uint32_t>(kind) << (kCollectiveTagBits + kSlotBits)) |
-         (collective_tag << kSlotBits) | static_cast<std::uint32_t>(slot);
+  return (static_cast<std::uint32_t>(kind) << (kCollectiveTagBits + kSlotBits)) | (collective_tag << kSlotBits) |
+         static_cast<std::uint32_t>(slot);
 }
 static_assert(make_tag(CollectiveKind::broadcast, kMaxCollectiveTag, Slot::barrier) <= transport::kMaxTag);
 

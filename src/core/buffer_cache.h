@@ -24,6 +24,6 @@ struct BufferCacheStats {
   std::int64_t cached_bytes = 0;
 };
 BufferCacheStats buffer_cache_stats();  // of the calling thread
-void clear_buffer_cache();               // frees the calling thread's cached blocks
+void clear_buffer_cache();              // frees the calling thread's cached blocks
 
 }  // namespace epmoe

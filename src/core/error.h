@@ -75,31 +75,27 @@ namespace detail {
 [[noreturn]] void throw_check_failure(const char* file, int line, const std::string& what);
 
 template <typename A, typename B>
-[[noreturn]] void throw_check_op_failure(const char* file, int line, const char* expr_a,
-                                         const char* op, const char* expr_b, const A& a,
-                                         const B& b) {
+[[noreturn]] void throw_check_op_failure(const char* file, int line, const char* expr_a, const char* op,
+                                         const char* expr_b, const A& a, const B& b) {
   std::ostringstream msg;
-  msg << "check failed: " << expr_a << " " << op << " " << expr_b << " (" << a << " vs " << b
-      << ")";
+  msg << "check failed: " << expr_a << " " << op << " " << expr_b << " (" << a << " vs " << b << ")";
   throw_check_failure(file, line, msg.str());
 }
 
 }  // namespace detail
 }  // namespace epmoe
 
-#define EPMOE_CHECK(cond)                                                          \
-  do {                                                                             \
-    if (!(cond)) ::epmoe::detail::throw_check_failure(__FILE__, __LINE__,          \
-                                                      "check failed: " #cond);     \
+#define EPMOE_CHECK(cond)                                                                          \
+  do {                                                                                             \
+    if (!(cond)) ::epmoe::detail::throw_check_failure(__FILE__, __LINE__, "check failed: " #cond); \
   } while (0)
 
-#define EPMOE_CHECK_OP_(a, op, b)                                                            \
-  do {                                                                                       \
-    const auto& epmoe_check_a_ = (a);                                                        \
-    const auto& epmoe_check_b_ = (b);                                                        \
-    if (!(epmoe_check_a_ op epmoe_check_b_))                                                 \
-      ::epmoe::detail::throw_check_op_failure(__FILE__, __LINE__, #a, #op, #b, epmoe_check_a_, \
-                                              epmoe_check_b_);                               \
+#define EPMOE_CHECK_OP_(a, op, b)                                                                               \
+  do {                                                                                                          \
+    const auto& epmoe_check_a_ = (a);                                                                           \
+    const auto& epmoe_check_b_ = (b);                                                                           \
+    if (!(epmoe_check_a_ op epmoe_check_b_))                                                                    \
+      ::epmoe::detail::throw_check_op_failure(__FILE__, __LINE__, #a, #op, #b, epmoe_check_a_, epmoe_check_b_); \
   } while (0)
 
 #define EPMOE_CHECK_EQ(a, b) EPMOE_CHECK_OP_(a, ==, b)

@@ -135,8 +135,8 @@ void fault_point(std::string_view point, int rank) {
     action = s.spec.action;
     text = s.spec.text;
   }
-  const std::string what = "rank " + std::to_string(rank) + ": injected fault at " + std::string(point) +
-                           " (fault_injection=" + text + ")";
+  const std::string what =
+      "rank " + std::to_string(rank) + ": injected fault at " + std::string(point) + " (fault_injection=" + text + ")";
   switch (action) {
     case FaultAction::throw_error:
       throw InjectedFault(what);

@@ -52,18 +52,21 @@ std::int64_t find_first(const Bits* bits, std::int64_t n, IsBad is_bad) {
 
 float tensor_value(const Tensor& tensor, std::int64_t index) {
   switch (tensor.dtype()) {
-    case DType::f32: return tensor.data<float>()[index];
+    case DType::f32:
+      return tensor.data<float>()[index];
     case DType::bf16: {
       const std::uint32_t bits = std::uint32_t{tensor.data<bf16_t>()[index].bits} << 16;
       return std::bit_cast<float>(bits);
     }
-    case DType::fp8_e4m3: return NAN;  // its only non-finite codes are NaN
-    default: return 0.0f;
+    case DType::fp8_e4m3:
+      return NAN;  // its only non-finite codes are NaN
+    default:
+      return 0.0f;
   }
 }
 
-[[noreturn]] void throw_non_finite(std::string_view name, const Shape& shape, std::int64_t index,
-                                   float value, std::string_view rule) {
+[[noreturn]] void throw_non_finite(std::string_view name, const Shape& shape, std::int64_t index, float value,
+                                   std::string_view rule) {
   std::string message(name);
   message += index_to_string(shape, index);
   message += " = ";
@@ -83,7 +86,8 @@ std::int64_t find_non_finite(std::span<const float> values) {
 
 std::int64_t find_non_finite(const Tensor& tensor) {
   switch (tensor.dtype()) {
-    case DType::f32: return find_non_finite(tensor.span<float>());
+    case DType::f32:
+      return find_non_finite(tensor.span<float>());
     case DType::bf16: {
       const auto* bits = reinterpret_cast<const std::uint16_t*>(tensor.raw());
       return find_first(bits, tensor.numel(), NonFinite<std::uint16_t>{0x7f80u});
@@ -94,7 +98,8 @@ std::int64_t find_non_finite(const Tensor& tensor) {
       return find_first(bits, tensor.numel(), [](std::uint8_t b) { return (b & 0x7fu) == 0x7fu; });
     }
     case DType::i32:
-    case DType::i64: return -1;
+    case DType::i64:
+      return -1;
   }
   return -1;
 }
@@ -123,8 +128,7 @@ std::string value_to_string(float value) {
   return out.str();
 }
 
-void check_finite(std::string_view name, std::span<const float> values, const Shape& shape,
-                  std::string_view rule) {
+void check_finite(std::string_view name, std::span<const float> values, const Shape& shape, std::string_view rule) {
   EPMOE_CHECK_EQ(static_cast<std::int64_t>(values.size()), shape_numel(shape));
   const std::int64_t index = find_non_finite(values);
   if (index >= 0) throw_non_finite(name, shape, index, values[index], rule);

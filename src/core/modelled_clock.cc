@@ -35,7 +35,9 @@ double thread_cpu_seconds() {
 }
 
 ComputeScope::ComputeScope(const char* name, const ComputeWork& work)
-    : name_(name), work_(work), clock_(open_compute_scopes == 0 ? this_thread_modelled_clock() : nullptr),
+    : name_(name),
+      work_(work),
+      clock_(open_compute_scopes == 0 ? this_thread_modelled_clock() : nullptr),
       traced_(this_thread_trace_track().recorder != nullptr) {
   ++open_compute_scopes;
   if (clock_ != nullptr && clock_->measures_compute()) cpu_start_ = thread_cpu_seconds();

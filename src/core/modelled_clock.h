@@ -46,9 +46,9 @@ struct ModelledTotals {
 
 // One collective this thread launched, as the modelled timeline saw it.
 struct ModelledCollective {
-  std::string name;          // "all_to_all_v tag 12"
-  Picoseconds start = 0;     // launched (the caller's clock)
-  Picoseconds end = 0;       // its last message completed
+  std::string name;             // "all_to_all_v tag 12"
+  Picoseconds start = 0;        // launched (the caller's clock)
+  Picoseconds end = 0;          // its last message completed
   Picoseconds waited_from = 0;  // the caller began waiting (end when never waited)
   std::int64_t bytes_sent = 0;  // by this rank
   // Exposed: the part of [start, end] the caller spent waiting.

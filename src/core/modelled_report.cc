@@ -64,12 +64,13 @@ ModelledStep modelled_step(const std::vector<ModelledRankTime>& ranks) {
   }
   nlohmann::json collectives = nlohmann::json::object();
   for (const auto& [kind, k] : kinds) {
-    collectives[kind] = {{"count", k.count},
-                         {"seconds", k.seconds},
-                         {"exposed_seconds", k.exposed_seconds},
-                         // Clamped: the two sums of rounded seconds may differ in the last bits.
-                         {"hidden_fraction", k.seconds > 0 ? std::clamp(1.0 - k.exposed_seconds / k.seconds, 0.0, 1.0) : 1.0},
-                         {"bytes_sent", k.bytes_sent}};
+    collectives[kind] = {
+        {"count", k.count},
+        {"seconds", k.seconds},
+        {"exposed_seconds", k.exposed_seconds},
+        // Clamped: the two sums of rounded seconds may differ in the last bits.
+        {"hidden_fraction", k.seconds > 0 ? std::clamp(1.0 - k.exposed_seconds / k.seconds, 0.0, 1.0) : 1.0},
+        {"bytes_sent", k.bytes_sent}};
   }
   step.json = {{"step_seconds", step.step_seconds},
                {"critical_path_rank", step.critical_rank},

@@ -42,9 +42,7 @@ std::uint64_t Rng::next_u64() {
 
 double Rng::uniform01() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
 
-float Rng::uniform(float low, float high) {
-  return low + static_cast<float>(uniform01()) * (high - low);
-}
+float Rng::uniform(float low, float high) { return low + static_cast<float>(uniform01()) * (high - low); }
 
 double Rng::normal() {
   // Box-Muller; one of the pair is discarded to keep the state simple.

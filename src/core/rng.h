@@ -19,9 +19,9 @@ class Rng {
   Rng fork(std::uint64_t stream) const;
 
   std::uint64_t next_u64();
-  double uniform01();                       // [0, 1), 53 random bits
-  float uniform(float low, float high);     // [low, high)
-  double normal();                          // standard normal (Box-Muller)
+  double uniform01();                          // [0, 1), 53 random bits
+  float uniform(float low, float high);        // [low, high)
+  double normal();                             // standard normal (Box-Muller)
   std::uint64_t uniform_int(std::uint64_t n);  // [0, n), unbiased; n > 0
 
  private:

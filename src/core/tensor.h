@@ -33,8 +33,7 @@ class Tensor {
   // Uninitialised contents. `ledger` (optional, not owned, must outlive the
   // tensor) records the bytes under `ledger_name`.
   Tensor(DType dtype, Shape shape, MemoryLedger* ledger = nullptr, std::string ledger_name = {});
-  static Tensor zeros(DType dtype, Shape shape, MemoryLedger* ledger = nullptr,
-                      std::string ledger_name = {});
+  static Tensor zeros(DType dtype, Shape shape, MemoryLedger* ledger = nullptr, std::string ledger_name = {});
 
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;
@@ -89,8 +88,8 @@ class Tensor {
   DType dtype_ = DType::f32;
   Shape shape_;
   std::int64_t numel_ = 0;
-  void* data_ = nullptr;                // owned; release_buffer
-  MemoryLedger* ledger_ = nullptr;      // not owned
+  void* data_ = nullptr;            // owned; release_buffer
+  MemoryLedger* ledger_ = nullptr;  // not owned
   std::string ledger_name_;
 };
 

@@ -18,8 +18,7 @@ void set_compute_threads(int num_threads) {
 
 int compute_threads() { return omp_get_max_threads(); }
 
-void parallel_for(std::int64_t n, std::int64_t min_grain,
-                  const std::function<void(std::int64_t, std::int64_t)>& body) {
+void parallel_for(std::int64_t n, std::int64_t min_grain, const std::function<void(std::int64_t, std::int64_t)>& body) {
   if (n <= 0) return;
   const std::int64_t grain = std::max<std::int64_t>(1, min_grain);
   const std::int64_t max_slices = (n + grain - 1) / grain;

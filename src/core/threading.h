@@ -14,13 +14,12 @@
 
 namespace epmoe {
 
-int hardware_cores();               // std::thread::hardware_concurrency, at least 1
+int hardware_cores();                       // std::thread::hardware_concurrency, at least 1
 void set_compute_threads(int num_threads);  // for the calling thread; >= 1
-int compute_threads();              // the calling thread's budget
+int compute_threads();                      // the calling thread's budget
 
 // Calls body(begin, end) on contiguous, disjoint slices covering [0, n), in
 // parallel on the calling thread's budget. Slices are at least min_grain long.
-void parallel_for(std::int64_t n, std::int64_t min_grain,
-                  const std::function<void(std::int64_t, std::int64_t)>& body);
+void parallel_for(std::int64_t n, std::int64_t min_grain, const std::function<void(std::int64_t, std::int64_t)>& body);
 
 }  // namespace epmoe

@@ -11,7 +11,9 @@ double this_thread_clock_seconds() {
 }
 
 ScopedPhase::ScopedPhase(PhaseTimes& times, std::string phase)
-    : times_(times), phase_(std::move(phase)), start_seconds_(this_thread_clock_seconds()),
+    : times_(times),
+      phase_(std::move(phase)),
+      start_seconds_(this_thread_clock_seconds()),
       trace_begin_us_(this_thread_trace_now_us()) {}
 
 ScopedPhase::~ScopedPhase() {

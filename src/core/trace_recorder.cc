@@ -123,8 +123,8 @@ void TraceRecorder::write(const std::string& path) const {
           out << "{\"name\":";
           write_escaped(out, e.name);
           out << ",\"cat\":\"message\",\"ph\":\"" << ph << "\",\"id\":" << id
-              << ",\"ts\":" << (ph[0] == 'b' ? e.begin_us : e.end_us) << ",\"pid\":" << e.pid << ",\"tid\":"
-              << kFirstCollectiveTid;
+              << ",\"ts\":" << (ph[0] == 'b' ? e.begin_us : e.end_us) << ",\"pid\":" << e.pid
+              << ",\"tid\":" << kFirstCollectiveTid;
           if (ph[0] == 'b') write_args(out, e.args);
           out << '}';
           if (ph[0] == 'b') out << ",\n";

@@ -25,17 +25,20 @@ enum class SavedRowForm { f32, bf16, fp8_tensor, fp8_token };
 constexpr double saved_row_bytes(SavedRowForm form, std::int64_t hidden) {
   const double h = double(hidden);
   switch (form) {
-    case SavedRowForm::f32: return 4 * h;
-    case SavedRowForm::bf16: return 2 * h;
-    case SavedRowForm::fp8_tensor: return h;
-    case SavedRowForm::fp8_token: return h + 4;
+    case SavedRowForm::f32:
+      return 4 * h;
+    case SavedRowForm::bf16:
+      return 2 * h;
+    case SavedRowForm::fp8_tensor:
+      return h;
+    case SavedRowForm::fp8_token:
+      return h + 4;
   }
   return 0;
 }
 
 // One chunk's bundle: `rows` rows over `num_groups` expert groups.
-constexpr double x_sorted_bundle_bytes(double rows, SavedRowForm form, std::int64_t hidden,
-                                       std::int64_t num_groups) {
+constexpr double x_sorted_bundle_bytes(double rows, SavedRowForm form, std::int64_t hidden, std::int64_t num_groups) {
   return rows * (saved_row_bytes(form, hidden) + 12) + 8 * double(num_groups) +
          (form == SavedRowForm::fp8_tensor ? 4 : 0);
 }

@@ -73,13 +73,11 @@ class TemporaryFile {
 
 }  // namespace
 
-void write_file_atomically(const std::filesystem::path& path,
-                           const std::vector<std::string_view>& pieces) {
+void write_file_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& pieces) {
   TemporaryFile temporary(temporary_path_beside(path));
   if (!temporary.is_open()) {
     const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
-    throw FileError(path.string() + ": cannot create a file in '" + directory.string() +
-                    "': " + system_reason());
+    throw FileError(path.string() + ": cannot create a file in '" + directory.string() + "': " + system_reason());
   }
   for (std::string_view piece : pieces) {
     if (!temporary.write_all(piece)) {

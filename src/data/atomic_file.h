@@ -14,7 +14,6 @@ namespace epmoe {
 // Writes the concatenation of `pieces` to `path`. Throws FileError naming
 // `path` and the system's reason; on any error the temporary file is removed
 // and `path` is left as it was.
-void write_file_atomically(const std::filesystem::path& path,
-                           const std::vector<std::string_view>& pieces);
+void write_file_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& pieces);
 
 }  // namespace epmoe

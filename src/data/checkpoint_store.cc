@@ -33,9 +33,7 @@ constexpr std::string_view kRemovingPrefix = ".removing_step_";
 
 std::string system_reason() { return std::strerror(errno); }
 
-[[noreturn]] void fail(const fs::path& path, const std::string& rule) {
-  throw FileError(path.string() + ": " + rule);
-}
+[[noreturn]] void fail(const fs::path& path, const std::string& rule) { throw FileError(path.string() + ": " + rule); }
 
 std::string hex32(std::uint32_t value) {
   char text[16];
@@ -177,8 +175,7 @@ struct Manifest {
   std::vector<ManifestFile> files;
 };
 
-void check_against_manifest(const fs::path& step_dir, const fs::path& manifest_path,
-                            const ManifestFile& file) {
+void check_against_manifest(const fs::path& step_dir, const fs::path& manifest_path, const ManifestFile& file) {
   const fs::path full = step_dir / file.path;
   std::error_code error;
   const auto status = fs::status(full, error);
@@ -189,8 +186,8 @@ void check_against_manifest(const fs::path& step_dir, const fs::path& manifest_p
   const std::optional<FileDigest> digest = digest_file(full, false);
   if (!digest) fail(full, "vanished while being verified");
   if (digest->num_bytes != file.num_bytes) {
-    fail(full, std::to_string(digest->num_bytes) + " bytes, the manifest records " +
-                   std::to_string(file.num_bytes) + "; the checkpoint is corrupt (truncated or overwritten)");
+    fail(full, std::to_string(digest->num_bytes) + " bytes, the manifest records " + std::to_string(file.num_bytes) +
+                   "; the checkpoint is corrupt (truncated or overwritten)");
   }
   if (digest->crc32 != file.crc32) {
     fail(full, "CRC-32 " + hex32(digest->crc32) + " does not match the manifest's " + hex32(file.crc32) +
@@ -221,8 +218,8 @@ Manifest load_manifest(const fs::path& step_dir, std::int64_t step) {
   const auto bad = [&](const std::string& rule) { fail(path, rule + "; the checkpoint is corrupt"); };
   if (!json.is_object()) bad("not a JSON object");
   if (!json.contains("format") || json["format"] != CheckpointStore::kFormat) {
-    bad("'format' is " + (json.contains("format") ? json["format"].dump() : std::string("missing")) +
-        ", expected \"" + CheckpointStore::kFormat + "\"");
+    bad("'format' is " + (json.contains("format") ? json["format"].dump() : std::string("missing")) + ", expected \"" +
+        CheckpointStore::kFormat + "\"");
   }
   if (!json.contains("version") || !json["version"].is_number_integer()) bad("'version' is missing or not an integer");
   if (json["version"].get<std::int64_t>() != CheckpointStore::kVersion) {
@@ -293,8 +290,7 @@ std::filesystem::path CheckpointStore::begin_staging(std::int64_t step) const {
   return staging;
 }
 
-void CheckpointStore::write_tensor(std::int64_t step, const std::string& relative_path,
-                                   const Tensor& tensor) const {
+void CheckpointStore::write_tensor(std::int64_t step, const std::string& relative_path, const Tensor& tensor) const {
   check_caller_relative_path(relative_path);
   const fs::path staging = staging_dir(step);
   std::error_code error;

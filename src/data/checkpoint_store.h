@@ -77,8 +77,7 @@ class CheckpointStore {
   // counts as {}). Files in the staging directory that are not listed are
   // carried along but not verified. FileError when step_<N> already exists
   // ("refusing to overwrite checkpoint …") or a listed file is missing.
-  void commit(std::int64_t step, const std::vector<std::string>& relative_paths,
-              const nlohmann::json& metadata) const;
+  void commit(std::int64_t step, const std::vector<std::string>& relative_paths, const nlohmann::json& metadata) const;
 
   // Steps with a directory step_<N> holding a manifest.json, ascending.
   // Staging directories and unrelated entries are ignored; a missing root

@@ -25,8 +25,8 @@ namespace {
 // Python dict literal padded with spaces to a multiple of 64 bytes and ending
 // in '\n', then the array bytes.
 constexpr std::string_view kMagic = "\x93NUMPY";
-constexpr std::size_t kPrefixBytesV1 = 10;  // magic + version + uint16 length
-constexpr std::size_t kPrefixBytesV2 = 12;  // magic + version + uint32 length
+constexpr std::size_t kPrefixBytesV1 = 10;    // magic + version + uint16 length
+constexpr std::size_t kPrefixBytesV2 = 12;    // magic + version + uint32 length
 constexpr std::size_t kHeaderAlignment = 64;  // numpy's ARRAY_ALIGN
 
 [[noreturn]] void fail(const std::filesystem::path& path, const std::string& rule) {
@@ -36,9 +36,9 @@ constexpr std::size_t kHeaderAlignment = 64;  // numpy's ARRAY_ALIGN
 // numpy's names for the type codes of a descr such as '<f8', for messages.
 std::string numpy_type_name(std::string_view type_code) {
   static constexpr std::pair<std::string_view, std::string_view> kNames[] = {
-      {"f2", "float16"}, {"f4", "float32"},  {"f8", "float64"},    {"f16", "float128"},
-      {"i1", "int8"},    {"i2", "int16"},    {"i4", "int32"},      {"i8", "int64"},
-      {"u1", "uint8"},   {"u2", "uint16"},   {"u4", "uint32"},     {"u8", "uint64"},
+      {"f2", "float16"}, {"f4", "float32"},   {"f8", "float64"},     {"f16", "float128"},
+      {"i1", "int8"},    {"i2", "int16"},     {"i4", "int32"},       {"i8", "int64"},
+      {"u1", "uint8"},   {"u2", "uint16"},    {"u4", "uint32"},      {"u8", "uint64"},
       {"b1", "bool"},    {"c8", "complex64"}, {"c16", "complex128"}, {"O", "object"}};
   for (const auto& [code, name] : kNames) {
     if (code == type_code) return std::string(name);
@@ -48,11 +48,15 @@ std::string numpy_type_name(std::string_view type_code) {
 
 std::string numpy_type_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "float32";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
+    case DType::f32:
+      return "float32";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
     case DType::bf16:
-    case DType::fp8_e4m3: break;
+    case DType::fp8_e4m3:
+      break;
   }
   throw InternalError("npy: dtype " + std::string(dtype_name(dtype)) + " has no numpy equivalent");
 }
@@ -72,8 +76,7 @@ std::string python_variable_for(const std::filesystem::path& path) {
 // tuples of non-negative ints), in any key order.
 class HeaderDictParser {
  public:
-  HeaderDictParser(std::string_view text, const std::filesystem::path& path)
-      : text_(text), path_(path) {}
+  HeaderDictParser(std::string_view text, const std::filesystem::path& path) : text_(text), path_(path) {}
 
   void parse_into(NpyHeader& header) {
     bool has_descr = false, has_fortran_order = false, has_shape = false;
@@ -106,9 +109,7 @@ class HeaderDictParser {
   }
 
  private:
-  [[noreturn]] void malformed(const std::string& why) {
-    fail(path_, "malformed .npy header (" + why + ")");
-  }
+  [[noreturn]] void malformed(const std::string& why) { fail(path_, "malformed .npy header (" + why + ")"); }
 
   void skip_space() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
@@ -141,8 +142,8 @@ class HeaderDictParser {
 
   bool parse_bool() {
     skip_space();
-    for (const auto& [word, value] : {std::pair{std::string_view("True"), true},
-                                      std::pair{std::string_view("False"), false}}) {
+    for (const auto& [word, value] :
+         {std::pair{std::string_view("True"), true}, std::pair{std::string_view("False"), false}}) {
       if (text_.substr(pos_, word.size()) == word) {
         pos_ += word.size();
         return value;
@@ -230,8 +231,7 @@ OpenedNpy open_npy(const std::filesystem::path& path) {
   unsigned char prefix[kPrefixBytesV2] = {};
   const std::size_t prefix_read = std::fread(prefix, 1, sizeof(prefix), opened.file.get());
   const std::size_t magic_compared = std::min(prefix_read, kMagic.size());
-  if (magic_compared < kMagic.size() ||
-      std::memcmp(prefix, kMagic.data(), kMagic.size()) != 0) {
+  if (magic_compared < kMagic.size() || std::memcmp(prefix, kMagic.data(), kMagic.size()) != 0) {
     fail(path, "not an .npy file (bad magic: it must start with \\x93NUMPY)");
   }
   if (prefix_read < kPrefixBytesV1) fail(path, "truncated header (the file ends inside the prefix)");
@@ -253,8 +253,7 @@ OpenedNpy open_npy(const std::filesystem::path& path) {
   }
   header.data_offset_bytes = static_cast<std::int64_t>(prefix_bytes) + header_bytes;
   if (header.data_offset_bytes > opened.file_size_bytes) {
-    fail(path, "truncated header: it declares " + std::to_string(header_bytes) +
-                   " bytes, the file holds " +
+    fail(path, "truncated header: it declares " + std::to_string(header_bytes) + " bytes, the file holds " +
                    std::to_string(opened.file_size_bytes - static_cast<std::int64_t>(prefix_bytes)) +
                    " after the prefix");
   }
@@ -280,14 +279,13 @@ void check_descr(const std::filesystem::path& path, const std::string& descr, DT
   const std::string expected_name = numpy_type_name(expected);
   const std::string variable = python_variable_for(path);
   if (!descr.empty() && descr[0] == '>' && type_code == expected_code) {
-    fail(path, "dtype '" + descr + "' is big-endian; epmoe reads little-endian " + expected_name +
-                   " '" + expected_descr + "'; convert with " + variable + ".astype('" +
-                   expected_descr + "')");
+    fail(path, "dtype '" + descr + "' is big-endian; epmoe reads little-endian " + expected_name + " '" +
+                   expected_descr + "'; convert with " + variable + ".astype('" + expected_descr + "')");
   }
   const std::string got_name = numpy_type_name(type_code);
-  fail(path, "dtype '" + descr + "'" + (got_name.empty() ? "" : " (" + got_name + ")") +
-                 "; epmoe reads " + expected_name + " '" + expected_descr + "'; convert with " +
-                 variable + ".astype(np." + expected_name + ")");
+  fail(path, "dtype '" + descr + "'" + (got_name.empty() ? "" : " (" + got_name + ")") + "; epmoe reads " +
+                 expected_name + " '" + expected_descr + "'; convert with " + variable + ".astype(np." + expected_name +
+                 ")");
 }
 
 std::string shape_tuple_text(const Shape& shape) {
@@ -301,8 +299,7 @@ std::string shape_tuple_text(const Shape& shape) {
 
 // The header decides dtype and shape, so both are checked before the data
 // size: a float64 file is reported as float64, not as a size mismatch.
-Tensor read_checked_npy(const std::filesystem::path& path, DType expected_dtype,
-                        const ExpectedShape* expected_shape) {
+Tensor read_checked_npy(const std::filesystem::path& path, DType expected_dtype, const ExpectedShape* expected_shape) {
   OpenedNpy opened = open_npy(path);
   const NpyHeader& header = opened.header;
   check_descr(path, header.descr, expected_dtype);
@@ -324,9 +321,8 @@ Tensor read_checked_npy(const std::filesystem::path& path, DType expected_dtype,
   }
   const std::int64_t held_bytes = opened.file_size_bytes - header.data_offset_bytes;
   if (held_bytes != needed_bytes) {
-    fail(path, "data holds " + std::to_string(held_bytes) + " bytes, shape " +
-                   shape_to_string(header.shape) + " " + numpy_type_name(expected_dtype) +
-                   " needs " + std::to_string(needed_bytes) +
+    fail(path, "data holds " + std::to_string(held_bytes) + " bytes, shape " + shape_to_string(header.shape) + " " +
+                   numpy_type_name(expected_dtype) + " needs " + std::to_string(needed_bytes) +
                    (held_bytes < needed_bytes ? " (truncated file)" : " (trailing bytes)"));
   }
 
@@ -374,11 +370,15 @@ std::string ExpectedShape::to_string() const {
 
 std::string npy_descr(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "<f4";
-    case DType::i32: return "<i4";
-    case DType::i64: return "<i8";
+    case DType::f32:
+      return "<f4";
+    case DType::i32:
+      return "<i4";
+    case DType::i64:
+      return "<i8";
     case DType::bf16:
-    case DType::fp8_e4m3: break;
+    case DType::fp8_e4m3:
+      break;
   }
   throw InternalError("npy: dtype " + std::string(dtype_name(dtype)) + " has no numpy equivalent");
 }
@@ -389,20 +389,16 @@ Tensor read_npy(const std::filesystem::path& path, DType expected_dtype) {
   return read_checked_npy(path, expected_dtype, nullptr);
 }
 
-Tensor read_npy(const std::filesystem::path& path, DType expected_dtype,
-                const ExpectedShape& expected_shape) {
+Tensor read_npy(const std::filesystem::path& path, DType expected_dtype, const ExpectedShape& expected_shape) {
   return read_checked_npy(path, expected_dtype, &expected_shape);
 }
 
 void write_npy(const std::filesystem::path& path, const Tensor& tensor) {
-  if (tensor.dtype() != DType::f32 && tensor.dtype() != DType::i32 &&
-      tensor.dtype() != DType::i64) {
-    fail(path, "epmoe writes float32, int32 and int64 .npy files, not " +
-                   std::string(dtype_name(tensor.dtype())));
+  if (tensor.dtype() != DType::f32 && tensor.dtype() != DType::i32 && tensor.dtype() != DType::i64) {
+    fail(path, "epmoe writes float32, int32 and int64 .npy files, not " + std::string(dtype_name(tensor.dtype())));
   }
   std::string header = "{'descr': '" + npy_descr(tensor.dtype()) +
-                       "', 'fortran_order': False, 'shape': " + shape_tuple_text(tensor.shape()) +
-                       ", }";
+                       "', 'fortran_order': False, 'shape': " + shape_tuple_text(tensor.shape()) + ", }";
   // As numpy does: version 1.0 unless the header needs a 4-byte length; pad
   // with spaces so the array bytes start 64-byte aligned; end with '\n'.
   const bool needs_v2 = header.size() + kHeaderAlignment + 1 > std::numeric_limits<std::uint16_t>::max();
@@ -418,8 +414,7 @@ void write_npy(const std::filesystem::path& path, const Tensor& tensor) {
   for (std::size_t i = 0; i < length_bytes; ++i) {
     prefix.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
   }
-  const std::string_view data(static_cast<const char*>(tensor.raw()),
-                              static_cast<std::size_t>(tensor.size_bytes()));
+  const std::string_view data(static_cast<const char*>(tensor.raw()), static_cast<std::size_t>(tensor.size_bytes()));
   write_file_atomically(path, {prefix, header, data});
 }
 

@@ -38,7 +38,7 @@ struct ExpectedShape {
 // The parsed header of an .npy file.
 struct NpyHeader {
   int major_version = 1;
-  std::string descr;          // e.g. "<f4"
+  std::string descr;  // e.g. "<f4"
   bool fortran_order = false;
   Shape shape;
   std::int64_t data_offset_bytes = 0;  // where the array bytes start
@@ -51,8 +51,7 @@ NpyHeader read_npy_header(const std::filesystem::path& path);
 // Reads an array of dtype `expected_dtype` (f32, i32 or i64).
 Tensor read_npy(const std::filesystem::path& path, DType expected_dtype);
 // Same, and the shape must match `expected_shape`.
-Tensor read_npy(const std::filesystem::path& path, DType expected_dtype,
-                const ExpectedShape& expected_shape);
+Tensor read_npy(const std::filesystem::path& path, DType expected_dtype, const ExpectedShape& expected_shape);
 
 // Writes `tensor` (f32, i32 or i64) atomically: the bytes go to a temporary
 // file in the same directory, which is renamed over `path` only when complete,

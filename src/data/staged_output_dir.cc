@@ -24,8 +24,7 @@ std::filesystem::path normalised_absolute(const std::filesystem::path& path) {
   return normal;
 }
 
-[[noreturn]] void fail(const std::filesystem::path& path, const std::string& what,
-                       const std::error_code& error) {
+[[noreturn]] void fail(const std::filesystem::path& path, const std::string& what, const std::error_code& error) {
   throw FileError(path.string() + ": " + what + ": " + error.message());
 }
 
@@ -95,12 +94,11 @@ void StagedOutputDir::check_usable(const std::filesystem::path& output_dir) {
   }
 }
 
-StagedOutputDir::StagedOutputDir(const std::filesystem::path& output_dir)
-    : output_dir_(usable_absolute(output_dir)) {
+StagedOutputDir::StagedOutputDir(const std::filesystem::path& output_dir) : output_dir_(usable_absolute(output_dir)) {
   check_usable(output_dir_);
   const std::filesystem::path parent = output_dir_.parent_path();
-  for (std::filesystem::path missing = parent; !std::filesystem::exists(missing) && missing.has_parent_path() &&
-                                               missing != missing.root_path();
+  for (std::filesystem::path missing = parent;
+       !std::filesystem::exists(missing) && missing.has_parent_path() && missing != missing.root_path();
        missing = missing.parent_path()) {
     created_parents_.push_back(missing);
   }
@@ -142,7 +140,8 @@ void StagedOutputDir::take_lock() {
     // The previous holder unlinks the file before it unlocks; if that
     // happened between our open and flock, we hold a lock on a file nobody
     // else can find, so start over with the file that is there now.
-    struct stat held {}, current {};
+    struct stat held {
+    }, current{};
     if (::fstat(fd, &held) == 0 && ::stat(lock_path_.c_str(), &current) == 0 && held.st_dev == current.st_dev &&
         held.st_ino == current.st_ino) {
       lock_fd_ = fd;
@@ -197,8 +196,7 @@ std::filesystem::path StagedOutputDir::staged_path(const std::string& file_name)
   return staging_dir_ / file_name;
 }
 
-void StagedOutputDir::commit(const std::vector<std::string>& file_names,
-                             const std::string& completion_marker,
+void StagedOutputDir::commit(const std::vector<std::string>& file_names, const std::string& completion_marker,
                              const std::vector<std::string>& obsolete_file_names) {
   std::error_code error;
   committed_ = true;  // from here on the parents hold (part of) an output
@@ -219,7 +217,7 @@ void StagedOutputDir::commit(const std::vector<std::string>& file_names,
     if (error) fail(output_dir_ / name, "cannot move into place", error);
   }
   std::filesystem::remove_all(staging_dir_, error);  // empty now; a leftover is only litter
-  release();  // done: the next writer may go ahead
+  release();                                         // done: the next writer may go ahead
 }
 
 }  // namespace epmoe

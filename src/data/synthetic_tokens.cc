@@ -27,8 +27,10 @@ TokenDistribution parse_token_distribution(std::string_view key, std::string_vie
 
 std::string to_string(TokenDistribution distribution) {
   switch (distribution) {
-    case TokenDistribution::uniform: return "uniform";
-    case TokenDistribution::zipf: return "zipf";
+    case TokenDistribution::uniform:
+      return "uniform";
+    case TokenDistribution::zipf:
+      return "zipf";
   }
   return "?";
 }
@@ -36,8 +38,8 @@ std::string to_string(TokenDistribution distribution) {
 void SyntheticTokensConfig::validate() const {
   constexpr std::int64_t kMaxVocab = std::numeric_limits<std::int32_t>::max();
   if (vocab_size < 2 || vocab_size > kMaxVocab) {
-    throw ConfigError("vocab_size=" + std::to_string(vocab_size) + ": must be in [2, " +
-                      std::to_string(kMaxVocab) + "] (token ids are int32)");
+    throw ConfigError("vocab_size=" + std::to_string(vocab_size) + ": must be in [2, " + std::to_string(kMaxVocab) +
+                      "] (token ids are int32)");
   }
   if (seq_len < 1) throw ConfigError("seq_len=" + std::to_string(seq_len) + ": must be at least 1");
   if (!(zipf_exponent > 0.0) || !std::isfinite(zipf_exponent)) {

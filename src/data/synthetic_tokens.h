@@ -38,7 +38,7 @@ struct SyntheticTokensConfig {
   std::int64_t vocab_size = 0;
   std::int64_t seq_len = 0;
   TokenDistribution distribution = TokenDistribution::zipf;
-  double zipf_exponent = 1.25;  // a in p(i) ∝ (i+1)^-a
+  double zipf_exponent = 1.25;      // a in p(i) ∝ (i+1)^-a
   double repeat_probability = 0.0;  // 0: i.i.d. tokens
   std::uint64_t seed = 0;
 

@@ -22,13 +22,13 @@ namespace epmoe::ep {
 struct AllToAllDispatcher::Chunk {
   ChunkRange range;
   // Send side, grouped by destination rank.
-  std::vector<std::int64_t> send_row_token;         // local token of each row
-  std::vector<std::int64_t> send_rows_per_rank;     // [R]
-  std::vector<std::int64_t> send_entry_pair;        // pair (t * K + k) of each entry
-  std::vector<std::int64_t> send_words_per_rank;    // [R] routing words
-  std::vector<std::int32_t> send_metadata;          // routing words, by destination
-  std::vector<std::byte> send_message;              // per destination: routing words, then token rows
-  std::vector<std::int64_t> send_message_counts;    // [R] bytes
+  std::vector<std::int64_t> send_row_token;       // local token of each row
+  std::vector<std::int64_t> send_rows_per_rank;   // [R]
+  std::vector<std::int64_t> send_entry_pair;      // pair (t * K + k) of each entry
+  std::vector<std::int64_t> send_words_per_rank;  // [R] routing words
+  std::vector<std::int32_t> send_metadata;        // routing words, by destination
+  std::vector<std::byte> send_message;            // per destination: routing words, then token rows
+  std::vector<std::int64_t> send_message_counts;  // [R] bytes
   float tensor_scale = 1.0f;
   // Receive side, grouped by source rank.
   std::vector<std::byte> recv_message;
@@ -69,10 +69,10 @@ struct AllToAllDispatcher::Chunk {
   // cotangent rows handed out to the experts.)
   std::int64_t capacity_bytes() const {
     return vector_capacity_bytes(send_row_token, send_rows_per_rank, send_entry_pair, send_words_per_rank,
-                                 send_metadata, send_message, send_message_counts, recv_message,
-                                 recv_message_counts, recv_rows_per_rank, recv_entries_per_rank, entry_of_row,
-                                 rows_out_elements, rows_in_elements, send_entries_per_rank, combined, send_dy,
-                                 entry_dweights, dx_back, dweights_back);
+                                 send_metadata, send_message, send_message_counts, recv_message, recv_message_counts,
+                                 recv_rows_per_rank, recv_entries_per_rank, entry_of_row, rows_out_elements,
+                                 rows_in_elements, send_entries_per_rank, combined, send_dy, entry_dweights, dx_back,
+                                 dweights_back);
   }
 };
 
@@ -150,8 +150,8 @@ void AllToAllDispatcher::plan_chunk(int c) {
   pairs_per_expert.assign(static_cast<std::size_t>(config_.num_experts), 0);
   const std::int64_t capacity =
       config_.capacity_factor > 0
-          ? static_cast<std::int64_t>(std::ceil(config_.capacity_factor * double(chunk.range.size()) *
-                                                top_k / config_.num_experts))
+          ? static_cast<std::int64_t>(
+                std::ceil(config_.capacity_factor * double(chunk.range.size()) * top_k / config_.num_experts))
           : -1;
   std::vector<std::pair<int, std::int64_t>>& kept = scratch.kept;  // (dest, pair)
   for (std::int64_t t = chunk.range.begin; t < chunk.range.end; ++t) {
@@ -169,8 +169,8 @@ void AllToAllDispatcher::plan_chunk(int c) {
       pairs_per_expert[expert] += 1;
       kept.emplace_back(replicas_ ? pair_destination_[pair].rank : expert / num_local_experts_, pair);
     }
-    if (config_.dedup) std::stable_sort(kept.begin(), kept.end(),
-                                        [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (config_.dedup)
+      std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (std::size_t i = 0; i < kept.size();) {
       const int dest = kept[i].first;
       std::size_t j = i + 1;
@@ -235,18 +235,21 @@ void AllToAllDispatcher::send_tokens(int c, bool remat) {
     row_token += rows;
   }
 
-  count_bytes(remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens",
-              chunk.send_rows_per_rank, row_bytes);
-  count_bytes(remat ? "backward/remat all_to_all_v routing" : "forward/all_to_all_v routing",
-              chunk.send_words_per_rank, 4);
+  count_bytes(remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens", chunk.send_rows_per_rank,
+              row_bytes);
+  count_bytes(remat ? "backward/remat all_to_all_v routing" : "forward/all_to_all_v routing", chunk.send_words_per_rank,
+              4);
   // The forward's exchange learns the receive counts; a remat re-send knows
   // them (the same rows as the forward's, bit for bit).
-  chunk.message_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.send_message.data(), .send_counts = message_counts, .dtype = DType::fp8_e4m3,
-              .output = &chunk.recv_message, .recv_counts = remat ? nullptr : &chunk.recv_message_counts,
-              .known_recv_counts = remat ? &chunk.recv_message_counts : nullptr,
-              .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
-              .timeout = config_.timeout});
+  chunk.message_in_flight =
+      comm::all_to_all_v(comm_, {.input = chunk.send_message.data(),
+                                 .send_counts = message_counts,
+                                 .dtype = DType::fp8_e4m3,
+                                 .output = &chunk.recv_message,
+                                 .recv_counts = remat ? nullptr : &chunk.recv_message_counts,
+                                 .known_recv_counts = remat ? &chunk.recv_message_counts : nullptr,
+                                 .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
+                                 .timeout = config_.timeout});
 }
 
 ExpertRows AllToAllDispatcher::receive_rows(int c) {
@@ -339,8 +342,8 @@ ExpertRows AllToAllDispatcher::collect_rows(int c, bool remat) {
     chunk.rows_in_elements.resize(num_ranks);
     for (int s = 0; s < num_ranks; ++s) chunk.rows_in_elements[s] = rows_from[s] * config_.hidden;
   }
-  ExpertRows rows = build_expert_rows(codec_, chunk.tensor_scale, row_address, entries, num_compute_experts(),
-                                      num_rows, &chunk.entry_of_row);
+  ExpertRows rows = build_expert_rows(codec_, chunk.tensor_scale, row_address, entries, num_compute_experts(), num_rows,
+                                      &chunk.entry_of_row);
   return rows;
 }
 
@@ -352,17 +355,19 @@ void AllToAllDispatcher::send_outputs(int c, Tensor slot_outputs) {
   chunk.slot_outputs = std::move(slot_outputs);
   count_bytes("forward/all_to_all_v combine", chunk.rows_in_elements, 4);
   chunk.combined.resize(chunk.send_row_token.size() * config_.hidden);
-  chunk.combine_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.slot_outputs.raw(), .send_counts = chunk.rows_in_elements, .dtype = DType::f32,
-              .known_recv_counts = &chunk.rows_out_elements, .recv_buffer = chunk.combined.data(),
-              .tag = ep_tag(config_.tag_base, c, EpOp::forward_combine), .timeout = config_.timeout});
+  chunk.combine_in_flight = comm::all_to_all_v(comm_, {.input = chunk.slot_outputs.raw(),
+                                                       .send_counts = chunk.rows_in_elements,
+                                                       .dtype = DType::f32,
+                                                       .known_recv_counts = &chunk.rows_out_elements,
+                                                       .recv_buffer = chunk.combined.data(),
+                                                       .tag = ep_tag(config_.tag_base, c, EpOp::forward_combine),
+                                                       .timeout = config_.timeout});
 }
 
 namespace {
 
 // dst[token[i]] += rows[i] for i in order: the home side of a combine.
-void add_rows_to_tokens(const float* rows, const std::vector<std::int64_t>& token, std::int64_t hidden,
-                        float* dst) {
+void add_rows_to_tokens(const float* rows, const std::vector<std::int64_t>& token, std::int64_t hidden, float* dst) {
   for (std::size_t i = 0; i < token.size(); ++i) {
     const float* src = rows + static_cast<std::int64_t>(i) * hidden;
     float* out = dst + token[i] * hidden;
@@ -400,10 +405,13 @@ void AllToAllDispatcher::start_cotangents(int c) {
   std::int64_t rows_in = 0;
   for (const std::int64_t count : chunk.recv_rows_per_rank) rows_in += count;
   chunk.recv_dy = Tensor(DType::f32, {rows_in, hidden});
-  chunk.cotangent_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.send_dy.data(), .send_counts = chunk.rows_out_elements, .dtype = DType::f32,
-              .known_recv_counts = &chunk.rows_in_elements, .recv_buffer = chunk.recv_dy.raw(),
-              .tag = ep_tag(config_.tag_base, c, EpOp::backward_cotangent), .timeout = config_.timeout});
+  chunk.cotangent_in_flight = comm::all_to_all_v(comm_, {.input = chunk.send_dy.data(),
+                                                         .send_counts = chunk.rows_out_elements,
+                                                         .dtype = DType::f32,
+                                                         .known_recv_counts = &chunk.rows_in_elements,
+                                                         .recv_buffer = chunk.recv_dy.raw(),
+                                                         .tag = ep_tag(config_.tag_base, c, EpOp::backward_cotangent),
+                                                         .timeout = config_.timeout});
 }
 
 Tensor AllToAllDispatcher::receive_cotangents(int c) {
@@ -425,15 +433,20 @@ void AllToAllDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float
   count_bytes("backward/all_to_all_v dweights", chunk.recv_entries_per_rank, 4);
   chunk.dx_back.resize(chunk.send_row_token.size() * hidden);
   chunk.dweights_back.resize(chunk.send_entry_pair.size());
-  chunk.dx_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.slot_dx.raw(), .send_counts = chunk.rows_in_elements, .dtype = DType::f32,
-              .known_recv_counts = &chunk.rows_out_elements, .recv_buffer = chunk.dx_back.data(),
-              .tag = ep_tag(config_.tag_base, c, EpOp::backward_dx), .timeout = config_.timeout});
-  chunk.dweights_in_flight = comm::all_to_all_v(
-      comm_, {.input = chunk.entry_dweights.data(), .send_counts = chunk.recv_entries_per_rank,
-              .dtype = DType::f32, .known_recv_counts = &chunk.send_entries_per_rank,
-              .recv_buffer = chunk.dweights_back.data(),
-              .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights), .timeout = config_.timeout});
+  chunk.dx_in_flight = comm::all_to_all_v(comm_, {.input = chunk.slot_dx.raw(),
+                                                  .send_counts = chunk.rows_in_elements,
+                                                  .dtype = DType::f32,
+                                                  .known_recv_counts = &chunk.rows_out_elements,
+                                                  .recv_buffer = chunk.dx_back.data(),
+                                                  .tag = ep_tag(config_.tag_base, c, EpOp::backward_dx),
+                                                  .timeout = config_.timeout});
+  chunk.dweights_in_flight = comm::all_to_all_v(comm_, {.input = chunk.entry_dweights.data(),
+                                                        .send_counts = chunk.recv_entries_per_rank,
+                                                        .dtype = DType::f32,
+                                                        .known_recv_counts = &chunk.send_entries_per_rank,
+                                                        .recv_buffer = chunk.dweights_back.data(),
+                                                        .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights),
+                                                        .timeout = config_.timeout});
 }
 
 std::int64_t AllToAllDispatcher::persistent_buffer_bytes() const {

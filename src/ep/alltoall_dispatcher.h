@@ -46,9 +46,7 @@ class AllToAllDispatcher final : public Dispatcher {
 
   const DispatchStats& stats() const override { return stats_; }
   ReplicaExchange* replicas() override { return replicas_.get(); }
-  int num_compute_experts() const override {
-    return num_local_experts_ + (replicas_ ? replicas_->num_slots() : 0);
-  }
+  int num_compute_experts() const override { return num_local_experts_ + (replicas_ ? replicas_->num_slots() : 0); }
 
  private:
   // The step's work (ep/dispatcher.h), reached through the handle.

@@ -8,14 +8,14 @@
 namespace epmoe::ep {
 
 enum class EpOp : std::uint32_t {
-  forward_scale = 0,       // fp8_tensor: the global absmax
+  forward_scale = 0,  // fp8_tensor: the global absmax
   forward_tokens = 1,
   // 2: free (the routing words travel inside forward_tokens' messages)
   forward_combine = 3,
   backward_cotangent = 4,
   backward_dx = 5,
   backward_dweights = 6,
-  remat_tokens = 7,        // x_sorted recomputed: the dispatch again
+  remat_tokens = 7,  // x_sorted recomputed: the dispatch again
   // 8: free (as 2)
   // Dynamic replicas (ep/replica_exchange.h). Point-to-point messages: the
   // chunk field carries the redundant slot index b (< 64), so each (layer,

@@ -11,8 +11,12 @@ namespace epmoe::ep {
 namespace {
 
 const char* describe(int next) {
-  static constexpr const char* kNames[] = {"rows", "combine", "finish_forward", "start_backward",
-                                           "cotangents (or redispatch_rows)", "return_gradients",
+  static constexpr const char* kNames[] = {"rows",
+                                           "combine",
+                                           "finish_forward",
+                                           "start_backward",
+                                           "cotangents (or redispatch_rows)",
+                                           "return_gradients",
                                            "finish_backward"};
   return kNames[next];
 }
@@ -25,8 +29,9 @@ constexpr const char* kOrder =
 
 DispatchHandle Dispatcher::dispatch(const Tensor& x, const RoutingView& routing) {
   if (step_in_flight_) {
-    throw UsageError("dispatch() while this dispatcher's previous step is in flight: finish its backward (or "
-                     "destroy its handle) first");
+    throw UsageError(
+        "dispatch() while this dispatcher's previous step is in flight: finish its backward (or "
+        "destroy its handle) first");
   }
   DispatchHandle handle(*this, num_chunks());
   step_in_flight_ = true;
@@ -79,19 +84,20 @@ void DispatchHandle::release() noexcept {
 }
 
 void DispatchHandle::expect(Next next, int chunk, const char* call) const {
-  const std::string with_chunk = chunk >= 0 ? std::string(call) + "(chunk " + std::to_string(chunk) + ")"
-                                            : std::string(call) + "()";
+  const std::string with_chunk =
+      chunk >= 0 ? std::string(call) + "(chunk " + std::to_string(chunk) + ")" : std::string(call) + "()";
   if (dispatcher_ == nullptr) {
-    throw UsageError("dispatch handle: " + with_chunk + " on a handle not in a step (empty, moved from, or its "
+    throw UsageError("dispatch handle: " + with_chunk +
+                     " on a handle not in a step (empty, moved from, or its "
                      "finish_backward returned)");
   }
   if (next != next_ || (chunk >= 0 && chunk != chunk_)) {
-    const bool per_chunk = next_ == Next::rows || next_ == Next::combine || next_ == Next::cotangents ||
-                           next_ == Next::return_gradients;
+    const bool per_chunk =
+        next_ == Next::rows || next_ == Next::combine || next_ == Next::cotangents || next_ == Next::return_gradients;
     throw UsageError("dispatch handle: " + with_chunk + " out of order: the next call must be " +
                      describe(static_cast<int>(next_)) +
-                     (per_chunk ? "(chunk " + std::to_string(chunk_) + ")" : std::string("()")) + " (" + kOrder +
-                     ", " + std::to_string(num_chunks_) + " chunks)");
+                     (per_chunk ? "(chunk " + std::to_string(chunk_) + ")" : std::string("()")) + " (" + kOrder + ", " +
+                     std::to_string(num_chunks_) + " chunks)");
   }
 }
 
@@ -128,7 +134,8 @@ void DispatchHandle::start_backward(const Tensor& dy) {
 ExpertRows DispatchHandle::redispatch_rows(int chunk) {
   expect(Next::cotangents, chunk, "redispatch_rows");
   if (redispatched_) {
-    throw UsageError("dispatch handle: redispatch_rows(chunk " + std::to_string(chunk) + ") called twice for the chunk");
+    throw UsageError("dispatch handle: redispatch_rows(chunk " + std::to_string(chunk) +
+                     ") called twice for the chunk");
   }
   ExpertRows rows = dispatcher_->redispatch_rows(chunk);
   redispatched_ = true;

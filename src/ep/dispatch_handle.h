@@ -63,12 +63,12 @@ class DispatchHandle {
   enum class Next { rows, combine, finish_forward, start_backward, cotangents, return_gradients, finish_backward };
   DispatchHandle(Dispatcher& dispatcher, int num_chunks);
   void expect(Next next, int chunk, const char* call) const;  // UsageError otherwise
-  void release() noexcept;  // ends the step on the dispatcher
+  void release() noexcept;                                    // ends the step on the dispatcher
 
   Dispatcher* dispatcher_ = nullptr;  // not owned; null when empty or finished
   int num_chunks_ = 0;
   Next next_ = Next::rows;
-  int chunk_ = 0;             // the chunk the next per-chunk call is for
+  int chunk_ = 0;              // the chunk the next per-chunk call is for
   bool redispatched_ = false;  // redispatch_rows(chunk_) already called this chunk
 };
 

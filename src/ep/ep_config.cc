@@ -50,9 +50,12 @@ std::string to_string(ReplicaChoice choice) { return choice == ReplicaChoice::de
 
 std::string to_string(BalanceMode mode) {
   switch (mode) {
-    case BalanceMode::off: return "off";
-    case BalanceMode::dynamic: return "dynamic";
-    case BalanceMode::periodic: return "periodic";
+    case BalanceMode::off:
+      return "off";
+    case BalanceMode::dynamic:
+      return "dynamic";
+    case BalanceMode::periodic:
+      return "periodic";
   }
   return "?";
 }
@@ -61,9 +64,12 @@ std::string to_string(DispatchKind kind) { return kind == DispatchKind::ring ? "
 
 std::string to_string(TokenFormat format) {
   switch (format) {
-    case TokenFormat::f32: return "off";
-    case TokenFormat::fp8_tensor: return "tensor";
-    case TokenFormat::fp8_token: return "token";
+    case TokenFormat::f32:
+      return "off";
+    case TokenFormat::fp8_tensor:
+      return "tensor";
+    case TokenFormat::fp8_token:
+      return "token";
   }
   return "?";
 }
@@ -74,8 +80,8 @@ void EpConfig::validate(int num_ranks) const {
     throw ConfigError("ranks=" + std::to_string(num_ranks) + ": must divide num_experts=" +
                       std::to_string(num_experts) + " (every rank homes E / ranks experts)");
   if (top_k < 1 || top_k > num_experts)
-    throw ConfigError("top_k=" + std::to_string(top_k) + ": must be in [1, num_experts=" +
-                      std::to_string(num_experts) + "]");
+    throw ConfigError("top_k=" + std::to_string(top_k) + ": must be in [1, num_experts=" + std::to_string(num_experts) +
+                      "]");
   if (hidden < 1) throw ConfigError("hidden=" + std::to_string(hidden) + ": must be at least 1");
   if (num_chunks < 1 || num_chunks > 64)
     throw ConfigError("token_chunks=" + std::to_string(num_chunks) + ": must be in [1, 64]");
@@ -88,16 +94,15 @@ void EpConfig::validate(int num_ranks) const {
     throw ConfigError("rebalance_threshold=" + std::to_string(rebalance_threshold) +
                       ": must be >= 1 (a max/mean rank load)");
   if (balance_window < 1 || balance_period < 1)
-    throw ConfigError("balance_window=" + std::to_string(balance_window) + " balance_period=" +
-                      std::to_string(balance_period) + ": both must be at least 1");
+    throw ConfigError("balance_window=" + std::to_string(balance_window) +
+                      " balance_period=" + std::to_string(balance_period) + ": both must be at least 1");
   if (replicas_enabled() && capacity_factor > 0)
     throw ConfigError("capacity_factor=" + std::to_string(capacity_factor) + ": not yet supported with balance=" +
                       to_string(balance) + " (replica quotas are exact; use capacity_factor=0)");
   if (tag_base % 1024 != 0) throw ConfigError("tag_base must be a multiple of 1024");
 }
 
-std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm,
-                                            const EpConfig& config) {
+std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm, const EpConfig& config) {
   config.validate(comm.size());
   if (kind == DispatchKind::ring) return std::make_unique<RingDispatcher>(comm, config);
   return std::make_unique<AllToAllDispatcher>(comm, config);

@@ -50,9 +50,9 @@ struct EpConfig {
   int num_experts = 0;
   int top_k = 0;
   std::int64_t hidden = 0;
-  int num_chunks = 1;                  // key token_chunks
-  bool dedup = false;                  // alltoall: one row per (token, destination rank)
-  double capacity_factor = 0.0;        // alltoall: 0 = exact buffers, never drop
+  int num_chunks = 1;            // key token_chunks
+  bool dedup = false;            // alltoall: one row per (token, destination rank)
+  double capacity_factor = 0.0;  // alltoall: 0 = exact buffers, never drop
   TokenFormat token_format = TokenFormat::f32;
   CotangentAllGather cotangent_all_gather = CotangentAllGather::ring;
   // Dynamic replicas: B redundant expert slots per rank (key redundant_slots,
@@ -60,10 +60,10 @@ struct EpConfig {
   BalanceMode balance = BalanceMode::off;
   int redundant_slots = 0;
   double rebalance_threshold = 1.05;
-  int balance_window = 50;             // periodic: steps of counts a placement is made from
-  int balance_period = 50;             // periodic: steps between placements
+  int balance_window = 50;                              // periodic: steps of counts a placement is made from
+  int balance_period = 50;                              // periodic: steps between placements
   ReplicaChoice replica_choice = ReplicaChoice::dedup;  // alltoall with dedup only
-  std::uint32_t tag_base = 0;          // separates layers' collectives; a multiple of 1024
+  std::uint32_t tag_base = 0;                           // separates layers' collectives; a multiple of 1024
   std::chrono::milliseconds timeout{60'000};
 
   bool replicas_enabled() const { return balance != BalanceMode::off && redundant_slots > 0; }
@@ -72,7 +72,6 @@ struct EpConfig {
   void validate(int num_ranks) const;
 };
 
-std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm,
-                                            const EpConfig& config);
+std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm, const EpConfig& config);
 
 }  // namespace epmoe::ep

@@ -47,9 +47,8 @@ ExpertRows sorted_metadata(const RowEntries& entries, int num_local_experts, std
 
 }  // namespace
 
-ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries,
-                             int num_local_experts, std::int64_t num_slots,
-                             std::vector<std::int64_t>* entry_of_row) {
+ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries, int num_local_experts,
+                             std::int64_t num_slots, std::vector<std::int64_t>* entry_of_row) {
   std::vector<std::int64_t> source_of_row;
   ExpertRows rows = sorted_metadata(entries, num_local_experts, num_slots, source_of_row, entry_of_row);
   rows.x = Tensor(DType::f32, {rows.num_rows(), hidden});
@@ -57,9 +56,8 @@ ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const Row
   return rows;
 }
 
-ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale,
-                             std::span<const std::byte* const> row_address, const RowEntries& entries,
-                             int num_local_experts, std::int64_t num_slots,
+ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale, std::span<const std::byte* const> row_address,
+                             const RowEntries& entries, int num_local_experts, std::int64_t num_slots,
                              std::vector<std::int64_t>* entry_of_row) {
   std::vector<std::int64_t> source_of_row;
   ExpertRows rows = sorted_metadata(entries, num_local_experts, num_slots, source_of_row, entry_of_row);

@@ -25,15 +25,15 @@ namespace epmoe::ep {
 struct TransferRows {
   std::vector<std::byte> bytes;  // [num_rows, row_bytes]
   TokenFormat format = TokenFormat::f32;
-  float tensor_scale = 1.0f;     // fp8_tensor
+  float tensor_scale = 1.0f;  // fp8_tensor
 };
 
 struct ExpertRows {
-  Tensor x;                                // [num_rows, H] f32, sorted by local expert
-  std::vector<std::int64_t> group_sizes;   // [num_local_experts], summing to num_rows
-  std::vector<float> weights;              // [num_rows] routing weight of each row
-  std::vector<std::int64_t> slot_of_row;   // [num_rows] output slot each row adds into
-  std::int64_t num_slots = 0;              // rows of this chunk's slot outputs
+  Tensor x;                               // [num_rows, H] f32, sorted by local expert
+  std::vector<std::int64_t> group_sizes;  // [num_local_experts], summing to num_rows
+  std::vector<float> weights;             // [num_rows] routing weight of each row
+  std::vector<std::int64_t> slot_of_row;  // [num_rows] output slot each row adds into
+  std::int64_t num_slots = 0;             // rows of this chunk's slot outputs
   // fp8 tokens: the rows as they travelled, x being exactly their decoding,
   // so the layer can keep x_sorted in that form (moe/saved_expert_rows.h).
   // Empty when the rows travelled as f32.
@@ -70,15 +70,13 @@ struct RowEntries {
 
 // Sorts the entries by local expert (stable) and gathers their rows.
 // `entry_of_row` (optional) receives, per sorted row, its entry index.
-ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries,
-                             int num_local_experts, std::int64_t num_slots,
-                             std::vector<std::int64_t>* entry_of_row);
+ExpertRows build_expert_rows(const float* source, std::int64_t hidden, const RowEntries& entries, int num_local_experts,
+                             std::int64_t num_slots, std::vector<std::int64_t>* entry_of_row);
 // The same for received rows in `codec`'s format, source row i at
 // row_address[i]: the sorted rows are gathered as they travelled (into
 // rows.transfer when fp8) and decoded into rows.x.
-ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale,
-                             std::span<const std::byte* const> row_address, const RowEntries& entries,
-                             int num_local_experts, std::int64_t num_slots,
+ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale, std::span<const std::byte* const> row_address,
+                             const RowEntries& entries, int num_local_experts, std::int64_t num_slots,
                              std::vector<std::int64_t>* entry_of_row);
 
 }  // namespace epmoe::ep

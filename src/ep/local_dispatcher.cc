@@ -6,8 +6,7 @@
 
 namespace epmoe::ep {
 
-LocalDispatcher::LocalDispatcher(int num_experts, int num_chunks)
-    : num_experts_(num_experts), num_chunks_(num_chunks) {
+LocalDispatcher::LocalDispatcher(int num_experts, int num_chunks) : num_experts_(num_experts), num_chunks_(num_chunks) {
   EPMOE_CHECK_GE(num_experts, 1);
   EPMOE_CHECK_GE(num_chunks, 1);
   stats_.reset(num_experts);
@@ -38,8 +37,8 @@ ExpertRows LocalDispatcher::redispatch_rows(int chunk) {
       entries.add(routing_.topk_ids[pair], routing_.topk_weights[pair], t - range.begin, t);
     }
   std::vector<std::int64_t> entry_of_row;
-  ExpertRows rows = build_expert_rows(x_->data<float>(), x_->dim(1), entries, num_experts_,
-                                      range.size(), &entry_of_row);
+  ExpertRows rows =
+      build_expert_rows(x_->data<float>(), x_->dim(1), entries, num_experts_, range.size(), &entry_of_row);
   // Entries were added in pair order starting at range.begin * K.
   for (std::int64_t& e : entry_of_row) e += range.begin * top_k;
   pair_of_row_[static_cast<std::size_t>(chunk)] = std::move(entry_of_row);
@@ -58,8 +57,7 @@ Tensor LocalDispatcher::finish_forward() { return std::move(y_); }
 
 void LocalDispatcher::start_backward(const Tensor& dy) {
   dy_ = &dy;
-  grads_ = {Tensor(DType::f32, {dy.dim(0), dy.dim(1)}),
-            Tensor(DType::f32, {routing_.num_tokens, routing_.top_k})};
+  grads_ = {Tensor(DType::f32, {dy.dim(0), dy.dim(1)}), Tensor(DType::f32, {routing_.num_tokens, routing_.top_k})};
 }
 
 Tensor LocalDispatcher::receive_cotangents(int chunk) {
@@ -67,8 +65,7 @@ Tensor LocalDispatcher::receive_cotangents(int chunk) {
   const std::int64_t hidden = dy_->dim(1);
   Tensor slots(DType::f32, {range.size(), hidden});
   if (slots.size_bytes() > 0)
-    std::memcpy(slots.raw(), dy_->data<float>() + range.begin * hidden,
-                static_cast<std::size_t>(slots.size_bytes()));
+    std::memcpy(slots.raw(), dy_->data<float>() + range.begin * hidden, static_cast<std::size_t>(slots.size_bytes()));
   return slots;
 }
 

@@ -41,8 +41,10 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
     local[expert] += 1;
   }
   counts_.assign(static_cast<std::size_t>(num_ranks_) * num_experts_, 0);
-  comm::ring_all_gather(comm_, {.input = local.data(), .output = counts_.data(),
-                                .num_elements_per_rank = num_experts_, .dtype = DType::i64,
+  comm::ring_all_gather(comm_, {.input = local.data(),
+                                .output = counts_.data(),
+                                .num_elements_per_rank = num_experts_,
+                                .dtype = DType::i64,
                                 .tag = ep_tag(config_.tag_base, 0, EpOp::replica_counts),
                                 .timeout = config_.timeout})
       .wait();
@@ -69,7 +71,8 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
     ++step_;
   } else {
     plan_ = balance::plan_replicas(global, homes_,
-                                   {.num_ranks = num_ranks_, .num_redundant_slots_per_rank = num_slots_,
+                                   {.num_ranks = num_ranks_,
+                                    .num_redundant_slots_per_rank = num_slots_,
                                     .rebalance_threshold = config_.rebalance_threshold},
                                    held_expert_);
   }
@@ -264,8 +267,8 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
       if (home_rank == me) {
         const std::int64_t local = expert - me * num_local_experts_;
         for (int p = 0; p < 3; ++p) {
-          weight_requests_.push_back(comm_.isend(r, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p),
-                                                 home_parts[p] + local * n, n * 4));
+          weight_requests_.push_back(
+              comm_.isend(r, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p), home_parts[p] + local * n, n * 4));
           bytes += n * 4;
         }
       }

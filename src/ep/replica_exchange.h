@@ -55,8 +55,8 @@
 #include <vector>
 
 #include "balance/replica_plan.h"
-#include "ep/dispatcher.h"
 #include "core/tensor.h"
+#include "ep/dispatcher.h"
 #include "ep/ep_config.h"
 #include "ep/replica_stats.h"
 #include "transport/communicator.h"
@@ -158,21 +158,21 @@ class ReplicaExchange {
   ReplicaStats stats_;
   int num_ranks_, num_experts_, num_local_experts_, num_slots_;
   std::vector<int> homes_;
-  std::vector<std::int64_t> counts_;          // [R * E] all-gathered
+  std::vector<std::int64_t> counts_;  // [R * E] all-gathered
   balance::ReplicaPlan plan_;
   // [R * copies]: per source, the running sum of the locality-first
   // sub-quotas over each expert's copies (where each copy's run among the
   // source's pairs of the expert ends).
   std::vector<std::int64_t> sub_quota_end_;
-  std::vector<int> copy_local_;               // per copy: local expert index on its rank
+  std::vector<int> copy_local_;  // per copy: local expert index on its rank
   // What every slot of every rank holds: expert and weight version.
-  std::vector<int> held_expert_;              // [R * B]
-  std::vector<std::uint64_t> held_version_;   // [R * B]
+  std::vector<int> held_expert_;             // [R * B]
+  std::vector<std::uint64_t> held_version_;  // [R * B]
   // balance=periodic: steps planned so far, the last balance_window steps'
   // global counts, and the placement held between re-placements.
   std::int64_t step_ = 0;
   std::deque<std::vector<std::int64_t>> count_history_;
-  std::vector<int> periodic_slots_;           // [R * B]
+  std::vector<int> periodic_slots_;  // [R * B]
   // The slots' weights and gradients, [B, H, F] x2 and [B, F, H] each,
   // allocated at the first step (H and F come with the weights) and kept.
   std::int64_t hidden_ = 0, ffn_ = 0;

@@ -60,7 +60,7 @@ struct RingDispatcher::Chunk {
   comm::CollectiveHandle gather_in_flight;
   bool gather_started = false;
   std::vector<std::int64_t> entry_of_row;
-  std::vector<std::int64_t> entry_slot_k;  // per entry: slot * K + k
+  std::vector<std::int64_t> entry_slot_k;      // per entry: slot * K + k
   std::vector<std::int64_t> pairs_seen_start;  // replicas: [R * E] at this chunk's start
   bool positions_known = false;
   Tensor slot_outputs, y_chunk;
@@ -83,8 +83,8 @@ struct RingDispatcher::Chunk {
   // The vectors' capacity: what the chunk holds across steps (its Tensors
   // are the step's).
   std::int64_t capacity_bytes() const {
-    return vector_capacity_bytes(rows_by_rank, slot_offset, local_routing, local_block, gathered_blocks,
-                                 row_address, entry_of_row, entry_slot_k, pairs_seen_start);
+    return vector_capacity_bytes(rows_by_rank, slot_offset, local_routing, local_block, gathered_blocks, row_address,
+                                 entry_of_row, entry_slot_k, pairs_seen_start);
   }
 };
 
@@ -117,7 +117,9 @@ void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) 
   tokens_by_rank_.assign(static_cast<std::size_t>(num_ranks), routing.num_tokens);
   if (num_ranks > 1) {
     const std::int64_t own = routing.num_tokens;
-    comm::ring_all_gather(comm_, {.input = &own, .output = tokens_by_rank_.data(), .num_elements_per_rank = 1,
+    comm::ring_all_gather(comm_, {.input = &own,
+                                  .output = tokens_by_rank_.data(),
+                                  .num_elements_per_rank = 1,
                                   .dtype = DType::i64,
                                   .tag = ep_tag(config_.tag_base, 1, EpOp::ring_token_counts),
                                   .timeout = config_.timeout})
@@ -170,7 +172,8 @@ void RingDispatcher::start_gather(int c, bool remat) {
   stats_.bytes_sent[prefix + "ring_all_gather routing"] +=
       all_gather_bytes_sent(times(chunk.rows_by_rank, 2 * top_k), comm_.rank(), 4);
   chunk.gather_in_flight = comm::ring_all_gather(
-      comm_, {.input = chunk.local_block.data(), .output = chunk.gathered_blocks.data(),
+      comm_, {.input = chunk.local_block.data(),
+              .output = chunk.gathered_blocks.data(),
               .num_elements_by_rank = times(chunk.rows_by_rank, routing_bytes + row_bytes),
               .dtype = DType::fp8_e4m3,
               .tag = ep_tag(config_.tag_base, c, remat ? EpOp::remat_tokens : EpOp::forward_tokens),
@@ -246,8 +249,8 @@ ExpertRows RingDispatcher::collect_rows(int c) {
           // The positional rule, not the dedup-aware choice: this receiver
           // sees source chunks one at a time (the choice needs a source's
           // whole step), and the ring has no dedup to save rows on.
-          const PairDestination dest = replicas_->destination(
-              source, expert, seen[static_cast<std::size_t>(source) * num_experts + expert]++);
+          const PairDestination dest =
+              replicas_->destination(source, expert, seen[static_cast<std::size_t>(source) * num_experts + expert]++);
           if (dest.rank != comm_.rank()) continue;
           local = dest.local_expert;
         } else if (local < 0 || local >= num_local_experts_) {
@@ -262,8 +265,8 @@ ExpertRows RingDispatcher::collect_rows(int c) {
     }
   }
   if (replicas_ && first_collect) pairs_seen_ = seen;
-  ExpertRows rows = build_expert_rows(codec_, chunk.tensor_scale, chunk.row_address, entries,
-                                      num_compute_experts(), num_slots, &chunk.entry_of_row);
+  ExpertRows rows = build_expert_rows(codec_, chunk.tensor_scale, chunk.row_address, entries, num_compute_experts(),
+                                      num_slots, &chunk.entry_of_row);
   return rows;
 }
 
@@ -275,10 +278,11 @@ void RingDispatcher::send_outputs(int c, Tensor slot_outputs) {
   chunk.y_chunk = Tensor(DType::f32, {n, hidden});
   const std::vector<std::int64_t> output_elements = times(chunk.rows_by_rank, hidden);
   stats_.bytes_sent["forward/reduce_scatter combine"] += reduce_scatter_bytes_sent(output_elements, comm_.rank());
-  chunk.combine_in_flight = comm::reduce_scatter(
-      comm_, {.input = chunk.slot_outputs.raw(), .output = chunk.y_chunk.raw(),
-              .num_elements_per_rank = output_elements,
-              .tag = ep_tag(config_.tag_base, c, EpOp::forward_combine), .timeout = config_.timeout});
+  chunk.combine_in_flight = comm::reduce_scatter(comm_, {.input = chunk.slot_outputs.raw(),
+                                                         .output = chunk.y_chunk.raw(),
+                                                         .num_elements_per_rank = output_elements,
+                                                         .tag = ep_tag(config_.tag_base, c, EpOp::forward_combine),
+                                                         .timeout = config_.timeout});
 }
 
 Tensor RingDispatcher::finish_forward() {
@@ -307,10 +311,13 @@ void RingDispatcher::start_cotangent_gather(int c) {
   chunk.gathered_dy = Tensor(DType::f32, {chunk.num_slots, hidden});
   const std::vector<std::int64_t> dy_elements = times(chunk.rows_by_rank, hidden);
   stats_.bytes_sent["backward/ring_all_gather cotangent"] += all_gather_bytes_sent(dy_elements, comm_.rank(), 4);
-  chunk.cotangent_in_flight = comm::ring_all_gather(
-      comm_, {.input = dy_->data<float>() + chunk.range.begin * hidden, .output = chunk.gathered_dy.raw(),
-              .num_elements_by_rank = dy_elements, .dtype = DType::f32,
-              .tag = ep_tag(config_.tag_base, c, EpOp::backward_cotangent), .timeout = config_.timeout});
+  chunk.cotangent_in_flight =
+      comm::ring_all_gather(comm_, {.input = dy_->data<float>() + chunk.range.begin * hidden,
+                                    .output = chunk.gathered_dy.raw(),
+                                    .num_elements_by_rank = dy_elements,
+                                    .dtype = DType::f32,
+                                    .tag = ep_tag(config_.tag_base, c, EpOp::backward_cotangent),
+                                    .timeout = config_.timeout});
 }
 
 Tensor RingDispatcher::receive_cotangents(int c) {
@@ -340,14 +347,16 @@ void RingDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float> ro
   const std::vector<std::int64_t> dweight_elements = times(chunk.rows_by_rank, top_k);
   stats_.bytes_sent["backward/reduce_scatter dx"] += reduce_scatter_bytes_sent(dx_elements, comm_.rank());
   stats_.bytes_sent["backward/reduce_scatter dweights"] += reduce_scatter_bytes_sent(dweight_elements, comm_.rank());
-  chunk.dx_in_flight = comm::reduce_scatter(
-      comm_, {.input = chunk.slot_dx.raw(), .output = chunk.dx_chunk.raw(),
-              .num_elements_per_rank = dx_elements,
-              .tag = ep_tag(config_.tag_base, c, EpOp::backward_dx), .timeout = config_.timeout});
-  chunk.dweights_in_flight = comm::reduce_scatter(
-      comm_, {.input = chunk.slot_dweights.raw(), .output = chunk.dweights_chunk.raw(),
-              .num_elements_per_rank = dweight_elements,
-              .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights), .timeout = config_.timeout});
+  chunk.dx_in_flight = comm::reduce_scatter(comm_, {.input = chunk.slot_dx.raw(),
+                                                    .output = chunk.dx_chunk.raw(),
+                                                    .num_elements_per_rank = dx_elements,
+                                                    .tag = ep_tag(config_.tag_base, c, EpOp::backward_dx),
+                                                    .timeout = config_.timeout});
+  chunk.dweights_in_flight = comm::reduce_scatter(comm_, {.input = chunk.slot_dweights.raw(),
+                                                          .output = chunk.dweights_chunk.raw(),
+                                                          .num_elements_per_rank = dweight_elements,
+                                                          .tag = ep_tag(config_.tag_base, c, EpOp::backward_dweights),
+                                                          .timeout = config_.timeout});
 }
 
 DispatchGradients RingDispatcher::finish_backward() {

@@ -19,9 +19,12 @@ TokenCodec::TokenCodec(TokenFormat format, std::int64_t hidden) : format_(format
 
 std::int64_t TokenCodec::row_bytes() const {
   switch (format_) {
-    case TokenFormat::f32: return hidden_ * 4;
-    case TokenFormat::fp8_tensor: return hidden_;
-    case TokenFormat::fp8_token: return hidden_ + 4;
+    case TokenFormat::f32:
+      return hidden_ * 4;
+    case TokenFormat::fp8_tensor:
+      return hidden_;
+    case TokenFormat::fp8_token:
+      return hidden_ + 4;
   }
   return 0;
 }
@@ -42,8 +45,7 @@ float fp8_scale_for(float max_magnitude) {
 }
 
 void TensorScales::start(transport::Communicator& comm, const float* rows, std::int64_t hidden,
-                         std::vector<std::int64_t> chunk_begin, std::uint32_t tag,
-                         std::chrono::milliseconds timeout) {
+                         std::vector<std::int64_t> chunk_begin, std::uint32_t tag, std::chrono::milliseconds timeout) {
   EPMOE_CHECK(collected_);  // the previous step's scales were all taken
   num_ranks_ = comm.size();
   num_chunks_ = static_cast<int>(chunk_begin.size()) - 1;
@@ -57,8 +59,11 @@ void TensorScales::start(transport::Communicator& comm, const float* rows, std::
   for (int c = 0; c < num_chunks_; ++c)
     local_max_[c] = absmax(rows + chunk_begin_[c] * hidden, (chunk_begin_[c + 1] - chunk_begin_[c]) * hidden);
   all_max_.resize(static_cast<std::size_t>(num_ranks_) * num_chunks_);
-  in_flight_ = comm::ring_all_gather(comm, {.input = local_max_.data(), .output = all_max_.data(),
-                                            .num_elements_per_rank = num_chunks_, .tag = tag, .timeout = timeout});
+  in_flight_ = comm::ring_all_gather(comm, {.input = local_max_.data(),
+                                            .output = all_max_.data(),
+                                            .num_elements_per_rank = num_chunks_,
+                                            .tag = tag,
+                                            .timeout = timeout});
   collected_ = false;
 }
 
@@ -103,8 +108,8 @@ float agree_on_tensor_scale(transport::Communicator& comm, const float* rows, st
   return scales.scale(0);
 }
 
-void TokenCodec::encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows,
-                        float tensor_scale, std::byte* out) const {
+void TokenCodec::encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows, float tensor_scale,
+                        std::byte* out) const {
   const std::int64_t row_size = row_bytes(), hidden = hidden_;
   // The first rows[row] holding a non-finite value (fp8 only), reported after
   // the parallel loop: an exception may not leave an OpenMP region.

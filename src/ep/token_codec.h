@@ -23,8 +23,8 @@
 // 2^-9 s for values below 2^-6 s).
 #pragma once
 
-#include <cstddef>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -45,8 +45,8 @@ class TokenCodec {
 
   // Encodes rows[row_index[i]] (or rows[i] when row_index is null) into
   // out[i * row_bytes()]. tensor_scale is used by fp8_tensor only.
-  void encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows,
-              float tensor_scale, std::byte* out) const;
+  void encode(const float* rows, const std::int64_t* row_index, std::int64_t num_rows, float tensor_scale,
+              std::byte* out) const;
   void decode(const std::byte* in, std::int64_t num_rows, float tensor_scale, float* out) const;
 
  private:

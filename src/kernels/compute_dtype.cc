@@ -12,8 +12,10 @@ ComputeDType parse_compute_dtype(std::string_view key, std::string_view value) {
 
 std::string to_string(ComputeDType dtype) {
   switch (dtype) {
-    case ComputeDType::f32: return "f32";
-    case ComputeDType::bf16: return "bf16";
+    case ComputeDType::f32:
+      return "f32";
+    case ComputeDType::bf16:
+      return "bf16";
   }
   return "?";
 }

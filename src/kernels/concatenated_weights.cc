@@ -30,9 +30,9 @@ struct ConcatKeyHash {
 };
 
 struct ConcatEntry {
-  std::mutex mutex;            // guards the fields below
-  std::uint64_t version = 0;   // 0: not built yet
-  std::vector<float> matrix;   // [k, 2n]
+  std::mutex mutex;           // guards the fields below
+  std::uint64_t version = 0;  // 0: not built yet
+  std::vector<float> matrix;  // [k, 2n]
 };
 
 struct ConcatCache {
@@ -80,8 +80,8 @@ void build(const ConcatKey& key, float* matrix) {
 }  // namespace
 
 ConcatenatedWeights concatenated_weights(std::span<const float* const> w0_groups,
-                                         std::span<const float* const> w1_groups, std::int64_t k,
-                                         std::int64_t n, std::uint64_t version) {
+                                         std::span<const float* const> w1_groups, std::int64_t k, std::int64_t n,
+                                         std::uint64_t version) {
   if (version == 0) throw InternalError("concatenated weights: version 0 (unknown values) cannot be cached");
   if (w0_groups.size() != w1_groups.size())
     throw InternalError("concatenated weights: " + std::to_string(w0_groups.size()) + " first and " +

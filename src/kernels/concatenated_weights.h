@@ -37,14 +37,14 @@ struct ConcatenatedWeights {
 // not be 0 (unknown values cannot be cached; InternalError). Equal non-zero
 // versions with equal pointers promise equal values (LocalExpertWeights).
 ConcatenatedWeights concatenated_weights(std::span<const float* const> w0_groups,
-                                         std::span<const float* const> w1_groups, std::int64_t k,
-                                         std::int64_t n, std::uint64_t version);
+                                         std::span<const float* const> w1_groups, std::int64_t k, std::int64_t n,
+                                         std::uint64_t version);
 
 struct ConcatenatedWeightCacheStats {
   std::int64_t entries = 0;
-  std::int64_t bytes = 0;     // of the concatenated matrices held
-  std::int64_t builds = 0;    // matrices (re)built, since start
-  std::int64_t reuses = 0;    // matrices served unchanged, since start
+  std::int64_t bytes = 0;   // of the concatenated matrices held
+  std::int64_t builds = 0;  // matrices (re)built, since start
+  std::int64_t reuses = 0;  // matrices served unchanged, since start
 };
 ConcatenatedWeightCacheStats concatenated_weight_cache_stats();
 void clear_concatenated_weight_cache();

@@ -16,8 +16,8 @@ namespace {
 constexpr std::uint32_t kF32SignMask = 0x80000000u;
 constexpr std::uint32_t kF32AbsMask = 0x7fffffffu;
 constexpr std::uint32_t kF32InfBits = 0x7f800000u;
-constexpr std::uint8_t kFp8NanCode = 0x7f;     // S.1111.111, the only NaN of e4m3fn
-constexpr std::uint8_t kFp8MaxCode = 0x7e;     // S.1111.110 = 448
+constexpr std::uint8_t kFp8NanCode = 0x7f;  // S.1111.111, the only NaN of e4m3fn
+constexpr std::uint8_t kFp8MaxCode = 0x7e;  // S.1111.110 = 448
 constexpr int kFp8MinNormalExponent = -6;
 // A slice of this many elements takes 8-30 us on one core (bf16 / fp8), well
 // above the few microseconds it costs to wake a second OpenMP thread.
@@ -38,10 +38,9 @@ void convert_array(std::span<const Src> src, std::span<Dst> dst, Fn convert_one)
   const ComputeScope charge("convert", {.bytes = static_cast<double>(src.size()) * (sizeof(Src) + sizeof(Dst))});
   const Src* in = src.data();
   Dst* out = dst.data();
-  parallel_for(static_cast<std::int64_t>(src.size()), kParallelGrain,
-               [=](std::int64_t begin, std::int64_t end) {
-                 for (std::int64_t i = begin; i < end; ++i) out[i] = convert_one(in[i]);
-               });
+  parallel_for(static_cast<std::int64_t>(src.size()), kParallelGrain, [=](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) out[i] = convert_one(in[i]);
+  });
 }
 
 }  // namespace
@@ -58,9 +57,7 @@ bf16_t float_to_bf16(float value) {
   return bf16_t{static_cast<std::uint16_t>(is_nan ? quiet_nan : rounded)};
 }
 
-float bf16_to_float(bf16_t value) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(value.bits) << 16);
-}
+float bf16_to_float(bf16_t value) { return std::bit_cast<float>(static_cast<std::uint32_t>(value.bits) << 16); }
 
 // Branch-free (both the normal and the subnormal result are computed, then
 // selected) so that the array loop vectorises: 4.5 -> 7.5 GB/s of floats read
@@ -99,8 +96,7 @@ float fp8_e4m3_to_float(fp8_e4m3_t value) {
   const std::uint32_t exponent_field = (code >> 3) & 0xfu;
   const std::uint32_t mantissa = code & 0x7u;
   const std::uint32_t normal_bits = ((exponent_field + 120u) << 23) | (mantissa << 20);
-  const std::uint32_t subnormal_bits =
-      std::bit_cast<std::uint32_t>(static_cast<float>(mantissa) * 0x1p-9f);  // exact
+  const std::uint32_t subnormal_bits = std::bit_cast<std::uint32_t>(static_cast<float>(mantissa) * 0x1p-9f);  // exact
   std::uint32_t abs_bits = exponent_field == 0 ? subnormal_bits : normal_bits;
   abs_bits = (code & 0x7fu) == kFp8NanCode ? 0x7fc00000u : abs_bits;  // quiet NaN, sign kept
   return std::bit_cast<float>(sign | abs_bits);
@@ -123,8 +119,7 @@ void convert(std::span<const float> src, std::span<fp8_e4m3_t> dst) {
 void convert(std::span<const fp8_e4m3_t> src, std::span<float> dst) {
   static const auto kTable = [] {
     std::array<float, 256> table;
-    for (int code = 0; code < 256; ++code)
-      table[code] = fp8_e4m3_to_float(fp8_e4m3_t{static_cast<std::uint8_t>(code)});
+    for (int code = 0; code < 256; ++code) table[code] = fp8_e4m3_to_float(fp8_e4m3_t{static_cast<std::uint8_t>(code)});
     return table;
   }();
   convert_array(src, dst, [table = kTable.data()](fp8_e4m3_t v) { return table[v.bits]; });

@@ -32,7 +32,7 @@ struct PrimitiveKey {
   std::int64_t m, n, k;
   bool transpose_a, transpose_b, accumulate;
   ComputeDType compute_dtype;
-  int num_threads;  // oneDNN partitions the work at creation for this many threads
+  int num_threads;      // oneDNN partitions the work at creation for this many threads
   bool pack_b = false;  // weights desc `any`: oneDNN picks b's layout
   bool operator==(const PrimitiveKey&) const = default;
 };
@@ -59,8 +59,7 @@ memory::data_type operand_type(ComputeDType dtype) {
 
 // Row-major [rows, cols] matrix, or the transpose of a row-major [cols, rows]
 // one: a transpose is only a stride swap, never a copy.
-memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed,
-                         memory::data_type type) {
+memory::desc matrix_desc(std::int64_t rows, std::int64_t cols, bool transposed, memory::data_type type) {
   const memory::dims strides = transposed ? memory::dims{1, rows} : memory::dims{cols, 1};
   return memory::desc({rows, cols}, type, strides);
 }
@@ -100,9 +99,8 @@ CachedPrimitive make_primitive(const PrimitiveKey& key) {
     // iterator") names neither the key nor the cause.
     auto dim = [](std::int64_t v) { return v == DNNL_RUNTIME_DIM_VAL ? std::string("runtime") : std::to_string(v); };
     if (key.compute_dtype == ComputeDType::bf16)
-      throw ConfigError("compute_dtype=bf16: oneDNN has no bf16 matmul on this CPU for m=" + dim(key.m) +
-                        " n=" + dim(key.n) + " k=" + dim(key.k) +
-                        " (its bf16 kernels need AVX-512); use compute_dtype=f32");
+      throw ConfigError("compute_dtype=bf16: oneDNN has no bf16 matmul on this CPU for m=" + dim(key.m) + " n=" +
+                        dim(key.n) + " k=" + dim(key.k) + " (its bf16 kernels need AVX-512); use compute_dtype=f32");
     throw;
   }
 }
@@ -169,13 +167,13 @@ struct WeightKeyHash {
 struct PackedB {
   bool transpose_b;  // which logical matrix (W or W^T) is packed
   memory::desc desc;
-  memory mem;        // owns its buffer
+  memory mem;  // owns its buffer
 };
 
 struct WeightEntry {
   std::uint64_t version = 0;
-  std::mutex mutex;                            // guards the fields below
-  std::vector<bf16_t> bf16;                    // empty until converted
+  std::mutex mutex;                              // guards the fields below
+  std::vector<bf16_t> bf16;                      // empty until converted
   std::vector<std::unique_ptr<PackedB>> packed;  // append-only: pointers stay valid
 };
 
@@ -266,8 +264,9 @@ F32GemmBackend f32_gemm_backend() {
 #if defined(EPMOE_HAVE_OPENBLAS)
       return F32GemmBackend::openblas;
 #else
-      throw ConfigError("EPMOE_F32_GEMM=openblas: this build has no OpenBLAS (install libopenblas0-openmp "
-                        "and libopenblas-dev, then reconfigure)");
+      throw ConfigError(
+          "EPMOE_F32_GEMM=openblas: this build has no OpenBLAS (install libopenblas0-openmp "
+          "and libopenblas-dev, then reconfigure)");
 #endif
     }
     throw ConfigError("EPMOE_F32_GEMM=" + name + ": must be one of onednn, openblas");
@@ -305,8 +304,8 @@ void gemm(const GemmArgs& args) {
                 args.transpose_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(args.m),
                 static_cast<blasint>(args.n), static_cast<blasint>(args.k), 1.0f, args.a,
                 static_cast<blasint>(args.transpose_a ? args.m : args.k), args.b,
-                static_cast<blasint>(args.transpose_b ? args.k : args.n), args.accumulate ? 1.0f : 0.0f,
-                args.c, static_cast<blasint>(args.n));
+                static_cast<blasint>(args.transpose_b ? args.k : args.n), args.accumulate ? 1.0f : 0.0f, args.c,
+                static_cast<blasint>(args.n));
     return;
   }
 #else
@@ -322,9 +321,9 @@ void gemm(const GemmArgs& args) {
     a = to_bf16(args.a, args.m * args.k, state.a_bf16);
     b = entry ? prepared_bf16(*entry, args) : to_bf16(args.b, args.k * args.n, state.b_bf16);
   }
-  const PrimitiveKey exact_key{args.m,           args.n,           args.k,
-                               args.transpose_a, args.transpose_b, args.accumulate,
-                               args.compute_dtype, compute_threads()};
+  const PrimitiveKey exact_key{
+      args.m,           args.n, args.k, args.transpose_a, args.transpose_b, args.accumulate, args.compute_dtype,
+      compute_threads()};
   const GemmMemoryDescs descs = make_descs(exact_key);
   const dnnl::engine& engine = cpu_engine();
   if (args.pack_b && entry) {
@@ -372,8 +371,7 @@ void gemm(const GemmArgs& args) {
   memory a_mem(descs.a, engine, const_cast<void*>(a));
   memory b_mem(descs.b, engine, const_cast<void*>(b));
   memory c_mem(descs.c, engine, args.c);
-  primitive.execute(state.stream,
-                    {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  primitive.execute(state.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
   // Runs are synchronous on a CPU stream with the OpenMP runtime; no wait needed.
 }
 

@@ -90,9 +90,9 @@ bool bf16_gemm_supported();
 // beyond kMaxGemmWeightEntries entries or by clear_gemm_weight_cache().
 struct GemmWeightCacheStats {
   std::int64_t entries = 0;
-  std::int64_t bytes = 0;           // of bf16 copies and packed layouts held
-  std::int64_t preparations = 0;    // bf16 conversions and reorders done (since start)
-  std::int64_t reuses = 0;          // calls served from a prepared operand (since start)
+  std::int64_t bytes = 0;         // of bf16 copies and packed layouts held
+  std::int64_t preparations = 0;  // bf16 conversions and reorders done (since start)
+  std::int64_t reuses = 0;        // calls served from a prepared operand (since start)
 };
 GemmWeightCacheStats gemm_weight_cache_stats();
 void clear_gemm_weight_cache();

@@ -17,15 +17,13 @@ using detail::layout_groups;
 
 // Checks the per-group pointers: one non-null matrix per group.
 template <typename Pointer>
-void check_group_pointers(const GroupedGemmShape& shape, std::span<Pointer const> groups,
-                          const char* what) {
+void check_group_pointers(const GroupedGemmShape& shape, std::span<Pointer const> groups, const char* what) {
   if (groups.size() != shape.group_sizes.size())
-    throw InternalError(std::string("grouped GEMM: ") + std::to_string(groups.size()) + " " + what +
-                        " pointers for " + std::to_string(shape.group_sizes.size()) + " groups");
+    throw InternalError(std::string("grouped GEMM: ") + std::to_string(groups.size()) + " " + what + " pointers for " +
+                        std::to_string(shape.group_sizes.size()) + " groups");
   for (std::size_t g = 0; g < groups.size(); ++g)
     if (groups[g] == nullptr)
-      throw InternalError(std::string("grouped GEMM: ") + what + " pointer of group " +
-                          std::to_string(g) + " is null");
+      throw InternalError(std::string("grouped GEMM: ") + what + " pointer of group " + std::to_string(g) + " is null");
 }
 
 // Group g's matrix at g * k * n of a contiguous [G, k, n] array. Not checked
@@ -39,8 +37,7 @@ std::vector<T*> contiguous_groups(const GroupedGemmShape& shape, T* base) {
   return groups;
 }
 
-void forward_groups(const GroupedGemmShape& shape, const float* x,
-                    std::span<const float* const> w_groups, float* out) {
+void forward_groups(const GroupedGemmShape& shape, const float* x, std::span<const float* const> w_groups, float* out) {
   const GroupLayout layout = layout_groups(shape);
   for_each_group(layout, [&](int g) {
     const std::int64_t row = layout.offsets[g];
@@ -58,8 +55,8 @@ void forward_groups(const GroupedGemmShape& shape, const float* x,
   });
 }
 
-void dlhs_groups(const GroupedGemmShape& shape, const float* dout,
-                 std::span<const float* const> w_groups, float* dx, bool accumulate) {
+void dlhs_groups(const GroupedGemmShape& shape, const float* dout, std::span<const float* const> w_groups, float* dx,
+                 bool accumulate) {
   const GroupLayout layout = layout_groups(shape);
   for_each_group(layout, [&](int g) {
     const std::int64_t row = layout.offsets[g];
@@ -79,8 +76,7 @@ void dlhs_groups(const GroupedGemmShape& shape, const float* dout,
   });
 }
 
-void drhs_groups(const GroupedGemmShape& shape, const float* x, const float* dout,
-                 std::span<float* const> dw_groups) {
+void drhs_groups(const GroupedGemmShape& shape, const float* x, const float* dout, std::span<float* const> dw_groups) {
   const GroupLayout layout = layout_groups(shape);
   // An empty group has inner size 0, which gemm answers with a zero-filled dW_g.
   for_each_group(layout, [&](int g) {
@@ -100,14 +96,14 @@ void drhs_groups(const GroupedGemmShape& shape, const float* x, const float* dou
 
 }  // namespace
 
-void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x,
-                          std::span<const float* const> w_groups, float* out) {
+void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, std::span<const float* const> w_groups,
+                          float* out) {
   check_group_pointers(shape, w_groups, "weight");
   forward_groups(shape, x, w_groups, out);
 }
 
-void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout,
-                       std::span<const float* const> w_groups, float* dx, bool accumulate) {
+void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, std::span<const float* const> w_groups,
+                       float* dx, bool accumulate) {
   check_group_pointers(shape, w_groups, "weight");
   dlhs_groups(shape, dout, w_groups, dx, accumulate);
 }
@@ -118,18 +114,15 @@ void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const floa
   drhs_groups(shape, x, dout, dw_groups);
 }
 
-void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w,
-                          float* out) {
+void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w, float* out) {
   forward_groups(shape, x, contiguous_groups(shape, w), out);
 }
 
-void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, const float* w,
-                       float* dx, bool accumulate) {
+void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, const float* w, float* dx, bool accumulate) {
   dlhs_groups(shape, dout, contiguous_groups(shape, w), dx, accumulate);
 }
 
-void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const float* dout,
-                       float* dw) {
+void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const float* dout, float* dw) {
   drhs_groups(shape, x, dout, contiguous_groups(shape, dw));
 }
 

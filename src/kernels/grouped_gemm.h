@@ -43,20 +43,18 @@ struct GroupedGemmShape {
 // entries (InternalError otherwise). Same kernels and the same order as the
 // contiguous form: the results are bit for bit those of the contiguous form
 // given the same matrices.
-void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x,
-                          std::span<const float* const> w_groups, float* out);
-void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout,
-                       std::span<const float* const> w_groups, float* dx, bool accumulate = false);
+void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, std::span<const float* const> w_groups,
+                          float* out);
+void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, std::span<const float* const> w_groups,
+                       float* dx, bool accumulate = false);
 void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const float* dout,
                        std::span<float* const> dw_groups);
 
 // Contiguous form: W (and dW) is one [G, k, n] array, group g at g * k * n.
-void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w,
-                          float* out);
+void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w, float* out);
 // `accumulate` adds into dx (used to sum the two SwiGLU input branches).
-void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, const float* w,
-                       float* dx, bool accumulate = false);
-void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const float* dout,
-                       float* dw);
+void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, const float* w, float* dx,
+                       bool accumulate = false);
+void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const float* dout, float* dw);
 
 }  // namespace epmoe

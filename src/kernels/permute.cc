@@ -23,14 +23,12 @@ ExpertPermutation sort_by_expert(std::span<const std::int32_t> expert_of_pair, i
     if (expert < 0 || expert >= num_experts) {
       detail::throw_check_failure(__FILE__, __LINE__,
                                   "sort_by_expert: pair " + std::to_string(pair) + " has expert id " +
-                                      std::to_string(expert) + ", outside [0, " +
-                                      std::to_string(num_experts) + ")");
+                                      std::to_string(expert) + ", outside [0, " + std::to_string(num_experts) + ")");
     }
     ++perm.group_sizes[expert];
   }
   perm.group_offsets.assign(num_experts + 1, 0);
-  for (int e = 0; e < num_experts; ++e)
-    perm.group_offsets[e + 1] = perm.group_offsets[e] + perm.group_sizes[e];
+  for (int e = 0; e < num_experts; ++e) perm.group_offsets[e + 1] = perm.group_offsets[e] + perm.group_sizes[e];
 
   // Placing pairs in increasing pair order makes the sort stable.
   std::vector<std::int64_t> next_slot(perm.group_offsets.begin(), perm.group_offsets.end() - 1);
@@ -44,16 +42,14 @@ ExpertPermutation sort_by_expert(std::span<const std::int32_t> expert_of_pair, i
   return perm;
 }
 
-void gather_rows(const float* src, std::span<const std::int64_t> index, float* dst,
-                 std::int64_t row_size) {
+void gather_rows(const float* src, std::span<const std::int64_t> index, float* dst, std::int64_t row_size) {
   const auto num_rows = static_cast<std::int64_t>(index.size());
   const auto row_bytes = static_cast<std::size_t>(row_size) * sizeof(float);
   const ComputeScope charge("gather rows", {.bytes = 2.0 * static_cast<double>(num_rows) * row_bytes});
   // ~64 KiB per slice: enough copy work to amortise waking a second thread.
   const std::int64_t grain = std::max<std::int64_t>(1, (64 << 10) / std::max<std::size_t>(1, row_bytes));
   parallel_for(num_rows, grain, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i)
-      std::memcpy(dst + i * row_size, src + index[i] * row_size, row_bytes);
+    for (std::int64_t i = begin; i < end; ++i) std::memcpy(dst + i * row_size, src + index[i] * row_size, row_bytes);
   });
 }
 

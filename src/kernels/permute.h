@@ -21,7 +21,6 @@ struct ExpertPermutation {
 ExpertPermutation sort_by_expert(std::span<const std::int32_t> expert_of_pair, int num_experts);
 
 // dst[i, :] = src[index[i], :] for rows of row_size floats.
-void gather_rows(const float* src, std::span<const std::int64_t> index, float* dst,
-                 std::int64_t row_size);
+void gather_rows(const float* src, std::span<const std::int64_t> index, float* dst, std::int64_t row_size);
 
 }  // namespace epmoe

@@ -63,8 +63,7 @@ void swiglu_forward(const float* h0, const float* h1, float* act, std::int64_t n
 }
 
 // silu'(z) = s + z s (1 - s) = s (1 + z (1 - s)), s = sigmoid(z).
-void swiglu_backward(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1,
-                     std::int64_t n) {
+void swiglu_backward(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1, std::int64_t n) {
   const ComputeScope charge("swiglu backward", {.flops = 12.0 * n, .bytes = 20.0 * n});
   parallel_for(n, kParallelGrain, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd

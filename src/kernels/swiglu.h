@@ -9,7 +9,6 @@ namespace epmoe {
 void swiglu_forward(const float* h0, const float* h1, float* act, std::int64_t n);
 
 // From d(act): dh0 = dact * h1 * silu'(h0), dh1 = dact * silu(h0).
-void swiglu_backward(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1,
-                     std::int64_t n);
+void swiglu_backward(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1, std::int64_t n);
 
 }  // namespace epmoe

@@ -37,8 +37,7 @@ void check_pointers(const GroupedGemmShape& shape, std::span<const float* const>
 
 // The group's h0 and h1 from its [rows, 2f] product, and its SwiGLU a few
 // rows at a time, each block of h0 and h1 read back while in cache.
-void split_and_activate(const float* product, std::int64_t rows, std::int64_t f, float* h0, float* h1,
-                        float* act) {
+void split_and_activate(const float* product, std::int64_t rows, std::int64_t f, float* h0, float* h1, float* act) {
   for (std::int64_t first = 0; first < rows; first += kSwigluRows) {
     const std::int64_t block = std::min(kSwigluRows, rows - first);
     for (std::int64_t r = first; r < first + block; ++r) {
@@ -82,8 +81,15 @@ bool fused_up_projection_keeps_bits(std::int64_t k, std::int64_t f, ComputeDType
         std::vector<float> x(m * k), h0(m * f), h1(m * f), product(m * 2 * f);
         for (float& v : x) v = next();
         auto run = [&](const float* b, float* c, std::int64_t n) {
-          gemm({.a = x.data(), .b = b, .c = c, .m = m, .n = n, .k = k, .compute_dtype = dtype,
-                .dynamic_dim = GemmDynamicDim::m, .trace_name = "fused product probe"});
+          gemm({.a = x.data(),
+                .b = b,
+                .c = c,
+                .m = m,
+                .n = n,
+                .k = k,
+                .compute_dtype = dtype,
+                .dynamic_dim = GemmDynamicDim::m,
+                .trace_name = "fused product probe"});
         };
         run(w0.data(), h0.data(), f);
         run(w1.data(), h1.data(), f);
@@ -104,9 +110,8 @@ bool fused_up_projection_keeps_bits(std::int64_t k, std::int64_t f, ComputeDType
 }
 
 void grouped_swiglu_up_projection(const GroupedGemmShape& shape, const float* x,
-                                  std::span<const float* const> wi0_groups,
-                                  std::span<const float* const> wi1_groups, float* h0, float* h1,
-                                  float* act) {
+                                  std::span<const float* const> wi0_groups, std::span<const float* const> wi1_groups,
+                                  float* h0, float* h1, float* act) {
   check_pointers(shape, wi0_groups, "wi0");
   check_pointers(shape, wi1_groups, "wi1");
   const std::int64_t f = shape.n, k = shape.k;
@@ -171,8 +176,7 @@ void grouped_swiglu_up_projection(const GroupedGemmShape& shape, const float* x,
           .dynamic_dim = GemmDynamicDim::m,
           .b_version = shape.weight_version,
           .trace_name = "expert group forward (wi0|wi1)"});
-    split_and_activate(product.data(), rows, f, h0 + row * f, h1 + row * f,
-                       act != nullptr ? act + row * f : nullptr);
+    split_and_activate(product.data(), rows, f, h0 + row * f, h1 + row * f, act != nullptr ? act + row * f : nullptr);
   };
   if (one_thread) {
     // On the caller's thread, as grouped_gemm_forward runs every group with

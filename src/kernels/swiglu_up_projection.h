@@ -44,9 +44,8 @@ namespace epmoe {
 // Scratch: up to a thread's share of the rows times 2f floats per thread,
 // kept between calls (new pages cost ~11 us each, DESIGN.md §7).
 void grouped_swiglu_up_projection(const GroupedGemmShape& shape, const float* x,
-                                  std::span<const float* const> wi0_groups,
-                                  std::span<const float* const> wi1_groups, float* h0, float* h1,
-                                  float* act);
+                                  std::span<const float* const> wi0_groups, std::span<const float* const> wi1_groups,
+                                  float* h0, float* h1, float* act);
 
 // Whether one-thread groups of this (k, f, dtype) take the concatenated
 // product: its halves carry the two products' bits, probed once per process

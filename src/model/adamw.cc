@@ -41,8 +41,8 @@ void AdamWConfig::validate() const {
 }
 
 void adamw_update(const AdamWConfig& config, std::int64_t step_number, double learning_rate, bool decay,
-                  float grad_multiplier, std::span<float> param, std::span<const float> grad,
-                  std::span<float> m, std::span<float> v) {
+                  float grad_multiplier, std::span<float> param, std::span<const float> grad, std::span<float> m,
+                  std::span<float> v) {
   EPMOE_CHECK_GE(step_number, 1);
   EPMOE_CHECK_EQ(grad.size(), param.size());
   EPMOE_CHECK_EQ(m.size(), param.size());

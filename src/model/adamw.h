@@ -30,7 +30,7 @@ struct AdamWConfig {
 // bias corrections are computed in double, the elementwise update in fp32;
 // it is elementwise, so bit-identical for every compute-thread budget.
 void adamw_update(const AdamWConfig& config, std::int64_t step_number, double learning_rate, bool decay,
-                  float grad_multiplier, std::span<float> param, std::span<const float> grad,
-                  std::span<float> m, std::span<float> v);
+                  float grad_multiplier, std::span<float> param, std::span<const float> grad, std::span<float> m,
+                  std::span<float> v);
 
 }  // namespace epmoe

@@ -171,9 +171,8 @@ nlohmann::json check_checkpoint_compatibility(const CheckpointStore& store, std:
       throw ConfigError(where + " was written without " + key + "; this run needs " + key + "=" + value.dump());
     }
     if (saved[key] != value) {
-      throw ConfigError(key + "=" + value.dump() + " differs from the checkpoint's " + key + "=" +
-                        saved[key].dump() + " (" + where + "); resume with the same " + key +
-                        " or start a new checkpoint_dir");
+      throw ConfigError(key + "=" + value.dump() + " differs from the checkpoint's " + key + "=" + saved[key].dump() +
+                        " (" + where + "); resume with the same " + key + " or start a new checkpoint_dir");
     }
   }
   return metadata;
@@ -186,7 +185,8 @@ CheckpointLoad load_checkpoint(const CheckpointStore& store, std::int64_t step, 
   const std::string where = store.step_dir(step).string();
   if (!metadata.contains("num_ranks") || !metadata["num_ranks"].is_number_integer() ||
       metadata["num_ranks"].get<std::int64_t>() < 1) {
-    throw FileError(where + "/manifest.json: metadata has no positive integer \"num_ranks\" (the rank count "
+    throw FileError(where +
+                    "/manifest.json: metadata has no positive integer \"num_ranks\" (the rank count "
                     "that wrote it); not a checkpoint of epmoe train");
   }
   CheckpointLoad result;
@@ -220,7 +220,8 @@ CheckpointLoad load_checkpoint(const CheckpointStore& store, std::int64_t step, 
     if (saved_ranks != num_ranks) {
       result.notes.push_back(s.name + ": the replica planning state of " + std::to_string(saved_ranks) +
                              " ranks does not apply to " + std::to_string(num_ranks) +
-                             "; it is reset (replicas are planned afresh; they change where experts compute, not what, so the losses differ only by fp32 rounding)");
+                             "; it is reset (replicas are planned afresh; they change where experts compute, not what, "
+                             "so the losses differ only by fp32 rounding)");
       continue;
     }
     const Tensor saved = store.read_tensor(step, file);

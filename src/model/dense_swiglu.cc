@@ -36,8 +36,8 @@ void ensure_shape(Tensor& t, std::int64_t rows, std::int64_t cols) {
 
 }  // namespace
 
-void dense_swiglu_forward(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo,
-                          Tensor& y, DenseSwigluSaved& saved) {
+void dense_swiglu_forward(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo, Tensor& y,
+                          DenseSwigluSaved& saved) {
   const auto [num_tokens, hidden, ffn] = check_operands(x, w0, w1, wo);
   check_matrix(y, num_tokens, hidden);
   ensure_shape(saved.h0, num_tokens, ffn);
@@ -73,35 +73,66 @@ void dense_swiglu_backward_weights(const Tensor& x, const Tensor& w0, const Tens
   pending.dh1 = Tensor(DType::f32, {num_tokens, ffn});
   const float* xp = x.data<float>();
   const float* dyp = dy.data<float>();
-  gemm({.a = dyp, .b = wo.data<float>(), .c = dact.data<float>(), .m = num_tokens, .n = ffn,
-        .k = hidden, .transpose_b = true});
-  gemm({.a = saved.act.data<float>(), .b = dyp, .c = dwo.data<float>(), .m = ffn, .n = hidden,
-        .k = num_tokens, .transpose_a = true});
-  swiglu_backward(saved.h0.data<float>(), saved.h1.data<float>(), dact.data<float>(),
-                  pending.dh0.data<float>(), pending.dh1.data<float>(), num_tokens * ffn);
-  gemm({.a = xp, .b = pending.dh0.data<float>(), .c = dw0.data<float>(), .m = hidden, .n = ffn,
-        .k = num_tokens, .transpose_a = true});
-  gemm({.a = xp, .b = pending.dh1.data<float>(), .c = dw1.data<float>(), .m = hidden, .n = ffn,
-        .k = num_tokens, .transpose_a = true});
+  gemm({.a = dyp,
+        .b = wo.data<float>(),
+        .c = dact.data<float>(),
+        .m = num_tokens,
+        .n = ffn,
+        .k = hidden,
+        .transpose_b = true});
+  gemm({.a = saved.act.data<float>(),
+        .b = dyp,
+        .c = dwo.data<float>(),
+        .m = ffn,
+        .n = hidden,
+        .k = num_tokens,
+        .transpose_a = true});
+  swiglu_backward(saved.h0.data<float>(), saved.h1.data<float>(), dact.data<float>(), pending.dh0.data<float>(),
+                  pending.dh1.data<float>(), num_tokens * ffn);
+  gemm({.a = xp,
+        .b = pending.dh0.data<float>(),
+        .c = dw0.data<float>(),
+        .m = hidden,
+        .n = ffn,
+        .k = num_tokens,
+        .transpose_a = true});
+  gemm({.a = xp,
+        .b = pending.dh1.data<float>(),
+        .c = dw1.data<float>(),
+        .m = hidden,
+        .n = ffn,
+        .k = num_tokens,
+        .transpose_a = true});
 }
 
 //   dx += dh0 w0^T + dh1 w1^T
-void dense_swiglu_backward_input(const Tensor& w0, const Tensor& w1, const DenseSwigluInputGrad& pending,
-                                 Tensor& dx) {
+void dense_swiglu_backward_input(const Tensor& w0, const Tensor& w1, const DenseSwigluInputGrad& pending, Tensor& dx) {
   const std::int64_t num_tokens = pending.dh0.dim(0), ffn = pending.dh0.dim(1), hidden = w0.dim(0);
   check_matrix(pending.dh1, num_tokens, ffn);
   check_matrix(w0, hidden, ffn);
   check_matrix(w1, hidden, ffn);
   check_matrix(dx, num_tokens, hidden);
-  gemm({.a = pending.dh0.data<float>(), .b = w0.data<float>(), .c = dx.data<float>(), .m = num_tokens,
-        .n = hidden, .k = ffn, .transpose_b = true, .accumulate = true});
-  gemm({.a = pending.dh1.data<float>(), .b = w1.data<float>(), .c = dx.data<float>(), .m = num_tokens,
-        .n = hidden, .k = ffn, .transpose_b = true, .accumulate = true});
+  gemm({.a = pending.dh0.data<float>(),
+        .b = w0.data<float>(),
+        .c = dx.data<float>(),
+        .m = num_tokens,
+        .n = hidden,
+        .k = ffn,
+        .transpose_b = true,
+        .accumulate = true});
+  gemm({.a = pending.dh1.data<float>(),
+        .b = w1.data<float>(),
+        .c = dx.data<float>(),
+        .m = num_tokens,
+        .n = hidden,
+        .k = ffn,
+        .transpose_b = true,
+        .accumulate = true});
 }
 
 void dense_swiglu_backward(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo,
-                           const DenseSwigluSaved& saved, const Tensor& dy, Tensor& dx, Tensor& dw0,
-                           Tensor& dw1, Tensor& dwo) {
+                           const DenseSwigluSaved& saved, const Tensor& dy, Tensor& dx, Tensor& dw0, Tensor& dw1,
+                           Tensor& dwo) {
   const auto dims = check_operands(x, w0, w1, wo);
   check_matrix(dx, dims.num_tokens, dims.hidden);
   DenseSwigluInputGrad pending;

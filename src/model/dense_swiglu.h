@@ -17,15 +17,15 @@ struct DenseSwigluSaved {
 };
 
 // x [N, H]; y [N, H] preallocated and OVERWRITTEN. N may be 0.
-void dense_swiglu_forward(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo,
-                          Tensor& y, DenseSwigluSaved& saved);
+void dense_swiglu_forward(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo, Tensor& y,
+                          DenseSwigluSaved& saved);
 
 // dy [N, H]. dx [N, H] is ADDED TO (the MLP sits beside other branches on the
 // residual stream); dw0, dw1 [H, F] and dwo [F, H] are OVERWRITTEN (zero for
 // N = 0).
 void dense_swiglu_backward(const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& wo,
-                           const DenseSwigluSaved& saved, const Tensor& dy, Tensor& dx, Tensor& dw0,
-                           Tensor& dw1, Tensor& dwo);
+                           const DenseSwigluSaved& saved, const Tensor& dy, Tensor& dx, Tensor& dw0, Tensor& dw1,
+                           Tensor& dwo);
 
 // The backward in two parts, for a caller that overlaps the weight part with
 // other work (the routed experts' exchanges, model/moe_lm.cc) and has the
@@ -39,7 +39,6 @@ void dense_swiglu_backward_weights(const Tensor& x, const Tensor& w0, const Tens
                                    const DenseSwigluSaved& saved, const Tensor& dy, Tensor& dw0, Tensor& dw1,
                                    Tensor& dwo, DenseSwigluInputGrad& pending);
 // dx [N, H] ADDED TO: dx += dh0 w0^T, then dx += dh1 w1^T.
-void dense_swiglu_backward_input(const Tensor& w0, const Tensor& w1, const DenseSwigluInputGrad& pending,
-                                 Tensor& dx);
+void dense_swiglu_backward_input(const Tensor& w0, const Tensor& w1, const DenseSwigluInputGrad& pending, Tensor& dx);
 
 }  // namespace epmoe

@@ -12,15 +12,19 @@
 namespace epmoe {
 
 struct GradientReduction::Bucket {
-  std::vector<float> staging;  // padded reduce-scatter input; empty: the bucket is summed in place
-  std::vector<float> summed;   // this rank's padded block of sums
+  std::vector<float> staging;     // padded reduce-scatter input; empty: the bucket is summed in place
+  std::vector<float> summed;      // this rank's padded block of sums
   comm::CollectiveHandle handle;  // declared last: waited for before the buffers go
 };
 
 GradientReduction::GradientReduction(transport::Communicator& comm, std::span<float> flat, std::uint32_t first_tag,
                                      std::chrono::milliseconds timeout)
-    : comm_(comm), flat_(flat), first_tag_(first_tag), timeout_(timeout),
-      pending_end_(static_cast<std::int64_t>(flat.size())), ready_begin_(pending_end_) {
+    : comm_(comm),
+      flat_(flat),
+      first_tag_(first_tag),
+      timeout_(timeout),
+      pending_end_(static_cast<std::int64_t>(flat.size())),
+      ready_begin_(pending_end_) {
   // comm::detail::BlockLayout::split, as comm::all_reduce lays out the whole
   // buffer, and split_lanes' clockwise share ceil(n / 2).
   const int num_ranks = comm_.size();
@@ -96,20 +100,22 @@ void GradientReduction::start(std::int64_t begin, std::int64_t end) {
   auto bucket = std::make_unique<Bucket>();
   float* const data = flat_.data() + begin;
   if (padded) {
-    bucket->staging.assign(static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), std::int64_t{0})), 0.0f);
+    bucket->staging.assign(static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), std::int64_t{0})),
+                           0.0f);
   }
   const std::uint32_t tag = first_tag_ + static_cast<std::uint32_t>(buckets_.size());
   Bucket* const state = bucket.get();
   bucket->handle = comm::launch_collective(
-      comm_, "gradient bucket " + std::to_string(buckets_.size()) + " [" + std::to_string(begin) + ", " +
-                 std::to_string(end) + ")",
+      comm_,
+      "gradient bucket " + std::to_string(buckets_.size()) + " [" + std::to_string(begin) + ", " + std::to_string(end) +
+          ")",
       timeout_,
       [&comm = comm_, state, data, rank, padded, tag, counts = std::move(counts), real, c, d, p,
        own_offset](transport::Deadline deadline) {
         // The inner collectives share the bucket's deadline.
         const auto remaining = [&] {
-          return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                            deadline - transport::Clock::now()));
+          return std::max(std::chrono::milliseconds(1),
+                          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::Clock::now()));
         };
         const std::size_t num_ranks = counts.size();
         const float* input = data;
@@ -126,15 +132,23 @@ void GradientReduction::start(std::int64_t begin, std::int64_t end) {
           input = state->staging.data();
         }
         float* const output = padded ? state->summed.data() : own;
-        comm::reduce_scatter(comm, {.input = input, .output = output, .num_elements_per_rank = counts,
-                                    .dtype = DType::f32, .tag = tag, .timeout = remaining()})
+        comm::reduce_scatter(comm, {.input = input,
+                                    .output = output,
+                                    .num_elements_per_rank = counts,
+                                    .dtype = DType::f32,
+                                    .tag = tag,
+                                    .timeout = remaining()})
             .wait();
         if (padded) {
           std::copy(output, output + c[rank], own);
           std::copy(output + p[rank], output + p[rank] + d[rank], own + c[rank]);
         }
-        comm::ring_all_gather(comm, {.input = own, .output = data, .num_elements_by_rank = real,
-                                     .dtype = DType::f32, .tag = tag, .timeout = remaining()})
+        comm::ring_all_gather(comm, {.input = own,
+                                     .output = data,
+                                     .num_elements_by_rank = real,
+                                     .dtype = DType::f32,
+                                     .tag = tag,
+                                     .timeout = remaining()})
             .wait();
       });
   buckets_.push_back(std::move(bucket));

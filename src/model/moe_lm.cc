@@ -29,20 +29,20 @@ void MoeLmConfig::validate() const {
 struct MoeLm::LayerParams {
   Parameter* norm = nullptr;
   Parameter* gate = nullptr;
-  Parameter *wi0 = nullptr, *wi1 = nullptr, *wo = nullptr;           // this rank's experts
+  Parameter *wi0 = nullptr, *wi1 = nullptr, *wo = nullptr;                     // this rank's experts
   Parameter *shared_w0 = nullptr, *shared_w1 = nullptr, *shared_wo = nullptr;  // or null
-  Buffer* selection_bias = nullptr;                                  // sigmoid_grouped only
+  Buffer* selection_bias = nullptr;                                            // sigmoid_grouped only
 };
 
 // What backward needs from forward, for this rank's N_l tokens.
 struct MoeLm::Activations {
-  Tensor ids, targets;             // [N_l] i32
-  std::vector<Tensor> h;           // [L + 1] residual stream [N_l, H]; h[L] enters the final norm
-  std::vector<Tensor> inv_rms;     // [L + 1] [N_l]
-  std::vector<Tensor> normed;      // [L] layer inputs (the MoE layer keeps a pointer to them)
+  Tensor ids, targets;                   // [N_l] i32
+  std::vector<Tensor> h;                 // [L + 1] residual stream [N_l, H]; h[L] enters the final norm
+  std::vector<Tensor> inv_rms;           // [L + 1] [N_l]
+  std::vector<Tensor> normed;            // [L] layer inputs (the MoE layer keeps a pointer to them)
   std::vector<DenseSwigluSaved> shared;  // [L] when a shared expert exists
-  Tensor final_normed;             // [N_l, H]
-  Tensor d_logits;                 // [N_l, V], from the cross-entropy
+  Tensor final_normed;                   // [N_l, H]
+  Tensor d_logits;                       // [N_l, V], from the cross-entropy
 };
 
 namespace {
@@ -67,8 +67,7 @@ void add_into(Tensor& target, const Tensor& source) {
 
 }  // namespace
 
-MoeLm::MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make_dispatcher,
-             MemoryLedger* ledger)
+MoeLm::MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make_dispatcher, MemoryLedger* ledger)
     : config_(std::move(config)), num_ranks_(num_ranks), rank_(rank), ledger_(ledger) {
   config_.validate();
   const std::int64_t v = config_.vocab_size, h = config_.layer.hidden, f = config_.layer.ffn;
@@ -197,8 +196,12 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
   a.final_normed = Tensor(DType::f32, {n, h});
   rms_norm_forward(a.h[num_layers], final_norm_->value, config_.norm_eps, a.final_normed, a.inv_rms[num_layers]);
   Tensor logits(DType::f32, {n, v});
-  gemm({.a = a.final_normed.data<float>(), .b = head_->value.data<float>(), .c = logits.data<float>(),
-        .m = n, .n = v, .k = h});
+  gemm({.a = a.final_normed.data<float>(),
+        .b = head_->value.data<float>(),
+        .c = logits.data<float>(),
+        .m = n,
+        .n = v,
+        .k = h});
   CrossEntropy ce = softmax_cross_entropy(logits, a.targets, 1.0f / static_cast<float>(global_tokens));
   a.d_logits = std::move(ce.d_logits);
   result.loss_sum = ce.loss_sum;
@@ -219,10 +222,20 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
 
   // Head: d(final_normed) = d_logits head^T, d(head) = final_normed^T d_logits.
   Tensor d_final(DType::f32, {n, h});
-  gemm({.a = a.d_logits.data<float>(), .b = head_->value.data<float>(), .c = d_final.data<float>(),
-        .m = n, .n = h, .k = v, .transpose_b = true});
-  gemm({.a = a.final_normed.data<float>(), .b = a.d_logits.data<float>(), .c = head_->grad.data<float>(),
-        .m = h, .n = v, .k = n, .transpose_a = true});
+  gemm({.a = a.d_logits.data<float>(),
+        .b = head_->value.data<float>(),
+        .c = d_final.data<float>(),
+        .m = n,
+        .n = h,
+        .k = v,
+        .transpose_b = true});
+  gemm({.a = a.final_normed.data<float>(),
+        .b = a.d_logits.data<float>(),
+        .c = head_->grad.data<float>(),
+        .m = h,
+        .n = v,
+        .k = n,
+        .transpose_a = true});
   Tensor d_h = Tensor::zeros(DType::f32, {n, h});  // d(loss)/d(residual stream)
   rms_norm_backward(a.h[num_layers], final_norm_->value, a.inv_rms[num_layers], d_final, d_h, final_norm_->grad);
   const auto ready = [&](std::initializer_list<Parameter*> done) {
@@ -255,8 +268,8 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
     DenseSwigluInputGrad shared_pending;
     if (p.shared_w0 != nullptr) {
       dense_swiglu_backward_weights(a.normed[l], p.shared_w0->value, p.shared_w1->value, p.shared_wo->value,
-                                    a.shared[static_cast<std::size_t>(l)], d_h, p.shared_w0->grad,
-                                    p.shared_w1->grad, p.shared_wo->grad, shared_pending);
+                                    a.shared[static_cast<std::size_t>(l)], d_h, p.shared_w0->grad, p.shared_w1->grad,
+                                    p.shared_wo->grad, shared_pending);
     }
     MoeGradients g = layer.finish_backward();
     Tensor d_normed = std::move(g.dx);

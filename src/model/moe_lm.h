@@ -56,8 +56,7 @@ struct LmForwardResult {
 
 class MoeLm {
  public:
-  MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make_dispatcher,
-        MemoryLedger* ledger = nullptr);
+  MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make_dispatcher, MemoryLedger* ledger = nullptr);
   ~MoeLm();
   MoeLm(const MoeLm&) = delete;
   MoeLm& operator=(const MoeLm&) = delete;

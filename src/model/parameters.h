@@ -17,12 +17,12 @@
 namespace epmoe {
 
 struct Parameter {
-  std::string name;      // "layer_0.wi0"; also its checkpoint file name
+  std::string name;  // "layer_0.wi0"; also its checkpoint file name
   Tensor value;
-  Tensor grad;           // same shape, written by the backward
+  Tensor grad;            // same shape, written by the backward
   Tensor adam_m, adam_v;  // AdamW moments, zero at start
   bool replicated = true;
-  bool decay = true;     // AdamW weight decay applies (matrices yes; norms, embedding no)
+  bool decay = true;  // AdamW weight decay applies (matrices yes; norms, embedding no)
 };
 
 struct Buffer {

@@ -81,8 +81,8 @@ void rms_norm_forward(const Tensor& x, const Tensor& scale, float eps, Tensor& y
 // than the thread's slice so that a column always sits at the same place in
 // its vectorised loop (vector body or remainder, which may round differently
 // once the compiler fuses multiply-adds).
-void rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dy,
-                       Tensor& dx, Tensor& dscale) {
+void rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dy, Tensor& dx,
+                       Tensor& dscale) {
   EPMOE_CHECK_EQ(x.rank(), 2);
   const std::int64_t num_tokens = x.dim(0), hidden = x.dim(1);
   const ComputeScope charge("rms_norm backward", {.flops = 8.0 * x.numel(), .bytes = 12.0 * x.numel()});

@@ -17,7 +17,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& scale, float eps, Tensor& y
 
 // dy [N, H]. dx [N, H] is ADDED TO (the norm sits on a residual stream whose
 // gradient already holds the skip path); dscale [H] is OVERWRITTEN.
-void rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dy,
-                       Tensor& dx, Tensor& dscale);
+void rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dy, Tensor& dx,
+                       Tensor& dscale);
 
 }  // namespace epmoe

@@ -23,10 +23,10 @@ namespace {
 // Collective tags, relative to TrainerConfig::tag_base.
 enum TrainerTag : std::uint32_t {
   kForwardStats = 0,
-  kGradients = 1,     // the one all-reduce (overlap_gradient_all_reduce=false)
+  kGradients = 1,  // the one all-reduce (overlap_gradient_all_reduce=false)
   kBackwardStats = 2,
-  kRankReports = 3,   // and 4 (all_gather_texts)
-  kCheckpoint = 8,    // .. 10 (save_checkpoint's barriers)
+  kRankReports = 3,       // and 4 (all_gather_texts)
+  kCheckpoint = 8,        // .. 10 (save_checkpoint's barriers)
   kGradientBuckets = 16,  // .. 16 + GradientReduction::kMaxBuckets - 1
 };
 static_assert(kGradientBuckets + GradientReduction::kMaxBuckets <= 1024, "TrainerConfig::tag_base's range");
@@ -38,8 +38,7 @@ double max_over_mean(const std::vector<std::int64_t>& loads) {
     total += l;
     max = std::max(max, l);
   }
-  return total > 0 ? static_cast<double>(max) * static_cast<double>(loads.size()) / static_cast<double>(total)
-                   : 1.0;
+  return total > 0 ? static_cast<double>(max) * static_cast<double>(loads.size()) / static_cast<double>(total) : 1.0;
 }
 
 std::int64_t bits_of(double value) { return std::bit_cast<std::int64_t>(value); }
@@ -58,7 +57,8 @@ std::map<std::string, double> moe_phase_totals(const MoeLm& model) {
 }
 
 // What one rank measured in a step, gathered to rank 0 for the record.
-nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes, const std::optional<ModelledRankTime>& modelled) {
+nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
+                           const std::optional<ModelledRankTime>& modelled) {
   std::map<std::string, std::int64_t> bytes;
   std::int64_t saved_peak = 0, dropped = 0;
   nlohmann::json after = nlohmann::json::array();
@@ -167,18 +167,21 @@ std::optional<std::int64_t> checkpoint_to_resume(const TrainerConfig& config) {
   for (const std::int64_t step : store.uncommitted_steps()) {
     if (step > latest.value_or(0)) {
       throw FileError(store.step_dir(step).string() + ": a checkpoint directory without " +
-                      CheckpointStore::kManifestName + " (a partial copy or a damaged checkpoint: commit "
+                      CheckpointStore::kManifestName +
+                      " (a partial copy or a damaged checkpoint: commit "
                       "never leaves one); it is not resumable and this run would stop at step " +
                       std::to_string(step) + " rather than overwrite it; remove or repair it");
     }
   }
   if (!latest) return std::nullopt;  // resume=true with nothing to resume: a fresh start
   if (!config.resume) {
-    throw ConfigError("checkpoint_dir=" + config.checkpoint_dir + " already holds checkpoints (newest: " +
-                      store.step_dir(*latest).string() + "); pass resume=true to continue from it, or "
+    throw ConfigError("checkpoint_dir=" + config.checkpoint_dir +
+                      " already holds checkpoints (newest: " + store.step_dir(*latest).string() +
+                      "); pass resume=true to continue from it, or "
                       "choose another checkpoint_dir (checkpoints are never overwritten)");
   }
-  check_checkpoint_compatibility(store, *latest, config.checkpoint_metadata.value("compatibility", nlohmann::json::object()));
+  check_checkpoint_compatibility(store, *latest,
+                                 config.checkpoint_metadata.value("compatibility", nlohmann::json::object()));
   return latest;
 }
 
@@ -191,19 +194,26 @@ class TrainingRun {
  public:
   TrainingRun(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model_config,
               const DispatcherFactory& make_dispatcher, const TrainObserver& observer)
-      : comm_(comm), config_(config), model_config_(model_config), observer_(observer),
-        num_ranks_(comm.size()), rank_(comm.rank()),
+      : comm_(comm),
+        config_(config),
+        model_config_(model_config),
+        observer_(observer),
+        num_ranks_(comm.size()),
+        rank_(comm.rank()),
         local_sequences_(config.batch_size / num_ranks_),
         global_tokens_(config.batch_size * config.data.seq_len),
-        tags_(config.tag_base), timeout_(config.comm_timeout),
-        model_(model_config, num_ranks_, rank_, make_dispatcher, &ledger_), state_(model_.state()),
-        data_(config.data), num_layers_(model_config.num_layers),
+        tags_(config.tag_base),
+        timeout_(config.comm_timeout),
+        model_(model_config, num_ranks_, rank_, make_dispatcher, &ledger_),
+        state_(model_.state()),
+        data_(config.data),
+        num_layers_(model_config.num_layers),
         num_experts_(model_config.layer.router.num_experts),
         update_bias_(config.bias_update_rate > 0 && model_config.layer.router.kind == RouterKind::sigmoid_grouped),
-        store_(config.checkpoint_dir.empty() ? std::nullopt
-                                             : std::optional<CheckpointStore>(config.checkpoint_dir)),
+        store_(config.checkpoint_dir.empty() ? std::nullopt : std::optional<CheckpointStore>(config.checkpoint_dir)),
         checkpoint_context_{&comm, tags_ + kCheckpoint, timeout_},
-        replicated_(state_.replicated_elements()), flat_(static_cast<std::size_t>(replicated_)) {
+        replicated_(state_.replicated_elements()),
+        flat_(static_cast<std::size_t>(replicated_)) {
     // Where each replicated parameter's gradient sits in the flat buffer
     // (their order in state()), for the backward's gradients-ready calls.
     std::int64_t offset = 0;
@@ -219,17 +229,17 @@ class TrainingRun {
     if (rank_ == 0 && observer_.on_start) observer_.on_start(first_step, summary_.resumed_from);
     Stopwatch run_watch;
     for (std::int64_t step = first_step; step < config_.steps; ++step) try {
-      run_step(step);
-    } catch (const Error&) {
-      // Step N's line still goes out when step N + 1 fails before its
-      // deferred exchange completed (every rank started that exchange, so
-      // it ends unless it is what failed; then the line is lost with it).
-      try {
-        finish_metrics();
-      } catch (...) {  // the step's own error is the one to report
+        run_step(step);
+      } catch (const Error&) {
+        // Step N's line still goes out when step N + 1 fails before its
+        // deferred exchange completed (every rank started that exchange, so
+        // it ends unless it is what failed; then the line is lost with it).
+        try {
+          finish_metrics();
+        } catch (...) {  // the step's own error is the one to report
+        }
+        rethrow_naming_step(step + 1);
       }
-      rethrow_naming_step(step + 1);
-    }
     summary_.seconds = run_watch.elapsed_seconds();
     return summary_;
   }
@@ -274,8 +284,7 @@ class TrainingRun {
       if (rank_ == 0 && observer_.on_note) {
         if (loaded.saved_num_ranks != num_ranks_) {
           observer_.on_note("resharding the experts of " + store_->step_dir(*resume_from).string() + " from " +
-                            std::to_string(loaded.saved_num_ranks) + " to " + std::to_string(num_ranks_) +
-                            " ranks");
+                            std::to_string(loaded.saved_num_ranks) + " to " + std::to_string(num_ranks_) + " ranks");
         }
         for (const std::string& note : loaded.notes) observer_.on_note(note);
       }
@@ -327,10 +336,13 @@ class TrainingRun {
     s.forward_words.push_back(bits_of(s.forward.loss_sum));
     s.all_forward_words.resize(s.forward_words.size() * static_cast<std::size_t>(num_ranks_));
     s.counts.assign(s.forward.expert_counts.size(), 0);  // its final size: backward() holds a view
-    s.forward_stats = comm::ring_all_gather(
-        comm_, {.input = s.forward_words.data(), .output = s.all_forward_words.data(),
-                .num_elements_per_rank = static_cast<std::int64_t>(s.forward_words.size()),
-                .dtype = DType::i64, .tag = tags_ + kForwardStats, .timeout = timeout_});
+    s.forward_stats =
+        comm::ring_all_gather(comm_, {.input = s.forward_words.data(),
+                                      .output = s.all_forward_words.data(),
+                                      .num_elements_per_rank = static_cast<std::int64_t>(s.forward_words.size()),
+                                      .dtype = DType::i64,
+                                      .tag = tags_ + kForwardStats,
+                                      .timeout = timeout_});
   }
   // `timed`: a phase of its own, unless it completes inside the backward's
   // (the backward's time then includes the wait).
@@ -389,9 +401,12 @@ class TrainingRun {
       for (const float g : p.grad.span<float>()) s.expert_sq += static_cast<double>(g) * g;
     }
     std::vector<std::int64_t> own = {bits_of(s.aux_part), bits_of(s.expert_sq)}, all(2 * num_ranks_);
-    comm::CollectiveHandle backward_stats = comm::ring_all_gather(
-        comm_, {.input = own.data(), .output = all.data(), .num_elements_per_rank = 2, .dtype = DType::i64,
-                .tag = tags_ + kBackwardStats, .timeout = timeout_});
+    comm::CollectiveHandle backward_stats = comm::ring_all_gather(comm_, {.input = own.data(),
+                                                                          .output = all.data(),
+                                                                          .num_elements_per_rank = 2,
+                                                                          .dtype = DType::i64,
+                                                                          .tag = tags_ + kBackwardStats,
+                                                                          .timeout = timeout_});
     {
       ScopedPhase phase(s.times, "gradient_all_reduce");
       if (s.reduction) {
@@ -404,8 +419,9 @@ class TrainingRun {
           offset += static_cast<std::size_t>(p.grad.numel());
         }
         if (num_ranks_ > 1 && replicated_ > 0) {
-          comm::all_reduce(comm_, {.data = flat_.data(), .num_elements = replicated_, .tag = tags_ + kGradients,
-                                   .timeout = timeout_})
+          comm::all_reduce(
+              comm_,
+              {.data = flat_.data(), .num_elements = replicated_, .tag = tags_ + kGradients, .timeout = timeout_})
               .wait();
         }
       }
@@ -454,7 +470,7 @@ class TrainingRun {
     }
     for (int l = 0; update_bias_ && l < num_layers_; ++l) {
       update_selection_bias(std::span<const std::int64_t>(s.counts).subspan(static_cast<std::size_t>(l * num_experts_),
-                                                                           static_cast<std::size_t>(num_experts_)),
+                                                                            static_cast<std::size_t>(num_experts_)),
                             static_cast<float>(config_.bias_update_rate), *model_.selection_bias(l));
     }
   }
@@ -511,9 +527,9 @@ class TrainingRun {
       pending->exchange = comm::launch_collective(
           comm_, "metrics exchange of step " + std::to_string(pending->step), timeout_,
           [&comm = comm_, p, tag](transport::Deadline deadline) {
-            const auto remaining = std::max(std::chrono::milliseconds(1),
-                                            std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                deadline - transport::Clock::now()));
+            const auto remaining =
+                std::max(std::chrono::milliseconds(1),
+                         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::Clock::now()));
             p->reports = comm::all_gather_texts(comm, p->own, tag, remaining);
           });
       if (!deferred) pending->exchange.wait();
@@ -570,14 +586,16 @@ class TrainingRun {
       if (rank_ != 0) return;
       for (const std::string& text : reports) {
         const nlohmann::json report = nlohmann::json::parse(text);
-        for (const auto& [name, bytes] : report["bytes_sent"].items()) record.bytes_sent[name] += bytes.get<std::int64_t>();
+        for (const auto& [name, bytes] : report["bytes_sent"].items())
+          record.bytes_sent[name] += bytes.get<std::int64_t>();
         record.saved_activation_peak_bytes =
             std::max(record.saved_activation_peak_bytes, report["saved_peak"].get<std::int64_t>());
       }
       const nlohmann::json own = nlohmann::json::parse(reports[0]);
       if (own.contains("modelled")) {
         std::vector<ModelledRankTime> ranks;
-        for (const std::string& text : reports) ranks.push_back(nlohmann::json::parse(text)["modelled"].get<ModelledRankTime>());
+        for (const std::string& text : reports)
+          ranks.push_back(nlohmann::json::parse(text)["modelled"].get<ModelledRankTime>());
         const ModelledStep step_time = modelled_step(ranks);
         record.modelled = step_time.json;
         record.modelled["tokens_per_second"] =

@@ -43,14 +43,14 @@ struct TrainerConfig {
   std::int64_t batch_size = 32;  // sequences per step, over all ranks; divisible by R
   SyntheticTokensConfig data;    // vocab_size, seq_len, distribution, exponent, seed
   AdamWConfig adamw;
-  LrSchedule learning_rate;      // its total_steps is `steps`
-  double grad_clip = 1.0;        // global L2 norm; 0 = off
-  double aux_loss_coef = 0.0;    // load-balance loss; 0 = off
+  LrSchedule learning_rate;       // its total_steps is `steps`
+  double grad_clip = 1.0;         // global L2 norm; 0 = off
+  double aux_loss_coef = 0.0;     // load-balance loss; 0 = off
   double bias_update_rate = 0.0;  // aux-loss-free bias step (sigmoid_grouped); 0 = off
 
-  std::string checkpoint_dir;        // empty: no checkpoints
+  std::string checkpoint_dir;         // empty: no checkpoints
   std::int64_t checkpoint_every = 0;  // steps; 0 = only at the end
-  int checkpoint_keep = 3;           // newest checkpoints kept
+  int checkpoint_keep = 3;            // newest checkpoints kept
   bool resume = false;
   nlohmann::json checkpoint_metadata;  // written into every manifest; holds "compatibility"
 
@@ -68,11 +68,11 @@ struct TrainerConfig {
 
 // One step, as rank 0 reports it (metrics.jsonl line, progress line).
 struct StepRecord {
-  std::int64_t step = 0;             // 1-based: steps completed
-  double loss = 0;                   // cross-entropy mean + load-balance loss
+  std::int64_t step = 0;  // 1-based: steps completed
+  double loss = 0;        // cross-entropy mean + load-balance loss
   double cross_entropy = 0;
   double aux_loss = 0;
-  double grad_norm = 0;              // before clipping
+  double grad_norm = 0;  // before clipping
   double learning_rate = 0;
   // Rank 0's wall time of the step: through its metrics exchange when that
   // completes in the step (a checkpoint follows, or the last step), else up
@@ -80,20 +80,20 @@ struct StepRecord {
   // phase_seconds["metrics_exchange"] holds what was left of it.
   double step_seconds = 0;
   double tokens_per_second = 0;
-  std::map<std::string, double> phase_seconds;          // rank 0: trainer and MoE phases
-  std::map<std::string, std::int64_t> bytes_sent;       // summed over ranks and layers
-  std::vector<double> expert_load_max_over_mean;        // [L] over experts, from the counts
-  std::vector<double> rank_load_max_over_mean_before;   // [L] rows per rank, every expert at home
-  std::vector<double> rank_load_max_over_mean_after;    // [L] after replica balancing
+  std::map<std::string, double> phase_seconds;         // rank 0: trainer and MoE phases
+  std::map<std::string, std::int64_t> bytes_sent;      // summed over ranks and layers
+  std::vector<double> expert_load_max_over_mean;       // [L] over experts, from the counts
+  std::vector<double> rank_load_max_over_mean_before;  // [L] rows per rank, every expert at home
+  std::vector<double> rank_load_max_over_mean_after;   // [L] after replica balancing
   // [L][E] global (token, k) pairs routed to each expert (summed over ranks,
   // before any capacity cut): what `epmoe balance --loads metrics.jsonl`
   // replays.
   std::vector<std::vector<std::int64_t>> expert_counts;
-  std::int64_t saved_activation_peak_bytes = 0;         // max over ranks, all layers
+  std::int64_t saved_activation_peak_bytes = 0;  // max over ranks, all layers
   // (token, expert) pairs lost to capacity_factor, summed over ranks and
   // layers; always 0 with capacity_factor=0 (exact buffers).
   std::int64_t dropped_pairs = 0;
-  std::int64_t routed_pairs = 0;                        // N * K * L: what dropped_pairs is out of
+  std::int64_t routed_pairs = 0;  // N * K * L: what dropped_pairs is out of
   // When a checkpoint of this step follows: it is written after this record
   // is reported (the run stops with an error if it fails); its time is in
   // the next record's phase_seconds["checkpoint"].
@@ -110,7 +110,7 @@ void to_json(nlohmann::json& out, const StepRecord& record);
 
 struct TrainSummary {
   std::int64_t steps_run = 0;
-  std::vector<double> losses;   // one per step run
+  std::vector<double> losses;      // one per step run
   std::int64_t dropped_pairs = 0;  // over the steps run, all ranks and layers
   std::int64_t routed_pairs = 0;   // the (token, expert) pairs of those steps
   double seconds = 0;
@@ -144,7 +144,8 @@ namespace epmoe {
 // committed checkpoint's step with resume=true (its manifest verified and its
 // compatibility checked). Throws ConfigError when checkpoints exist and
 // resume=false (they are never overwritten), FileError for an unreadable
-// manifest or a step_N/ without a manifest newer than the resume point. Read-only: the CLI calls it before any work starts.
+// manifest or a step_N/ without a manifest newer than the resume point. Read-only: the CLI calls it before any work
+// starts.
 std::optional<std::int64_t> checkpoint_to_resume(const TrainerConfig& config);
 
 }  // namespace epmoe

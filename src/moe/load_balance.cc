@@ -28,14 +28,16 @@ void update_selection_bias(std::span<const std::int64_t> global_counts, float ra
   float* b = bias.data<float>();
   for (std::size_t e = 0; e < global_counts.size(); ++e) {
     const std::int64_t scaled = global_counts[e] * num_experts;
-    if (scaled < total) b[e] += rate;       // under-loaded: select it more
-    else if (scaled > total) b[e] -= rate;  // over-loaded: select it less
+    if (scaled < total)
+      b[e] += rate;  // under-loaded: select it more
+    else if (scaled > total)
+      b[e] -= rate;  // over-loaded: select it less
   }
 }
 
 LoadBalanceLossPart load_balance_loss(RouterKind kind, const Tensor& logits,
-                                      std::span<const std::int64_t> global_counts,
-                                      std::int64_t global_tokens, int top_k, double coef) {
+                                      std::span<const std::int64_t> global_counts, std::int64_t global_tokens,
+                                      int top_k, double coef) {
   EPMOE_CHECK(kind != RouterKind::random);
   const std::int64_t num_tokens = logits.dim(0);
   const std::int64_t num_experts = logits.dim(1);

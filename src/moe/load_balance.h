@@ -34,15 +34,15 @@ std::vector<std::int64_t> count_expert_assignments(const Tensor& topk_ids, int n
 void update_selection_bias(std::span<const std::int64_t> global_counts, float rate, Tensor& bias);
 
 struct LoadBalanceLossPart {
-  double loss = 0;   // this rank's tokens' part of L
-  Tensor d_logits;   // [N_local, E], d(L)/d(logits) of this rank's tokens
+  double loss = 0;  // this rank's tokens' part of L
+  Tensor d_logits;  // [N_local, E], d(L)/d(logits) of this rank's tokens
 };
 
 // logits [N_local, E] of this rank's tokens (the router's forward), the
 // step's global counts and global token count N; router kind softmax_topk or
 // sigmoid_grouped (the random router has nothing to train: InternalError).
 LoadBalanceLossPart load_balance_loss(RouterKind kind, const Tensor& logits,
-                                      std::span<const std::int64_t> global_counts,
-                                      std::int64_t global_tokens, int top_k, double coef);
+                                      std::span<const std::int64_t> global_counts, std::int64_t global_tokens,
+                                      int top_k, double coef);
 
 }  // namespace epmoe

@@ -48,39 +48,33 @@ void add_into(float* dst, const float* src, std::int64_t count) {
 // One matrix pointer per group: the caller's per-group list when given,
 // else base + g * matrix_elements.
 std::vector<const float*> group_matrices(const float* base, const std::vector<const float*>& groups,
-                                         std::size_t num_groups, std::int64_t matrix_elements,
-                                         const char* name) {
+                                         std::size_t num_groups, std::int64_t matrix_elements, const char* name) {
   if (!groups.empty()) {
     if (groups.size() != num_groups)
-      throw InternalError(std::string("local experts: ") + name + "_groups has " +
-                          std::to_string(groups.size()) + " pointers for " +
-                          std::to_string(num_groups) + " groups of rows");
+      throw InternalError(std::string("local experts: ") + name + "_groups has " + std::to_string(groups.size()) +
+                          " pointers for " + std::to_string(num_groups) + " groups of rows");
     return groups;
   }
   if (base == nullptr && num_groups > 0)
-    throw InternalError(std::string("local experts: ") + name + " is null and " + name +
-                        "_groups empty");
+    throw InternalError(std::string("local experts: ") + name + " is null and " + name + "_groups empty");
   std::vector<const float*> out(num_groups);
-  for (std::size_t g = 0; g < num_groups; ++g)
-    out[g] = base + static_cast<std::int64_t>(g) * matrix_elements;
+  for (std::size_t g = 0; g < num_groups; ++g) out[g] = base + static_cast<std::int64_t>(g) * matrix_elements;
   return out;
 }
 
-void check_gradient_pointers(const std::vector<float*>& groups, std::size_t num_groups,
-                             const char* name) {
+void check_gradient_pointers(const std::vector<float*>& groups, std::size_t num_groups, const char* name) {
   if (groups.size() != num_groups)
-    throw InternalError(std::string("local experts: ") + std::to_string(groups.size()) + " " +
-                        name + " gradient pointers for " + std::to_string(num_groups) +
-                        " groups of rows");
+    throw InternalError(std::string("local experts: ") + std::to_string(groups.size()) + " " + name +
+                        " gradient pointers for " + std::to_string(num_groups) + " groups of rows");
 }
 
 // Group g's matrix inside a contiguous [G, a, b] tensor.
 std::vector<float*> tensor_groups(Tensor& tensor, std::size_t num_groups, std::int64_t matrix_elements,
                                   const char* name) {
   if (tensor.numel() != static_cast<std::int64_t>(num_groups) * matrix_elements)
-    throw InternalError(std::string("local experts: ") + name + " has " +
-                        std::to_string(tensor.numel()) + " elements, not " +
-                        std::to_string(num_groups) + " groups of " + std::to_string(matrix_elements));
+    throw InternalError(std::string("local experts: ") + name + " has " + std::to_string(tensor.numel()) +
+                        " elements, not " + std::to_string(num_groups) + " groups of " +
+                        std::to_string(matrix_elements));
   std::vector<float*> out(num_groups);
   for (std::size_t g = 0; g < num_groups; ++g)
     out[g] = tensor.data<float>() + static_cast<std::int64_t>(g) * matrix_elements;
@@ -89,8 +83,8 @@ std::vector<float*> tensor_groups(Tensor& tensor, std::size_t num_groups, std::i
 
 // The grouped products' shape; the weights' version lets the GEMMs keep
 // what they derive from a weight matrix (its bf16 copy, its packed layout).
-GroupedGemmShape gemm_shape(const ep::ExpertRows& rows, const ExpertShape& shape,
-                            const LocalExpertWeights& weights, std::int64_t k, std::int64_t n) {
+GroupedGemmShape gemm_shape(const ep::ExpertRows& rows, const ExpertShape& shape, const LocalExpertWeights& weights,
+                            std::int64_t k, std::int64_t n) {
   return {.group_sizes = rows.group_sizes,
           .k = k,
           .n = n,
@@ -104,8 +98,7 @@ struct GroupWeights {
   std::vector<const float*> wi0, wi1, wo;
 };
 
-GroupWeights group_weights(const ExpertShape& shape, const ep::ExpertRows& rows,
-                           const LocalExpertWeights& weights) {
+GroupWeights group_weights(const ExpertShape& shape, const ep::ExpertRows& rows, const LocalExpertWeights& weights) {
   const std::size_t num_groups = rows.group_sizes.size();
   const std::int64_t elements = shape.hidden * shape.ffn;
   return {group_matrices(weights.wi0, weights.wi0_groups, num_groups, elements, "wi0"),
@@ -152,8 +145,7 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
   if (missing(act.mlpwo)) {
     if (activation.shape().empty()) {
       activation = Tensor(DType::f32, {num_rows, ffn});
-      swiglu_forward(act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(), activation.data<float>(),
-                     num_rows * ffn);
+      swiglu_forward(act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(), activation.data<float>(), num_rows * ffn);
       lend_core_to_collectives();
     }
     act.mlpwo = Tensor(DType::f32, {num_rows, hidden});
@@ -164,8 +156,8 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
   return recomputed;
 }
 
-Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
-                       const LocalExpertWeights& weights, ExpertActivations& saved) {
+Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows, const LocalExpertWeights& weights,
+                       ExpertActivations& saved) {
   const std::int64_t hidden = shape.hidden;
   saved = ExpertActivations();
   recompute_activations(shape, rows, weights, saved);
@@ -192,8 +184,7 @@ Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
 
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, const ExpertWeightGradients& dw,
-                                 bool accumulate) {
+                                 const Tensor& slot_dy, const ExpertWeightGradients& dw, bool accumulate) {
   const std::int64_t num_rows = rows.num_rows(), hidden = shape.hidden, ffn = shape.ffn;
   EPMOE_CHECK_EQ(slot_dy.numel(), rows.num_slots * hidden);
   const std::size_t num_groups = rows.group_sizes.size();
@@ -229,16 +220,14 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
   }
 
   Tensor activation(DType::f32, {num_rows, ffn});
-  swiglu_forward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), activation.data<float>(),
-                 num_rows * ffn);
+  swiglu_forward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), activation.data<float>(), num_rows * ffn);
   lend_core_to_collectives();
   // The weight gradient of this chunk: straight into dW for the first chunk,
   // through a scratch buffer and an add for the others (a pass over dW that
   // the single-chunk case should not pay). All three matrices have H * F
   // elements, so one [G, H, F] scratch serves them in turn.
   const std::int64_t matrix_elements = hidden * ffn;
-  Tensor chunk_dw = accumulate ? Tensor(DType::f32, {static_cast<std::int64_t>(num_groups), hidden, ffn})
-                               : Tensor();
+  Tensor chunk_dw = accumulate ? Tensor(DType::f32, {static_cast<std::int64_t>(num_groups), hidden, ffn}) : Tensor();
   std::vector<float*> chunk_groups(num_groups);
   for (std::size_t g = 0; g < num_groups; ++g)
     if (accumulate) chunk_groups[g] = chunk_dw.data<float>() + static_cast<std::int64_t>(g) * matrix_elements;
@@ -286,15 +275,14 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
 
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo,
-                                 bool accumulate) {
+                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo, bool accumulate) {
   const std::size_t num_groups = rows.group_sizes.size();
   const std::int64_t elements = shape.hidden * shape.ffn;
-  return experts_backward(shape, rows, weights, saved, slot_dy,
-                          {tensor_groups(dwi0, num_groups, elements, "dwi0"),
-                           tensor_groups(dwi1, num_groups, elements, "dwi1"),
-                           tensor_groups(dwo, num_groups, elements, "dwo")},
-                          accumulate);
+  return experts_backward(
+      shape, rows, weights, saved, slot_dy,
+      {tensor_groups(dwi0, num_groups, elements, "dwi0"), tensor_groups(dwi1, num_groups, elements, "dwi1"),
+       tensor_groups(dwo, num_groups, elements, "dwo")},
+      accumulate);
 }
 
 }  // namespace epmoe

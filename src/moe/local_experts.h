@@ -25,9 +25,9 @@ namespace epmoe {
 // so that homes and replica slots may live in different buffers without a
 // copy. Both forms give the same bits for the same matrices.
 struct LocalExpertWeights {
-  const float* wi0 = nullptr;  // [G, H, F]
-  const float* wi1 = nullptr;  // [G, H, F]
-  const float* wo = nullptr;   // [G, F, H]
+  const float* wi0 = nullptr;                 // [G, H, F]
+  const float* wi1 = nullptr;                 // [G, H, F]
+  const float* wo = nullptr;                  // [G, F, H]
   std::vector<const float*> wi0_groups = {};  // [G] of [H, F], or empty: use wi0
   std::vector<const float*> wi1_groups = {};  // [G] of [H, F], or empty: use wi1
   std::vector<const float*> wo_groups = {};   // [G] of [F, H], or empty: use wo
@@ -52,8 +52,8 @@ struct ExpertActivations {
 };
 
 struct ExpertGradients {
-  Tensor slot_dx;                  // [num_slots, H]
-  std::vector<float> row_dweights; // [num_rows]
+  Tensor slot_dx;                   // [num_slots, H]
+  std::vector<float> row_dweights;  // [num_rows]
 };
 
 struct ExpertShape {
@@ -76,8 +76,8 @@ struct ExpertShape {
 };
 
 // Returns the slot outputs [num_slots, H] and the activations in `saved`.
-Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows,
-                       const LocalExpertWeights& weights, ExpertActivations& saved);
+Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows, const LocalExpertWeights& weights,
+                       ExpertActivations& saved);
 
 // Recomputes the activations that are empty in `activations` (dropped after
 // the forward by the remat policy) with the forward's own kernels, so they
@@ -90,14 +90,12 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
 // InternalError when a pointer list does not have one non-null entry per group.
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, const ExpertWeightGradients& dw,
-                                 bool accumulate);
+                                 const Tensor& slot_dy, const ExpertWeightGradients& dw, bool accumulate);
 
 // The same into contiguous [G, H, F] / [G, F, H] tensors (bit for bit the
 // per-group form's results).
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo,
-                                 bool accumulate);
+                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo, bool accumulate);
 
 }  // namespace epmoe

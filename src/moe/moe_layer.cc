@@ -35,9 +35,9 @@ struct MoeLayer::Saved {
   ep::DispatchHandle dispatch;        // the step's dispatch, from begin_forward to finish_backward
   LocalExpertWeights expert_weights;  // the caller's; with replicas, per-group pointers (homes, then slots)
   RouterOutput routing;
-  std::vector<ep::ExpertRows> rows;               // [chunk] the chunk's rows while it computes
-  std::vector<SavedExpertRows> saved_rows;        // [chunk] x_sorted kept for the backward
-  std::vector<ExpertActivations> activations;     // [chunk]
+  std::vector<ep::ExpertRows> rows;            // [chunk] the chunk's rows while it computes
+  std::vector<SavedExpertRows> saved_rows;     // [chunk] x_sorted kept for the backward
+  std::vector<ExpertActivations> activations;  // [chunk]
 };
 
 namespace {
@@ -56,8 +56,7 @@ void keep_or_drop(Tensor& tensor, bool keep, MemoryLedger* ledger, const char* n
 MoeLayer::MoeLayer(MoeLayerConfig config, MemoryLedger* ledger)
     : MoeLayer(config, std::make_unique<ep::LocalDispatcher>(config.router.num_experts, 1), ledger) {}
 
-MoeLayer::MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispatcher,
-                   MemoryLedger* ledger)
+MoeLayer::MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispatcher, MemoryLedger* ledger)
     : config_(std::move(config)),
       ledger_(ledger),
       router_((config_.validate(), config_.router)),
@@ -70,8 +69,7 @@ MoeLayer::~MoeLayer() = default;
 
 namespace {
 
-void check_weights(const MoeLayerConfig& config, int num_local_experts, const Tensor& x,
-                   const MoeWeights& w) {
+void check_weights(const MoeLayerConfig& config, int num_local_experts, const Tensor& x, const MoeWeights& w) {
   const std::int64_t h = config.hidden, f = config.ffn, e = config.router.num_experts;
   const std::int64_t el = num_local_experts;
   EPMOE_CHECK(w.gate && w.wi0 && w.wi1 && w.wo);
@@ -100,8 +98,8 @@ void check_produced(const MoeLayerConfig& config, std::string_view what, std::st
                     std::span<const float> values, Where where) {
   const std::int64_t index = find_non_finite(values);
   if (index < 0) return;
-  throw NumericError(layer_label(config) + ": non-finite value in " + std::string(what) + " (" +
-                     std::string(phase) + ") at " + where(index) + ": " + value_to_string(values[index]));
+  throw NumericError(layer_label(config) + ": non-finite value in " + std::string(what) + " (" + std::string(phase) +
+                     ") at " + where(index) + ": " + value_to_string(values[index]));
 }
 
 // Rows of a [rows, width] tensor.
@@ -138,8 +136,7 @@ LocalExpertWeights expert_weights(const MoeWeights& w) {
 void MoeLayer::expect_stage(Stage expected, const char* call) const {
   if (stage_ == expected || (expected == Stage::idle && stage_ == Stage::forward_done)) return;
   static constexpr const char* kNext[] = {"begin_forward (or forward)", "finish_forward",
-                                          "begin_backward (or backward), or a new begin_forward",
-                                          "finish_backward"};
+                                          "begin_backward (or backward), or a new begin_forward", "finish_backward"};
   throw UsageError(layer_label(config_) + ": " + call + "() out of order: the next call must be " +
                    kNext[static_cast<int>(stage_)] +
                    " (the order is begin_forward, finish_forward, begin_backward, finish_backward; "
@@ -157,8 +154,7 @@ MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) 
   return finish_backward();
 }
 
-std::uint64_t MoeLayer::kernel_weights_version(std::optional<std::uint64_t> weight_version,
-                                               const MoeWeights& weights) {
+std::uint64_t MoeLayer::kernel_weights_version(std::optional<std::uint64_t> weight_version, const MoeWeights& weights) {
   // Process-wide, so that no two layers (nor one layer's weights before and
   // after its buffers were freed and reused) share a version: the kernels'
   // caches are process-wide and keyed by pointer and version.
@@ -174,8 +170,7 @@ std::uint64_t MoeLayer::kernel_weights_version(std::optional<std::uint64_t> weig
   return kernel_weights_version_;
 }
 
-void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
-                             std::optional<std::uint64_t> weight_version) {
+void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version) {
   expect_stage(Stage::idle, "begin_forward");
   check_weights(config_, dispatcher_->num_local_experts(), x, weights);
   // Before any work or communication, so a refused input leaves the layer
@@ -195,7 +190,7 @@ void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
     finite_weights_seen_ = seen;
   }
   PhaseTimes& times = stats_.phase_seconds;
-  saved_.reset();  // a forward without its backward (inference) is simply dropped
+  saved_.reset();        // a forward without its backward (inference) is simply dropped
   stage_ = Stage::idle;  // until the begin completes: an error abandons the step
   if (ledger_ != nullptr) ledger_->reset_peaks();
 
@@ -214,8 +209,8 @@ void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights,
   s.rows.resize(static_cast<std::size_t>(num_chunks));
   s.saved_rows.resize(static_cast<std::size_t>(num_chunks));
   s.activations.resize(static_cast<std::size_t>(num_chunks));
-  s.dispatch = dispatcher_->dispatch(x, {s.routing.topk_ids.data<std::int32_t>(),
-                                 s.routing.topk_weights.data<float>(), x.dim(0), config_.router.top_k});
+  s.dispatch = dispatcher_->dispatch(x, {s.routing.topk_ids.data<std::int32_t>(), s.routing.topk_weights.data<float>(),
+                                         x.dim(0), config_.router.top_k});
   s.expert_weights = expert_weights(weights);
   // Only the opt-in fused product needs a version (its concatenation is
   // keyed by it); unfused, the kernels see no version, as before it.
@@ -251,7 +246,9 @@ MoeForwardOutput MoeLayer::finish_forward() {
   stage_ = Stage::idle;  // until the finish completes
   Saved& s = *saved_;
   PhaseTimes& times = stats_.phase_seconds;
-  const ExpertShape shape{.hidden = config_.hidden, .ffn = config_.ffn, .compute_dtype = config_.compute_dtype,
+  const ExpertShape shape{.hidden = config_.hidden,
+                          .ffn = config_.ffn,
+                          .compute_dtype = config_.compute_dtype,
                           .fuse_up_projection = config_.fuse_up_projection};
   const ep::RematPolicy& remat = config_.remat;
   const int num_chunks = dispatcher_->num_chunks();
@@ -277,8 +274,8 @@ MoeForwardOutput MoeLayer::finish_forward() {
                        return "slot " + std::to_string(i / config_.hidden) + " of chunk " + std::to_string(c);
                      });
     }
-    if (remat.save_x_sorted) s.saved_rows[c] = SavedExpertRows(std::move(s.rows[c]), config_.hidden,
-                                                               config_.compute_dtype, ledger_);
+    if (remat.save_x_sorted)
+      s.saved_rows[c] = SavedExpertRows(std::move(s.rows[c]), config_.hidden, config_.compute_dtype, ledger_);
     s.rows[c] = ep::ExpertRows();
     keep_or_drop(s.activations[c].mlpwi_0, remat.save_mlpwi_0, ledger_, "mlpwi_0");
     keep_or_drop(s.activations[c].mlpwi_1, remat.save_mlpwi_1, ledger_, "mlpwi_1");
@@ -314,8 +311,9 @@ void MoeLayer::restore_balance_state(const std::vector<std::int64_t>& state) {
   if (state.empty()) return;
   ep::ReplicaExchange* replicas = dispatcher_->replicas();
   if (replicas == nullptr) {
-    throw ConfigError("the checkpoint holds replica balancing state but this run has no replicas "
-                      "(balance=off or redundant_slots=0); resume with the checkpoint's balance settings");
+    throw ConfigError(
+        "the checkpoint holds replica balancing state but this run has no replicas "
+        "(balance=off or redundant_slots=0); resume with the checkpoint's balance settings");
   }
   replicas->restore_planning_state(state);
 }
@@ -353,7 +351,9 @@ MoeGradients MoeLayer::finish_backward() {
   const int num_experts = config_.router.num_experts;
   const std::int64_t num_local = dispatcher_->num_local_experts();
   PhaseTimes& times = stats_.phase_seconds;
-  const ExpertShape shape{.hidden = hidden, .ffn = ffn, .compute_dtype = config_.compute_dtype,
+  const ExpertShape shape{.hidden = hidden,
+                          .ffn = ffn,
+                          .compute_dtype = config_.compute_dtype,
                           .fuse_up_projection = config_.fuse_up_projection};
 
   MoeGradients grads{Tensor(), Tensor(DType::f32, {hidden, std::int64_t{num_experts}}),
@@ -401,8 +401,8 @@ MoeGradients MoeLayer::finish_backward() {
       expert_grads = replicas != nullptr
                          ? experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy, dw,
                                             /*accumulate=*/c > 0)
-                         : experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy,
-                                            grads.dwi0, grads.dwi1, grads.dwo, /*accumulate=*/c > 0);
+                         : experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy, grads.dwi0,
+                                            grads.dwi1, grads.dwo, /*accumulate=*/c > 0);
       check_produced(config_, "expert input gradient", "backward/experts", expert_grads.slot_dx.span<float>(),
                      [c, hidden](std::int64_t i) {
                        return "slot " + std::to_string(i / hidden) + " of chunk " + std::to_string(c);
@@ -444,19 +444,32 @@ MoeGradients MoeLayer::finish_backward() {
         for (std::int64_t i = 0; i < d_logits.numel(); ++i) d[i] += extra[i];
       }
       // dgate = x^T d_logits; dx += d_logits gate^T. fp32 like the router's forward.
-      gemm({.a = x.data<float>(), .b = d_logits.data<float>(), .c = grads.dgate.data<float>(),
-            .m = hidden, .n = num_experts, .k = num_tokens, .transpose_a = true});
-      gemm({.a = d_logits.data<float>(), .b = s.weights.gate->data<float>(),
-            .c = grads.dx.data<float>(), .m = num_tokens, .n = hidden, .k = num_experts,
-            .transpose_b = true, .accumulate = true});
+      gemm({.a = x.data<float>(),
+            .b = d_logits.data<float>(),
+            .c = grads.dgate.data<float>(),
+            .m = hidden,
+            .n = num_experts,
+            .k = num_tokens,
+            .transpose_a = true});
+      gemm({.a = d_logits.data<float>(),
+            .b = s.weights.gate->data<float>(),
+            .c = grads.dx.data<float>(),
+            .m = num_tokens,
+            .n = hidden,
+            .k = num_experts,
+            .transpose_b = true,
+            .accumulate = true});
       check_produced(config_, "gate gradient dgate", "backward/router", grads.dgate.span<float>(),
                      [&grads](std::int64_t i) { return index_to_string(grads.dgate.shape(), i); });
       check_produced(config_, "input gradient dx", "backward/router", grads.dx.span<float>(), at_row(hidden));
     }
   }
-  check_produced(config_, "expert weight gradient dwi0", "backward/experts", grads.dwi0.span<float>(), at_weight_index(grads.dwi0));
-  check_produced(config_, "expert weight gradient dwi1", "backward/experts", grads.dwi1.span<float>(), at_weight_index(grads.dwi1));
-  check_produced(config_, "expert weight gradient dwo", "backward/experts", grads.dwo.span<float>(), at_weight_index(grads.dwo));
+  check_produced(config_, "expert weight gradient dwi0", "backward/experts", grads.dwi0.span<float>(),
+                 at_weight_index(grads.dwi0));
+  check_produced(config_, "expert weight gradient dwi1", "backward/experts", grads.dwi1.span<float>(),
+                 at_weight_index(grads.dwi1));
+  check_produced(config_, "expert weight gradient dwo", "backward/experts", grads.dwo.span<float>(),
+                 at_weight_index(grads.dwo));
   return grads;
 }
 

@@ -41,14 +41,14 @@
 namespace epmoe {
 
 struct MoeLayerConfig {
-  std::int64_t hidden = 0;       // H
-  std::int64_t ffn = 0;          // F
-  RouterConfig router;           // router.num_experts is E
+  std::int64_t hidden = 0;  // H
+  std::int64_t ffn = 0;     // F
+  RouterConfig router;      // router.num_experts is E
   ComputeDType compute_dtype = ComputeDType::f32;
   // Opt-in: one product with [wi0 | wi1] per expert, the SwiGLU on it from
   // cache (ExpertShape::fuse_up_projection, which says why it is opt-in).
   bool fuse_up_projection = false;
-  ep::RematPolicy remat = {};    // what backward finds saved (default: everything)
+  ep::RematPolicy remat = {};  // what backward finds saved (default: everything)
   // Names the layer in error messages ("moe layer 1: ..."); empty means
   // "moe layer". A trainer sets it to the layer's index.
   std::string label = {};  // "= {}" (also on remat): designated initialisers may skip both without -Wextra warnings
@@ -80,7 +80,7 @@ struct MoeGradients {
 };
 
 struct MoeLayerStats {
-  PhaseTimes phase_seconds;  // route, dispatch, experts, combine, backward_* (accumulated)
+  PhaseTimes phase_seconds;                      // route, dispatch, experts, combine, backward_* (accumulated)
   std::int64_t saved_activation_peak_bytes = 0;  // last forward, with a ledger
   std::int64_t recomputed_bytes = 0;             // last backward: tensors the remat policy rebuilt
 };
@@ -92,8 +92,7 @@ class MoeLayer {
   explicit MoeLayer(MoeLayerConfig config, MemoryLedger* ledger = nullptr);
   // Expert parallel: `dispatcher` decides which experts are local and moves
   // the tokens.
-  MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispatcher,
-           MemoryLedger* ledger = nullptr);
+  MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispatcher, MemoryLedger* ledger = nullptr);
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;

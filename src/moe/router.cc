@@ -16,12 +16,9 @@ namespace {
 // Writes into `chosen` the indices of the `count` largest scores among
 // `candidates`, best first; equal scores order by the lower index.
 template <typename Score>
-void top_indices(std::span<const Score> scores, std::span<const int> candidates, int count,
-                 std::vector<int>& chosen) {
+void top_indices(std::span<const Score> scores, std::span<const int> candidates, int count, std::vector<int>& chosen) {
   chosen.assign(candidates.begin(), candidates.end());
-  auto better = [&scores](int a, int b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-  };
+  auto better = [&scores](int a, int b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
   std::partial_sort(chosen.begin(), chosen.begin() + count, chosen.end(), better);
   chosen.resize(static_cast<std::size_t>(count));
 }
@@ -45,9 +42,12 @@ RouterKind parse_router_kind(std::string_view key, std::string_view value) {
 
 std::string to_string(RouterKind kind) {
   switch (kind) {
-    case RouterKind::softmax_topk: return "softmax_topk";
-    case RouterKind::sigmoid_grouped: return "sigmoid_grouped";
-    case RouterKind::random: return "random";
+    case RouterKind::softmax_topk:
+      return "softmax_topk";
+    case RouterKind::sigmoid_grouped:
+      return "sigmoid_grouped";
+    case RouterKind::random:
+      return "random";
   }
   return "?";
 }
@@ -63,12 +63,11 @@ void RouterConfig::validate() const {
   if (n_groups < 1 || num_experts % n_groups != 0)
     fail("n_groups=" + std::to_string(n_groups) + ": must divide num_experts=" + e);
   if (topk_groups < 1 || topk_groups > n_groups)
-    fail("topk_groups=" + std::to_string(topk_groups) + ": must be in [1, n_groups=" +
-         std::to_string(n_groups) + "]");
+    fail("topk_groups=" + std::to_string(topk_groups) + ": must be in [1, n_groups=" + std::to_string(n_groups) + "]");
   const int experts_per_group = num_experts / n_groups;
   if (top_k > topk_groups * experts_per_group)
-    fail("top_k=" + std::to_string(top_k) + ": must be at most topk_groups * num_experts / n_groups = " +
-         std::to_string(topk_groups * experts_per_group));
+    fail("top_k=" + std::to_string(top_k) +
+         ": must be at most topk_groups * num_experts / n_groups = " + std::to_string(topk_groups * experts_per_group));
   // A single group is never scored (every token keeps it), so only real
   // groups need a second expert for the top-2 sum.
   if (kind == RouterKind::sigmoid_grouped && n_groups > 1 && experts_per_group < 2)
@@ -79,9 +78,7 @@ void RouterConfig::validate() const {
     fail("routed_scaling_factor=" + std::to_string(routed_scaling_factor) + ": must be a finite number > 0");
 }
 
-Router::Router(RouterConfig config) : config_(std::move(config)), rng_(config_.seed) {
-  config_.validate();
-}
+Router::Router(RouterConfig config) : config_(std::move(config)), rng_(config_.seed) { config_.validate(); }
 
 RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* bias) {
   const std::int64_t num_tokens = x.dim(0);
@@ -92,8 +89,7 @@ RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* 
   EPMOE_CHECK_EQ(gate.dim(1), std::int64_t{num_experts});
   if (bias != nullptr) EPMOE_CHECK_EQ(bias->numel(), std::int64_t{num_experts});
 
-  RouterOutput out{Tensor(DType::f32, {num_tokens, num_experts}),
-                   Tensor(DType::i32, {num_tokens, top_k}),
+  RouterOutput out{Tensor(DType::f32, {num_tokens, num_experts}), Tensor(DType::i32, {num_tokens, top_k}),
                    Tensor(DType::f32, {num_tokens, top_k})};
   float* logits = out.logits.data<float>();
   if (config_.kind == RouterKind::random) {
@@ -104,8 +100,13 @@ RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* 
     // choices at near-ties (logit error ~ 2^-7 sqrt(H) here), and the gate
     // GEMM is E columns wide, a small share of the layer's FLOPs
     // (DeepSeek-V3 and Megatron's moe_router_dtype=fp32 make the same call).
-    gemm({.a = x.data<float>(), .b = gate.data<float>(), .c = logits, .m = num_tokens,
-          .n = num_experts, .k = hidden, .compute_dtype = ComputeDType::f32});
+    gemm({.a = x.data<float>(),
+          .b = gate.data<float>(),
+          .c = logits,
+          .m = num_tokens,
+          .n = num_experts,
+          .k = hidden,
+          .compute_dtype = ComputeDType::f32});
   }
 
   const float* bias_data = bias != nullptr ? bias->data<float>() : nullptr;
@@ -227,9 +228,8 @@ Tensor Router::backward(const RouterOutput& forward_output, const Tensor& d_topk
         for (int k = 0; k < top_k; ++k) {
           const int e = row_ids[k];
           const float s = sigmoid(row[e]);
-          const float d_score = cfg.norm_topk_prob
-                                    ? scale / sum_scores * (row_d_weights[k] - weighted / scale)
-                                    : scale * row_d_weights[k];
+          const float d_score = cfg.norm_topk_prob ? scale / sum_scores * (row_d_weights[k] - weighted / scale)
+                                                   : scale * row_d_weights[k];
           row_d_logits[e] = d_score * s * (1.0f - s);
         }
       } else if (cfg.norm_topk_prob) {
@@ -248,8 +248,7 @@ Tensor Router::backward(const RouterOutput& forward_output, const Tensor& d_topk
         float max_logit = row[row_ids[0]];
         float denominator = 0.0f;
         for (int e = 0; e < num_experts; ++e) denominator += std::exp(row[e] - max_logit);
-        for (int e = 0; e < num_experts; ++e)
-          probabilities[e] = std::exp(row[e] - max_logit) / denominator;
+        for (int e = 0; e < num_experts; ++e) probabilities[e] = std::exp(row[e] - max_logit) / denominator;
         float weighted = 0.0f;
         for (int k = 0; k < top_k; ++k) weighted += (row_weights[k] / c) * (c * row_d_weights[k]);
         for (int e = 0; e < num_experts; ++e) row_d_logits[e] = -probabilities[e] * weighted;

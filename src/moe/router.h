@@ -58,8 +58,8 @@ struct RouterConfig {
   int num_experts = 0;
   int top_k = 2;
   bool norm_topk_prob = true;
-  int n_groups = 1;       // every router: expert groups for group-limited routing
-  int topk_groups = 1;    // groups kept per token
+  int n_groups = 1;                    // every router: expert groups for group-limited routing
+  int topk_groups = 1;                 // groups kept per token
   float routed_scaling_factor = 1.0f;  // multiplies every routing weight
   std::uint64_t seed = 0;              // random only
 

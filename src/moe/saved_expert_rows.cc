@@ -15,8 +15,8 @@ SavedRowForm SavedExpertRows::form_of(const ep::ExpertRows& rows, ComputeDType c
 }
 
 std::int64_t SavedExpertRows::bytes_of(const ep::ExpertRows& rows, std::int64_t hidden, ComputeDType compute_dtype) {
-  return static_cast<std::int64_t>(x_sorted_bundle_bytes(double(rows.num_rows()), form_of(rows, compute_dtype),
-                                                         hidden, static_cast<std::int64_t>(rows.group_sizes.size())));
+  return static_cast<std::int64_t>(x_sorted_bundle_bytes(double(rows.num_rows()), form_of(rows, compute_dtype), hidden,
+                                                         static_cast<std::int64_t>(rows.group_sizes.size())));
 }
 
 SavedExpertRows::SavedExpertRows(ep::ExpertRows rows, std::int64_t hidden, ComputeDType compute_dtype,

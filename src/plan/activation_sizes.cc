@@ -10,8 +10,8 @@ double x_sorted_bytes(double rows, SavedRowForm form, std::int64_t hidden, std::
   return x_sorted_bundle_bytes(rows, form, hidden, experts_per_rank);
 }
 
-double routed_expert_activation_bytes(const std::string& name, double rows, std::int64_t hidden,
-                                      std::int64_t ffn, double element_bytes) {
+double routed_expert_activation_bytes(const std::string& name, double rows, std::int64_t hidden, std::int64_t ffn,
+                                      double element_bytes) {
   if (name == "mlpwi_0" || name == "mlpwi_1") return rows * double(ffn) * element_bytes;
   if (name == "mlpwo") return rows * double(hidden) * element_bytes;
   EPMOE_CHECK(false && "not a routed expert activation");
@@ -47,11 +47,10 @@ ActivationFootprint activation_footprint(const PlanConfig& c, const std::string&
                                 : h * heads * att.qk_head_dim;
     f = {t * heads * att.qk_head_dim * a * all_layers, 2 * t * q_params * all_layers, all_layers};
   } else if (name == "key_proj") {
-    const double k_params =
-        att.kind == AttentionKind::mla
-            ? h * double(att.kv_lora_rank + att.qk_rope_head_dim) / tp +
-                  double(att.kv_lora_rank) * heads * double(att.qk_head_dim - att.qk_rope_head_dim)
-            : h * kv_heads * att.qk_head_dim;
+    const double k_params = att.kind == AttentionKind::mla
+                                ? h * double(att.kv_lora_rank + att.qk_rope_head_dim) / tp +
+                                      double(att.kv_lora_rank) * heads * double(att.qk_head_dim - att.qk_rope_head_dim)
+                                : h * kv_heads * att.qk_head_dim;
     f = {t * kv_heads * att.qk_head_dim * a * all_layers, 2 * t * k_params * all_layers, all_layers};
   } else if (name == "value_proj") {
     const double v_params = att.kind == AttentionKind::mla ? double(att.kv_lora_rank) * heads * att.v_head_dim
@@ -67,13 +66,13 @@ ActivationFootprint activation_footprint(const PlanConfig& c, const std::string&
     // engine's definition, core/x_sorted_size.h). Recomputing it costs
     // communication (communication_model.h "backward/remat"), and a sort,
     // not FLOPs.
-    f = {x_sorted_bytes(buffered_rows, c.saved_row_form(), m.hidden, m.num_experts / c.parallel.ep) * moe_layers,
-         0, moe_layers};
+    f = {x_sorted_bytes(buffered_rows, c.saved_row_form(), m.hidden, m.num_experts / c.parallel.ep) * moe_layers, 0,
+         moe_layers};
   } else if (name == "mlpwi_0" || name == "mlpwi_1" || name == "mlpwo") {
     const bool wi = name != "mlpwo";
     // Routed rows, the shared experts (one fused MLP over all T tokens) and the dense layers' MLP.
-    const double moe_bytes = wi ? (buffered_rows * moe_f + t * shared_f) * a
-                                : (buffered_rows + (m.num_shared_experts > 0 ? t : 0)) * h * a;
+    const double moe_bytes =
+        wi ? (buffered_rows * moe_f + t * shared_f) * a : (buffered_rows + (m.num_shared_experts > 0 ? t : 0)) * h * a;
     const double dense_bytes = wi ? t * dense_f * a : t * h * a;
     const double gemm_flops_moe = 2 * h * (expected_rows * moe_f + t * shared_f);
     const double gemm_flops_dense = 2 * h * t * dense_f;

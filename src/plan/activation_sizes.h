@@ -21,13 +21,13 @@ namespace epmoe::plan {
 double x_sorted_bytes(double rows, SavedRowForm form, std::int64_t hidden, std::int64_t experts_per_rank);
 // The engine's expert activations for `rows` routed rows: mlpwi_0 and mlpwi_1
 // [rows, F], mlpwo [rows, H], `element_bytes` each.
-double routed_expert_activation_bytes(const std::string& name, double rows, std::int64_t hidden,
-                                      std::int64_t ffn, double element_bytes);
+double routed_expert_activation_bytes(const std::string& name, double rows, std::int64_t hidden, std::int64_t ffn,
+                                      double element_bytes);
 
 struct ActivationFootprint {
-  double bytes_per_device = 0;   // summed over the layers that have it
-  double recompute_flops = 0;    // per device, per step, when it is recomputed
-  std::int64_t num_layers = 0;   // layers that produce it
+  double bytes_per_device = 0;  // summed over the layers that have it
+  double recompute_flops = 0;   // per device, per step, when it is recomputed
+  std::int64_t num_layers = 0;  // layers that produce it
 };
 
 ActivationFootprint activation_footprint(const PlanConfig& config, const std::string& name);

@@ -23,8 +23,7 @@ AllToAllTraffic expected_alltoall_traffic(const DispatchShape& s, bool dedup) {
   const double r = double(s.num_ranks);
   AllToAllTraffic t;
   t.pairs_sent = s.tokens_per_rank * double(s.top_k) * (r - 1) / r;
-  t.rows_sent = dedup ? s.tokens_per_rank * (r - 1) *
-                            probability_rank_hit(s.num_experts, s.experts_per_rank(), s.top_k)
+  t.rows_sent = dedup ? s.tokens_per_rank * (r - 1) * probability_rank_hit(s.num_experts, s.experts_per_rank(), s.top_k)
                       : t.pairs_sent;
   t.rows_received = t.rows_sent;
   t.pairs_received = t.pairs_sent;

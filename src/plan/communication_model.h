@@ -32,13 +32,13 @@ namespace epmoe::plan {
 enum class DispatchKind { alltoall, ring };
 
 struct DispatchShape {
-  std::int64_t num_ranks = 1;      // R
-  double tokens_per_rank = 0;      // N_l
-  std::int64_t hidden = 0;         // H
-  std::int64_t top_k = 0;          // K
-  std::int64_t num_experts = 0;    // E
-  double token_row_bytes = 0;      // one token as it travels forward (f32, bf16, fp8 + scale)
-  double activation_bytes = 4;     // a, above
+  std::int64_t num_ranks = 1;    // R
+  double tokens_per_rank = 0;    // N_l
+  std::int64_t hidden = 0;       // H
+  std::int64_t top_k = 0;        // K
+  std::int64_t num_experts = 0;  // E
+  double token_row_bytes = 0;    // one token as it travels forward (f32, bf16, fp8 + scale)
+  double activation_bytes = 4;   // a, above
 
   std::int64_t experts_per_rank() const { return num_experts / num_ranks; }
 };
@@ -59,8 +59,8 @@ double probability_rank_hit(std::int64_t num_experts, std::int64_t experts_per_r
 AllToAllTraffic expected_alltoall_traffic(const DispatchShape& shape, bool dedup);
 
 struct CollectiveBytes {
-  std::string name;   // as in ep::DispatchStats::bytes_sent
-  double bytes = 0;   // per rank, per MoE layer
+  std::string name;  // as in ep::DispatchStats::bytes_sent
+  double bytes = 0;  // per rank, per MoE layer
 };
 
 std::vector<CollectiveBytes> ring_collective_bytes(const DispatchShape& shape, bool remat_x_sorted);

@@ -19,10 +19,16 @@ HardwareSpec tpu_v5p() {
   // Cloud TPU v5p page: 95 GiB HBM, 459 TFLOP/s bf16 (and fp8), 1200 GB/s
   // bidirectional ICI per chip over a 3D torus (6 links), 50 Gbit/s DCN.
   // HBM bandwidth 2765 GB/s.
-  return {.name = "tpu-v5p", .memory_bytes = 95 * kGiB, .memory_bytes_per_s = 2765 * kGB,
+  return {.name = "tpu-v5p",
+          .memory_bytes = 95 * kGiB,
+          .memory_bytes_per_s = 2765 * kGB,
           .peak_bf16_flops = 459 * kTera,
-          .peak_fp8_flops = 459 * kTera, .interconnect = Interconnect::torus, .scale_up_devices = 8960,
-          .link_bytes_per_s = 1200 * kGB / (6 * 2), .links_per_device = 6, .scale_out_bytes_per_s = 50 * kGbit};
+          .peak_fp8_flops = 459 * kTera,
+          .interconnect = Interconnect::torus,
+          .scale_up_devices = 8960,
+          .link_bytes_per_s = 1200 * kGB / (6 * 2),
+          .links_per_device = 6,
+          .scale_out_bytes_per_s = 50 * kGbit};
 }
 
 HardwareSpec tpu_v7x() {
@@ -34,29 +40,37 @@ HardwareSpec tpu_v7x() {
   // DCN per chip is not in our sources: v5p's 50 Gbit/s is used (stated).
   constexpr double kDevicesPerChip = 2;
   // HBM bandwidth 7.37 TB/s per chip.
-  return {.name = "tpu-v7x", .devices_per_chip = 2, .memory_bytes = 192 * kGiB / kDevicesPerChip,
+  return {.name = "tpu-v7x",
+          .devices_per_chip = 2,
+          .memory_bytes = 192 * kGiB / kDevicesPerChip,
           .memory_bytes_per_s = 7370 * kGB / kDevicesPerChip,
-          .peak_bf16_flops = 2307 * kTera / kDevicesPerChip, .peak_fp8_flops = 4614 * kTera / kDevicesPerChip,
-          .interconnect = Interconnect::torus, .scale_up_devices = 9216 * 2,
-          .link_bytes_per_s = 1200 * kGB / (6 * 2) / kDevicesPerChip, .links_per_device = 6,
+          .peak_bf16_flops = 2307 * kTera / kDevicesPerChip,
+          .peak_fp8_flops = 4614 * kTera / kDevicesPerChip,
+          .interconnect = Interconnect::torus,
+          .scale_up_devices = 9216 * 2,
+          .link_bytes_per_s = 1200 * kGB / (6 * 2) / kDevicesPerChip,
+          .links_per_device = 6,
           .scale_out_bytes_per_s = 50 * kGbit / kDevicesPerChip};
 }
 
 HardwareSpec nvidia(const std::string& name, double memory_gb, double memory_tb_per_s, double bf16_tflops,
                     double nvlink_bidirectional_gb, double network_gbit) {
   // An HGX / DGX node: 8 GPUs on NVSwitch, one 400 Gbit/s NIC per GPU.
-  return {.name = name, .memory_bytes = memory_gb * kGB, .memory_bytes_per_s = memory_tb_per_s * kTera,
+  return {.name = name,
+          .memory_bytes = memory_gb * kGB,
+          .memory_bytes_per_s = memory_tb_per_s * kTera,
           .peak_bf16_flops = bf16_tflops * kTera,
-          .peak_fp8_flops = 2 * bf16_tflops * kTera, .interconnect = Interconnect::switched,
-          .scale_up_devices = 8, .link_bytes_per_s = nvlink_bidirectional_gb / 2 * kGB, .links_per_device = 0,
+          .peak_fp8_flops = 2 * bf16_tflops * kTera,
+          .interconnect = Interconnect::switched,
+          .scale_up_devices = 8,
+          .link_bytes_per_s = nvlink_bidirectional_gb / 2 * kGB,
+          .links_per_device = 0,
           .scale_out_bytes_per_s = network_gbit * kGbit};
 }
 
 }  // namespace
 
-std::string to_string(Interconnect interconnect) {
-  return interconnect == Interconnect::torus ? "torus" : "switched";
-}
+std::string to_string(Interconnect interconnect) { return interconnect == Interconnect::torus ? "torus" : "switched"; }
 
 void HardwareSpec::validate(const std::string& what) const {
   auto positive = [&](double v, const char* field) {
@@ -103,9 +117,7 @@ HardwareSpec load_hardware(const std::string& key, const std::string& name_or_pa
   auto scaled = [](double& field, double unit) {
     return [&field, unit](const std::string& text) { field = parse_positive(text) * unit; };
   };
-  auto count = [](std::int64_t& field) {
-    return [&field](const std::string& text) { field = parse_count(text, 1); };
-  };
+  auto count = [](std::int64_t& field) { return [&field](const std::string& text) { field = parse_count(text, 1); }; };
   read_spec_file(path, "hardware",
                  {{"name", false, "a word", [&hw](const std::string& t) { hw.name = t; }},
                   {"devices_per_chip", false, "an integer >= 1 (informational: the other fields are per device)",

@@ -22,10 +22,10 @@ enum class Interconnect {
 struct HardwareSpec {
   std::string name;
   std::int64_t devices_per_chip = 1;
-  double memory_bytes = 0;          // HBM per device
-  double memory_bytes_per_s = 0;    // HBM bandwidth per device (modelled time's memory-bound steps)
-  double peak_bf16_flops = 0;       // dense, per device
-  double peak_fp8_flops = 0;        // dense, per device
+  double memory_bytes = 0;        // HBM per device
+  double memory_bytes_per_s = 0;  // HBM bandwidth per device (modelled time's memory-bound steps)
+  double peak_bf16_flops = 0;     // dense, per device
+  double peak_fp8_flops = 0;      // dense, per device
   Interconnect interconnect = Interconnect::torus;
   std::int64_t scale_up_devices = 0;  // devices one ICI / NVLink domain holds
   // torus: bandwidth of one link in one direction; switched: one GPU's total
@@ -47,7 +47,7 @@ struct HardwareSpec {
 struct EpGroupLinks {
   std::string topology;  // "ring", "switched" or "two_level" (transport/threads/emulated_links.h)
   double bytes_per_s = 0;
-  std::int64_t group_size = 0;      // two_level
+  std::int64_t group_size = 0;       // two_level
   double scale_out_bytes_per_s = 0;  // two_level
 };
 EpGroupLinks ep_group_links(const HardwareSpec& hardware, std::int64_t num_ranks);

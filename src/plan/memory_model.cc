@@ -8,11 +8,11 @@
 namespace epmoe::plan {
 namespace {
 
-constexpr double kMasterWeightBytes = 4;  // f32 parameters
-constexpr double kGradientBytes = 4;      // f32, the parameters' dtype
-constexpr double kAdamMomentBytes = 4;    // m and v each, f32 (MaxText mu_dtype defaults to the weights')
+constexpr double kMasterWeightBytes = 4;    // f32 parameters
+constexpr double kGradientBytes = 4;        // f32, the parameters' dtype
+constexpr double kAdamMomentBytes = 4;      // m and v each, f32 (MaxText mu_dtype defaults to the weights')
 constexpr double kGatheredWeightBytes = 2;  // bf16 copy of a layer's weights after the FSDP all-gather
-constexpr double kLogitBytes = 4;         // f32 logits for the cross-entropy
+constexpr double kLogitBytes = 4;           // f32 logits for the cross-entropy
 
 std::string rows_note(const PlanConfig& c) {
   char text[160];
@@ -74,8 +74,8 @@ MemoryBreakdown project_memory(const PlanConfig& c) {
     if (c.dispatch == DispatchKind::ring) {
       out.device.push_back({"communication buffers", "ring: gathered tokens + routing",
                             r * n_l * (shape.token_row_bytes + 2.0 * m.top_k * 4) / chunks, "R*N_l rows" + per_chunk});
-      out.device.push_back({"communication buffers", "ring: partial outputs before reduce-scatter", r * n_l * h * a / chunks,
-                            "R*N_l*H" + per_chunk});
+      out.device.push_back({"communication buffers", "ring: partial outputs before reduce-scatter",
+                            r * n_l * h * a / chunks, "R*N_l*H" + per_chunk});
     } else {
       out.device.push_back({"communication buffers", "all-to-all: send + receive token rows",
                             2 * rows * shape.token_row_bytes / chunks, "2 x buffered rows" + per_chunk});
@@ -87,9 +87,11 @@ MemoryBreakdown project_memory(const PlanConfig& c) {
   // Working memory of the layer in flight.
   const ParameterCounts counts = count_parameters(m);
   const double tp = double(p.tp);
-  const double moe_layer_params = counts.routed_experts_per_layer / (double(p.ep) * tp) +
-                                  (counts.attention_per_layer + counts.shared_experts_per_layer + counts.router_per_layer) / tp;
-  const double dense_layer_params = m.num_dense_layers > 0 ? (counts.attention_per_layer + counts.dense_mlp_per_layer) / tp : 0;
+  const double moe_layer_params =
+      counts.routed_experts_per_layer / (double(p.ep) * tp) +
+      (counts.attention_per_layer + counts.shared_experts_per_layer + counts.router_per_layer) / tp;
+  const double dense_layer_params =
+      m.num_dense_layers > 0 ? (counts.attention_per_layer + counts.dense_mlp_per_layer) / tp : 0;
   out.device.push_back({"working memory", "FSDP-gathered weights, 2 layers (bf16)",
                         2 * std::max(moe_layer_params, dense_layer_params) * kGatheredWeightBytes,
                         "this layer + the prefetched next"});
@@ -99,8 +101,8 @@ MemoryBreakdown project_memory(const PlanConfig& c) {
                         rows * (2.0 * m.moe_ffn / tp + h) * a / chunks, "rows x (2F + H)" + per_chunk});
   // MaxText casts logits to f32 (cast_logits_to_fp32); the cross-entropy
   // gradient overwrites them in place, so one f32 copy.
-  out.device.push_back({"working memory", "logits (f32)", p.tokens_per_device() * double(m.vocab) / tp * kLogitBytes,
-                        "T x vocab"});
+  out.device.push_back(
+      {"working memory", "logits (f32)", p.tokens_per_device() * double(m.vocab) / tp * kLogitBytes, "T x vocab"});
 
   if (c.redundant_slots > 0) {
     const double expert_params = 3.0 * h * double(m.moe_ffn) / tp;

@@ -26,15 +26,15 @@ namespace epmoe::plan {
 struct MemoryItem {
   std::string category;  // parameters | gradients | optimizer state | saved activations | ...
   std::string name;
-  double bytes = 0;      // per device
-  std::string note;      // how it was sized
+  double bytes = 0;  // per device
+  std::string note;  // how it was sized
 };
 
 struct MemoryBreakdown {
-  std::vector<MemoryItem> device;    // on the accelerator at the peak
-  std::vector<MemoryItem> host;      // offloaded activations
+  std::vector<MemoryItem> device;  // on the accelerator at the peak
+  std::vector<MemoryItem> host;    // offloaded activations
   double device_total_bytes = 0;
-  double usable_bytes = 0;           // hardware memory × usable fraction
+  double usable_bytes = 0;  // hardware memory × usable fraction
   bool fits = false;
 
   double category_bytes(const std::string& category) const;

@@ -13,18 +13,23 @@ namespace {
 ModelSpec deepseek3_671b() {
   ModelSpec m;
   m.name = "deepseek3-671b";
-  m.num_layers = 61;          // num_hidden_layers
-  m.num_dense_layers = 3;     // first_k_dense_replace
-  m.hidden = 7168;            // hidden_size
-  m.moe_ffn = 2048;           // moe_intermediate_size
-  m.dense_ffn = 18432;        // intermediate_size
-  m.num_experts = 256;        // n_routed_experts
-  m.top_k = 8;                // num_experts_per_tok
-  m.num_shared_experts = 1;   // n_shared_experts
-  m.vocab = 129280;           // vocab_size
-  m.attention = {.kind = AttentionKind::mla, .num_heads = 128, .num_kv_heads = 128,
-                 .qk_head_dim = 128 + 64, .v_head_dim = 128, .q_lora_rank = 1536,
-                 .kv_lora_rank = 512, .qk_rope_head_dim = 64};
+  m.num_layers = 61;         // num_hidden_layers
+  m.num_dense_layers = 3;    // first_k_dense_replace
+  m.hidden = 7168;           // hidden_size
+  m.moe_ffn = 2048;          // moe_intermediate_size
+  m.dense_ffn = 18432;       // intermediate_size
+  m.num_experts = 256;       // n_routed_experts
+  m.top_k = 8;               // num_experts_per_tok
+  m.num_shared_experts = 1;  // n_shared_experts
+  m.vocab = 129280;          // vocab_size
+  m.attention = {.kind = AttentionKind::mla,
+                 .num_heads = 128,
+                 .num_kv_heads = 128,
+                 .qk_head_dim = 128 + 64,
+                 .v_head_dim = 128,
+                 .q_lora_rank = 1536,
+                 .kv_lora_rank = 512,
+                 .qk_rope_head_dim = 64};
   return m;
 }
 
@@ -38,8 +43,7 @@ ModelSpec mixtral_8x7b() {
   m.num_experts = 8;
   m.top_k = 2;
   m.vocab = 32000;
-  m.attention = {.kind = AttentionKind::gqa, .num_heads = 32, .num_kv_heads = 8, .qk_head_dim = 128,
-                 .v_head_dim = 128};
+  m.attention = {.kind = AttentionKind::gqa, .num_heads = 32, .num_kv_heads = 8, .qk_head_dim = 128, .v_head_dim = 128};
   return m;
 }
 
@@ -48,18 +52,16 @@ ModelSpec qwen3_235b_a22b() {
   m.name = "qwen3-235b-a22b";
   m.num_layers = 94;
   m.hidden = 4096;
-  m.moe_ffn = 1536;           // moe_intermediate_size
-  m.dense_ffn = 12288;        // intermediate_size (unused: every layer is MoE)
+  m.moe_ffn = 1536;     // moe_intermediate_size
+  m.dense_ffn = 12288;  // intermediate_size (unused: every layer is MoE)
   m.num_experts = 128;
   m.top_k = 8;
   m.vocab = 151936;
-  m.attention = {.kind = AttentionKind::gqa, .num_heads = 64, .num_kv_heads = 4, .qk_head_dim = 128,
-                 .v_head_dim = 128};
+  m.attention = {.kind = AttentionKind::gqa, .num_heads = 64, .num_kv_heads = 4, .qk_head_dim = 128, .v_head_dim = 128};
   return m;
 }
 
-void require(bool ok, const std::string& what, const std::string& field, std::int64_t value,
-             const std::string& rule) {
+void require(bool ok, const std::string& what, const std::string& field, std::int64_t value, const std::string& rule) {
   if (!ok) throw ConfigError(what + ": " + field + "=" + std::to_string(value) + ": must be " + rule);
 }
 
@@ -84,8 +86,8 @@ void ModelSpec::validate(const std::string& what) const {
   require(a.qk_head_dim >= 1, what, "attention.qk_head_dim", a.qk_head_dim, ">= 1");
   require(a.v_head_dim >= 1, what, "attention.v_head_dim", a.v_head_dim, ">= 1");
   if (a.kind == AttentionKind::gqa) {
-    require(a.num_kv_heads >= 1 && a.num_heads % a.num_kv_heads == 0, what, "attention.num_kv_heads",
-            a.num_kv_heads, ">= 1 and divide attention.num_heads=" + std::to_string(a.num_heads));
+    require(a.num_kv_heads >= 1 && a.num_heads % a.num_kv_heads == 0, what, "attention.num_kv_heads", a.num_kv_heads,
+            ">= 1 and divide attention.num_heads=" + std::to_string(a.num_heads));
   } else {
     require(a.kv_lora_rank >= 1, what, "attention.kv_lora_rank", a.kv_lora_rank, ">= 1 for mla");
     require(a.q_lora_rank >= 0, what, "attention.q_lora_rank", a.q_lora_rank, ">= 0 (0 = full-rank q)");

@@ -18,8 +18,8 @@ enum class AttentionKind {
 struct AttentionSpec {
   AttentionKind kind = AttentionKind::gqa;
   std::int64_t num_heads = 0;
-  std::int64_t num_kv_heads = 0;      // gqa; mla expands kv to num_heads
-  std::int64_t qk_head_dim = 0;       // mla: nope + rope part (DeepSeek-V3: 128 + 64)
+  std::int64_t num_kv_heads = 0;  // gqa; mla expands kv to num_heads
+  std::int64_t qk_head_dim = 0;   // mla: nope + rope part (DeepSeek-V3: 128 + 64)
   std::int64_t v_head_dim = 0;
   std::int64_t q_lora_rank = 0;       // mla; 0 = a full-rank q projection
   std::int64_t kv_lora_rank = 0;      // mla
@@ -48,13 +48,13 @@ struct ModelSpec {
 
 // Parameter counts (elements), by where they live.
 struct ParameterCounts {
-  double embedding = 0;           // token embedding + LM head (one copy if tied)
-  double attention_per_layer = 0; // projections and their norms
+  double embedding = 0;            // token embedding + LM head (one copy if tied)
+  double attention_per_layer = 0;  // projections and their norms
   double dense_mlp_per_layer = 0;
   double routed_experts_per_layer = 0;  // all E experts of one MoE layer
   double shared_experts_per_layer = 0;
   double router_per_layer = 0;
-  double norms = 0;               // the layers' RMSNorm scales + the final norm
+  double norms = 0;  // the layers' RMSNorm scales + the final norm
 
   double attention_total(const ModelSpec& m) const { return attention_per_layer * m.num_layers; }
   double routed_experts_total(const ModelSpec& m) const { return routed_experts_per_layer * m.num_moe_layers(); }

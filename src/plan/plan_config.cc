@@ -9,8 +9,16 @@
 namespace epmoe::plan {
 
 const std::vector<std::string>& activation_names() {
-  static const std::vector<std::string> names = {"decoder_layer_input", "query_proj", "key_proj", "value_proj",
-                                                 "context", "out_proj", "x_sorted", "mlpwi_0", "mlpwi_1", "mlpwo"};
+  static const std::vector<std::string> names = {"decoder_layer_input",
+                                                 "query_proj",
+                                                 "key_proj",
+                                                 "value_proj",
+                                                 "context",
+                                                 "out_proj",
+                                                 "x_sorted",
+                                                 "mlpwi_0",
+                                                 "mlpwi_1",
+                                                 "mlpwo"};
   return names;
 }
 
@@ -28,9 +36,12 @@ std::map<std::string, RematChoice> default_remat() {
 
 std::string to_string(RematChoice choice) {
   switch (choice) {
-    case RematChoice::save: return "save";
-    case RematChoice::remat: return "remat";
-    case RematChoice::offload: return "offload";
+    case RematChoice::save:
+      return "save";
+    case RematChoice::remat:
+      return "remat";
+    case RematChoice::offload:
+      return "offload";
   }
   return "?";
 }
@@ -54,8 +65,8 @@ void PlanConfig::validate() const {
   const std::string layout = "dp=" + std::to_string(p.dp) + " fsdp=" + std::to_string(p.fsdp) +
                              " ep=" + std::to_string(p.ep) + " tp=" + std::to_string(p.tp);
   std::int64_t devices = 1;
-  for (const auto& [key, value] : {std::pair<const char*, std::int64_t>{"dp", p.dp}, {"fsdp", p.fsdp},
-                                   {"ep", p.ep}, {"tp", p.tp}}) {
+  for (const auto& [key, value] :
+       {std::pair<const char*, std::int64_t>{"dp", p.dp}, {"fsdp", p.fsdp}, {"ep", p.ep}, {"tp", p.tp}}) {
     require(value >= 1, std::string(key) + "=" + std::to_string(value), "must be >= 1");
     require(!__builtin_mul_overflow(devices, value, &devices), layout,
             "the device count dp*fsdp*ep*tp overflows a 64-bit integer");
@@ -99,25 +110,35 @@ void PlanConfig::validate() const {
 double PlanConfig::token_row_bytes() const {
   const double h = double(model.hidden);
   switch (token_transfer) {
-    case TokenTransfer::activation_dtype: return h * activation_bytes();
-    case TokenTransfer::fp8_tensor: return h;       // e4m3 bytes; one scale for the whole tensor
-    case TokenTransfer::fp8_token: return h + 4;    // e4m3 bytes + an f32 scale per row
+    case TokenTransfer::activation_dtype:
+      return h * activation_bytes();
+    case TokenTransfer::fp8_tensor:
+      return h;  // e4m3 bytes; one scale for the whole tensor
+    case TokenTransfer::fp8_token:
+      return h + 4;  // e4m3 bytes + an f32 scale per row
   }
   return 0;
 }
 
 SavedRowForm PlanConfig::saved_row_form() const {
   switch (token_transfer) {
-    case TokenTransfer::activation_dtype: break;
-    case TokenTransfer::fp8_tensor: return SavedRowForm::fp8_tensor;
-    case TokenTransfer::fp8_token: return SavedRowForm::fp8_token;
+    case TokenTransfer::activation_dtype:
+      break;
+    case TokenTransfer::fp8_tensor:
+      return SavedRowForm::fp8_tensor;
+    case TokenTransfer::fp8_token:
+      return SavedRowForm::fp8_token;
   }
   return activation_type == ElementType::bf16 ? SavedRowForm::bf16 : SavedRowForm::f32;
 }
 
 DispatchShape PlanConfig::dispatch_shape() const {
-  return {.num_ranks = parallel.ep, .tokens_per_rank = parallel.tokens_per_device(), .hidden = model.hidden,
-          .top_k = model.top_k, .num_experts = model.num_experts, .token_row_bytes = token_row_bytes(),
+  return {.num_ranks = parallel.ep,
+          .tokens_per_rank = parallel.tokens_per_device(),
+          .hidden = model.hidden,
+          .top_k = model.top_k,
+          .num_experts = model.num_experts,
+          .token_row_bytes = token_row_bytes(),
           .activation_bytes = activation_bytes()};
 }
 

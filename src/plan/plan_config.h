@@ -18,10 +18,10 @@
 namespace epmoe::plan {
 
 struct ParallelismSpec {
-  std::int64_t dp = 1;    // data-parallel replicas (weights replicated, gradients all-reduced)
-  std::int64_t fsdp = 1;  // weights, gradients, optimizer state sharded; batch sharded
-  std::int64_t ep = 1;    // experts sharded (R); batch sharded too, as MaxText's expert axis does
-  std::int64_t tp = 1;    // heads and F sharded; tokens replicated within the group
+  std::int64_t dp = 1;               // data-parallel replicas (weights replicated, gradients all-reduced)
+  std::int64_t fsdp = 1;             // weights, gradients, optimizer state sharded; batch sharded
+  std::int64_t ep = 1;               // experts sharded (R); batch sharded too, as MaxText's expert axis does
+  std::int64_t tp = 1;               // heads and F sharded; tokens replicated within the group
   double per_device_batch_size = 1;  // sequences per device, MaxText's meaning (global batch / devices)
   std::int64_t seq_len = 4096;
 

@@ -23,9 +23,12 @@ std::string fixed(double value, int digits) {
 
 std::string token_transfer_name(TokenTransfer t) {
   switch (t) {
-    case TokenTransfer::activation_dtype: return "off";
-    case TokenTransfer::fp8_tensor: return "tensor";
-    case TokenTransfer::fp8_token: return "token";
+    case TokenTransfer::activation_dtype:
+      return "off";
+    case TokenTransfer::fp8_tensor:
+      return "tensor";
+    case TokenTransfer::fp8_token:
+      return "token";
   }
   return "?";
 }
@@ -74,10 +77,12 @@ PlanReport make_plan(const PlanConfig& config) {
                 "fsdp*ep*tp); verdict against %.0f%% of %s HBM (runtime reserve + fragmentation)",
                 config.usable_memory_fraction * 100, gb(config.hardware.memory_bytes).c_str());
   r.assumptions.push_back(text);
-  r.assumptions.push_back("activations: bf16 unless activation_dtype=f32; x_sorted saved in its transfer format "
-                          "(fp8 + scale with fp8_tokens on); routed rows sized by token_buffer_factor");
-  r.assumptions.push_back("bytes: per device and step, what it sends; uniform routing (K distinct experts "
-                          "drawn uniformly), dedup hit rate 1 - C(E-E_l,K)/C(E,K)");
+  r.assumptions.push_back(
+      "activations: bf16 unless activation_dtype=f32; x_sorted saved in its transfer format "
+      "(fp8 + scale with fp8_tokens on); routed rows sized by token_buffer_factor");
+  r.assumptions.push_back(
+      "bytes: per device and step, what it sends; uniform routing (K distinct experts "
+      "drawn uniformly), dedup hit rate 1 - C(E-E_l,K)/C(E,K)");
   for (std::string& a : step_time_assumptions(config)) r.assumptions.push_back(std::move(a));
   return r;
 }
@@ -88,11 +93,12 @@ std::string format_report(const PlanReport& r) {
   std::ostringstream out;
   out << "epmoe plan: " << c.model.name << " on " << p.num_devices() << " devices of " << c.hardware.name;
   if (c.hardware.devices_per_chip > 1)
-    out << " (" << p.num_devices() / c.hardware.devices_per_chip << " chips, " << c.hardware.devices_per_chip << " devices each)";
+    out << " (" << p.num_devices() / c.hardware.devices_per_chip << " chips, " << c.hardware.devices_per_chip
+        << " devices each)";
   out << "\n";
   out << "  parallelism dp=" << p.dp << " fsdp=" << p.fsdp << " ep=" << p.ep << " tp=" << p.tp
-      << ", per_device_batch_size=" << fixed(p.per_device_batch_size, 2) << " seq_len=" << p.seq_len
-      << " -> " << fixed(p.tokens_per_device(), 0) << " tokens per device\n";
+      << ", per_device_batch_size=" << fixed(p.per_device_batch_size, 2) << " seq_len=" << p.seq_len << " -> "
+      << fixed(p.tokens_per_device(), 0) << " tokens per device\n";
   out << "  dispatch=" << to_string(c.dispatch) << (c.dedup ? " (dedup)" : "")
       << " fp8_tokens=" << token_transfer_name(c.token_transfer)
       << " token_buffer_factor=" << fixed(c.token_buffer_factor, 2) << " token_chunks=" << c.token_chunks
@@ -111,7 +117,8 @@ std::string format_report(const PlanReport& r) {
       out << "  " << category << "\n";
     }
     char line[256];
-    std::snprintf(line, sizeof line, "    %-46s %12s   %s\n", item.name.c_str(), gb(item.bytes).c_str(), item.note.c_str());
+    std::snprintf(line, sizeof line, "    %-46s %12s   %s\n", item.name.c_str(), gb(item.bytes).c_str(),
+                  item.note.c_str());
     out << line;
   }
   char line[256];
@@ -119,8 +126,9 @@ std::string format_report(const PlanReport& r) {
                 gb(r.memory.device_total_bytes).c_str(), gb(r.memory.usable_bytes).c_str(),
                 gb(c.hardware.memory_bytes).c_str(), c.usable_memory_fraction);
   out << line;
-  out << "  verdict: " << (r.memory.fits ? "FITS" : "EXCEEDS") << " (" << gb(std::abs(r.memory.usable_bytes - r.memory.device_total_bytes))
-      << (r.memory.fits ? " headroom" : " short") << ")\n";
+  out << "  verdict: " << (r.memory.fits ? "FITS" : "EXCEEDS") << " ("
+      << gb(std::abs(r.memory.usable_bytes - r.memory.device_total_bytes)) << (r.memory.fits ? " headroom" : " short")
+      << ")\n";
   for (const MemoryItem& item : r.memory.host) {
     std::snprintf(line, sizeof line, "  host (offloaded) %-31s %12s   %s\n", item.name.c_str(), gb(item.bytes).c_str(),
                   item.note.c_str());
@@ -159,7 +167,8 @@ std::string format_report(const PlanReport& r) {
                 gb(s.ep_bytes).c_str(), s.ep_seconds * 1e3, gb(s.fsdp_bytes).c_str(), s.fsdp_seconds * 1e3,
                 gb(s.dp_bytes).c_str(), s.dp_seconds * 1e3);
   out << line;
-  std::snprintf(line, sizeof line, "  step: %.1f ms overlapped .. %.1f ms serial (%.0f tokens/s/device at the overlapped bound)\n",
+  std::snprintf(line, sizeof line,
+                "  step: %.1f ms overlapped .. %.1f ms serial (%.0f tokens/s/device at the overlapped bound)\n",
                 s.overlapped_seconds * 1e3, s.serial_seconds * 1e3, s.tokens_per_second_per_device);
   out << line;
   out << "\nAssumptions\n";
@@ -178,7 +187,8 @@ nlohmann::json report_to_json(const PlanReport& r) {
   j["parameters_active_matmul"] = r.parameters.active_matmul(c.model);
   nlohmann::json memory;
   for (const MemoryItem& item : r.memory.device)
-    memory["device"].push_back({{"category", item.category}, {"name", item.name}, {"bytes", item.bytes}, {"note", item.note}});
+    memory["device"].push_back(
+        {{"category", item.category}, {"name", item.name}, {"bytes", item.bytes}, {"note", item.note}});
   for (const MemoryItem& item : r.memory.host)
     memory["host"].push_back({{"name", item.name}, {"bytes", item.bytes}, {"note", item.note}});
   memory["device_total_bytes"] = r.memory.device_total_bytes;
@@ -186,16 +196,24 @@ nlohmann::json report_to_json(const PlanReport& r) {
   memory["verdict"] = r.memory.fits ? "FITS" : "EXCEEDS";
   j["memory"] = memory;
   for (const DispatcherBytes& d : r.dispatchers) {
-    nlohmann::json dj = {{"dispatcher", d.label}, {"per_step_bytes", d.per_step_bytes},
-                         {"token_bytes_per_step", d.token_bytes_per_step}, {"seconds_per_step", d.seconds_per_step}};
+    nlohmann::json dj = {{"dispatcher", d.label},
+                         {"per_step_bytes", d.per_step_bytes},
+                         {"token_bytes_per_step", d.token_bytes_per_step},
+                         {"seconds_per_step", d.seconds_per_step}};
     for (const CollectiveBytes& collective : d.per_layer) dj["per_layer_bytes"][collective.name] = collective.bytes;
     j["dispatchers"].push_back(dj);
   }
   const StepTime& s = r.step;
-  j["step_time"] = {{"model_flops", s.model_flops}, {"recompute_flops", s.recompute_flops},
-                    {"compute_seconds", s.compute_seconds}, {"ep_bytes", s.ep_bytes}, {"ep_seconds", s.ep_seconds},
-                    {"fsdp_bytes", s.fsdp_bytes}, {"fsdp_seconds", s.fsdp_seconds}, {"dp_bytes", s.dp_bytes},
-                    {"dp_seconds", s.dp_seconds}, {"serial_seconds", s.serial_seconds},
+  j["step_time"] = {{"model_flops", s.model_flops},
+                    {"recompute_flops", s.recompute_flops},
+                    {"compute_seconds", s.compute_seconds},
+                    {"ep_bytes", s.ep_bytes},
+                    {"ep_seconds", s.ep_seconds},
+                    {"fsdp_bytes", s.fsdp_bytes},
+                    {"fsdp_seconds", s.fsdp_seconds},
+                    {"dp_bytes", s.dp_bytes},
+                    {"dp_seconds", s.dp_seconds},
+                    {"serial_seconds", s.serial_seconds},
                     {"overlapped_seconds", s.overlapped_seconds}};
   j["assumptions"] = r.assumptions;
   return j;
@@ -211,12 +229,14 @@ std::string format_sweep_table(const std::string& key, const std::vector<SweepRo
     const PlanReport& r = row.report;
     std::snprintf(line, sizeof line, "%-22s %-15s %10.2f %10.2f %10.2f %-8s %12.2f %12.2f %12.2f %10.1f\n",
                   row.value.c_str(), r.chosen().label.c_str(), r.memory.device_total_bytes / 1e9,
-                  r.memory.usable_bytes / 1e9, r.memory.item_bytes("x_sorted") / 1e9, r.memory.fits ? "FITS" : "EXCEEDS",
-                  r.dispatchers[0].per_step_bytes / 1e9, r.dispatchers[1].per_step_bytes / 1e9,
-                  r.dispatchers[2].per_step_bytes / 1e9, r.step.overlapped_seconds * 1e3);
+                  r.memory.usable_bytes / 1e9, r.memory.item_bytes("x_sorted") / 1e9,
+                  r.memory.fits ? "FITS" : "EXCEEDS", r.dispatchers[0].per_step_bytes / 1e9,
+                  r.dispatchers[1].per_step_bytes / 1e9, r.dispatchers[2].per_step_bytes / 1e9,
+                  r.step.overlapped_seconds * 1e3);
     out << line;
   }
-  out << "(GB = 1e9 bytes per device; ring / a2a / dedup = EP bytes per step of each dispatcher; step = overlapped bound)\n";
+  out << "(GB = 1e9 bytes per device; ring / a2a / dedup = EP bytes per step of each dispatcher; step = overlapped "
+         "bound)\n";
   return out.str();
 }
 

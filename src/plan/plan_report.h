@@ -17,13 +17,13 @@
 namespace epmoe::plan {
 
 struct DispatcherBytes {
-  std::string label;                         // "ring", "alltoall", "alltoall+dedup"
+  std::string label;  // "ring", "alltoall", "alltoall+dedup"
   DispatchKind kind = DispatchKind::alltoall;
   bool dedup = false;
-  std::vector<CollectiveBytes> per_layer;    // per device, one MoE layer
-  double per_step_bytes = 0;                 // × MoE layers
+  std::vector<CollectiveBytes> per_layer;  // per device, one MoE layer
+  double per_step_bytes = 0;               // × MoE layers
   double token_bytes_per_step = 0;
-  double seconds_per_step = 0;               // on the EP links (step_time.h)
+  double seconds_per_step = 0;  // on the EP links (step_time.h)
 };
 
 struct PlanReport {

@@ -4,9 +4,9 @@
 
 #include <cmath>
 #include <map>
-#include <system_error>
 #include <set>
 #include <stdexcept>
+#include <system_error>
 
 #include "core/error.h"
 
@@ -38,8 +38,7 @@ void flatten(const std::filesystem::path& path, const YAML::Node& map, const std
 
 }  // namespace
 
-void read_spec_file(const std::filesystem::path& path, const std::string& kind,
-                    const std::vector<SpecField>& fields) {
+void read_spec_file(const std::filesystem::path& path, const std::string& kind, const std::vector<SpecField>& fields) {
   std::error_code status_error;
   const auto status = std::filesystem::status(path, status_error);
   if (!std::filesystem::exists(status))
@@ -79,7 +78,8 @@ void read_spec_file(const std::filesystem::path& path, const std::string& kind,
   for (const SpecField& field : fields) {
     const auto it = given.find(field.name);
     if (it == given.end()) {
-      if (field.required) throw FileError(path.string() + ": missing " + kind + " field '" + field.name + "' (" + field.rule + ")");
+      if (field.required)
+        throw FileError(path.string() + ": missing " + kind + " field '" + field.name + "' (" + field.rule + ")");
       continue;
     }
     try {

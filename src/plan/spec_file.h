@@ -25,8 +25,7 @@ struct SpecField {
 // Reads `path` and applies every field it holds. FileError for a missing or
 // malformed file, an unknown field (with the list of known ones), a missing
 // required field, or a value its field rejects.
-void read_spec_file(const std::filesystem::path& path, const std::string& kind,
-                    const std::vector<SpecField>& fields);
+void read_spec_file(const std::filesystem::path& path, const std::string& kind, const std::vector<SpecField>& fields);
 
 // Value parsers for SpecField::apply; throw std::invalid_argument with the rule.
 long long parse_count(const std::string& text, long long min_value);

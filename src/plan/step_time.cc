@@ -82,20 +82,25 @@ std::vector<std::string> step_time_assumptions(const PlanConfig& c) {
   out.push_back(text);
   const HardwareSpec& hw = c.hardware;
   if (c.parallel.ep > hw.scale_up_devices) {
-    std::snprintf(text, sizeof text, "EP group of %lld exceeds the %lld-device scale-up domain: %.1f GB/s scale-out per device",
+    std::snprintf(text, sizeof text,
+                  "EP group of %lld exceeds the %lld-device scale-up domain: %.1f GB/s scale-out per device",
                   (long long)c.parallel.ep, (long long)hw.scale_up_devices, hw.scale_out_bytes_per_s / 1e9);
   } else if (hw.interconnect == Interconnect::torus) {
-    std::snprintf(text, sizeof text,
-                  "EP group = one torus ring of %lld chips, %.0f GB/s per link each way; all-to-all bytes x %.2f mean hops",
-                  (long long)c.parallel.ep, hw.link_bytes_per_s / 1e9, mean_ring_hops(c.parallel.ep));
+    std::snprintf(
+        text, sizeof text,
+        "EP group = one torus ring of %lld chips, %.0f GB/s per link each way; all-to-all bytes x %.2f mean hops",
+        (long long)c.parallel.ep, hw.link_bytes_per_s / 1e9, mean_ring_hops(c.parallel.ep));
   } else {
     std::snprintf(text, sizeof text, "EP group inside one NVLink domain: %.0f GB/s per GPU each way",
                   hw.link_bytes_per_s / 1e9);
   }
   out.push_back(text);
-  out.push_back("FSDP: bf16 weight all-gather in forward and again in backward, f32 gradient reduce-scatter, on the links EP leaves free");
+  out.push_back(
+      "FSDP: bf16 weight all-gather in forward and again in backward, f32 gradient reduce-scatter, on the links EP "
+      "leaves free");
   out.push_back("bounds: serial = compute + all communication; overlapped = max(compute, communication)");
-  out.push_back("not modelled: host offload transfers, optimizer update time, pipeline bubbles, kernel launch / latency");
+  out.push_back(
+      "not modelled: host offload transfers, optimizer update time, pipeline bubbles, kernel launch / latency");
   return out;
 }
 

@@ -24,10 +24,10 @@
 namespace epmoe::plan {
 
 struct StepTime {
-  double model_flops = 0;       // per device
-  double recompute_flops = 0;   // per device
+  double model_flops = 0;      // per device
+  double recompute_flops = 0;  // per device
   double compute_seconds = 0;
-  double ep_bytes = 0;          // per device, all MoE layers
+  double ep_bytes = 0;  // per device, all MoE layers
   double ep_seconds = 0;
   double fsdp_bytes = 0;
   double fsdp_seconds = 0;

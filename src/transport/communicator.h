@@ -80,11 +80,9 @@ class Communicator {
   // peer == rank() allowed). Returns at once. isend and irecv may be called
   // from several threads at once (a rank's own thread and the progress
   // threads of its collectives).
-  virtual std::unique_ptr<Request> isend(int peer, Tag tag, const void* data,
-                                         std::int64_t num_bytes) = 0;
+  virtual std::unique_ptr<Request> isend(int peer, Tag tag, const void* data, std::int64_t num_bytes) = 0;
   // Posts a receive of exactly `num_bytes` bytes from `peer` into `data`.
-  virtual std::unique_ptr<Request> irecv(int peer, Tag tag, void* data,
-                                         std::int64_t num_bytes) = 0;
+  virtual std::unique_ptr<Request> irecv(int peer, Tag tag, void* data, std::int64_t num_bytes) = 0;
 
   // Fails the whole group with `reason`: every rank's pending and future waits
   // throw AbortedError carrying it (threads), or the job ends through

@@ -30,11 +30,10 @@ class NativeCollectives {
                                       std::span<const std::int64_t> num_elements_per_rank) = 0;
   virtual void all_reduce_sum_f32(float* data, std::int64_t num_elements) = 0;
   // recv_counts[r] = the count rank r sent to this rank.
-  virtual void all_to_all_counts(std::span<const std::int64_t> send_counts,
-                                 std::span<std::int64_t> recv_counts) = 0;
+  virtual void all_to_all_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> recv_counts) = 0;
   // Byte counts per peer; data packed in rank order on both sides.
-  virtual void all_to_all_v(const void* input, std::span<const std::int64_t> send_bytes,
-                            void* output, std::span<const std::int64_t> recv_bytes) = 0;
+  virtual void all_to_all_v(const void* input, std::span<const std::int64_t> send_bytes, void* output,
+                            std::span<const std::int64_t> recv_bytes) = 0;
   virtual void broadcast(void* data, std::int64_t num_bytes, int root) = 0;
   virtual void barrier() = 0;
 };

@@ -77,9 +77,9 @@ class ProgressSlot {
   std::condition_variable poll_wake_;  // poll_sleep's sleep, for lend()
   bool parked_ = false;
   bool finished_ = false;
-  bool poked_ = false;                 // poll_sleep: lend() wants it up now
-  std::uint64_t parks_ = 0;            // parks so far: a lender waits for the next
-  int lenders_ = 0;                    // threads blocked in lend()
+  bool poked_ = false;       // poll_sleep: lend() wants it up now
+  std::uint64_t parks_ = 0;  // parks so far: a lender waits for the next
+  int lenders_ = 0;          // threads blocked in lend()
   Clock::time_point wake_at_{};
   const std::atomic<std::uint64_t>* changed_ = nullptr;
   std::uint64_t seen_ = 0;

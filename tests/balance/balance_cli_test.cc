@@ -29,8 +29,9 @@ class BalanceCli : public ::testing::Test {
   std::filesystem::path loads_file() const { return scratch_ / "loads.npy"; }
 
   ProcessResult generate(const std::filesystem::path& file, std::vector<std::string> extra = {}) {
-    std::vector<std::string> arguments = {"balance",     "--generate",        file.string(), "experts=16", "ranks=4",
-                                          "tokens_per_rank=128", "top_k=2", "steps=30",     "placement=packed"};
+    std::vector<std::string> arguments = {"balance",    "--generate", file.string(),
+                                          "experts=16", "ranks=4",    "tokens_per_rank=128",
+                                          "top_k=2",    "steps=30",   "placement=packed"};
     arguments.insert(arguments.end(), extra.begin(), extra.end());
     return run_epmoe(scratch_, arguments);
   }
@@ -80,12 +81,14 @@ TEST_F(BalanceCli, ReplaysEveryPolicyAsJson) {
   EXPECT_EQ(by_policy["none"]["mean_expert_moves_per_step"], 0.0);
   // Packed hot experts: max/mean well above 1 without balancing.
   EXPECT_GT(by_policy["none"]["mean_max_over_mean"].get<double>(), 1.5);
-  EXPECT_LT(by_policy["dynamic"]["mean_max_over_mean"].get<double>(), by_policy["none"]["mean_max_over_mean"].get<double>());
+  EXPECT_LT(by_policy["dynamic"]["mean_max_over_mean"].get<double>(),
+            by_policy["none"]["mean_max_over_mean"].get<double>());
   for (const auto& [name, row] : by_policy) {
     EXPECT_GE(row["worst_max_over_mean"].get<double>(), row["mean_max_over_mean"].get<double>()) << name;
     // Bytes are moves x 3*H*F*4 = moves x 384.
     EXPECT_DOUBLE_EQ(row["mean_weight_bytes_moved_per_step"].get<double>(),
-                     row["mean_expert_moves_per_step"].get<double>() * 384.0) << name;
+                     row["mean_expert_moves_per_step"].get<double>() * 384.0)
+        << name;
   }
   // The text table names every policy too.
   const ProcessResult table = replay({"ranks=4"});
@@ -243,7 +246,8 @@ TEST_F(BalanceCli, ReplaysATrainingRunsMetricsLikeTheNpyOfItsCounts) {
     // The same counts as an .npy [3, 8] give the same numbers, plans included.
     Tensor loads(DType::i64, {3, 8});
     for (int s = 0; s < 3; ++s) {
-      for (int e = 0; e < 8; ++e) loads.data<std::int64_t>()[s * 8 + e] = lines[s]["expert_counts"][l][e].get<std::int64_t>();
+      for (int e = 0; e < 8; ++e)
+        loads.data<std::int64_t>()[s * 8 + e] = lines[s]["expert_counts"][l][e].get<std::int64_t>();
     }
     const std::filesystem::path npy = scratch_ / ("layer" + std::to_string(l) + ".npy");
     write_npy(npy, loads);
@@ -276,12 +280,14 @@ TEST_F(BalanceCli, ReplaysATrainingRunsMetricsLikeTheNpyOfItsCounts) {
 
 TEST_F(BalanceCli, AStepOnSeveralLinesTakesItsLastLine) {
   const std::filesystem::path file = scratch_ / "twice.jsonl";
-  write_bytes(file, "{\"step\": 1, \"expert_counts\": [[1, 2, 3, 4]]}\n"
-                    "{\"step\": 2, \"expert_counts\": [[9, 0, 0, 0]]}\n"
-                    "{\"step\": 3, \"expert_counts\": [[0, 0, 5, 5]]}\n"
-                    "{\"step\": 2, \"expert_counts\": [[2, 2, 2, 2]]}\n"
-                    "\n");
-  const ProcessResult result = run_epmoe(scratch_, {"balance", "--loads", file.string(), "ranks=2", "policy=none", "--json"});
+  write_bytes(file,
+              "{\"step\": 1, \"expert_counts\": [[1, 2, 3, 4]]}\n"
+              "{\"step\": 2, \"expert_counts\": [[9, 0, 0, 0]]}\n"
+              "{\"step\": 3, \"expert_counts\": [[0, 0, 5, 5]]}\n"
+              "{\"step\": 2, \"expert_counts\": [[2, 2, 2, 2]]}\n"
+              "\n");
+  const ProcessResult result =
+      run_epmoe(scratch_, {"balance", "--loads", file.string(), "ranks=2", "policy=none", "--json"});
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
   const nlohmann::json report = nlohmann::json::parse(result.stdout_text);
   EXPECT_EQ(report["superseded_lines"], 1);
@@ -311,7 +317,8 @@ TEST_F(BalanceCli, RejectsBadMetricsFilesNamingTheLine) {
   // A metrics file of an older epmoe: no expert_counts.
   std::vector<nlohmann::json> old = lines;
   for (nlohmann::json& line : old) line.erase("expert_counts");
-  expect_one_line_error(balance(write_lines("old.jsonl", old)), {"old.jsonl:1:", "no \"expert_counts\"", "older epmoe"});
+  expect_one_line_error(balance(write_lines("old.jsonl", old)),
+                        {"old.jsonl:1:", "no \"expert_counts\"", "older epmoe"});
   // Layers, then experts, differing between lines.
   std::vector<nlohmann::json> layers = lines;
   layers[1]["expert_counts"].erase(1);

@@ -45,8 +45,8 @@ std::vector<std::int64_t> per_copy(const ReplicaPlan& plan, std::span<const std:
 
 // Random routing, K distinct experts per token; with `skew` most picks come
 // from rank 0's experts (hot experts packed on rank 0).
-std::vector<std::int32_t> random_routing(Rng& rng, std::int64_t num_tokens, int num_experts, int num_ranks,
-                                         int top_k, bool skew) {
+std::vector<std::int32_t> random_routing(Rng& rng, std::int64_t num_tokens, int num_experts, int num_ranks, int top_k,
+                                         bool skew) {
   std::vector<std::int32_t> ids;
   const int hot = std::max(num_experts / num_ranks, top_k);
   for (std::int64_t t = 0; t < num_tokens; ++t) {
@@ -170,15 +170,18 @@ void check_sub_quotas(const ReplicaPlan& plan, const std::vector<std::int64_t>& 
     for (int s = 0; s < num_ranks; ++s) {
       std::int64_t sum = 0;
       for (int i = first; i < last; ++i) sum += at(s, i);
-      EXPECT_EQ(sum, counts[static_cast<std::size_t>(s) * num_experts + e]) << what << " expert " << e << " source " << s;
+      EXPECT_EQ(sum, counts[static_cast<std::size_t>(s) * num_experts + e])
+          << what << " expert " << e << " source " << s;
     }
     // Local first: a copy on rank r takes min(quota, counts[r][e]) of rank r's pairs.
     std::vector<std::int64_t> rest(static_cast<std::size_t>(num_ranks) * (last - first), 0);
     for (int i = first; i < last; ++i) {
       const int r = plan.copies[i].rank;
-      const std::int64_t local = std::min(plan.copies[i].token_quota, counts[static_cast<std::size_t>(r) * num_experts + e]);
+      const std::int64_t local =
+          std::min(plan.copies[i].token_quota, counts[static_cast<std::size_t>(r) * num_experts + e]);
       EXPECT_EQ(at(r, i), local) << what << " expert " << e << " copy " << i - first << ": local first";
-      for (int s = 0; s < num_ranks; ++s) rest[static_cast<std::size_t>(s) * (last - first) + (i - first)] = at(s, i) - (s == r ? local : 0);
+      for (int s = 0; s < num_ranks; ++s)
+        rest[static_cast<std::size_t>(s) * (last - first) + (i - first)] = at(s, i) - (s == r ? local : 0);
     }
     // The rest is the northwest corner rule: its nonzero cells form a
     // staircase (a later source never uses an earlier copy than an earlier
@@ -207,8 +210,9 @@ TEST(SubQuotas, RandomPlansKeepEveryProperty) {
         for (auto& c : counts) c = rng.uniform_int(3) == 0 ? 0 : static_cast<std::int64_t>(rng.uniform_int(30));
         const ReplicaPlan plan = random_plan(rng, column_sums(counts, num_ranks, num_experts), num_ranks, slots);
         cases_with_replicas += plan.num_replicas() > 0;
-        check_sub_quotas(plan, counts,
-                         "R" + std::to_string(num_ranks) + " B" + std::to_string(slots) + " trial " + std::to_string(trial));
+        check_sub_quotas(
+            plan, counts,
+            "R" + std::to_string(num_ranks) + " B" + std::to_string(slots) + " trial " + std::to_string(trial));
       }
   EXPECT_GT(cases_with_replicas, 40);
 }
@@ -223,8 +227,13 @@ struct PackedZipfCase {
 };
 
 PackedZipfCase packed_zipf_case(double zipf) {
-  const LoadGeneratorOptions options{.num_experts = 64, .num_ranks = 8, .num_tokens_per_rank = 512, .top_k = 8,
-                                     .zipf_exponent = zipf, .placement = HotExpertPlacement::packed, .seed = 5};
+  const LoadGeneratorOptions options{.num_experts = 64,
+                                     .num_ranks = 8,
+                                     .num_tokens_per_rank = 512,
+                                     .top_k = 8,
+                                     .zipf_exponent = zipf,
+                                     .placement = HotExpertPlacement::packed,
+                                     .seed = 5};
   PackedZipfCase c;
   c.routing = generate_token_routing(options);
   c.counts = gathered_counts(c.routing, 64);
@@ -261,8 +270,8 @@ TEST(SubQuotas, ConstructedCases) {
     check_sub_quotas(plan, counts, "home on 2, replica on 0");
     // [R * copies]: rows sources, columns copies (expert 0's home, expert 1's home, expert 2's home, its replica).
     EXPECT_EQ(sub_quotas(plan, counts), (std::vector<std::int64_t>{1, 0, 0, 2,  //
-                                                                     0, 0, 1, 1,  //
-                                                                     0, 0, 2, 0}));
+                                                                   0, 0, 1, 1,  //
+                                                                   0, 0, 2, 0}));
     // Within source 1: its first pair of expert 2 to the home, the second to the replica.
     EXPECT_EQ(positional_copy_choice(plan, counts, 1, std::vector<std::int32_t>{2, 2}, 1), (std::vector<int>{0, 1}));
   }
@@ -286,9 +295,9 @@ TEST(SubQuotas, ConstructedCases) {
                                               1, 0, 0, 0};
     check_sub_quotas(plan, counts, "replica's rank over its quota");
     EXPECT_EQ(sub_quotas(plan, counts), (std::vector<std::int64_t>{1, 0, 0, 1, 0, 0,  //
-                                                                     2, 0, 0, 0, 0, 0,  //
-                                                                     3, 4, 1, 2, 0, 0,  //
-                                                                     0, 0, 1, 0, 0, 0}));
+                                                                   2, 0, 0, 0, 0, 0,  //
+                                                                   3, 4, 1, 2, 0, 0,  //
+                                                                   0, 0, 1, 0, 0, 0}));
     // The positional rule inside a source: source 2's pairs of expert 0 in
     // order fill the home (3), the replica on 2 (4), the replica on 3 (1).
     const std::vector<std::int32_t> ids = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1};

@@ -99,7 +99,8 @@ TEST(HybridBalancer, PlansKeepThePlannerInvariantsOnNewHomes) {
 TEST(PolicyReplay, RecordedPlansMatchTheCountsTheSummaryAndTheResidencyRule) {
   const ExpertLoadHistory history = skewed_history(HotExpertPlacement::packed);
   const int num_experts = 32, num_ranks = 8;
-  for (const BalancePolicy policy : {BalancePolicy::none, BalancePolicy::eplb, BalancePolicy::dynamic, BalancePolicy::hybrid}) {
+  for (const BalancePolicy policy :
+       {BalancePolicy::none, BalancePolicy::eplb, BalancePolicy::dynamic, BalancePolicy::hybrid}) {
     SCOPED_TRACE(std::string(policy_name(policy)));
     PolicyReplayOptions options = replay_options();
     const PolicyReplay summary = replay_policy(policy, history, options);

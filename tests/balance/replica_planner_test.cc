@@ -29,7 +29,8 @@ std::vector<std::int64_t> home_loads(std::span<const std::int64_t> counts, std::
 // Every property of a plan that the dispatchers and the balance claims rely on.
 ::testing::AssertionResult plan_is_valid(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
                                          std::span<const int> homes, const ReplicaPlannerOptions& options) {
-  const int num_experts = static_cast<int>(counts.size()), R = options.num_ranks, B = options.num_redundant_slots_per_rank;
+  const int num_experts = static_cast<int>(counts.size()), R = options.num_ranks,
+            B = options.num_redundant_slots_per_rank;
   auto fail = [](auto&&... parts) {
     ::testing::AssertionResult result = ::testing::AssertionFailure();
     (result << ... << parts);
@@ -52,19 +53,22 @@ std::vector<std::int64_t> home_loads(std::span<const std::int64_t> counts, std::
       loads[copies[i].rank] += copies[i].token_quota;
       if (!ranks.insert(copies[i].rank).second) return fail("expert ", e, " twice on rank ", copies[i].rank);
       if (copies[i].token_quota < 0) return fail("expert ", e, " copy ", i, " has a negative quota");
-      if (i >= 1 && copies[i].token_quota == 0) return fail("expert ", e, " replica ", i, " has quota 0 (an idle slot)");
+      if (i >= 1 && copies[i].token_quota == 0)
+        return fail("expert ", e, " replica ", i, " has quota 0 (an idle slot)");
       if (i >= 2 && copies[i].rank <= copies[i - 1].rank) return fail("expert ", e, " replicas not by rank");
       if (i >= 1) {
         // The replica occupies exactly one slot of its rank.
         int slots_holding = 0;
         for (int b = 0; b < B; ++b) slots_holding += plan.slot_expert(copies[i].rank, b) == e;
-        if (slots_holding != 1) return fail("expert ", e, " replica on rank ", copies[i].rank, " in ", slots_holding, " slots");
+        if (slots_holding != 1)
+          return fail("expert ", e, " replica on rank ", copies[i].rank, " in ", slots_holding, " slots");
       }
     }
     if (sum != counts[e]) return fail("expert ", e, " quotas sum to ", sum, ", count ", counts[e]);
     num_replica_copies += static_cast<int>(copies.size()) - 1;
   }
-  if (num_replica_copies != plan.num_replicas()) return fail("occupied slots ", plan.num_replicas(), " vs replicas ", num_replica_copies);
+  if (num_replica_copies != plan.num_replicas())
+    return fail("occupied slots ", plan.num_replicas(), " vs replicas ", num_replica_copies);
   if (loads != plan.rank_loads_after) return fail("rank_loads_after disagrees with the quotas");
   if (plan.rank_loads_before != home_loads(counts, homes, R)) return fail("rank_loads_before is not the home load");
   if (plan.after.max_load > plan.before.max_load) return fail("max load rose");
@@ -87,29 +91,51 @@ std::vector<std::int64_t> home_loads(std::span<const std::int64_t> counts, std::
 }
 
 bool same_plan(const ReplicaPlan& a, const ReplicaPlan& b) {
-  if (a.copy_offsets != b.copy_offsets || a.slot_experts != b.slot_experts || a.rank_loads_after != b.rank_loads_after) return false;
+  if (a.copy_offsets != b.copy_offsets || a.slot_experts != b.slot_experts || a.rank_loads_after != b.rank_loads_after)
+    return false;
   for (std::size_t i = 0; i < a.copies.size(); ++i) {
     if (a.copies[i].rank != b.copies[i].rank || a.copies[i].token_quota != b.copies[i].token_quota) return false;
   }
   return true;
 }
 
-enum class CountShape { uniform_small, zipf_large, mostly_zero, one_hot, one_hot_per_rank, all_equal, all_zero, very_large };
+enum class CountShape {
+  uniform_small,
+  zipf_large,
+  mostly_zero,
+  one_hot,
+  one_hot_per_rank,
+  all_equal,
+  all_zero,
+  very_large
+};
 
 std::vector<std::int64_t> make_counts(CountShape shape, int num_experts, Rng& rng) {
   std::vector<std::int64_t> counts(num_experts, 0);
   const auto hot = static_cast<int>(rng.uniform_int(num_experts));
   for (int e = 0; e < num_experts; ++e) {
     switch (shape) {
-      case CountShape::uniform_small: counts[e] = static_cast<std::int64_t>(rng.uniform_int(6)); break;
-      case CountShape::zipf_large: counts[e] = static_cast<std::int64_t>(100000.0 / (1 + rng.uniform_int(num_experts)) * rng.uniform01()); break;
-      case CountShape::mostly_zero: counts[e] = rng.uniform_int(8) == 0 ? static_cast<std::int64_t>(rng.uniform_int(1000)) : 0; break;
-      case CountShape::one_hot: counts[e] = e == hot ? 1 + static_cast<std::int64_t>(rng.uniform_int(100000)) : 0; break;
-      case CountShape::one_hot_per_rank:  // expert 0 of every E_l-block (the contiguous homes' first)
-        counts[e] = e % std::max(1, num_experts / 4) == 0 ? 5000 + static_cast<std::int64_t>(rng.uniform_int(50000)) : 3;
+      case CountShape::uniform_small:
+        counts[e] = static_cast<std::int64_t>(rng.uniform_int(6));
         break;
-      case CountShape::all_equal: counts[e] = 777; break;
-      case CountShape::all_zero: break;
+      case CountShape::zipf_large:
+        counts[e] = static_cast<std::int64_t>(100000.0 / (1 + rng.uniform_int(num_experts)) * rng.uniform01());
+        break;
+      case CountShape::mostly_zero:
+        counts[e] = rng.uniform_int(8) == 0 ? static_cast<std::int64_t>(rng.uniform_int(1000)) : 0;
+        break;
+      case CountShape::one_hot:
+        counts[e] = e == hot ? 1 + static_cast<std::int64_t>(rng.uniform_int(100000)) : 0;
+        break;
+      case CountShape::one_hot_per_rank:  // expert 0 of every E_l-block (the contiguous homes' first)
+        counts[e] =
+            e % std::max(1, num_experts / 4) == 0 ? 5000 + static_cast<std::int64_t>(rng.uniform_int(50000)) : 3;
+        break;
+      case CountShape::all_equal:
+        counts[e] = 777;
+        break;
+      case CountShape::all_zero:
+        break;
       case CountShape::very_large:  // near 2^40 per expert: sums and R * max stay far inside int64
         counts[e] = (std::int64_t{1} << 40) + static_cast<std::int64_t>(rng.uniform_int(1 << 30)) * (e == hot ? 64 : 1);
         break;
@@ -124,9 +150,9 @@ TEST(ReplicaPlanner, InvariantsOnThousandsOfRandomAndAdversarialCounts) {
   for (const int R : {1, 2, 3, 4, 8, 16}) {
     for (const int experts_per_rank : {1, 2, 4, 8}) {
       for (const int B : {0, 1, 2, 3}) {
-        for (const CountShape shape : {CountShape::uniform_small, CountShape::zipf_large, CountShape::mostly_zero,
-                                       CountShape::one_hot, CountShape::one_hot_per_rank, CountShape::all_equal,
-                                       CountShape::all_zero, CountShape::very_large}) {
+        for (const CountShape shape :
+             {CountShape::uniform_small, CountShape::zipf_large, CountShape::mostly_zero, CountShape::one_hot,
+              CountShape::one_hot_per_rank, CountShape::all_equal, CountShape::all_zero, CountShape::very_large}) {
           for (const double threshold : {1.0, 1.05, 1.3}) {
             for (const bool shuffled_homes : {false, true}) {
               const int E = R * experts_per_rank;
@@ -261,7 +287,8 @@ ConstructedLoads construct_balanced_loads(Rng& rng, int max_ranks, bool one_hot_
   std::vector<int> donors;
   std::vector<char> is_donor(R);
   for (int r = 0; r < R; ++r) is_donor[r] = r == 0 || (r != 1 && rng.uniform_int(2) == 0);
-  for (int r = 0; r < R; ++r) if (is_donor[r]) donors.push_back(r);
+  for (int r = 0; r < R; ++r)
+    if (is_donor[r]) donors.push_back(r);
   const auto spread_over_own_experts = [&](int rank, std::int64_t tokens) {
     for (int j = 0; j < E_l; ++j) {
       const std::int64_t share = j + 1 == E_l ? tokens : static_cast<std::int64_t>(rng.uniform_int(tokens + 1));
@@ -280,7 +307,8 @@ ConstructedLoads construct_balanced_loads(Rng& rng, int max_ranks, bool one_hot_
       const int expert = donor * E_l + (one_hot_donor_expert ? 0 : static_cast<int>(rng.uniform_int(E_l)));
       if (std::find(taken.begin(), taken.end(), expert) != taken.end()) continue;
       taken.push_back(expert);
-      const std::int64_t run = 1 + static_cast<std::int64_t>(rng.uniform_int(std::max<std::int64_t>(1, (mean - received) / 2)));
+      const std::int64_t run =
+          1 + static_cast<std::int64_t>(rng.uniform_int(std::max<std::int64_t>(1, (mean - received) / 2)));
       counts[expert] += run;
       received += run;
     }
@@ -354,8 +382,8 @@ TEST(ReplicaPlanner, ReachesTheIdealOnZipfLoadsAtDeepSeekScale) {
       const auto homes = contiguous_home_ranks(256, 64);
       for (int step = 0; step < history.num_steps; ++step) {
         const ReplicaPlan plan = plan_replicas(history.step(step), homes, {64, 2, 1.0});
-        EXPECT_TRUE(plan.reached_ideal()) << "zipf " << zipf << " step " << step << ": max/mean "
-                                          << plan.after.max_over_mean();
+        EXPECT_TRUE(plan.reached_ideal())
+            << "zipf " << zipf << " step " << step << ": max/mean " << plan.after.max_over_mean();
       }
     }
   }

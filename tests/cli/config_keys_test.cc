@@ -13,21 +13,37 @@ namespace epmoe::cli {
 namespace {
 
 KeyGroup routing_keys() {
-  return {"routing",
-          {{.name = "top_k", .type = KeyType::integer, .default_value = "2", .help = "experts per token", .min_value = 1},
-           {.name = "router", .type = KeyType::choice, .default_value = "softmax_topk", .help = "router kind",
-            .choices = {"softmax_topk", "sigmoid_grouped", "random"}},
-           {.name = "norm_topk_prob", .type = KeyType::boolean, .default_value = "true", .help = "normalise"},
-           {.name = "routed_scaling_factor", .type = KeyType::real, .default_value = "1.0", .help = "scale",
-            .min_value = 0, .min_exclusive = true},
-           {.name = "remat.x_sorted", .type = KeyType::choice, .default_value = "save", .help = "save or remat",
-            .choices = {"save", "remat"}}}};
+  return {
+      "routing",
+      {{.name = "top_k", .type = KeyType::integer, .default_value = "2", .help = "experts per token", .min_value = 1},
+       {.name = "router",
+        .type = KeyType::choice,
+        .default_value = "softmax_topk",
+        .help = "router kind",
+        .choices = {"softmax_topk", "sigmoid_grouped", "random"}},
+       {.name = "norm_topk_prob", .type = KeyType::boolean, .default_value = "true", .help = "normalise"},
+       {.name = "routed_scaling_factor",
+        .type = KeyType::real,
+        .default_value = "1.0",
+        .help = "scale",
+        .min_value = 0,
+        .min_exclusive = true},
+       {.name = "remat.x_sorted",
+        .type = KeyType::choice,
+        .default_value = "save",
+        .help = "save or remat",
+        .choices = {"save", "remat"}}}};
 }
 
 KeyGroup run_keys() {
-  return {"run", {{.name = "run_name", .type = KeyType::text, .default_value = "", .help = "a label"},
-                  {.name = "threads", .type = KeyType::integer, .default_value = "2", .help = "threads",
-                   .min_value = 1, .max_value = 512}}};
+  return {"run",
+          {{.name = "run_name", .type = KeyType::text, .default_value = "", .help = "a label"},
+           {.name = "threads",
+            .type = KeyType::integer,
+            .default_value = "2",
+            .help = "threads",
+            .min_value = 1,
+            .max_value = 512}}};
 }
 
 const KeyRegistry& registry() {
@@ -86,8 +102,7 @@ TEST(ConfigKeys, BoolAcceptsTrueFalseOneZeroOnly) {
 }
 
 TEST(ConfigKeys, UnknownKeySuggestsTheClosest) {
-  EXPECT_EQ(config_error({"topk=2"}),
-            "unknown key 'topk'; did you mean 'top_k'? (epmoe layer --help lists every key)");
+  EXPECT_EQ(config_error({"topk=2"}), "unknown key 'topk'; did you mean 'top_k'? (epmoe layer --help lists every key)");
   EXPECT_NE(config_error({"tpo_k=2"}).find("did you mean 'top_k'?"), std::string::npos);
   EXPECT_NE(config_error({"remat.x_sortd=save"}).find("did you mean 'remat.x_sorted'?"), std::string::npos);
   EXPECT_EQ(config_error({"learning_rate=1"}), "unknown key 'learning_rate' (epmoe layer --help lists every key)");
@@ -97,7 +112,8 @@ TEST(ConfigKeys, WrongTypeNamesKeyValueAndRule) {
   EXPECT_EQ(config_error({"top_k=two"}), "top_k=two: expected an integer");
   EXPECT_EQ(config_error({"top_k=2.5"}), "top_k=2.5: expected an integer");
   EXPECT_EQ(config_error({"top_k="}), "top_k=: expected an integer");
-  EXPECT_EQ(config_error({"top_k=99999999999999999999"}), "top_k=99999999999999999999: out of the 64-bit integer range");
+  EXPECT_EQ(config_error({"top_k=99999999999999999999"}),
+            "top_k=99999999999999999999: out of the 64-bit integer range");
   EXPECT_EQ(config_error({"routed_scaling_factor=fast"}), "routed_scaling_factor=fast: expected a finite number");
   EXPECT_EQ(config_error({"routed_scaling_factor=inf"}), "routed_scaling_factor=inf: expected a finite number");
   EXPECT_EQ(config_error({"router=topk"}), "router=topk: expected one of softmax_topk, sigmoid_grouped, random");
@@ -160,9 +176,8 @@ TEST(ConfigKeys, GroupsAreSharedBetweenCommands) {
 
 TEST(ConfigKeys, HelpListsEveryKeyWithTypeDefaultAndHelp) {
   const std::string help = registry().help_text();
-  for (const char* fragment :
-       {"routing:", "run:", "top_k", "int >= 1", "softmax_topk|sigmoid_grouped|random", "float > 0",
-        "int >= 1 <= 512", "experts per token", "remat.x_sorted", "bool"}) {
+  for (const char* fragment : {"routing:", "run:", "top_k", "int >= 1", "softmax_topk|sigmoid_grouped|random",
+                               "float > 0", "int >= 1 <= 512", "experts per token", "remat.x_sorted", "bool"}) {
     EXPECT_NE(help.find(fragment), std::string::npos) << "missing " << fragment << " in\n" << help;
   }
   // One line per key: the line naming top_k also holds its default and help.

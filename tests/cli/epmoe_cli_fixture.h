@@ -116,8 +116,7 @@ inline Tensor read_output(const std::filesystem::path& out_dir, const std::strin
 
 // Every output of `epmoe layer` with dy.npy given.
 inline const std::vector<std::string>& layer_output_names() {
-  static const std::vector<std::string> names = {"y",    "topk_ids", "topk_weights", "dx",
-                                                 "dgate", "dwi0",    "dwi1",         "dwo"};
+  static const std::vector<std::string> names = {"y", "topk_ids", "topk_weights", "dx", "dgate", "dwi0", "dwi1", "dwo"};
   return names;
 }
 
@@ -147,7 +146,9 @@ class EpmoeCli : public ::testing::Test {
 
   // gen-inputs with the dimensions above; `extra_keys` come later and win.
   void generate_inputs(std::vector<std::string> extra_keys = {}) {
-    std::vector<std::string> arguments = {"gen-inputs", "--out", in_dir().string(),
+    std::vector<std::string> arguments = {"gen-inputs",
+                                          "--out",
+                                          in_dir().string(),
                                           "num_tokens=" + std::to_string(kTokens),
                                           "hidden=" + std::to_string(kHidden),
                                           "ffn=" + std::to_string(kFfn),
@@ -173,8 +174,7 @@ class EpmoeCli : public ::testing::Test {
     EXPECT_EQ(result.exit_code, 2) << result.stderr_text;
     EXPECT_EQ(result.stderr_text.rfind("epmoe: error: ", 0), 0u) << result.stderr_text;
     ASSERT_FALSE(result.stderr_text.empty());
-    EXPECT_EQ(result.stderr_text.find('\n'), result.stderr_text.size() - 1)
-        << "not one line: " << result.stderr_text;
+    EXPECT_EQ(result.stderr_text.find('\n'), result.stderr_text.size() - 1) << "not one line: " << result.stderr_text;
     for (const std::string& fragment : fragments) {
       EXPECT_NE(result.stderr_text.find(fragment), std::string::npos)
           << "stderr: " << result.stderr_text << "missing: " << fragment;

@@ -21,8 +21,8 @@
 namespace epmoe {
 namespace {
 
-using testing::EpmoeCli;
 using testing::entries;
+using testing::EpmoeCli;
 using testing::kExperts;
 using testing::kFfn;
 using testing::kHidden;
@@ -42,15 +42,34 @@ TEST_F(EpmoeCli, HelpListsSubcommandsAndEveryLayerKey) {
 
   const ProcessResult layer = run_epmoe(scratch_, {"layer", "--help"});
   EXPECT_EQ(layer.exit_code, 0);
-  for (const std::string key : {"top_k", "router", "norm_topk_prob", "n_groups", "topk_groups",
-                                "routed_scaling_factor", "compute_dtype", "seed", "threads",
-                                "softmax_topk|sigmoid_grouped|random", "f32|bf16", "--in", "--out",
-                                "ranks", "threads|mpi", "alltoall|ring", "dedup", "capacity_factor",
-                                "token_chunks", "off|tensor|token", "cotangent_all_gather", "ring|plain",
-                                "link_bandwidth_gbps", "link_latency_us", "full_mesh|ring", "comm_timeout_ms",
+  for (const std::string key : {"top_k",
+                                "router",
+                                "norm_topk_prob",
+                                "n_groups",
+                                "topk_groups",
+                                "routed_scaling_factor",
+                                "compute_dtype",
+                                "seed",
+                                "threads",
+                                "softmax_topk|sigmoid_grouped|random",
+                                "f32|bf16",
+                                "--in",
+                                "--out",
+                                "ranks",
+                                "threads|mpi",
+                                "alltoall|ring",
+                                "dedup",
+                                "capacity_factor",
+                                "token_chunks",
+                                "off|tensor|token",
+                                "cotangent_all_gather",
+                                "ring|plain",
+                                "link_bandwidth_gbps",
+                                "link_latency_us",
+                                "full_mesh|ring",
+                                "comm_timeout_ms",
                                 "backward gradients (dy rows, dx, weight gradients) always travel in fp32"}) {
-    EXPECT_NE(layer.stdout_text.find(key), std::string::npos) << "missing " << key << " in\n"
-                                                              << layer.stdout_text;
+    EXPECT_NE(layer.stdout_text.find(key), std::string::npos) << "missing " << key << " in\n" << layer.stdout_text;
   }
 }
 
@@ -88,8 +107,8 @@ TEST_F(EpmoeCli, GenInputsThenLayerWritesEveryOutput) {
   EXPECT_GT(y_norm, 0.0);
 
   const auto metrics = nlohmann::json::parse(read_bytes(out_dir() / "metrics.json"));
-  for (const std::string key : {"top_k", "router", "norm_topk_prob", "n_groups", "topk_groups",
-                                "routed_scaling_factor", "compute_dtype", "seed", "threads"}) {
+  for (const std::string key : {"top_k", "router", "norm_topk_prob", "n_groups", "topk_groups", "routed_scaling_factor",
+                                "compute_dtype", "seed", "threads"}) {
     EXPECT_TRUE(metrics["config"].contains(key)) << key;
   }
   EXPECT_EQ(metrics["config"]["top_k"], kTopK);
@@ -131,8 +150,7 @@ TEST_F(EpmoeCli, RunWithoutDyRemovesGradientsOfAnEarlierRun) {
   EXPECT_FALSE(std::filesystem::exists(in_dir() / "dy.npy")) << "stale dy.npy would trigger a backward";
   const ProcessResult result = run_layer();
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
-  EXPECT_EQ(entries(out_dir()),
-            (std::set<std::string>{"y.npy", "topk_ids.npy", "topk_weights.npy", "metrics.json"}));
+  EXPECT_EQ(entries(out_dir()), (std::set<std::string>{"y.npy", "topk_ids.npy", "topk_weights.npy", "metrics.json"}));
   const auto metrics = nlohmann::json::parse(read_bytes(out_dir() / "metrics.json"));
   EXPECT_FALSE(metrics["backward"].get<bool>());
 }
@@ -148,8 +166,8 @@ TEST_F(EpmoeCli, SameSeedSameBytes) {
 
 TEST_F(EpmoeCli, SigmoidGroupedRouterUsesTheBias) {
   generate_inputs({"with_bias=true"});
-  const ProcessResult result = run_layer({"router=sigmoid_grouped", "n_groups=2", "topk_groups=1",
-                                          "routed_scaling_factor=2.5"});
+  const ProcessResult result =
+      run_layer({"router=sigmoid_grouped", "n_groups=2", "topk_groups=1", "routed_scaling_factor=2.5"});
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
   const auto metrics = nlohmann::json::parse(read_bytes(out_dir() / "metrics.json"));
   EXPECT_TRUE(metrics["bias"].get<bool>());
@@ -183,9 +201,8 @@ TEST_F(EpmoeCli, RejectsTruncatedNpy) {
 
 TEST_F(EpmoeCli, RejectsFloat64Npy) {
   generate_inputs();
-  write_bytes(in_dir() / "gate.npy",
-              numpy_file_bytes(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (8, 4), }",
-                               std::string(8 * 4 * 8, '\0')));
+  write_bytes(in_dir() / "gate.npy", numpy_file_bytes(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (8, 4), }",
+                                                      std::string(8 * 4 * 8, '\0')));
   expect_rejected(run_layer(), {"gate.npy: dtype '<f8' (float64); epmoe reads float32", "astype(np.float32)"});
 }
 

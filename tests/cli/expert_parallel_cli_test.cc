@@ -78,12 +78,8 @@ class ExpertParallelCli : public EpmoeCli {
   }
 
   // Owner rank of each expert id, for R ranks.
-  static int owner(std::int32_t expert, int num_ranks) {
-    return static_cast<int>(expert / (kEpExperts / num_ranks));
-  }
-  static int token_rank(std::int64_t token, int num_ranks) {
-    return static_cast<int>(token / (kEpTokens / num_ranks));
-  }
+  static int owner(std::int32_t expert, int num_ranks) { return static_cast<int>(expert / (kEpExperts / num_ranks)); }
+  static int token_rank(std::int64_t token, int num_ranks) { return static_cast<int>(token / (kEpTokens / num_ranks)); }
 
   std::vector<std::string> router_keys_;
 };
@@ -150,18 +146,18 @@ TEST_P(ExpertParallelMatchesOneRank, OutputsAndMetrics) {
 
 INSTANTIATE_TEST_SUITE_P(
     Dispatchers, ExpertParallelMatchesOneRank,
-    ::testing::Values(
-        EpCase{"alltoall_r2", {}, 2}, EpCase{"alltoall_r3", {}, 3}, EpCase{"alltoall_r4", {}, 4},
-        EpCase{"alltoall_dedup_r3", {"dedup=true"}, 3}, EpCase{"alltoall_dedup_r4", {"dedup=true"}, 4},
-        EpCase{"alltoall_chunks2_r3", {"token_chunks=2"}, 3},
-        EpCase{"alltoall_emulated_ring_links_r2",
-               {"link_bandwidth_gbps=1", "link_latency_us=5", "link_topology=ring"}, 2},
-        EpCase{"ring_r1", {"dispatch=ring"}, 1}, EpCase{"ring_r2", {"dispatch=ring"}, 2},
-        EpCase{"ring_r3", {"dispatch=ring"}, 3}, EpCase{"ring_r4", {"dispatch=ring"}, 4},
-        EpCase{"ring_chunks2_r4", {"dispatch=ring", "token_chunks=2"}, 4},
-        EpCase{"ring_plain_cotangent_r3", {"dispatch=ring", "cotangent_all_gather=plain"}, 3},
-        EpCase{"sigmoid_grouped_alltoall_dedup_r3", {"dedup=true"}, 3, true},
-        EpCase{"sigmoid_grouped_ring_chunks2_r4", {"dispatch=ring", "token_chunks=2"}, 4, true}),
+    ::testing::Values(EpCase{"alltoall_r2", {}, 2}, EpCase{"alltoall_r3", {}, 3}, EpCase{"alltoall_r4", {}, 4},
+                      EpCase{"alltoall_dedup_r3", {"dedup=true"}, 3}, EpCase{"alltoall_dedup_r4", {"dedup=true"}, 4},
+                      EpCase{"alltoall_chunks2_r3", {"token_chunks=2"}, 3},
+                      EpCase{"alltoall_emulated_ring_links_r2",
+                             {"link_bandwidth_gbps=1", "link_latency_us=5", "link_topology=ring"},
+                             2},
+                      EpCase{"ring_r1", {"dispatch=ring"}, 1}, EpCase{"ring_r2", {"dispatch=ring"}, 2},
+                      EpCase{"ring_r3", {"dispatch=ring"}, 3}, EpCase{"ring_r4", {"dispatch=ring"}, 4},
+                      EpCase{"ring_chunks2_r4", {"dispatch=ring", "token_chunks=2"}, 4},
+                      EpCase{"ring_plain_cotangent_r3", {"dispatch=ring", "cotangent_all_gather=plain"}, 3},
+                      EpCase{"sigmoid_grouped_alltoall_dedup_r3", {"dedup=true"}, 3, true},
+                      EpCase{"sigmoid_grouped_ring_chunks2_r4", {"dispatch=ring", "token_chunks=2"}, 4, true}),
     [](const ::testing::TestParamInfo<EpCase>& info) { return info.param.name; });
 
 // --- metrics against the routing ----------------------------------------------
@@ -192,8 +188,7 @@ TEST_F(ExpertParallelCli, AllToAllBytesFollowTheRouting) {
     EXPECT_EQ(bytes_of(rank, "backward/all_to_all_v cotangent"), pairs_sent[r] * kRowBytes) << "rank " << r;
     EXPECT_EQ(bytes_of(rank, "forward/all_to_all_v combine"), pairs_received_from_others[r] * kRowBytes)
         << "rank " << r;
-    EXPECT_EQ(bytes_of(rank, "backward/all_to_all_v dx"), pairs_received_from_others[r] * kRowBytes)
-        << "rank " << r;
+    EXPECT_EQ(bytes_of(rank, "backward/all_to_all_v dx"), pairs_received_from_others[r] * kRowBytes) << "rank " << r;
   }
 }
 
@@ -217,7 +212,8 @@ TEST_F(ExpertParallelCli, DedupSendsOneRowPerTokenAndDestinationRank) {
   const nlohmann::json dedup_metrics = read_metrics(dedup), plain_metrics = read_metrics(plain);
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(bytes_of(dedup_metrics["expert_parallel"]["per_rank"][r], "forward/all_to_all_v tokens"),
-              rows_sent[r] * kRowBytes) << "rank " << r;
+              rows_sent[r] * kRowBytes)
+        << "rank " << r;
   }
   const auto total_tokens_bytes = [](const nlohmann::json& m) {
     return m["expert_parallel"]["total"]["bytes_sent"]["forward/all_to_all_v tokens"].get<std::int64_t>();
@@ -232,7 +228,8 @@ TEST_F(ExpertParallelCli, RingGathersEveryTokenToEveryRank) {
   const nlohmann::json metrics = read_metrics(run_ep("out", {"ranks=4", "dispatch=ring"}));
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(bytes_of(metrics["expert_parallel"]["per_rank"][r], "forward/ring_all_gather tokens"),
-              (kRanks - 1) * (kEpTokens / kRanks) * kRowBytes) << "rank " << r;
+              (kRanks - 1) * (kEpTokens / kRanks) * kRowBytes)
+        << "rank " << r;
   }
 }
 
@@ -326,12 +323,10 @@ TEST_F(EpmoeCli, UnequalTokenRowsPerRankMatchOneRank) {
       }
       EXPECT_EQ(rows, num_tokens);
     }
-    const ProcessResult ring_fp8 =
-        run_layer_into(scratch_ / ("ring_fp8_" + std::to_string(num_tokens)),
-                       {"top_k=3", "ranks=2", "dispatch=ring", "fp8_tokens=token"});
-    const ProcessResult a2a_fp8 =
-        run_layer_into(scratch_ / ("a2a_fp8_" + std::to_string(num_tokens)),
-                       {"top_k=3", "ranks=2", "dispatch=alltoall", "fp8_tokens=token"});
+    const ProcessResult ring_fp8 = run_layer_into(scratch_ / ("ring_fp8_" + std::to_string(num_tokens)),
+                                                  {"top_k=3", "ranks=2", "dispatch=ring", "fp8_tokens=token"});
+    const ProcessResult a2a_fp8 = run_layer_into(scratch_ / ("a2a_fp8_" + std::to_string(num_tokens)),
+                                                 {"top_k=3", "ranks=2", "dispatch=alltoall", "fp8_tokens=token"});
     ASSERT_EQ(ring_fp8.exit_code, 0) << ring_fp8.stderr_text;
     ASSERT_EQ(a2a_fp8.exit_code, 0) << a2a_fp8.stderr_text;
     expect_outputs_match(scratch_ / ("ring_fp8_" + std::to_string(num_tokens)),
@@ -410,8 +405,7 @@ TEST_F(ExpertParallelCli, RematPoliciesGiveIdenticalFilesAndReportTheTrade) {
 
 TEST_F(EpmoeCli, RejectsPerNameRematKeysWithoutCustomPolicy) {
   generate_inputs();
-  expect_rejected(run_layer({"remat.x_sorted=remat"}),
-                  {"remat.x_sorted is only read with remat_policy=custom"});
+  expect_rejected(run_layer({"remat.x_sorted=remat"}), {"remat.x_sorted is only read with remat_policy=custom"});
 }
 
 }  // namespace

@@ -41,12 +41,13 @@ class MpirunFault : public EpmoeCli {
 
   TimedResult run_with_fault(const std::string& spec, const std::vector<std::string>& keys,
                              const std::vector<std::string>& mpirun_options = {}) {
-    std::vector<std::string> argv = {EPMOE_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                                     "-x", "EPMOE_FAULT_INJECTION=" + spec};
+    std::vector<std::string> argv = {
+        EPMOE_MPIEXEC, "--allow-run-as-root",          "--oversubscribe", "--bind-to", "none",
+        "-x",          "EPMOE_FAULT_INJECTION=" + spec};
     argv.insert(argv.end(), mpirun_options.begin(), mpirun_options.end());
-    const std::vector<std::string> command = {"-np", "3", EPMOE_BINARY, "layer",
-                                              "--in", in_dir().string(), "--out", out_dir().string(),
-                                              "transport=mpi", "threads=1", "top_k=3"};
+    const std::vector<std::string> command = {
+        "-np",           "3",         EPMOE_BINARY, "layer", "--in", in_dir().string(), "--out", out_dir().string(),
+        "transport=mpi", "threads=1", "top_k=3"};
     argv.insert(argv.end(), command.begin(), command.end());
     argv.insert(argv.end(), keys.begin(), keys.end());
     const auto start = std::chrono::steady_clock::now();
@@ -78,8 +79,7 @@ TEST_F(MpirunFault, AThrowEndsTheJobAtOnceWithTheRootError) {
       EXPECT_LT(result.seconds, 2.0) << "the job outlived the failure by a deadline";
       const std::string line = first_failure_line(result.process.stderr_text);
       EXPECT_NE(line.find("rank 1 failed: "), std::string::npos) << result.process.stderr_text;
-      EXPECT_NE(line.find("rank 1: injected fault at " + point + " (fault_injection=" + spec + ")"),
-                std::string::npos)
+      EXPECT_NE(line.find("rank 1: injected fault at " + point + " (fault_injection=" + spec + ")"), std::string::npos)
           << "not the root error: " << result.process.stderr_text;
       EXPECT_FALSE(std::filesystem::exists(out_dir()));
     }
@@ -110,8 +110,7 @@ TEST_F(MpirunFault, AStoppedRankEndsTheJobAfterTheTimeoutNamingIt) {
   EXPECT_LT(result.seconds, kTimeoutMs / 1000.0 + 2.0);
   const std::string line = first_failure_line(result.process.stderr_text);
   EXPECT_NE(line.find("timed out after"), std::string::npos) << result.process.stderr_text;
-  EXPECT_NE(line.find("rank 1 did not answer a liveness probe within 500 ms: it is the late rank"),
-            std::string::npos)
+  EXPECT_NE(line.find("rank 1 did not answer a liveness probe within 500 ms: it is the late rank"), std::string::npos)
       << result.process.stderr_text;
   EXPECT_FALSE(std::filesystem::exists(out_dir()));
 }

@@ -34,8 +34,7 @@ using testing::read_bytes;
 
 // Starts `epmoe` with `arguments` (stdout/stderr into files named by
 // `tag` in `scratch`) without waiting.
-pid_t start_epmoe(const std::filesystem::path& log_dir, const std::string& tag,
-                  std::vector<std::string> arguments) {
+pid_t start_epmoe(const std::filesystem::path& log_dir, const std::string& tag, std::vector<std::string> arguments) {
   arguments.insert(arguments.begin(), EPMOE_BINARY);
   std::vector<char*> argv;
   for (std::string& argument : arguments) argv.push_back(argument.data());
@@ -80,8 +79,8 @@ TEST_F(EpmoeCli, ConcurrentRunsIntoOneOutLeaveOneRunsSetOrRefuseTheSecond) {
   int refusals = 0;
   for (int round = 0; round < kRounds; ++round) {
     const auto layer_arguments = [&](const std::string& top_k) {
-      return std::vector<std::string>{"layer", "--in", in_dir().string(), "--out", out_dir().string(), "threads=1",
-                                      "top_k=" + top_k};
+      return std::vector<std::string>{"layer",     "--in",          in_dir().string(), "--out", out_dir().string(),
+                                      "threads=1", "top_k=" + top_k};
     };
     const pid_t run_a = start_epmoe(logs, "a", layer_arguments("1"));
     const pid_t run_b = start_epmoe(logs, "b", layer_arguments("2"));
@@ -153,8 +152,8 @@ TEST_F(EpmoeCli, TrainInheritsFaultInjection) {
   const auto checkpoints = scratch_ / "checkpoints";
   const ProcessResult result = testing::run_epmoe(
       scratch_, {"train", "ranks=2", "steps=3", "batch_size=2", "seq_len=8", "hidden=16", "ffn=16", "num_experts=4",
-                 "vocab_size=32", "checkpoint_dir=" + checkpoints.string(), "checkpoint_every=1", "metrics_file=",
-                 "progress=off", "threads=1", "fault_injection=1:checkpoint:throw:2"});
+                 "vocab_size=32", "checkpoint_dir=" + checkpoints.string(), "checkpoint_every=1",
+                 "metrics_file=", "progress=off", "threads=1", "fault_injection=1:checkpoint:throw:2"});
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.stderr_text.find("rank 1: injected fault at checkpoint (fault_injection=1:checkpoint:throw:2)"),
             std::string::npos)

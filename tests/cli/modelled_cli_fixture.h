@@ -50,7 +50,8 @@ class ModelledCli : public ::testing::Test {
   // j < E (columns >= E keep their random values, which the gate ignores).
   // Logits are 4 for the two experts and 0 for every other: no near ties.
   // Needs hidden >= num_experts.
-  void craft_routing(const std::filesystem::path& in, const std::function<std::pair<int, int>(std::int64_t)>& experts_of) {
+  void craft_routing(const std::filesystem::path& in,
+                     const std::function<std::pair<int, int>(std::int64_t)>& experts_of) {
     Tensor x = read_npy(in / "x.npy", DType::f32);
     Tensor gate = read_npy(in / "gate.npy", DType::f32);
     const std::int64_t n = x.dim(0), h = x.dim(1), e = gate.dim(1);
@@ -104,7 +105,8 @@ inline const nlohmann::json& rank_report(const nlohmann::json& metrics, int rank
 // first), each either contains the next or ends at or before its start
 // (`slack_us` absorbs the printing of times through 15 significant digits).
 // Returns the events.
-inline nlohmann::json check_trace_structure(const std::filesystem::path& path, double slack_us, const std::string& what) {
+inline nlohmann::json check_trace_structure(const std::filesystem::path& path, double slack_us,
+                                            const std::string& what) {
   nlohmann::json trace;
   try {
     trace = nlohmann::json::parse(read_bytes(path));
@@ -154,8 +156,8 @@ inline nlohmann::json check_trace_structure(const std::filesystem::path& path, d
       while (!open.empty() && open.back()->end <= s.begin + slack_us) open.pop_back();
       if (!open.empty() && s.end > open.back()->end + slack_us && ++overlaps <= 3) {
         ADD_FAILURE() << what << ": pid " << track.first << " tid " << track.second << ": '" << s.name << "' ["
-                      << s.begin << ", " << s.end << "] overlaps '" << open.back()->name << "' ["
-                      << open.back()->begin << ", " << open.back()->end << "] without nesting";
+                      << s.begin << ", " << s.end << "] overlaps '" << open.back()->name << "' [" << open.back()->begin
+                      << ", " << open.back()->end << "] without nesting";
       }
       open.push_back(&s);
     }

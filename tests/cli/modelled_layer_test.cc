@@ -24,8 +24,8 @@ TEST_F(ModelledLayer, SameConfigTwiceGivesIdenticalModelledMetrics) {
   const std::filesystem::path in = dir("in");
   generate(in, {.tokens = 256, .hidden = 32, .ffn = 48, .experts = 8});
   for (const std::string dispatch : {"alltoall", "ring"}) {
-    std::vector<std::string> keys = {"ranks=4",        "clock=modelled",  "dispatch=" + dispatch, "token_chunks=2",
-                                     "balance=dynamic", "redundant_slots=1"};
+    std::vector<std::string> keys = {"ranks=4",        "clock=modelled",  "dispatch=" + dispatch,
+                                     "token_chunks=2", "balance=dynamic", "redundant_slots=1"};
     if (dispatch == "alltoall") keys.push_back("dedup=true");  // ring rejects dedup (it sends each token once)
     const nlohmann::json first = layer_metrics(in, keys);
     const nlohmann::json second = layer_metrics(in, keys);
@@ -34,7 +34,8 @@ TEST_F(ModelledLayer, SameConfigTwiceGivesIdenticalModelledMetrics) {
     EXPECT_EQ(first.at("modelled"), second.at("modelled")) << dispatch;
     // And the per-rank modelled reports (collective by collective) and phases.
     for (int r = 0; r < 4; ++r) {
-      EXPECT_EQ(rank_report(first, r).at("modelled"), rank_report(second, r).at("modelled")) << dispatch << " rank " << r;
+      EXPECT_EQ(rank_report(first, r).at("modelled"), rank_report(second, r).at("modelled"))
+          << dispatch << " rank " << r;
       EXPECT_EQ(rank_report(first, r).at("phase_seconds"), rank_report(second, r).at("phase_seconds"))
           << dispatch << " rank " << r;
     }
@@ -131,8 +132,7 @@ TEST_F(ModelledLayer, ARankWithTwiceTheRowsIsTheCriticalPath) {
     const double tolerance = (gbps < 1e3 ? 2 * 81920 / (gbps * 1e9) : 1e-9) + latency;
     EXPECT_LT(rank_modelled(m, 0, "idle_seconds"), latency) << what;
     for (int r = 1; r < 4; ++r) {
-      const double residual =
-          rank_modelled(m, r, "idle_seconds") - rank_modelled(m, 0, "idle_seconds") - extra_compute;
+      const double residual = rank_modelled(m, r, "idle_seconds") - rank_modelled(m, 0, "idle_seconds") - extra_compute;
       EXPECT_LE(std::abs(residual), tolerance)
           << what << " rank " << r << ": idle " << rank_modelled(m, r, "idle_seconds") << " s, rank 0 idle "
           << rank_modelled(m, 0, "idle_seconds") << " s, compute difference " << extra_compute << " s";
@@ -189,9 +189,9 @@ TEST_F(ModelledLayer, TokenChunksPipelineAsTheFormulaSays) {
     double compute1 = 0;
     for (int n : {1, 2, 4}) {
       const std::string what = dispatch + " token_chunks=" + std::to_string(n);
-      const nlohmann::json m = layer_metrics(in, {"ranks=4", "clock=modelled", "dispatch=" + dispatch,
-                                                   "token_chunks=" + std::to_string(n), "compute_efficiency=0.05",
-                                                   "link_latency_us=0.001"});
+      const nlohmann::json m =
+          layer_metrics(in, {"ranks=4", "clock=modelled", "dispatch=" + dispatch, "token_chunks=" + std::to_string(n),
+                             "compute_efficiency=0.05", "link_latency_us=0.001"});
       ASSERT_FALSE(m.is_null()) << what;
       const double latency = m.at("modelled").at("links").at("latency_us").get<double>() * 1e-6;
       ASSERT_EQ(latency, 1e-9);

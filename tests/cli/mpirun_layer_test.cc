@@ -22,8 +22,8 @@
 namespace epmoe {
 namespace {
 
-using testing::EpmoeCli;
 using testing::entries;
+using testing::EpmoeCli;
 using testing::expect_outputs_match;
 using testing::ProcessResult;
 using testing::read_bytes;
@@ -37,19 +37,30 @@ class MpirunLayer : public EpmoeCli {
   void SetUp() override { generate_inputs({"num_tokens=24", "num_experts=12"}); }
 
   ProcessResult run_mpirun_layer(const std::filesystem::path& out, const std::vector<std::string>& keys) {
-    std::vector<std::string> argv = {EPMOE_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                                     "-np", std::to_string(kProcesses), EPMOE_BINARY, "layer",
-                                     "--in", in_dir().string(), "--out", out.string(),
-                                     "transport=mpi", "threads=1", "top_k=3"};
+    std::vector<std::string> argv = {EPMOE_MPIEXEC,
+                                     "--allow-run-as-root",
+                                     "--oversubscribe",
+                                     "--bind-to",
+                                     "none",
+                                     "-np",
+                                     std::to_string(kProcesses),
+                                     EPMOE_BINARY,
+                                     "layer",
+                                     "--in",
+                                     in_dir().string(),
+                                     "--out",
+                                     out.string(),
+                                     "transport=mpi",
+                                     "threads=1",
+                                     "top_k=3"};
     argv.insert(argv.end(), keys.begin(), keys.end());
     return run_program(scratch_, argv);
   }
 };
 
 TEST_F(MpirunLayer, ProcessesMatchOneRankAndTheThreadsTransport) {
-  for (const std::vector<std::string>& dispatcher_keys :
-       std::vector<std::vector<std::string>>{{"dispatch=alltoall", "dedup=true"},
-                                             {"dispatch=ring", "token_chunks=2"}}) {
+  for (const std::vector<std::string>& dispatcher_keys : std::vector<std::vector<std::string>>{
+           {"dispatch=alltoall", "dedup=true"}, {"dispatch=ring", "token_chunks=2"}}) {
     SCOPED_TRACE(dispatcher_keys[0]);
     const std::filesystem::path reference = scratch_ / "reference", threads = scratch_ / "threads",
                                 mpi = scratch_ / "mpi";

@@ -49,9 +49,19 @@ class MpirunTrain : public EpmoeCli {
 
 TEST_F(MpirunTrain, ProcessesTrainLikeThreadsAndLikeOneRank) {
   const fs::path checkpoints = scratch_ / "mpi_checkpoints";
-  std::vector<std::string> argv = {EPMOE_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                                   "-np", "4", EPMOE_BINARY, "train", "transport=mpi", "threads=1",
-                                   "checkpoint_every=10", "checkpoint_dir=" + checkpoints.string()};
+  std::vector<std::string> argv = {EPMOE_MPIEXEC,
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "--bind-to",
+                                   "none",
+                                   "-np",
+                                   "4",
+                                   EPMOE_BINARY,
+                                   "train",
+                                   "transport=mpi",
+                                   "threads=1",
+                                   "checkpoint_every=10",
+                                   "checkpoint_dir=" + checkpoints.string()};
   for (const std::string& key : tiny_train_keys(scratch_ / "mpi.jsonl")) argv.push_back(key);
   const ProcessResult result = run_program(scratch_, argv);
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
@@ -84,9 +94,20 @@ TEST_F(MpirunTrain, ProcessesTrainLikeThreadsAndLikeOneRank) {
 TEST_F(MpirunTrain, ARankFailingMidCheckpointEndsEveryProcessWithinTwoSeconds) {
   const fs::path checkpoints = scratch_ / "faulty_checkpoints";
   const fs::path metrics = scratch_ / "faulty.jsonl";
-  std::vector<std::string> argv = {EPMOE_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                                   "-x", "EPMOE_FAULT_INJECTION", "-np", "3", EPMOE_BINARY, "train",
-                                   "transport=mpi", "threads=1", "checkpoint_dir=" + checkpoints.string()};
+  std::vector<std::string> argv = {EPMOE_MPIEXEC,
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "--bind-to",
+                                   "none",
+                                   "-x",
+                                   "EPMOE_FAULT_INJECTION",
+                                   "-np",
+                                   "3",
+                                   EPMOE_BINARY,
+                                   "train",
+                                   "transport=mpi",
+                                   "threads=1",
+                                   "checkpoint_dir=" + checkpoints.string()};
   for (const std::string& key : tiny_train_keys(metrics)) argv.push_back(key);
   // E=6 over 3 ranks, 12 sequences; the checkpoint at the end of step 10.
   for (const std::string key : {"num_experts=6", "batch_size=12", "steps=10"}) argv.push_back(key);

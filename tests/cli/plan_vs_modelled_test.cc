@@ -25,8 +25,13 @@ constexpr double kEfficiency = 0.25;
 
 plan::PlanConfig layer_plan() {
   plan::PlanConfig c;
-  c.model = {.name = "engine-layer", .num_layers = 1, .hidden = kHidden, .moe_ffn = kFfn, .num_experts = kExperts,
-             .top_k = kTopK, .vocab = 1,
+  c.model = {.name = "engine-layer",
+             .num_layers = 1,
+             .hidden = kHidden,
+             .moe_ffn = kFfn,
+             .num_experts = kExperts,
+             .top_k = kTopK,
+             .vocab = 1,
              .attention = {.num_heads = 1, .num_kv_heads = 1, .qk_head_dim = 1, .v_head_dim = 1}};
   c.parallel = {.ep = kRanks, .per_device_batch_size = 1, .seq_len = kTokensPerRank};
   c.hardware = plan::load_hardware("hardware", "h100");
@@ -39,8 +44,8 @@ plan::PlanConfig layer_plan() {
 
 struct RankCompute {
   double flops = 0;
-  double flop_seconds = 0;    // sum of flops / (peak · efficiency)
-  double charged_seconds = 0; // sum of max(flops / (peak · eff), bytes / HBM): what the clock charges
+  double flop_seconds = 0;     // sum of flops / (peak · efficiency)
+  double charged_seconds = 0;  // sum of max(flops / (peak · eff), bytes / HBM): what the clock charges
 };
 
 // Per rank, from the trace's compute events (f32: no nested scopes).
@@ -77,8 +82,8 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
   const plan::PlanConfig config = layer_plan();
   config.validate();
   const plan::DispatchShape shape = config.dispatch_shape();
-  const double ep_bytes = plan::total_bytes(
-      plan::alltoall_collective_bytes(shape, plan::expected_alltoall_traffic(shape, false), false));
+  const double ep_bytes =
+      plan::total_bytes(plan::alltoall_collective_bytes(shape, plan::expected_alltoall_traffic(shape, false), false));
   const plan::StepTime estimate = plan::estimate_step_time(config, ep_bytes);
 
   const std::filesystem::path in = dir("in");

@@ -17,8 +17,17 @@ namespace epmoe::testing {
 // V=64 H=32 F=32 E=8 K=2 L=2, 8 sequences of 16 tokens per step, one
 // compute thread per rank (ranks of concurrent tests share two cores).
 inline std::vector<std::string> tiny_train_keys(const std::filesystem::path& metrics_file) {
-  return {"vocab_size=64", "hidden=32", "ffn=32", "num_experts=8", "num_layers=2", "batch_size=8",
-          "seq_len=16", "steps=20", "warmup_steps=5", "progress=off", "metrics_file=" + metrics_file.string()};
+  return {"vocab_size=64",
+          "hidden=32",
+          "ffn=32",
+          "num_experts=8",
+          "num_layers=2",
+          "batch_size=8",
+          "seq_len=16",
+          "steps=20",
+          "warmup_steps=5",
+          "progress=off",
+          "metrics_file=" + metrics_file.string()};
 }
 
 inline std::vector<nlohmann::json> read_metrics_lines(const std::filesystem::path& path) {

@@ -58,7 +58,7 @@ TEST_F(TrainCli, WritesOneMetricsLinePerStepAndShowsTheLossFalling) {
     EXPECT_EQ(line.at("expert_load_max_over_mean").size(), 2u);
     EXPECT_EQ(line.at("rank_load_max_over_mean_before").size(), 2u);
     EXPECT_GT(line.at("saved_activation_peak_bytes").get<std::int64_t>(), 0);
-    EXPECT_EQ(line.at("dropped_pairs").get<std::int64_t>(), 0);  // capacity_factor=0: exact buffers
+    EXPECT_EQ(line.at("dropped_pairs").get<std::int64_t>(), 0);              // capacity_factor=0: exact buffers
     EXPECT_EQ(line.at("routed_pairs").get<std::int64_t>(), 8 * 16 * 2 * 2);  // tokens x K x L
   }
   EXPECT_LT(lines.back()["loss"].get<double>(), lines.front()["loss"].get<double>() - 0.3);
@@ -98,7 +98,8 @@ TEST_F(TrainCli, DroppedPairsShowInTheMetricsTheProgressLineAndTheSummary) {
   }
   const std::vector<long long> shown = numbers_after(result.stdout_text, "  dropped ");
   ASSERT_EQ(shown.size(), 4u) << result.stdout_text;  // steps 5, 10, 15, 20
-  for (std::size_t i = 0; i < shown.size(); ++i) EXPECT_EQ(shown[i], lines[5 * i + 4]["dropped_pairs"].get<long long>());
+  for (std::size_t i = 0; i < shown.size(); ++i)
+    EXPECT_EQ(shown[i], lines[5 * i + 4]["dropped_pairs"].get<long long>());
   const std::vector<long long> summary = numbers_after(result.stdout_text, "; dropped ");
   ASSERT_EQ(summary.size(), 1u) << result.stdout_text;
   EXPECT_EQ(summary[0], total);
@@ -127,7 +128,7 @@ TEST_F(TrainCli, YamlConfigWithCommandLineOverrides) {
       train({"--config", (scratch_ / "train.yaml").string(), "steps=4", "ranks=2"}, /*unset=*/"num_layers");
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
   const std::vector<nlohmann::json> lines = read_metrics_lines(metrics());
-  ASSERT_EQ(lines.size(), 4u);  // the command line wins over the file
+  ASSERT_EQ(lines.size(), 4u);                                  // the command line wins over the file
   EXPECT_EQ(lines[0]["expert_load_max_over_mean"].size(), 1u);  // num_layers from the file
 }
 
@@ -201,9 +202,10 @@ TEST_F(TrainCli, KillingARunDuringCheckpointWritesLeavesTheLastOneLoadable) {
   for (const int delay_ms : {0, 30, 70, 110, 160, 230}) {
     SCOPED_TRACE("killed " + std::to_string(delay_ms) + " ms after the first checkpoint");
     fs::remove_all(scratch_ / "run");
-    std::vector<std::string> argv = {EPMOE_BINARY, "train", "threads=1", "ranks=2", "steps=100000",
-                                     "checkpoint_every=1", "checkpoint_keep=2",
-                                     "checkpoint_dir=" + checkpoints().string()};
+    std::vector<std::string> argv = {EPMOE_BINARY,        "train",
+                                     "threads=1",         "ranks=2",
+                                     "steps=100000",      "checkpoint_every=1",
+                                     "checkpoint_keep=2", "checkpoint_dir=" + checkpoints().string()};
     for (const std::string& key : tiny_train_keys(metrics())) {
       if (key.rfind("steps=", 0) != 0) argv.push_back(key);
     }
@@ -235,8 +237,8 @@ TEST_F(TrainCli, KillingARunDuringCheckpointWritesLeavesTheLastOneLoadable) {
     const std::optional<std::int64_t> latest = store.latest_step();
     ASSERT_TRUE(latest.has_value()) << "no checkpoint committed in " << delay_ms << " ms";
     EXPECT_NO_THROW(store.verify(*latest));
-    const ProcessResult resumed = train({"ranks=2", "resume=true", "checkpoint_dir=" + checkpoints().string(),
-                                         "steps=" + std::to_string(*latest + 1)});
+    const ProcessResult resumed = train(
+        {"ranks=2", "resume=true", "checkpoint_dir=" + checkpoints().string(), "steps=" + std::to_string(*latest + 1)});
     EXPECT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
     EXPECT_NE(resumed.stdout_text.find("resuming from step " + std::to_string(*latest)), std::string::npos);
   }
@@ -342,7 +344,8 @@ TEST_F(TrainCli, AResumeNamesTheMetricsLinesItCannotRecompute) {
     if (line["step"] != 3 && line["step"] != 4) kept += line.dump() + "\n";
   }
   write_bytes(metrics(), kept);
-  const ProcessResult resumed = train({"ranks=2", "steps=12", "resume=true", "checkpoint_dir=" + checkpoints().string()});
+  const ProcessResult resumed =
+      train({"ranks=2", "steps=12", "resume=true", "checkpoint_dir=" + checkpoints().string()});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
   EXPECT_NE(resumed.stdout_text.find("note: metrics_file=" + metrics().string() + " has no lines for steps 3-4 "),
             std::string::npos)
@@ -361,8 +364,12 @@ TEST_F(TrainCli, ACheckpointDirectoryWithoutManifestIsReportedAtStart) {
   const auto metrics_before = read_bytes(metrics());
   const ProcessResult result = train(resume);
   EXPECT_EQ(result.exit_code, 2) << result.stdout_text;
-  EXPECT_EQ(result.stderr_text.rfind("epmoe: error: " + step20.string() + ": a checkpoint directory without "
-                                     "manifest.json", 0), 0u) << result.stderr_text;
+  EXPECT_EQ(result.stderr_text.rfind("epmoe: error: " + step20.string() +
+                                         ": a checkpoint directory without "
+                                         "manifest.json",
+                                     0),
+            0u)
+      << result.stderr_text;
   EXPECT_EQ(result.stdout_text.find("resuming"), std::string::npos) << result.stdout_text;  // no work done
   EXPECT_EQ(read_bytes(metrics()), metrics_before);
 }

@@ -57,8 +57,8 @@ TEST(YamlOverrides, FlattensNestedMapsToDottedKeys) {
 TEST(YamlOverrides, ValuesGoThroughTheKeyRegistry) {
   ScratchDir dir;
   write_bytes(dir / "layer.yaml", "top_k: two\n");
-  const KeyRegistry registry("layer", {{"layer", {{.name = "top_k", .type = KeyType::integer,
-                                                   .default_value = "2", .help = ""}}}});
+  const KeyRegistry registry(
+      "layer", {{"layer", {{.name = "top_k", .type = KeyType::integer, .default_value = "2", .help = ""}}}});
   try {
     registry.parse(load_yaml_overrides(dir / "layer.yaml"));
     FAIL() << "no ConfigError";
@@ -136,8 +136,8 @@ void expect_refused_in_child(const std::filesystem::path& path) {
     try {
       load_yaml_overrides(path);
     } catch (const FileError& e) {
-      ::_exit(std::string(e.what()) == path.string() +
-                                           ": not a regular file (a FIFO, socket or device); a YAML config is a file"
+      ::_exit(std::string(e.what()) ==
+                      path.string() + ": not a regular file (a FIFO, socket or device); a YAML config is a file"
                   ? 0
                   : 1);
     } catch (...) {

@@ -38,8 +38,11 @@ TEST(AllToAllVKnownCounts, AWrongCountFailsEveryRankNamingThePeer) {
       if (comm.rank() == 0) known[1] = 3;
       std::vector<float> output(3 * num_ranks);
       try {
-        all_to_all_v(comm, {.input = input.data(), .send_counts = std::vector<std::int64_t>(num_ranks, 2),
-                            .known_recv_counts = &known, .recv_buffer = output.data(), .tag = 4,
+        all_to_all_v(comm, {.input = input.data(),
+                            .send_counts = std::vector<std::int64_t>(num_ranks, 2),
+                            .known_recv_counts = &known,
+                            .recv_buffer = output.data(),
+                            .tag = 4,
                             .timeout = std::chrono::milliseconds(20'000)})
             .wait();
         // A rank whose own messages all matched finishes the exchange; it
@@ -70,11 +73,15 @@ TEST(AllToAllVKnownCounts, BadOptionsAreRefusedBeforeSending) {
       }
       return std::string("accepted");
     };
-    EXPECT_NE(message({.input = input.data(), .send_counts = send, .known_recv_counts = &short_counts,
+    EXPECT_NE(message({.input = input.data(),
+                       .send_counts = send,
+                       .known_recv_counts = &short_counts,
                        .recv_buffer = output.data()})
                   .find("known_recv_counts has 1 entries"),
               std::string::npos);
-    EXPECT_NE(message({.input = input.data(), .send_counts = send, .known_recv_counts = &self_differs,
+    EXPECT_NE(message({.input = input.data(),
+                       .send_counts = send,
+                       .known_recv_counts = &self_differs,
                        .recv_buffer = output.data()})
                   .find("must agree"),
               std::string::npos);

@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -69,8 +69,7 @@ float ring_order_sum(const std::vector<std::vector<float>>& inputs, int block, s
 }  // namespace
 
 void check_all_gather(transport::Communicator& comm, std::int64_t num_elements_per_rank, DType dtype,
-                      RingDirection direction, std::int64_t pipe, Algorithm algorithm,
-                      std::uint32_t tag) {
+                      RingDirection direction, std::int64_t pipe, Algorithm algorithm, std::uint32_t tag) {
   const int num_ranks = comm.size();
   const std::int64_t chunk_bytes = num_elements_per_rank * static_cast<std::int64_t>(dtype_size_bytes(dtype));
   const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(num_elements_per_rank);
@@ -101,8 +100,8 @@ void check_all_gather(transport::Communicator& comm, std::int64_t num_elements_p
   options.input = output.data() + comm.rank() * chunk_bytes;
   options.tag = tag + 1000;
   ring_all_gather(comm, options).wait();
-  ASSERT_TRUE(output == expected) << "in-place all-gather differs: R=" << num_ranks << " n="
-                                  << num_elements_per_rank << " rank=" << comm.rank();
+  ASSERT_TRUE(output == expected) << "in-place all-gather differs: R=" << num_ranks << " n=" << num_elements_per_rank
+                                  << " rank=" << comm.rank();
 }
 
 void check_all_gather_v(transport::Communicator& comm, const std::vector<std::int64_t>& counts, DType dtype,
@@ -120,8 +119,14 @@ void check_all_gather_v(transport::Communicator& comm, const std::vector<std::in
   }
   const std::vector<std::byte> input = random_bytes(seed, comm.rank(), counts[comm.rank()] * esize);
   std::vector<std::byte> output(expected.size(), std::byte{0xA5});
-  AllGatherOptions options{.input = input.data(), .output = output.data(), .num_elements_by_rank = counts,
-                           .dtype = dtype, .direction = direction, .pipe = pipe, .algorithm = algorithm, .tag = tag};
+  AllGatherOptions options{.input = input.data(),
+                           .output = output.data(),
+                           .num_elements_by_rank = counts,
+                           .dtype = dtype,
+                           .direction = direction,
+                           .pipe = pipe,
+                           .algorithm = algorithm,
+                           .tag = tag};
   std::string what = "R=" + std::to_string(num_ranks) + " counts=";
   for (std::int64_t count : counts) what += std::to_string(count) + ",";
   what += " dtype=" + std::string(dtype_name(dtype)) + " pipe=" + std::to_string(pipe) +
@@ -136,8 +141,8 @@ void check_all_gather_v(transport::Communicator& comm, const std::vector<std::in
   ASSERT_TRUE(output == expected) << "in-place unequal all-gather differs: " << what;
 }
 
-void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::int64_t>& counts,
-                          DType dtype, RingDirection direction, Algorithm algorithm, std::uint32_t tag) {
+void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::int64_t>& counts, DType dtype,
+                          RingDirection direction, Algorithm algorithm, std::uint32_t tag) {
   const int num_ranks = comm.size();
   const int rank = comm.rank();
   std::int64_t total = 0;
@@ -166,8 +171,8 @@ void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::
 
   auto run_once = [&] {
     ReduceScatterOptions options;
-    options.input = dtype == DType::f32 ? static_cast<const void*>(inputs[rank].data())
-                                        : static_cast<const void*>(own_bf16.data());
+    options.input =
+        dtype == DType::f32 ? static_cast<const void*>(inputs[rank].data()) : static_cast<const void*>(own_bf16.data());
     options.output = output.data();
     options.num_elements_per_rank = counts;
     options.dtype = dtype;
@@ -201,8 +206,7 @@ void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::
     if (algorithm == Algorithm::ring) {
       const float expected = dtype == DType::f32 ? ordered : bf16_bits_to_float(float_to_bf16_bits(ordered));
       ASSERT_EQ(std::memcmp(&got, &expected, sizeof(float)), 0)
-          << "reduce-scatter element " << i << " of rank " << rank << ": " << got
-          << " != ring-order sum " << expected;
+          << "reduce-scatter element " << i << " of rank " << rank << ": " << got << " != ring-order sum " << expected;
     }
     const double epsilon = dtype == DType::f32 ? std::numeric_limits<float>::epsilon() : 1.0 / 128;
     ASSERT_LE(std::fabs(got - exact), num_ranks * epsilon * magnitude + 1e-30)
@@ -214,8 +218,8 @@ void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::
   ASSERT_TRUE(output == first) << "reduce-scatter bits changed between two runs";
 }
 
-void check_all_to_all_v(transport::Communicator& comm, std::uint64_t seed, std::int64_t max_count,
-                        DType dtype, Algorithm algorithm, std::uint32_t tag) {
+void check_all_to_all_v(transport::Communicator& comm, std::uint64_t seed, std::int64_t max_count, DType dtype,
+                        Algorithm algorithm, std::uint32_t tag) {
   const int num_ranks = comm.size();
   const int rank = comm.rank();
   const auto esize = static_cast<std::int64_t>(dtype_size_bytes(dtype));
@@ -275,8 +279,8 @@ void check_all_to_all_v(transport::Communicator& comm, std::uint64_t seed, std::
   for (std::size_t i = expected.size(); i < own_buffer.size(); ++i) ASSERT_EQ(own_buffer[i], std::byte{0x3C});
 }
 
-void check_all_reduce(transport::Communicator& comm, std::int64_t num_elements, DType dtype,
-                      Algorithm algorithm, std::uint32_t tag) {
+void check_all_reduce(transport::Communicator& comm, std::int64_t num_elements, DType dtype, Algorithm algorithm,
+                      std::uint32_t tag) {
   const int num_ranks = comm.size();
   const std::uint64_t seed = 3000 + static_cast<std::uint64_t>(num_elements);
   std::vector<std::vector<float>> inputs(num_ranks);
@@ -323,11 +327,10 @@ void check_all_reduce(transport::Communicator& comm, std::int64_t num_elements, 
   }
 }
 
-void check_broadcast(transport::Communicator& comm, std::int64_t num_elements, int root,
-                     Algorithm algorithm, std::uint32_t tag) {
+void check_broadcast(transport::Communicator& comm, std::int64_t num_elements, int root, Algorithm algorithm,
+                     std::uint32_t tag) {
   const auto expected = random_bytes(4000 + static_cast<std::uint64_t>(num_elements), root, num_elements * 4);
-  std::vector<std::byte> data = comm.rank() == root ? expected
-                                                    : std::vector<std::byte>(expected.size(), std::byte{0});
+  std::vector<std::byte> data = comm.rank() == root ? expected : std::vector<std::byte>(expected.size(), std::byte{0});
   BroadcastOptions options;
   options.data = data.data();
   options.num_elements = num_elements;

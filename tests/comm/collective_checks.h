@@ -24,8 +24,7 @@ float bf16_bits_to_float(std::uint16_t bits);
 std::uint16_t float_to_bf16_bits(float value);  // nearest even
 
 void check_all_gather(transport::Communicator& comm, std::int64_t num_elements_per_rank, DType dtype,
-                      RingDirection direction, std::int64_t pipe, Algorithm algorithm,
-                      std::uint32_t tag);
+                      RingDirection direction, std::int64_t pipe, Algorithm algorithm, std::uint32_t tag);
 // Unequal blocks (num_elements_by_rank = counts): bit-equal to a naive
 // gather, also in place.
 void check_all_gather_v(transport::Communicator& comm, const std::vector<std::int64_t>& counts, DType dtype,
@@ -33,15 +32,15 @@ void check_all_gather_v(transport::Communicator& comm, const std::vector<std::in
 // counts[r] elements in block r. Ring: bit-equal to the documented ring
 // order; every algorithm: within R * epsilon * sum|x| of a double reference;
 // a second run gives the same bits.
-void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::int64_t>& counts,
-                          DType dtype, RingDirection direction, Algorithm algorithm, std::uint32_t tag);
+void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::int64_t>& counts, DType dtype,
+                          RingDirection direction, Algorithm algorithm, std::uint32_t tag);
 // Random counts in [0, max_count], some forced to 0.
-void check_all_to_all_v(transport::Communicator& comm, std::uint64_t seed, std::int64_t max_count,
-                        DType dtype, Algorithm algorithm, std::uint32_t tag);
-void check_all_reduce(transport::Communicator& comm, std::int64_t num_elements, DType dtype,
-                      Algorithm algorithm, std::uint32_t tag);
-void check_broadcast(transport::Communicator& comm, std::int64_t num_elements, int root,
-                     Algorithm algorithm, std::uint32_t tag);
+void check_all_to_all_v(transport::Communicator& comm, std::uint64_t seed, std::int64_t max_count, DType dtype,
+                        Algorithm algorithm, std::uint32_t tag);
+void check_all_reduce(transport::Communicator& comm, std::int64_t num_elements, DType dtype, Algorithm algorithm,
+                      std::uint32_t tag);
+void check_broadcast(transport::Communicator& comm, std::int64_t num_elements, int root, Algorithm algorithm,
+                     std::uint32_t tag);
 // All-gather and reduce-scatter in flight at once (different tags), started
 // and waited in opposite orders on even and odd ranks.
 void check_two_in_flight(transport::Communicator& comm, std::int64_t num_elements);

@@ -35,17 +35,11 @@ double thread_cpu_seconds() {
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
-TEST(CollectivesMpi, OurAlgorithmsMatchTheNaiveReference) {
-  testing::check_everything(*g_comm, Algorithm::ring);
-}
+TEST(CollectivesMpi, OurAlgorithmsMatchTheNaiveReference) { testing::check_everything(*g_comm, Algorithm::ring); }
 
-TEST(CollectivesMpi, NativeAlgorithmsMatchTheNaiveReference) {
-  testing::check_everything(*g_comm, Algorithm::native);
-}
+TEST(CollectivesMpi, NativeAlgorithmsMatchTheNaiveReference) { testing::check_everything(*g_comm, Algorithm::native); }
 
-TEST(CollectivesMpi, TwoCollectivesInFlightWithDifferentTags) {
-  testing::check_two_in_flight(*g_comm, 4097);
-}
+TEST(CollectivesMpi, TwoCollectivesInFlightWithDifferentTags) { testing::check_two_in_flight(*g_comm, 4097); }
 
 // Cooperative progress on MPI (comm/cooperative_progress.h): the caller
 // drives instead of waiting, so the progress threads' waits poll through the
@@ -64,8 +58,8 @@ TEST(CollectivesMpi, DrivingProgressGivesTheSameResultsAsWaiting) {
     std::vector<float> reduced_waited = input, reduced_driven = input;
     for (bool drive : {false, true}) {
       std::vector<float> output(static_cast<std::size_t>(n * num_ranks), -1.0f);
-      CollectiveHandle gather = ring_all_gather(comm, {.input = input.data(), .output = output.data(),
-                                                       .num_elements_per_rank = n, .tag = 30});
+      CollectiveHandle gather = ring_all_gather(
+          comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = n, .tag = 30});
       std::vector<float>& reduced = drive ? reduced_driven : reduced_waited;
       CollectiveHandle reduce = all_reduce(comm, {.data = reduced.data(), .num_elements = n, .tag = 31});
       if (drive) {

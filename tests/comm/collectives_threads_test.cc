@@ -44,8 +44,7 @@ TEST_P(CollectivesThreads, EveryCollectiveMatchesTheNaiveReference) {
 }
 
 TEST_P(CollectivesThreads, TwoCollectivesInFlightWithDifferentTags) {
-  run_ranks(GetParam(), one_thread_per_rank(),
-            [](Communicator& comm) { testing::check_two_in_flight(comm, 301); });
+  run_ranks(GetParam(), one_thread_per_rank(), [](Communicator& comm) { testing::check_two_in_flight(comm, 301); });
 }
 
 TEST_P(CollectivesThreads, DifferentCollectivesWithTheSameTagInFlightDoNotCollide) {
@@ -62,8 +61,8 @@ TEST_P(CollectivesThreads, DifferentCollectivesWithTheSameTagInFlightDoNotCollid
     for (std::int64_t i = 0; i < n; ++i) gather_input[i] = static_cast<float>(1000 * rank + i);
     std::fill(reduced.begin(), reduced.end(), static_cast<float>(rank + 1));
     auto start_gather = [&] {
-      return ring_all_gather(comm, {.input = gather_input.data(), .output = gathered.data(),
-                                    .num_elements_per_rank = n, .tag = 5});
+      return ring_all_gather(
+          comm, {.input = gather_input.data(), .output = gathered.data(), .num_elements_per_rank = n, .tag = 5});
     };
     auto start_reduce = [&] {
       return all_reduce(comm, {.data = reduced.data(), .num_elements = n * num_ranks, .tag = 5});
@@ -260,8 +259,8 @@ TEST(CollectivesThreadsTiming, BidirectionalRingIsAboutTwiceAsFastOnEmulatedLink
   const double one_way_bound = 3.0 * n * 4 / 0.1e9;
   EXPECT_GE(seconds[0], one_way_bound * 0.99) << "unidirectional beat the link model";
   EXPECT_GE(seconds[1], one_way_bound / 2 * 0.99) << "bidirectional beat the link model";
-  EXPECT_LT(seconds[1], 0.8 * seconds[0]) << "bidirectional " << seconds[1] << " s vs unidirectional "
-                                          << seconds[0] << " s";
+  EXPECT_LT(seconds[1], 0.8 * seconds[0])
+      << "bidirectional " << seconds[1] << " s vs unidirectional " << seconds[0] << " s";
 }
 
 }  // namespace

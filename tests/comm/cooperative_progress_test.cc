@@ -197,7 +197,8 @@ TEST_P(CooperativeProgress, AllReduceGivesTheSameBitsWhetherWaitedOrDriven) {
       }
       ASSERT_EQ(results[0].size(), results[1].size());
       // (n == 0: empty vectors may hold null pointers, which memcmp must not get)
-      EXPECT_TRUE(results[0].empty() || std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)) == 0)
+      EXPECT_TRUE(results[0].empty() ||
+                  std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)) == 0)
           << "rank " << comm.rank() << " n " << n << ": driven sums differ in their bits";
       for (std::int64_t i = 0; i < n; ++i) {
         ASSERT_NEAR(results[1][i], reference[i], 1e-5 * num_ranks * 2.0) << "rank " << comm.rank() << " i " << i;
@@ -215,8 +216,8 @@ TEST(CooperativeProgressBookkeeping, NothingInFlightMeansNoLoanAndModelledTimeTr
   run_ranks(2, emulated_links(), [](Communicator& comm) {
     EXPECT_EQ(drive_progress(), 0);
     std::vector<float> input(64, 1.0f), output(128);
-    CollectiveHandle handle = ring_all_gather(
-        comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 64, .tag = 3});
+    CollectiveHandle handle =
+        ring_all_gather(comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 64, .tag = 3});
     handle.wait();
     // Ended: nothing left to lend to, and the list forgets it.
     EXPECT_EQ(detail::num_in_flight(), 0);
@@ -230,8 +231,8 @@ TEST(CooperativeProgressBookkeeping, NothingInFlightMeansNoLoanAndModelledTimeTr
   modelled.modelled.memory_bytes_per_s = 1e15;
   run_ranks(2, modelled, [](Communicator& comm) {
     std::vector<float> input(64, 1.0f), output(128);
-    CollectiveHandle handle = ring_all_gather(
-        comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 64, .tag = 4});
+    CollectiveHandle handle =
+        ring_all_gather(comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 64, .tag = 4});
     // Modelled time has no cores to lend: not tracked, never lent to.
     EXPECT_EQ(detail::num_in_flight(), 0);
     EXPECT_EQ(drive_progress(), 0);
@@ -250,21 +251,21 @@ TEST_P(CooperativeProgressFailure, AFaultInsideACollectiveReachesEveryDrivingRan
   std::mutex mutex;
   std::vector<std::string> errors(static_cast<std::size_t>(num_ranks));
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_THROW(run_ranks(num_ranks, emulated_links(),
-                         [&](Communicator& comm) {
-                           std::vector<float> input(4096, 1.0f), output(4096 * num_ranks);
-                           CollectiveHandle handle = ring_all_gather(
-                               comm, {.input = input.data(), .output = output.data(),
-                                      .num_elements_per_rank = 4096, .tag = 9});
-                           try {
-                             finish(handle, Finish::drive);  // never wait(): only drive and test
-                           } catch (const std::exception& e) {
-                             std::lock_guard<std::mutex> lock(mutex);
-                             errors[comm.rank()] = e.what();
-                             throw;
-                           }
-                         }),
-               InjectedFault);
+  EXPECT_THROW(
+      run_ranks(num_ranks, emulated_links(),
+                [&](Communicator& comm) {
+                  std::vector<float> input(4096, 1.0f), output(4096 * num_ranks);
+                  CollectiveHandle handle = ring_all_gather(
+                      comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 4096, .tag = 9});
+                  try {
+                    finish(handle, Finish::drive);  // never wait(): only drive and test
+                  } catch (const std::exception& e) {
+                    std::lock_guard<std::mutex> lock(mutex);
+                    errors[comm.rank()] = e.what();
+                    throw;
+                  }
+                }),
+      InjectedFault);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 2.0) << "ranks waited for their 60 s deadlines instead of the abort";
   const std::string root = "rank 1: injected fault at collective (fault_injection=1:collective)";
@@ -277,31 +278,31 @@ TEST_P(CooperativeProgressFailure, AnErrorInAPrologueReachesWaitAndAbortsTheGrou
   const int num_ranks = GetParam();
   std::mutex mutex;
   std::vector<std::string> errors(static_cast<std::size_t>(num_ranks));
-  EXPECT_THROW(run_ranks(num_ranks, emulated_links(),
-                         [&](Communicator& comm) {
-                           try {
-                             if (comm.rank() == 1) {
-                               CollectiveHandle handle = launch_collective(
-                                   comm, "test_collective tag 1", kDefaultTimeout,
-                                   [](transport::Deadline) { throw PeerError("prologue failed on purpose"); },
-                                   [](transport::Deadline) { ADD_FAILURE() << "the body ran after its prologue failed"; });
-                               finish(handle, Finish::drive);
-                               ADD_FAILURE() << "the prologue's error did not reach test()";
-                               return;
-                             }
-                             // The others are in a collective rank 1 never joins: only the abort ends it.
-                             std::vector<float> input(64, 1.0f), output(64 * num_ranks);
-                             CollectiveHandle handle = ring_all_gather(
-                                 comm, {.input = input.data(), .output = output.data(),
-                                        .num_elements_per_rank = 64, .tag = 2});
-                             finish(handle, Finish::drive);
-                           } catch (const std::exception& e) {
-                             std::lock_guard<std::mutex> lock(mutex);
-                             errors[comm.rank()] = e.what();
-                             throw;
-                           }
-                         }),
-               PeerError);
+  EXPECT_THROW(
+      run_ranks(num_ranks, emulated_links(),
+                [&](Communicator& comm) {
+                  try {
+                    if (comm.rank() == 1) {
+                      CollectiveHandle handle = launch_collective(
+                          comm, "test_collective tag 1", kDefaultTimeout,
+                          [](transport::Deadline) { throw PeerError("prologue failed on purpose"); },
+                          [](transport::Deadline) { ADD_FAILURE() << "the body ran after its prologue failed"; });
+                      finish(handle, Finish::drive);
+                      ADD_FAILURE() << "the prologue's error did not reach test()";
+                      return;
+                    }
+                    // The others are in a collective rank 1 never joins: only the abort ends it.
+                    std::vector<float> input(64, 1.0f), output(64 * num_ranks);
+                    CollectiveHandle handle = ring_all_gather(
+                        comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 64, .tag = 2});
+                    finish(handle, Finish::drive);
+                  } catch (const std::exception& e) {
+                    std::lock_guard<std::mutex> lock(mutex);
+                    errors[comm.rank()] = e.what();
+                    throw;
+                  }
+                }),
+      PeerError);
   for (int r = 0; r < num_ranks; ++r) {
     EXPECT_NE(errors[r].find("test_collective tag 1: prologue failed on purpose"), std::string::npos)
         << "rank " << r << ": " << errors[r];

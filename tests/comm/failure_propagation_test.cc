@@ -51,8 +51,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 CollectiveHandle start_gather(Communicator& comm, const std::vector<float>& input, std::vector<float>& output,
                               std::uint32_t tag) {
   output.resize(input.size() * comm.size());
-  return ring_all_gather(comm, {.input = input.data(), .output = output.data(),
-                                .num_elements_per_rank = static_cast<std::int64_t>(input.size()), .tag = tag});
+  return ring_all_gather(comm, {.input = input.data(),
+                                .output = output.data(),
+                                .num_elements_per_rank = static_cast<std::int64_t>(input.size()),
+                                .tag = tag});
 }
 
 // Runs `body` on R ranks; returns each rank's exception text ("" if none)
@@ -168,8 +170,10 @@ TEST(FailurePropagationLateRank, ATimeoutNamesTheRankThatNeverJoinedNotTheNeighb
                            }
                            std::vector<float> input(64, 1.0f), output(256);
                            try {
-                             ring_all_gather(comm, {.input = input.data(), .output = output.data(),
-                                                    .num_elements_per_rank = 64, .tag = 1,
+                             ring_all_gather(comm, {.input = input.data(),
+                                                    .output = output.data(),
+                                                    .num_elements_per_rank = 64,
+                                                    .tag = 1,
                                                     .timeout = std::chrono::milliseconds(300)})
                                  .wait();
                            } catch (const PeerError& e) {

@@ -26,7 +26,7 @@ using transport::threads::LinkTopology;
 using transport::threads::run_ranks;
 using transport::threads::ThreadsOptions;
 
-constexpr double kBandwidth = 1e9;   // bytes/s: 4000 bytes take 4 us
+constexpr double kBandwidth = 1e9;  // bytes/s: 4000 bytes take 4 us
 constexpr double kLatencyUs = 1.0;
 constexpr double kPeakFlops = 1e12;  // at efficiency 1: 1e6 flops take 1 us
 
@@ -62,8 +62,10 @@ std::vector<RankTimes> all_gather_run(int num_ranks, std::int64_t elements, Ring
   run_ranks(num_ranks, modelled(topology), [&](Communicator& comm) {
     std::vector<float> input(static_cast<std::size_t>(elements), static_cast<float>(comm.rank()));
     std::vector<float> output(static_cast<std::size_t>(elements * comm.size()));
-    CollectiveHandle handle = ring_all_gather(comm, {.input = input.data(), .output = output.data(),
-                                                     .num_elements_per_rank = elements, .direction = direction,
+    CollectiveHandle handle = ring_all_gather(comm, {.input = input.data(),
+                                                     .output = output.data(),
+                                                     .num_elements_per_rank = elements,
+                                                     .direction = direction,
                                                      .tag = 7});
     if (overlap_us > 0) compute_for_us(overlap_us);
     handle.wait();
@@ -83,9 +85,9 @@ TEST_P(ModelledRing, BidirectionalAllGatherTakesTheBoundPlusOneLatencyPerStep) {
     const std::int64_t longer_half = (elements + 1) / 2;
     // At R=2 both neighbours are one rank and both halves share the one link
     // to it (a ring of two has one link each way).
-    const Picoseconds expected = R == 2 ? serialise(longer_half * 4) + serialise((elements - longer_half) * 4) +
-                                              us(kLatencyUs)
-                                        : (R - 1) * (serialise(longer_half * 4) + us(kLatencyUs));
+    const Picoseconds expected =
+        R == 2 ? serialise(longer_half * 4) + serialise((elements - longer_half) * 4) + us(kLatencyUs)
+               : (R - 1) * (serialise(longer_half * 4) + us(kLatencyUs));
     for (const RankTimes& t : all_gather_run(R, elements, RingDirection::bidirectional)) {
       EXPECT_EQ(t.end, expected) << "R=" << R << " elements=" << elements;
       EXPECT_EQ(t.totals.communication, expected);
@@ -144,8 +146,11 @@ TEST_P(ModelledRing, TheRankThatComputesLongestIsWaitedForAndOthersIdleTheDiffer
     std::vector<float> input(static_cast<std::size_t>(100 * R), 1.0f);
     std::vector<std::byte> output;
     std::vector<std::int64_t> recv_counts;
-    all_to_all_v(comm, {.input = input.data(), .send_counts = std::vector<std::int64_t>(R, 100),
-                        .output = &output, .recv_counts = &recv_counts, .tag = 3})
+    all_to_all_v(comm, {.input = input.data(),
+                        .send_counts = std::vector<std::int64_t>(R, 100),
+                        .output = &output,
+                        .recv_counts = &recv_counts,
+                        .tag = 3})
         .wait();
     ModelledClock& clock = *this_thread_modelled_clock();
     times[static_cast<std::size_t>(comm.rank())] = {clock.now(), clock.totals(), clock.collectives(0)};
@@ -173,8 +178,9 @@ TEST_P(ModelledRing, TheSameRunTwiceGivesTheSameTimesToThePicosecond) {
       std::int64_t total = 0;
       for (auto c : counts) total += c;
       input.resize(static_cast<std::size_t>(total));
-      all_to_all_v(comm, {.input = input.data(), .send_counts = counts, .output = &output,
-                          .recv_counts = &recv_counts, .tag = 9})
+      all_to_all_v(
+          comm,
+          {.input = input.data(), .send_counts = counts, .output = &output, .recv_counts = &recv_counts, .tag = 9})
           .wait();
       ends[static_cast<std::size_t>(comm.rank())] = this_thread_modelled_clock()->now();
     });
@@ -197,8 +203,11 @@ TEST_P(ModelledRing, ASwitchedAllToAllRunsAtTheInjectionBandwidth) {
       std::vector<float> input(static_cast<std::size_t>(per_peer * R), 1.0f);
       std::vector<std::byte> output;
       std::vector<std::int64_t> recv_counts;
-      all_to_all_v(comm, {.input = input.data(), .send_counts = std::vector<std::int64_t>(R, per_peer),
-                          .output = &output, .recv_counts = &recv_counts, .tag = 4})
+      all_to_all_v(comm, {.input = input.data(),
+                          .send_counts = std::vector<std::int64_t>(R, per_peer),
+                          .output = &output,
+                          .recv_counts = &recv_counts,
+                          .tag = 4})
           .wait();
       if (comm.rank() == 0) end = this_thread_modelled_clock()->now();
     });
@@ -221,16 +230,21 @@ TEST_P(ModelledRing, ARankThatThrowsMidCollectiveFailsEveryRankWithItsMessage) {
       run_ranks(R, modelled(LinkTopology::ring), [&](Communicator& comm) {
         std::vector<float> input(2000, 1.0f), output(2000 * static_cast<std::size_t>(comm.size()));
         try {
-          CollectiveHandle first = ring_all_gather(comm, {.input = input.data(), .output = output.data(),
-                                                          .num_elements_per_rank = 2000, .tag = 1,
+          CollectiveHandle first = ring_all_gather(comm, {.input = input.data(),
+                                                          .output = output.data(),
+                                                          .num_elements_per_rank = 2000,
+                                                          .tag = 1,
                                                           .timeout = std::chrono::seconds(20)});
           if (comm.rank() == R - 1) {
             compute_for_us(3.0);
             throw std::runtime_error("injected failure on the last rank");
           }
           first.wait();
-          ring_all_gather(comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 2000,
-                                 .tag = 2, .timeout = std::chrono::seconds(20)})
+          ring_all_gather(comm, {.input = input.data(),
+                                 .output = output.data(),
+                                 .num_elements_per_rank = 2000,
+                                 .tag = 2,
+                                 .timeout = std::chrono::seconds(20)})
               .wait();
         } catch (const PeerError& e) {
           std::lock_guard<std::mutex> lock(mutex);
@@ -259,10 +273,10 @@ TEST(ModelledLinks, MessagesOnOneLinkDirectionAreSerialised) {
   Picoseconds both = 0;
   run_ranks(R, modelled(LinkTopology::ring), [&](Communicator& comm) {
     std::vector<float> a(2000, 1.0f), b(2000, 2.0f), out_a(2000 * R), out_b(2000 * R);
-    CollectiveHandle first = ring_all_gather(comm, {.input = a.data(), .output = out_a.data(),
-                                                    .num_elements_per_rank = 2000, .tag = 1});
-    CollectiveHandle second = ring_all_gather(comm, {.input = b.data(), .output = out_b.data(),
-                                                     .num_elements_per_rank = 2000, .tag = 2});
+    CollectiveHandle first =
+        ring_all_gather(comm, {.input = a.data(), .output = out_a.data(), .num_elements_per_rank = 2000, .tag = 1});
+    CollectiveHandle second =
+        ring_all_gather(comm, {.input = b.data(), .output = out_b.data(), .num_elements_per_rank = 2000, .tag = 2});
     first.wait();
     second.wait();
     if (comm.rank() == 0) both = this_thread_modelled_clock()->now();

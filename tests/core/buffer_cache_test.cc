@@ -33,7 +33,8 @@ TEST(BufferCache, LargeBlocksAreReusedOnTheSameThread) {
     EXPECT_GT(buffer_cache_stats().cached_bytes, 0);
     clear_buffer_cache();
     EXPECT_EQ(buffer_cache_stats().cached_bytes, 0);
-  }).join();
+  })
+      .join();
 }
 
 TEST(BufferCache, SizeClassesWasteAtMostAnEighth) {

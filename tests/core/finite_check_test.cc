@@ -38,8 +38,11 @@ std::string message_of(const std::string& name, const Tensor& t) {
 
 TEST(FiniteCheck, FiniteExtremesPass) {
   Tensor t = filled({6});
-  const float values[] = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-                          std::numeric_limits<float>::denorm_min(), -0.0f, 0.0f,
+  const float values[] = {std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(),
+                          -0.0f,
+                          0.0f,
                           std::numeric_limits<float>::min()};
   for (int i = 0; i < 6; ++i) t.data<float>()[i] = values[i];
   EXPECT_EQ(find_non_finite(t), -1);
@@ -56,16 +59,16 @@ TEST(FiniteCheck, NamesTensorFirstBadIndexAndValue) {
     std::string index;
   };
   const std::vector<Case> cases = {
-      {{7}, 0, "[0]"},                     // first element
-      {{7}, 6, "[6]"},                     // last element
-      {{5, 40}, 3 * 40 + 17, "[3, 17]"},   // the example
-      {{5, 40}, 199, "[4, 39]"},           // last of a matrix
+      {{7}, 0, "[0]"},                    // first element
+      {{7}, 6, "[6]"},                    // last element
+      {{5, 40}, 3 * 40 + 17, "[3, 17]"},  // the example
+      {{5, 40}, 199, "[4, 39]"},          // last of a matrix
       {{3, 4, 5}, 0, "[0, 0, 0]"},
       {{3, 4, 5}, 59, "[2, 3, 4]"},
       {{3, 4, 5}, 1 * 20 + 2 * 5 + 3, "[1, 2, 3]"},
-      {{2048}, 1023, "[1023]"},            // last of the first 1024-block
-      {{2048}, 1024, "[1024]"},            // first of the second block
-      {{1, 1025}, 1024, "[0, 1024]"},      // a block of one element
+      {{2048}, 1023, "[1023]"},        // last of the first 1024-block
+      {{2048}, 1024, "[1024]"},        // first of the second block
+      {{1, 1025}, 1024, "[0, 1024]"},  // a block of one element
   };
   for (const char* name : {"x", "gate", "wi0", "wi1", "wo", "bias", "dy", "layers.3.moe.wi0"}) {
     for (const Case& c : cases) {
@@ -73,8 +76,7 @@ TEST(FiniteCheck, NamesTensorFirstBadIndexAndValue) {
         Tensor t = filled(c.shape);
         t.data<float>()[c.flat] = kBadValues[b];
         EXPECT_EQ(find_non_finite(t), c.flat);
-        EXPECT_EQ(message_of(name, t),
-                  std::string(name) + c.index + " = " + kBadNames[b] + ": inputs must be finite");
+        EXPECT_EQ(message_of(name, t), std::string(name) + c.index + " = " + kBadNames[b] + ": inputs must be finite");
       }
     }
   }

@@ -220,7 +220,7 @@ TEST(CheckpointStore, FlippedByteIsReportedAsACrcMismatch) {
   std::snprintf(expected, sizeof(expected), "CRC-32 0x%08x does not match the manifest's 0x%08x",
                 reference_crc32(bytes), good_crc);
   EXPECT_TRUE(contains(message, expected)) << message;
-  EXPECT_TRUE(contains(file_error_message([&] { store.read_tensor(5, kFiles[2]); }), "CRC-32")) ;
+  EXPECT_TRUE(contains(file_error_message([&] { store.read_tensor(5, kFiles[2]); }), "CRC-32"));
   // manifest() checks the manifest only: a rank loading other files is not slowed by this one.
   EXPECT_EQ(store.manifest(5)["step"], 5);
 }
@@ -257,15 +257,24 @@ TEST(CheckpointStore, BadManifestsAreReportedByName) {
     change(manifest);
     cases.push_back({name, manifest.dump(), rule});
   };
-  altered("format", [](nlohmann::json& m) { m["format"] = "other"; }, "'format'");
-  altered("version", [](nlohmann::json& m) { m["version"] = 2; }, "version 2");
-  altered("step", [](nlohmann::json& m) { m["step"] = 6; }, "records step 6 but lies in step_00000005");
-  altered("metadata", [](nlohmann::json& m) { m["metadata"] = 3; }, "'metadata'");
-  altered("files", [](nlohmann::json& m) { m.erase("files"); }, "'files'");
-  altered("crc", [](nlohmann::json& m) { m["files"][0]["crc32"] = "0x1"; }, "malformed 'files' entry");
-  altered("escape", [](nlohmann::json& m) { m["files"][0]["path"] = "../../etc/passwd"; }, "'..'");
-  altered("absolute", [](nlohmann::json& m) { m["files"][0]["path"] = "/etc/passwd"; }, "absolute");
-  altered("twice", [](nlohmann::json& m) { m["files"][1] = m["files"][0]; }, "twice");
+  altered(
+      "format", [](nlohmann::json& m) { m["format"] = "other"; }, "'format'");
+  altered(
+      "version", [](nlohmann::json& m) { m["version"] = 2; }, "version 2");
+  altered(
+      "step", [](nlohmann::json& m) { m["step"] = 6; }, "records step 6 but lies in step_00000005");
+  altered(
+      "metadata", [](nlohmann::json& m) { m["metadata"] = 3; }, "'metadata'");
+  altered(
+      "files", [](nlohmann::json& m) { m.erase("files"); }, "'files'");
+  altered(
+      "crc", [](nlohmann::json& m) { m["files"][0]["crc32"] = "0x1"; }, "malformed 'files' entry");
+  altered(
+      "escape", [](nlohmann::json& m) { m["files"][0]["path"] = "../../etc/passwd"; }, "'..'");
+  altered(
+      "absolute", [](nlohmann::json& m) { m["files"][0]["path"] = "/etc/passwd"; }, "absolute");
+  altered(
+      "twice", [](nlohmann::json& m) { m["files"][1] = m["files"][0]; }, "twice");
 
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -33,8 +33,7 @@ std::string raw_bytes(const std::vector<T>& values) {
 
 // Runs `read`, which must throw FileError with a one-line message holding
 // every one of `fragments`.
-void expect_file_error(const std::function<void()>& read,
-                       std::initializer_list<std::string> fragments) {
+void expect_file_error(const std::function<void()>& read, std::initializer_list<std::string> fragments) {
   try {
     read();
     ADD_FAILURE() << "no FileError";
@@ -42,8 +41,7 @@ void expect_file_error(const std::function<void()>& read,
     const std::string message = e.what();
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
     for (const std::string& fragment : fragments) {
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "message: " << message << "\nmissing: " << fragment;
+      EXPECT_NE(message.find(fragment), std::string::npos) << "message: " << message << "\nmissing: " << fragment;
     }
   }
 }
@@ -75,9 +73,8 @@ TEST(Npy, WritesTheBytesNumpyWrites) {
   Tensor tensor(DType::f32, {2, 3});
   for (int i = 0; i < 6; ++i) tensor.data<float>()[i] = 0.5f * static_cast<float>(i);
   write_npy(dir / "x.npy", tensor);
-  const std::string expected = numpy_file_bytes(
-      1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
-      raw_bytes(std::vector<float>{0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 2.5f}));
+  const std::string expected = numpy_file_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                                                raw_bytes(std::vector<float>{0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 2.5f}));
   EXPECT_EQ(read_bytes(dir / "x.npy"), expected);
   EXPECT_EQ((expected.size() - 24) % 64, 0u);  // data starts 64-byte aligned
 
@@ -178,21 +175,21 @@ TEST(NpyErrors, TruncatedData) {
 
 TEST(NpyErrors, TrailingData) {
   ScratchDir dir;
-  write_bytes(dir / "x.npy", numpy_file_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
-                                              std::string(12, '\0')));
+  write_bytes(dir / "x.npy",
+              numpy_file_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", std::string(12, '\0')));
   expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); },
                     {"x.npy: data holds 12 bytes, shape [2] float32 needs 8"});
 }
 
 TEST(NpyErrors, WrongDtypeSaysHowToConvert) {
   ScratchDir dir;
-  write_bytes(dir / "x.npy", numpy_file_bytes(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }",
-                                              std::string(16, '\0')));
+  write_bytes(dir / "x.npy",
+              numpy_file_bytes(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", std::string(16, '\0')));
   expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); },
                     {"x.npy: dtype '<f8' (float64); epmoe reads float32 '<f4'", "x.astype(np.float32)"});
   // int32 ids read where int64 is expected: the dtype is reported, not the size.
-  write_bytes(dir / "ids.npy", numpy_file_bytes(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }",
-                                                std::string(8, '\0')));
+  write_bytes(dir / "ids.npy",
+              numpy_file_bytes(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", std::string(8, '\0')));
   expect_file_error([&] { read_npy(dir / "ids.npy", DType::i64); },
                     {"ids.npy: dtype '<i4' (int32); epmoe reads int64 '<i8'"});
 }
@@ -206,16 +203,16 @@ TEST(NpyErrors, StructuredDtype) {
 
 TEST(NpyErrors, FortranOrder) {
   ScratchDir dir;
-  write_bytes(dir / "x.npy", numpy_file_bytes(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
-                                              std::string(24, '\0')));
+  write_bytes(dir / "x.npy",
+              numpy_file_bytes(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", std::string(24, '\0')));
   expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); },
                     {"x.npy: fortran_order is True; epmoe reads C-order arrays", "np.ascontiguousarray(x)"});
 }
 
 TEST(NpyErrors, BigEndian) {
   ScratchDir dir;
-  write_bytes(dir / "x.npy", numpy_file_bytes(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }",
-                                              std::string(8, '\0')));
+  write_bytes(dir / "x.npy",
+              numpy_file_bytes(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", std::string(8, '\0')));
   expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); },
                     {"x.npy: dtype '>f4' is big-endian", "x.astype('<f4')"});
 }
@@ -223,12 +220,11 @@ TEST(NpyErrors, BigEndian) {
 TEST(NpyErrors, MalformedDictAndUnknownVersion) {
   ScratchDir dir;
   write_bytes(dir / "x.npy", numpy_file_bytes(1, "{'descr': '<f4', 'shape': (2,), }", std::string(8, '\0')));
-  expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); },
-                    {"x.npy: malformed .npy header", "'fortran_order'"});
+  expect_file_error([&] { read_npy(dir / "x.npy", DType::f32); }, {"x.npy: malformed .npy header", "'fortran_order'"});
   write_bytes(dir / "y.npy", numpy_file_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", ""));
   expect_file_error([&] { read_npy(dir / "y.npy", DType::f32); }, {"y.npy: malformed .npy header"});
-  write_bytes(dir / "z.npy", numpy_file_bytes(4, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
-                                              std::string(8, '\0')));
+  write_bytes(dir / "z.npy",
+              numpy_file_bytes(4, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", std::string(8, '\0')));
   expect_file_error([&] { read_npy(dir / "z.npy", DType::f32); }, {"z.npy: .npy format version 4.0"});
 }
 
@@ -271,8 +267,7 @@ TEST(NpyWrite, FailsCleanlyIntoAMissingDirectory) {
 
 TEST(NpyWrite, RefusesDtypesNumpyCannotHold) {
   ScratchDir dir;
-  expect_file_error([&] { write_npy(dir / "w.npy", Tensor::zeros(DType::bf16, {3})); },
-                    {"w.npy: ", "not bf16"});
+  expect_file_error([&] { write_npy(dir / "w.npy", Tensor::zeros(DType::bf16, {3})); }, {"w.npy: ", "not bf16"});
   EXPECT_FALSE(std::filesystem::exists(dir / "w.npy"));
 }
 

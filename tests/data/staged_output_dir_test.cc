@@ -170,8 +170,8 @@ TEST(StagedOutputDir, ConcurrentWritersLeaveOneWritersSet) {
     if (!std::filesystem::exists(out / "marker")) continue;  // possible only if both were refused: never
     const std::string winner = read_bytes(out / "marker");
     for (int f = 0; f < kFiles; ++f) {
-      ASSERT_EQ(read_bytes(out / ("f" + std::to_string(f))), winner) << "round " << round << ": f" << f
-                                                                       << " is from another writer than the marker";
+      ASSERT_EQ(read_bytes(out / ("f" + std::to_string(f))), winner)
+          << "round " << round << ": f" << f << " is from another writer than the marker";
     }
   }
   std::printf("concurrent writers: %d of %d rounds had a writer refused\n", refused_total, kRounds);

@@ -22,8 +22,7 @@ namespace epmoe {
 namespace {
 
 SyntheticTokensConfig make_config(TokenDistribution distribution, std::int64_t vocab_size = 1000,
-                                  std::int64_t seq_len = 16, double zipf_exponent = 1.25,
-                                  std::uint64_t seed = 7) {
+                                  std::int64_t seq_len = 16, double zipf_exponent = 1.25, std::uint64_t seed = 7) {
   SyntheticTokensConfig config;
   config.vocab_size = vocab_size;
   config.seq_len = seq_len;
@@ -60,8 +59,7 @@ std::vector<std::int64_t> token_counts(const SyntheticTokens& tokens, std::int64
 // is below ~4.5 with probability > 0.999 for 20 ids (union bound on normal
 // tails); a sample from a = 1.2 instead of 1.25 moves p(0) of vocab 1000
 // from 0.258 to 0.231, about 27 deviations at n = 200,000.
-double max_top_deviation_sigmas(const std::vector<std::int64_t>& counts, const SyntheticTokens& model,
-                                int num_top) {
+double max_top_deviation_sigmas(const std::vector<std::int64_t>& counts, const SyntheticTokens& model, int num_top) {
   std::int64_t n = 0;
   for (std::int64_t c : counts) n += c;
   double worst = 0.0;
@@ -322,8 +320,12 @@ namespace epmoe {
 namespace {
 
 SyntheticTokensConfig repeating_config(double repeat) {
-  SyntheticTokensConfig config{.vocab_size = 50, .seq_len = 999, .distribution = TokenDistribution::zipf,
-                               .zipf_exponent = 1.25, .repeat_probability = repeat, .seed = 3};
+  SyntheticTokensConfig config{.vocab_size = 50,
+                               .seq_len = 999,
+                               .distribution = TokenDistribution::zipf,
+                               .zipf_exponent = 1.25,
+                               .repeat_probability = repeat,
+                               .seed = 3};
   return config;
 }
 

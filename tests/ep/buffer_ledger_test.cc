@@ -41,10 +41,11 @@ TEST(DispatcherBuffers, AreChargedToTheLedgerOutsideTheSavedGroup) {
           options.ep.redundant_slots = slots;
         }
         const EpRunResult run = testing::run_ep_layer(p, options);
-        const std::string prefix = dispatch == ep::DispatchKind::ring ? "forward/ring_all_gather " : "forward/all_to_all_v ";
+        const std::string prefix =
+            dispatch == ep::DispatchKind::ring ? "forward/ring_all_gather " : "forward/all_to_all_v ";
         for (int r = 0; r < num_ranks; ++r) {
-          SCOPED_TRACE(ep::to_string(dispatch) + " R=" + std::to_string(num_ranks) + " slots=" +
-                       std::to_string(slots) + " rank " + std::to_string(r));
+          SCOPED_TRACE(ep::to_string(dispatch) + " R=" + std::to_string(num_ranks) + " slots=" + std::to_string(slots) +
+                       " rank " + std::to_string(r));
           const testing::RankMemory& memory = run.memory[r];
           // The buffers hold at least the tokens and routing words this rank
           // sent (the all-to-all's send messages, the ring's gathered rows).

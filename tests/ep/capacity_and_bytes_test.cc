@@ -16,8 +16,8 @@
 namespace epmoe {
 namespace {
 
-using testing::ids_of;
 using testing::EpRunOptions;
+using testing::ids_of;
 using testing::MoeProblem;
 
 TEST(Capacity, DroppedPairsAreCountedAndContributeExactlyZero) {
@@ -43,7 +43,8 @@ TEST(Capacity, DroppedPairsAreCountedAndContributeExactlyZero) {
       for (int r = 0; r < num_ranks; ++r)
         for (int c = 0; c < chunks; ++c) {
           const ep::ChunkRange range = ep::chunk_range(tokens_per_rank, chunks, c);
-          const std::int64_t capacity = static_cast<std::int64_t>(std::ceil(double(range.size()) * top_k / num_experts));
+          const std::int64_t capacity =
+              static_cast<std::int64_t>(std::ceil(double(range.size()) * top_k / num_experts));
           std::vector<std::int64_t> taken(num_experts, 0);
           for (std::int64_t t = range.begin; t < range.end; ++t)
             for (int k = 0; k < top_k; ++k) {
@@ -111,7 +112,8 @@ TEST(Bytes, RingSendsEveryTokenToEveryOtherRank) {
     // ·N_l·H·4 bytes each way, whatever the routing.
     EXPECT_EQ(stats.bytes_sent.at("forward/ring_all_gather tokens"), (num_ranks - 1) * tokens_per_rank * hidden * 4);
     EXPECT_EQ(stats.bytes_sent.at("forward/reduce_scatter combine"), (num_ranks - 1) * tokens_per_rank * hidden * 4);
-    EXPECT_EQ(stats.bytes_sent.at("backward/ring_all_gather cotangent"), (num_ranks - 1) * tokens_per_rank * hidden * 4);
+    EXPECT_EQ(stats.bytes_sent.at("backward/ring_all_gather cotangent"),
+              (num_ranks - 1) * tokens_per_rank * hidden * 4);
   }
 }
 

@@ -18,8 +18,7 @@
 namespace epmoe {
 namespace {
 
-class DispatchFault
-    : public ::testing::TestWithParam<std::tuple<int, ep::DispatchKind, const char*>> {
+class DispatchFault : public ::testing::TestWithParam<std::tuple<int, ep::DispatchKind, const char*>> {
  protected:
   void TearDown() override { configure_fault_injection(""); }
 };
@@ -48,14 +47,14 @@ TEST_P(DispatchFault, EveryRankStopsAtOnceWithTheFirstError) {
   EXPECT_LT(seconds, 2.0) << "a rank waited for its deadline";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, DispatchFault,
-    ::testing::Combine(::testing::Values(3, 4), ::testing::Values(ep::DispatchKind::alltoall, ep::DispatchKind::ring),
-                       ::testing::Values("dispatch", "collective")),
-    [](const auto& info) {
-      return "R" + std::to_string(std::get<0>(info.param)) + "_" + ep::to_string(std::get<1>(info.param)) + "_" +
-             std::get<2>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(Sweep, DispatchFault,
+                         ::testing::Combine(::testing::Values(3, 4),
+                                            ::testing::Values(ep::DispatchKind::alltoall, ep::DispatchKind::ring),
+                                            ::testing::Values("dispatch", "collective")),
+                         [](const auto& info) {
+                           return "R" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  ep::to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param);
+                         });
 
 }  // namespace
 }  // namespace epmoe

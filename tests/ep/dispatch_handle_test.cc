@@ -31,7 +31,8 @@ TEST(SplitPhaseEp, InterleavedWorkGivesTheSameBitsForEveryDispatcher) {
   const MoeProblem p = make_problem(45, 16, 12, router, 21);
   const SplitCase cases[] = {
       {"alltoall", ep::DispatchKind::alltoall, 1, false, {}, 0},
-      {"alltoall dedup chunks=3 remat", ep::DispatchKind::alltoall, 3, true, ep::RematPolicy::preset("remat_policy", "full"), 0},
+      {"alltoall dedup chunks=3 remat", ep::DispatchKind::alltoall, 3, true,
+       ep::RematPolicy::preset("remat_policy", "full"), 0},
       {"alltoall replicas", ep::DispatchKind::alltoall, 2, false, {}, 2},
       {"ring chunks=2", ep::DispatchKind::ring, 2, false, {}, 0},
       {"ring remat replicas", ep::DispatchKind::ring, 1, false, ep::RematPolicy::preset("remat_policy", "full"), 1},

@@ -16,9 +16,9 @@
 namespace epmoe {
 namespace {
 
-using testing::ids_of;
 using testing::EpRunOptions;
 using testing::EpRunResult;
+using testing::ids_of;
 using testing::MoeProblem;
 
 struct Variant {
@@ -48,19 +48,18 @@ TEST_P(EpEquivalence, MatchesDoubleReference) {
 
 std::string variant_name(const ::testing::TestParamInfo<EpEquivalence::ParamType>& info) {
   const auto [num_ranks, variant, chunks, router_kind] = info.param;
-  return "R" + std::to_string(num_ranks) + "_" + ep::to_string(variant.dispatch) +
-         (variant.dedup ? "_dedup" : "") + "_chunks" + std::to_string(chunks) + "_" + to_string(router_kind);
+  return "R" + std::to_string(num_ranks) + "_" + ep::to_string(variant.dispatch) + (variant.dedup ? "_dedup" : "") +
+         "_chunks" + std::to_string(chunks) + "_" + to_string(router_kind);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, EpEquivalence,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
-                       ::testing::Values(Variant{ep::DispatchKind::alltoall, false},
-                                         Variant{ep::DispatchKind::alltoall, true},
-                                         Variant{ep::DispatchKind::ring, false}),
-                       ::testing::Values(1, 2, 4),
-                       ::testing::Values(RouterKind::softmax_topk, RouterKind::sigmoid_grouped)),
-    variant_name);
+INSTANTIATE_TEST_SUITE_P(Sweep, EpEquivalence,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
+                                            ::testing::Values(Variant{ep::DispatchKind::alltoall, false},
+                                                              Variant{ep::DispatchKind::alltoall, true},
+                                                              Variant{ep::DispatchKind::ring, false}),
+                                            ::testing::Values(1, 2, 4),
+                                            ::testing::Values(RouterKind::softmax_topk, RouterKind::sigmoid_grouped)),
+                         variant_name);
 
 // Adversarial routing through the selection-only bias of sigmoid_grouped:
 // a bias of +10 on an expert makes every token choose it, -10 never.
@@ -80,9 +79,9 @@ void expect_all_dispatchers_exact(const MoeProblem& p, int num_ranks, const std:
       options.ep.dedup = v.dedup;
       options.ep.num_chunks = chunks;
       const EpRunResult run = testing::run_ep_layer(p, options);
-      testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)),
-                     what + " " + ep::to_string(v.dispatch) + (v.dedup ? " dedup" : "") + " chunks " +
-                         std::to_string(chunks));
+      testing::expect_matches_reference(
+          run, testing::reference_moe(p, ids_of(run.topk_ids)),
+          what + " " + ep::to_string(v.dispatch) + (v.dedup ? " dedup" : "") + " chunks " + std::to_string(chunks));
     }
   }
 }

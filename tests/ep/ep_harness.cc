@@ -28,7 +28,8 @@ void copy_rows_into(Tensor& dst, std::int64_t begin, const Tensor& src) {
   const std::size_t row_bytes =
       static_cast<std::size_t>(dst.numel() / std::max<std::int64_t>(1, dst.dim(0))) * dtype_size_bytes(dst.dtype());
   if (src.size_bytes() > 0)
-    std::memcpy(static_cast<char*>(dst.raw()) + begin * row_bytes, src.raw(), static_cast<std::size_t>(src.size_bytes()));
+    std::memcpy(static_cast<char*>(dst.raw()) + begin * row_bytes, src.raw(),
+                static_cast<std::size_t>(src.size_bytes()));
 }
 
 }  // namespace
@@ -39,8 +40,8 @@ namespace {
 // flight across the layer's own exchanges (its own tags), and compute.
 void other_work(transport::Communicator& comm, std::uint32_t round) {
   std::vector<float> data(1000, static_cast<float>(comm.rank() + 1));
-  comm::CollectiveHandle reduce = comm::all_reduce(
-      comm, {.data = data.data(), .num_elements = 1000, .tag = 0x7000 + round});
+  comm::CollectiveHandle reduce =
+      comm::all_reduce(comm, {.data = data.data(), .num_elements = 1000, .tag = 0x7000 + round});
   double sink = 0;
   for (int i = 0; i < 20000; ++i) sink += std::sqrt(double(i));
   reduce.wait();
@@ -55,12 +56,14 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   const int num_ranks = options.num_ranks;
   const std::int64_t n = p.num_tokens, h = p.hidden, f = p.ffn;
   const int e = p.router.num_experts, k = p.router.top_k;
-  EpRunResult result{Tensor(DType::f32, {n, h}), Tensor(DType::i32, {n, k}), Tensor(DType::f32, {n, k}),
-                     {Tensor(DType::f32, {n, h}), Tensor::zeros(DType::f32, {h, e}),
-                      Tensor(DType::f32, {e, h, f}), Tensor(DType::f32, {e, h, f}),
-                      Tensor(DType::f32, {e, f, h})},
+  EpRunResult result{Tensor(DType::f32, {n, h}),
+                     Tensor(DType::i32, {n, k}),
+                     Tensor(DType::f32, {n, k}),
+                     {Tensor(DType::f32, {n, h}), Tensor::zeros(DType::f32, {h, e}), Tensor(DType::f32, {e, h, f}),
+                      Tensor(DType::f32, {e, h, f}), Tensor(DType::f32, {e, f, h})},
                      std::vector<ep::DispatchStats>(static_cast<std::size_t>(num_ranks)),
-                     std::vector<RankMemory>(static_cast<std::size_t>(num_ranks)), {}};
+                     std::vector<RankMemory>(static_cast<std::size_t>(num_ranks)),
+                     {}};
   std::vector<Tensor> dgates(static_cast<std::size_t>(num_ranks));
   result.step_stats.assign(std::max<std::size_t>(1, options.weight_versions.size()),
                            std::vector<ep::DispatchStats>(static_cast<std::size_t>(num_ranks)));
@@ -89,9 +92,9 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     const Tensor wi0 = slice_rows(p.wi0, e0, e0 + el), wi1 = slice_rows(p.wi1, e0, e0 + el),
                  wo = slice_rows(p.wo, e0, e0 + el);
     MemoryLedger ledger;
-    MoeLayer layer({.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype,
-                    .remat = options.remat},
-                   ep::make_dispatcher(options.dispatch, comm, config), &ledger);
+    MoeLayer layer(
+        {.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype, .remat = options.remat},
+        ep::make_dispatcher(options.dispatch, comm, config), &ledger);
     const std::size_t num_steps = std::max<std::size_t>(1, options.weight_versions.size());
     MoeForwardOutput out;
     MoeGradients grads;

@@ -10,8 +10,8 @@
 
 #include "ep/ep_config.h"
 #include "moe/moe_layer.h"
-#include "transport/threads/launcher.h"
 #include "reference_moe.h"
+#include "transport/threads/launcher.h"
 
 namespace epmoe::testing {
 
@@ -42,21 +42,21 @@ struct EpRunOptions {
 struct RankMemory {
   std::map<std::string, std::int64_t> peak_bytes_by_name;
   std::map<std::string, std::int64_t> live_bytes_by_name;  // after the last step, the layer alive
-  std::int64_t saved_peak_bytes = 0;  // the "saved" group: activations held for the backward
-  std::int64_t total_peak_bytes = 0;  // saved activations and the dispatcher's buffers
+  std::int64_t saved_peak_bytes = 0;                       // the "saved" group: activations held for the backward
+  std::int64_t total_peak_bytes = 0;                       // saved activations and the dispatcher's buffers
   std::int64_t recomputed_bytes = 0;
 };
 
 struct EpRunResult {
   Tensor y, topk_ids, topk_weights;
-  MoeGradients grads;                        // gathered: dx [N,H], dgate summed, dW [E,...]
-  std::vector<ep::DispatchStats> stats;      // per rank, last step
-  std::vector<RankMemory> memory;            // per rank
+  MoeGradients grads;                                      // gathered: dx [N,H], dgate summed, dW [E,...]
+  std::vector<ep::DispatchStats> stats;                    // per rank, last step
+  std::vector<RankMemory> memory;                          // per rank
   std::vector<std::vector<ep::DispatchStats>> step_stats;  // [step][rank]
   // The replica exchange's (MoeLayer::replica_stats; all-default without
   // replicas), as stats and step_stats.
-  std::vector<ep::ReplicaStats> replica_stats;                     // per rank, last step
-  std::vector<std::vector<ep::ReplicaStats>> step_replica_stats;   // [step][rank]
+  std::vector<ep::ReplicaStats> replica_stats;                    // per rank, last step
+  std::vector<std::vector<ep::ReplicaStats>> step_replica_stats;  // [step][rank]
 };
 
 EpRunResult run_ep_layer(const MoeProblem& problem, const EpRunOptions& options);

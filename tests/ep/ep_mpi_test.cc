@@ -29,8 +29,12 @@ double part_error(const Tensor& got, const std::vector<double>& ref, std::int64_
 
 int run_checks(transport::Communicator& comm) {
   const int num_ranks = comm.size(), r = comm.rank();
-  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = 2 * num_ranks, .top_k = 3,
-                      .n_groups = 2, .topk_groups = 2, .routed_scaling_factor = 2.5f};
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped,
+                      .num_experts = 2 * num_ranks,
+                      .top_k = 3,
+                      .n_groups = 2,
+                      .topk_groups = 2,
+                      .routed_scaling_factor = 2.5f};
   const testing::MoeProblem p = testing::make_problem(5 * num_ranks, 12, 10, router, 41, 0.2);
   const testing::ReferenceResult ref = testing::reference_moe(p);
   const std::int64_t n = p.num_tokens, h = p.hidden, f = p.ffn;
@@ -53,8 +57,12 @@ int run_checks(transport::Communicator& comm) {
                           Variant{"ring chunks=2", ep::DispatchKind::ring, false, 2},
                           Variant{"alltoall replicas B=2", ep::DispatchKind::alltoall, false, 2, 2},
                           Variant{"ring replicas B=1", ep::DispatchKind::ring, false, 2, 1}}) {
-    ep::EpConfig config{.num_experts = router.num_experts, .top_k = router.top_k, .hidden = h,
-                        .num_chunks = v.chunks, .dedup = v.dedup, .tag_base = tag_base};
+    ep::EpConfig config{.num_experts = router.num_experts,
+                        .top_k = router.top_k,
+                        .hidden = h,
+                        .num_chunks = v.chunks,
+                        .dedup = v.dedup,
+                        .tag_base = tag_base};
     if (v.redundant_slots > 0) {
       config.balance = ep::BalanceMode::dynamic;
       config.redundant_slots = v.redundant_slots;
@@ -66,13 +74,12 @@ int run_checks(transport::Communicator& comm) {
     MoeGradients grads = layer.backward(dy);
     comm::all_reduce(comm, {.data = grads.dgate.raw(), .num_elements = grads.dgate.numel(), .tag = tag_base + 1000})
         .wait();
-    const std::pair<const char*, double> errors[] = {
-        {"y", part_error(out.y, ref.y, t0 * h)},
-        {"dx", part_error(grads.dx, ref.dx, t0 * h)},
-        {"dgate", part_error(grads.dgate, ref.dgate, 0)},
-        {"dwi0", part_error(grads.dwi0, ref.dwi0, e0 * h * f)},
-        {"dwi1", part_error(grads.dwi1, ref.dwi1, e0 * h * f)},
-        {"dwo", part_error(grads.dwo, ref.dwo, e0 * f * h)}};
+    const std::pair<const char*, double> errors[] = {{"y", part_error(out.y, ref.y, t0 * h)},
+                                                     {"dx", part_error(grads.dx, ref.dx, t0 * h)},
+                                                     {"dgate", part_error(grads.dgate, ref.dgate, 0)},
+                                                     {"dwi0", part_error(grads.dwi0, ref.dwi0, e0 * h * f)},
+                                                     {"dwi1", part_error(grads.dwi1, ref.dwi1, e0 * h * f)},
+                                                     {"dwo", part_error(grads.dwo, ref.dwo, e0 * f * h)}};
     for (const auto& [name, error] : errors) {
       ++checks;
       if (!(error <= 1e-5)) {
@@ -92,9 +99,7 @@ int run_checks(transport::Communicator& comm) {
 
 int main(int argc, char** argv) {
   int status = 1;
-  const int launcher_status =
-      epmoe::transport::mpi::run_rank(argc, argv, [&](epmoe::transport::Communicator& comm) {
-        status = epmoe::run_checks(comm);
-      });
+  const int launcher_status = epmoe::transport::mpi::run_rank(
+      argc, argv, [&](epmoe::transport::Communicator& comm) { status = epmoe::run_checks(comm); });
   return launcher_status != 0 ? launcher_status : status;
 }

@@ -24,8 +24,8 @@
 namespace epmoe {
 namespace {
 
-using testing::ids_of;
 using testing::EpRunOptions;
+using testing::ids_of;
 using testing::MoeProblem;
 
 struct Roundtrip {
@@ -42,9 +42,8 @@ Roundtrip fp8_roundtrip(const Tensor& x, ep::TokenFormat format) {
   codec.encode(x.data<float>(), nullptr, n, tensor_scale, wire.data());
   codec.decode(wire.data(), n, tensor_scale, out.dequantized.data<float>());
   for (std::int64_t t = 0; t < n; ++t) {
-    const double scale = format == ep::TokenFormat::fp8_token
-                             ? ep::fp8_scale_for(ep::absmax(x.data<float>() + t * h, h))
-                             : tensor_scale;
+    const double scale =
+        format == ep::TokenFormat::fp8_token ? ep::fp8_scale_for(ep::absmax(x.data<float>() + t * h, h)) : tensor_scale;
     for (std::int64_t j = 0; j < h; ++j) {
       const double v = std::abs(x.data<float>()[t * h + j]);
       out.error_bound[t * h + j] = std::ldexp(v, -4) + std::ldexp(scale, -10) + std::ldexp(v, -20);
@@ -72,7 +71,8 @@ TEST(Fp8Tokens, MatchesEmulationAndStaysWithinDerivedBound) {
         options.ep.token_format = format;
         const testing::EpRunResult run = testing::run_ep_layer(p, options);
         const auto ids = ids_of(run.topk_ids);
-        const std::string what = ep::to_string(format) + " R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch);
+        const std::string what =
+            ep::to_string(format) + " R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch);
         const testing::ReferenceResult emulated = testing::reference_moe_with_expert_input(p, ids, trip.dequantized);
         EXPECT_LE(testing::relative_error(run.y, emulated.y), 1e-5) << what;
         EXPECT_LE(testing::relative_error(run.grads.dx, emulated.dx), 1e-5) << what;
@@ -143,9 +143,9 @@ TEST(Fp8Tokens, EncodeRefusesNonFiniteValuesByRowAndElement) {
       for (std::int64_t flat : {std::int64_t{0}, 3 * h + 7, n * h - 1}) {
         const float saved = x.data<float>()[flat];
         x.data<float>()[flat] = kBadValues[b];
-        const std::string expected = "fp8_tokens=" + ep::to_string(format) + ": token row " +
-                                     std::to_string(flat / h) + " holds " + kBadNames[b] + " at element " +
-                                     std::to_string(flat % h) + ": fp8 e4m3 tokens must be finite";
+        const std::string expected = "fp8_tokens=" + ep::to_string(format) + ": token row " + std::to_string(flat / h) +
+                                     " holds " + kBadNames[b] + " at element " + std::to_string(flat % h) +
+                                     ": fp8 e4m3 tokens must be finite";
         EXPECT_EQ(error_of([&] { codec.encode(x.data<float>(), nullptr, n, finite_scale, wire.data()); }), expected);
         // Through a row index (the all-to-all's gather), the message names
         // the source row.
@@ -154,8 +154,9 @@ TEST(Fp8Tokens, EncodeRefusesNonFiniteValuesByRowAndElement) {
                   expected);
         // absmax never drops a NaN, and no scale comes from a non-finite max.
         EXPECT_EQ(ep::absmax(x.data<float>(), x.numel()), std::numeric_limits<float>::infinity());
-        EXPECT_NE(error_of([&] { ep::fp8_scale_for(ep::absmax(x.data<float>(), x.numel())); })
-                      .find("fp8 token scale: the absmax is inf, so no finite scale exists"),
+        EXPECT_NE(error_of([&] {
+                    ep::fp8_scale_for(ep::absmax(x.data<float>(), x.numel()));
+                  }).find("fp8 token scale: the absmax is inf, so no finite scale exists"),
                   std::string::npos);
         x.data<float>()[flat] = saved;
       }
@@ -177,9 +178,8 @@ TEST(Fp8Tokens, TensorScaleAgreementFailsOnEveryRank) {
     transport::threads::run_ranks(num_ranks, {}, [&](transport::Communicator& comm) {
       std::vector<float> rows(static_cast<std::size_t>(n * h), 1.0f + comm.rank());
       if (comm.rank() == 1) rows[static_cast<std::size_t>(n * h - 1)] = kBadValues[b];
-      const std::string message = error_of([&] {
-        ep::agree_on_tensor_scale(comm, rows.data(), n * h, /*tag=*/7, std::chrono::milliseconds(20000));
-      });
+      const std::string message = error_of(
+          [&] { ep::agree_on_tensor_scale(comm, rows.data(), n * h, /*tag=*/7, std::chrono::milliseconds(20000)); });
       std::lock_guard<std::mutex> lock(mutex);
       messages[comm.rank()] = message;
     });

@@ -18,8 +18,8 @@ namespace epmoe {
 namespace {
 
 using testing::EpRunOptions;
-using testing::expect_same_bits;
 using testing::EpRunResult;
+using testing::expect_same_bits;
 using testing::MoeProblem;
 using transport::threads::LinkTopology;
 
@@ -39,9 +39,11 @@ TEST_P(ModelledLayer, EveryDispatcherGivesTheSameBitsOnBothClocks) {
   const int num_experts = 2 * num_ranks;
   RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 2};
   MoeProblem p = testing::make_problem(12 * num_ranks, 8, 6, router, 40 + num_ranks);
-  const std::vector<float> bias = balance::zipf_selection_bias(
-      {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2,
-       .placement = balance::HotExpertPlacement::packed, .scale = 1.0});
+  const std::vector<float> bias = balance::zipf_selection_bias({.num_experts = num_experts,
+                                                                .num_ranks = num_ranks,
+                                                                .zipf_exponent = 1.2,
+                                                                .placement = balance::HotExpertPlacement::packed,
+                                                                .scale = 1.0});
   for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
   const std::vector<Variant> variants = {
       {"alltoall", ep::DispatchKind::alltoall},
@@ -70,8 +72,8 @@ TEST_P(ModelledLayer, EveryDispatcherGivesTheSameBitsOnBothClocks) {
     options.links.latency_us = 1;
     options.links.topology = topology;
     const EpRunResult modelled = testing::run_ep_layer(p, options);
-    const std::string what = v.name + " R=" + std::to_string(num_ranks) + " " +
-                             transport::threads::link_topology_name(topology);
+    const std::string what =
+        v.name + " R=" + std::to_string(num_ranks) + " " + transport::threads::link_topology_name(topology);
     expect_same_bits(modelled, wall, what);
   }
 }

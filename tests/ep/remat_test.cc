@@ -47,9 +47,8 @@ TEST(Remat, GradientsAreBitIdenticalForEverySavedName) {
           for (const auto& [name, policy] : policies) {
             options.remat = policy;
             const EpRunResult recomputed = testing::run_ep_layer(p, options);
-            const std::string what = "R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch) +
-                                     " chunks " + std::to_string(chunks) + " fp8 " + ep::to_string(tokens) +
-                                     " remat " + name;
+            const std::string what = "R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch) + " chunks " +
+                                     std::to_string(chunks) + " fp8 " + ep::to_string(tokens) + " remat " + name;
             expect_same_bits(saved, recomputed, what);
             for (const auto& memory : recomputed.memory) EXPECT_GT(memory.recomputed_bytes, 0) << what;
           }
@@ -97,8 +96,10 @@ TEST(Remat, SavedXSortedKeepsTheFp8TransferFormatAtItsExactSize) {
     bool dedup;
     int slots;
   };
-  const Case cases[] = {{ep::DispatchKind::alltoall, 1, false, 0}, {ep::DispatchKind::alltoall, 2, true, 0},
-                        {ep::DispatchKind::alltoall, 2, false, 1}, {ep::DispatchKind::ring, 1, false, 0},
+  const Case cases[] = {{ep::DispatchKind::alltoall, 1, false, 0},
+                        {ep::DispatchKind::alltoall, 2, true, 0},
+                        {ep::DispatchKind::alltoall, 2, false, 1},
+                        {ep::DispatchKind::ring, 1, false, 0},
                         {ep::DispatchKind::ring, 3, false, 1}};
   for (const int num_ranks : {1, 2, 3, 4})
     for (const Case& c : cases)
@@ -115,8 +116,8 @@ TEST(Remat, SavedXSortedKeepsTheFp8TransferFormatAtItsExactSize) {
         const EpRunResult run = testing::run_ep_layer(p, options);
         for (int r = 0; r < num_ranks; ++r) {
           const ep::DispatchStats& stats = run.stats[r];
-          std::int64_t rows = std::accumulate(stats.rows_per_local_expert.begin(), stats.rows_per_local_expert.end(),
-                                              std::int64_t{0});
+          std::int64_t rows =
+              std::accumulate(stats.rows_per_local_expert.begin(), stats.rows_per_local_expert.end(), std::int64_t{0});
           const std::vector<std::int64_t>& slot_rows = run.replica_stats[r].rows_per_slot;
           rows = std::accumulate(slot_rows.begin(), slot_rows.end(), rows);
           const std::int64_t groups = num_experts / num_ranks + c.slots;
@@ -124,8 +125,8 @@ TEST(Remat, SavedXSortedKeepsTheFp8TransferFormatAtItsExactSize) {
           const std::int64_t expected =
               rows * (hidden + (per_row_scale ? 4 : 0) + 12) + c.chunks * (8 * groups + (per_row_scale ? 0 : 4));
           EXPECT_EQ(run.memory[r].peak_bytes_by_name.at("saved/x_sorted"), expected)
-              << "R" << num_ranks << " " << ep::to_string(c.dispatch) << " chunks " << c.chunks << " dedup "
-              << c.dedup << " slots " << c.slots << " " << ep::to_string(tokens) << " rank " << r;
+              << "R" << num_ranks << " " << ep::to_string(c.dispatch) << " chunks " << c.chunks << " dedup " << c.dedup
+              << " slots " << c.slots << " " << ep::to_string(tokens) << " rank " << r;
         }
       }
 }

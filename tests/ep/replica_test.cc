@@ -31,16 +31,14 @@
 namespace epmoe {
 namespace {
 
-using testing::ids_of;
 using testing::EpRunOptions;
 using testing::EpRunResult;
+using testing::ids_of;
 using testing::MoeProblem;
 
 constexpr std::int64_t kHidden = 8, kFfn = 6;
 
-std::vector<double> as_double(const Tensor& t) {
-  return {t.span<float>().begin(), t.span<float>().end()};
-}
+std::vector<double> as_double(const Tensor& t) { return {t.span<float>().begin(), t.span<float>().end()}; }
 
 // sigmoid_grouped routing, E = 2R experts, K = 2, hot experts packed on rank 0.
 MoeProblem skewed_problem(int num_ranks, balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
@@ -48,8 +46,7 @@ MoeProblem skewed_problem(int num_ranks, balance::HotExpertPlacement placement =
   RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 2};
   MoeProblem p = testing::make_problem(16 * num_ranks, kHidden, kFfn, router, 300 + num_ranks);
   const std::vector<float> bias = balance::zipf_selection_bias(
-      {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2, .placement = placement,
-       .scale = 1.0});
+      {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2, .placement = placement, .scale = 1.0});
   for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
   return p;
 }
@@ -300,8 +297,7 @@ TEST(Replicas, CopiesComputeTheirOwnRanksPairsFirst) {
         for (std::int64_t t = n * r / num_ranks; t < n * (r + 1) / num_ranks; ++t)
           for (int k = 0; k < top_k; ++k) ++count[ids[t * top_k + k]];
         const ep::ReplicaStats& s = run.replica_stats[r];
-        for (int j = 0; j < experts_per_rank; ++j)
-          local += std::min(s.home_quotas[j], count[r * experts_per_rank + j]);
+        for (int j = 0; j < experts_per_rank; ++j) local += std::min(s.home_quotas[j], count[r * experts_per_rank + j]);
         for (std::size_t b = 0; b < s.slot_experts.size(); ++b)
           if (s.slot_experts[b] >= 0) local_on_slots += std::min(s.slot_quotas[b], count[s.slot_experts[b]]);
       }
@@ -325,9 +321,11 @@ MoeProblem packed_problem_k4(int num_ranks) {
   const int num_experts = 4 * num_ranks;
   RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 4};
   MoeProblem p = testing::make_problem(24 * num_ranks, kHidden, kFfn, router, 500 + num_ranks);
-  const std::vector<float> bias = balance::zipf_selection_bias(
-      {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2,
-       .placement = balance::HotExpertPlacement::packed, .scale = 1.0});
+  const std::vector<float> bias = balance::zipf_selection_bias({.num_experts = num_experts,
+                                                                .num_ranks = num_ranks,
+                                                                .zipf_exponent = 1.2,
+                                                                .placement = balance::HotExpertPlacement::packed,
+                                                                .scale = 1.0});
   for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
   return p;
 }
@@ -360,7 +358,8 @@ TEST(Replicas, DedupAwareChoiceUnderPackedZipf) {
         expect_matches_reference(p, run, what);
         const int num_replicas = expect_quotas_met(run, what);
         if (num_ranks > 1) EXPECT_GT(num_replicas, 0) << what << ": the skew must make the planner place replicas";
-        if (v.dedup) token_bytes[v.choice == ep::ReplicaChoice::dedup] = total_bytes(run.stats, "forward/all_to_all_v tokens");
+        if (v.dedup)
+          token_bytes[v.choice == ep::ReplicaChoice::dedup] = total_bytes(run.stats, "forward/all_to_all_v tokens");
       }
       EXPECT_LE(token_bytes[1], token_bytes[0]) << "R" << num_ranks << " chunks " << chunks;
       total_position += token_bytes[0];

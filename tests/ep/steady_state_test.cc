@@ -23,8 +23,8 @@
 #include "comm/barrier.h"
 #include "core/buffer_cache.h"
 #include "ep/ep_config.h"
-#include "moe/moe_layer.h"
 #include "ep_harness.h"
+#include "moe/moe_layer.h"
 #include "reference_moe.h"
 #include "transport/threads/launcher.h"
 

@@ -77,7 +77,8 @@ TEST(UnequalTokens, AllToAllMatchesTheDoubleReference) {
     EpRunOptions options{.num_ranks = static_cast<int>(split.size()), .dispatch = ep::DispatchKind::alltoall};
     options.tokens_by_rank = split;
     const EpRunResult run = testing::run_ep_layer(p, options);
-    testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)), describe(split) + " alltoall");
+    testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)),
+                                      describe(split) + " alltoall");
   }
 }
 
@@ -94,8 +95,7 @@ TEST(UnequalTokens, RingWithFp8TokensGivesWhatTheAllToAllGives) {
         options.ep.num_chunks = 2;
         runs[i] = testing::run_ep_layer(p, options);
       }
-      const std::string what =
-          describe(split) + (format == ep::TokenFormat::fp8_token ? " fp8_token" : " fp8_tensor");
+      const std::string what = describe(split) + (format == ep::TokenFormat::fp8_token ? " fp8_token" : " fp8_tensor");
       EXPECT_LE(testing::relative_error(runs[0].y, as_double(runs[1].y)), 1e-5) << what << " y";
       EXPECT_LE(testing::relative_error(runs[0].grads.dx, as_double(runs[1].grads.dx)), 1e-5) << what << " dx";
       EXPECT_LE(testing::relative_error(runs[0].grads.dwi0, as_double(runs[1].grads.dwi0)), 1e-5) << what << " dwi0";

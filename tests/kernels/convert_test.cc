@@ -96,10 +96,10 @@ TEST(Fp8E4m3, NanStaysNanAndSignedZeroKeepsSign) {
   for (float nan : {quiet, -quiet, signalling}) EXPECT_TRUE(is_fp8_nan(fp8(nan)));
   EXPECT_EQ(fp8(0.0f), 0x00);
   EXPECT_EQ(fp8(-0.0f), 0x80);
-  EXPECT_EQ(fp8(-1e-10f), 0x80);                   // underflow keeps the sign
-  EXPECT_EQ(fp8(std::ldexp(1.0f, -10)), 0x00);     // half the smallest subnormal: tie to 0
+  EXPECT_EQ(fp8(-1e-10f), 0x80);                // underflow keeps the sign
+  EXPECT_EQ(fp8(std::ldexp(1.0f, -10)), 0x00);  // half the smallest subnormal: tie to 0
   EXPECT_EQ(fp8(std::ldexp(1.5f, -10)), 0x01);
-  EXPECT_EQ(fp8(std::ldexp(1.0f, -140)), 0x00);    // float subnormal input
+  EXPECT_EQ(fp8(std::ldexp(1.0f, -140)), 0x00);  // float subnormal input
 }
 
 std::uint16_t bf16(float value) { return float_to_bf16(value).bits; }
@@ -116,7 +116,7 @@ TEST(Bf16, EveryNonNanCodeRoundTrips) {
 }
 
 TEST(Bf16, MidpointsRoundToEven) {
-  EXPECT_EQ(bf16(1.0f + std::ldexp(1.0f, -8)), bf16(1.0f));                      // down to even
+  EXPECT_EQ(bf16(1.0f + std::ldexp(1.0f, -8)), bf16(1.0f));                             // down to even
   EXPECT_EQ(bf16(1.0f + 3 * std::ldexp(1.0f, -8)), bf16(1.0f + std::ldexp(1.0f, -6)));  // up to even
   Rng rng(3);
   for (int i = 0; i < 20000; ++i) {

@@ -37,13 +37,17 @@ TEST(Gemm, F32MatchesDoubleForAllTransposesAndOddSizes) {
             const auto a = random_vector(m * k, 1);
             const auto b = random_vector(k * n, 2);
             std::vector<float> c(m * n, NAN);  // overwritten, never read
-            gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
-                  .transpose_a = transpose_a, .transpose_b = transpose_b});
-            const auto ref = reference_gemm(a.data(), b.data(), nullptr, m, n, k, transpose_a,
-                                            transpose_b);
+            gemm({.a = a.data(),
+                  .b = b.data(),
+                  .c = c.data(),
+                  .m = m,
+                  .n = n,
+                  .k = k,
+                  .transpose_a = transpose_a,
+                  .transpose_b = transpose_b});
+            const auto ref = reference_gemm(a.data(), b.data(), nullptr, m, n, k, transpose_a, transpose_b);
             ASSERT_LE(relative_error(c, ref.c), kF32RelativeTolerance)
-                << "m=" << m << " n=" << n << " k=" << k << " ta=" << transpose_a
-                << " tb=" << transpose_b;
+                << "m=" << m << " n=" << n << " k=" << k << " ta=" << transpose_a << " tb=" << transpose_b;
           }
 }
 
@@ -55,10 +59,16 @@ TEST(Gemm, AccumulateAddsIntoC) {
       const auto b = random_vector(k * n, 4);
       const auto c_in = random_vector(m * n, 5);
       auto c = c_in;
-      gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
-            .transpose_a = transpose_a, .transpose_b = transpose_b, .accumulate = true});
-      const auto ref =
-          reference_gemm(a.data(), b.data(), c_in.data(), m, n, k, transpose_a, transpose_b);
+      gemm({.a = a.data(),
+            .b = b.data(),
+            .c = c.data(),
+            .m = m,
+            .n = n,
+            .k = k,
+            .transpose_a = transpose_a,
+            .transpose_b = transpose_b,
+            .accumulate = true});
+      const auto ref = reference_gemm(a.data(), b.data(), c_in.data(), m, n, k, transpose_a, transpose_b);
       EXPECT_LE(relative_error(c, ref.c), kF32RelativeTolerance);
     }
 }
@@ -88,25 +98,32 @@ TEST(Gemm, DynamicDimensionsMatchDoubleAcrossShapes) {
     if (dtype == ComputeDType::bf16 && !bf16_gemm_supported()) {
       std::cout << "[ NOTE ] bf16 left out: this CPU has no oneDNN bf16 matmul\n";
     } else
-    for (bool transpose_a : {false, true})
-      for (bool transpose_b : {false, true})
-        for (GemmDynamicDim dynamic_dim : {GemmDynamicDim::m, GemmDynamicDim::k})
-          for (std::int64_t ragged : {65, 1, 33, 7, 0, 33}) {
-            const std::int64_t m = dynamic_dim == GemmDynamicDim::m ? ragged : 19;
-            const std::int64_t k = dynamic_dim == GemmDynamicDim::k ? ragged : 23;
-            const std::int64_t n = 17;
-            const auto a = random_vector(m * k, 30 + ragged);
-            const auto b = random_vector(k * n, 40 + ragged);
-            const auto c_in = random_vector(m * n, 50);
-            auto c = c_in;
-            gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
-                  .transpose_a = transpose_a, .transpose_b = transpose_b, .accumulate = true,
-                  .compute_dtype = dtype, .dynamic_dim = dynamic_dim});
-            const auto ref = reference_gemm(a.data(), b.data(), c_in.data(), m, n, k, transpose_a,
-                                            transpose_b);
-            ASSERT_LE(relative_error(c, ref.c), dtype == ComputeDType::f32 ? kF32RelativeTolerance : 2e-2)
-                << "m=" << m << " k=" << k << " ta=" << transpose_a << " tb=" << transpose_b;
-          }
+      for (bool transpose_a : {false, true})
+        for (bool transpose_b : {false, true})
+          for (GemmDynamicDim dynamic_dim : {GemmDynamicDim::m, GemmDynamicDim::k})
+            for (std::int64_t ragged : {65, 1, 33, 7, 0, 33}) {
+              const std::int64_t m = dynamic_dim == GemmDynamicDim::m ? ragged : 19;
+              const std::int64_t k = dynamic_dim == GemmDynamicDim::k ? ragged : 23;
+              const std::int64_t n = 17;
+              const auto a = random_vector(m * k, 30 + ragged);
+              const auto b = random_vector(k * n, 40 + ragged);
+              const auto c_in = random_vector(m * n, 50);
+              auto c = c_in;
+              gemm({.a = a.data(),
+                    .b = b.data(),
+                    .c = c.data(),
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .transpose_a = transpose_a,
+                    .transpose_b = transpose_b,
+                    .accumulate = true,
+                    .compute_dtype = dtype,
+                    .dynamic_dim = dynamic_dim});
+              const auto ref = reference_gemm(a.data(), b.data(), c_in.data(), m, n, k, transpose_a, transpose_b);
+              ASSERT_LE(relative_error(c, ref.c), dtype == ComputeDType::f32 ? kF32RelativeTolerance : 2e-2)
+                  << "m=" << m << " k=" << k << " ta=" << transpose_a << " tb=" << transpose_b;
+            }
 }
 
 TEST(Gemm, ZeroSizes) {
@@ -136,11 +153,16 @@ TEST(Gemm, Bf16WithinDerivedBoundAndReallyRoundsOperands) {
       const auto a = random_vector(m * k, 6);
       const auto b = random_vector(k * n, 7);
       std::vector<float> c(m * n);
-      gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
-            .transpose_a = transpose_a, .transpose_b = transpose_b,
+      gemm({.a = a.data(),
+            .b = b.data(),
+            .c = c.data(),
+            .m = m,
+            .n = n,
+            .k = k,
+            .transpose_a = transpose_a,
+            .transpose_b = transpose_b,
             .compute_dtype = ComputeDType::bf16});
-      const auto exact = reference_gemm(a.data(), b.data(), nullptr, m, n, k, transpose_a,
-                                        transpose_b);
+      const auto exact = reference_gemm(a.data(), b.data(), nullptr, m, n, k, transpose_a, transpose_b);
       const double bound_factor = 2 * kU + kU * kU + 2 * k * kU32;
       for (std::int64_t i = 0; i < m * n; ++i)
         ASSERT_LE(std::abs(c[i] - exact.c[i]), bound_factor * exact.abs_sum[i]) << i;
@@ -150,8 +172,8 @@ TEST(Gemm, Bf16WithinDerivedBoundAndReallyRoundsOperands) {
       std::vector<float> a_rounded(a.size()), b_rounded(b.size());
       for (std::size_t i = 0; i < a.size(); ++i) a_rounded[i] = bf16_to_float(float_to_bf16(a[i]));
       for (std::size_t i = 0; i < b.size(); ++i) b_rounded[i] = bf16_to_float(float_to_bf16(b[i]));
-      const auto rounded = reference_gemm(a_rounded.data(), b_rounded.data(), nullptr, m, n, k,
-                                          transpose_a, transpose_b);
+      const auto rounded =
+          reference_gemm(a_rounded.data(), b_rounded.data(), nullptr, m, n, k, transpose_a, transpose_b);
       EXPECT_LE(relative_error(c, rounded.c), kF32RelativeTolerance);
       EXPECT_GT(relative_error(c, exact.c), 10 * kF32RelativeTolerance);
     }
@@ -171,7 +193,12 @@ TEST(Gemm, ConcurrentCallersGetCorrectResults) {
       std::vector<float> c(m * n);
       double worst = 0.0;
       for (int rep = 0; rep < 20; ++rep) {
-        gemm({.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
+        gemm({.a = a.data(),
+              .b = b.data(),
+              .c = c.data(),
+              .m = m,
+              .n = n,
+              .k = k,
               .compute_dtype = rep % 2 && with_bf16 ? ComputeDType::bf16 : ComputeDType::f32});
         const auto ref = reference_gemm(a.data(), b.data(), nullptr, m, n, k, false, false);
         worst = std::max(worst, relative_error(c, ref.c));
@@ -194,8 +221,14 @@ TEST(Gemm, WeightVersionKeepsTheBits) {
         const std::int64_t k = 45, n = 29;
         const auto a = random_vector(m * k, 60 + m), b = random_vector(k * n, 61);
         std::vector<float> plain(m * n), versioned(m * n);
-        const GemmArgs args{.a = a.data(), .b = b.data(), .c = plain.data(), .m = m, .n = n, .k = k,
-                            .transpose_b = transpose_b, .compute_dtype = dtype,
+        const GemmArgs args{.a = a.data(),
+                            .b = b.data(),
+                            .c = plain.data(),
+                            .m = m,
+                            .n = n,
+                            .k = k,
+                            .transpose_b = transpose_b,
+                            .compute_dtype = dtype,
                             .dynamic_dim = GemmDynamicDim::m};
         gemm(args);
         GemmArgs with_version = args;
@@ -221,8 +254,16 @@ TEST(Gemm, PackedWeightsFollowTheVersion) {
       const auto a = random_vector(m * k, 70);
       auto b = random_vector(k * n, 71);
       std::vector<float> c(m * n);
-      GemmArgs args{.a = a.data(), .b = b.data(), .c = c.data(), .m = m, .n = n, .k = k,
-                    .transpose_b = transpose_b, .compute_dtype = dtype, .b_version = 1, .pack_b = true};
+      GemmArgs args{.a = a.data(),
+                    .b = b.data(),
+                    .c = c.data(),
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .transpose_b = transpose_b,
+                    .compute_dtype = dtype,
+                    .b_version = 1,
+                    .pack_b = true};
       gemm(args);
       EXPECT_LE(relative_error(c, reference_gemm(a.data(), b.data(), nullptr, m, n, k, false, transpose_b).c), tol);
       const auto new_values = random_vector(k * n, 72);

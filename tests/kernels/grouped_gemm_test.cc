@@ -65,12 +65,10 @@ GroupedReference reference(const std::vector<std::int64_t>& sizes, const std::ve
   for (std::int64_t g = 0; g < num_groups; ++g) {
     const std::int64_t m = sizes[g];
     const float* w_g = w.data() + g * kInner * kOutput;
-    const auto out = reference_gemm(x.data() + row * kInner, w_g, nullptr, m, kOutput, kInner,
-                                    false, false);
-    const auto dx = reference_gemm(dout.data() + row * kOutput, w_g, nullptr, m, kInner, kOutput,
-                                   false, true);
-    const auto dw = reference_gemm(x.data() + row * kInner, dout.data() + row * kOutput, nullptr,
-                                   kInner, kOutput, m, true, false);
+    const auto out = reference_gemm(x.data() + row * kInner, w_g, nullptr, m, kOutput, kInner, false, false);
+    const auto dx = reference_gemm(dout.data() + row * kOutput, w_g, nullptr, m, kInner, kOutput, false, true);
+    const auto dw =
+        reference_gemm(x.data() + row * kInner, dout.data() + row * kOutput, nullptr, kInner, kOutput, m, true, false);
     std::copy(out.c.begin(), out.c.end(), ref.out.begin() + row * kOutput);
     std::copy(dx.c.begin(), dx.c.end(), ref.dx.begin() + row * kInner);
     std::copy(dw.c.begin(), dw.c.end(), ref.dw.begin() + g * kInner * kOutput);
@@ -91,40 +89,39 @@ class GroupedGemmTest : public ::testing::TestWithParam<int> {
 
 TEST_P(GroupedGemmTest, F32MatchesPerGroupDoubleReference) {
   for (const GroupedCase& test_case : cases())
-  for (GroupSchedule schedule : {GroupSchedule::balanced, GroupSchedule::one_group_at_a_time}) {
-    SCOPED_TRACE(test_case.name);
-    SCOPED_TRACE(schedule == GroupSchedule::balanced ? "balanced" : "one_group_at_a_time");
-    const auto& sizes = test_case.group_sizes;
-    const auto num_groups = static_cast<std::int64_t>(sizes.size());
-    const std::int64_t rows = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
-    const auto x = random_vector(rows * kInner, 1);
-    const auto w = random_vector(num_groups * kInner * kOutput, 2);
-    const auto dout = random_vector(rows * kOutput, 3);
-    const auto dx_in = random_vector(rows * kInner, 4);
-    const GroupedReference ref = reference(sizes, x, w, dout);
-    const GroupedGemmShape shape{
-        .group_sizes = sizes, .k = kInner, .n = kOutput, .schedule = schedule};
+    for (GroupSchedule schedule : {GroupSchedule::balanced, GroupSchedule::one_group_at_a_time}) {
+      SCOPED_TRACE(test_case.name);
+      SCOPED_TRACE(schedule == GroupSchedule::balanced ? "balanced" : "one_group_at_a_time");
+      const auto& sizes = test_case.group_sizes;
+      const auto num_groups = static_cast<std::int64_t>(sizes.size());
+      const std::int64_t rows = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+      const auto x = random_vector(rows * kInner, 1);
+      const auto w = random_vector(num_groups * kInner * kOutput, 2);
+      const auto dout = random_vector(rows * kOutput, 3);
+      const auto dx_in = random_vector(rows * kInner, 4);
+      const GroupedReference ref = reference(sizes, x, w, dout);
+      const GroupedGemmShape shape{.group_sizes = sizes, .k = kInner, .n = kOutput, .schedule = schedule};
 
-    std::vector<float> out(rows * kOutput, NAN), dx(rows * kInner, NAN);
-    std::vector<float> dw(num_groups * kInner * kOutput, NAN);  // garbage, incl. empty groups
-    grouped_gemm_forward(shape, x.data(), w.data(), out.data());
-    grouped_gemm_dlhs(shape, dout.data(), w.data(), dx.data());
-    grouped_gemm_drhs(shape, x.data(), dout.data(), dw.data());
-    EXPECT_LE(relative_error(out, ref.out), kF32RelativeTolerance);
-    EXPECT_LE(relative_error(dx, ref.dx), kF32RelativeTolerance);
-    EXPECT_LE(relative_error(dw, ref.dw), kF32RelativeTolerance);
-    for (std::int64_t g = 0; g < num_groups; ++g) {
-      if (sizes[g] != 0) continue;
-      for (std::int64_t i = 0; i < kInner * kOutput; ++i)
-        ASSERT_EQ(dw[g * kInner * kOutput + i], 0.0f) << "empty group " << g;
+      std::vector<float> out(rows * kOutput, NAN), dx(rows * kInner, NAN);
+      std::vector<float> dw(num_groups * kInner * kOutput, NAN);  // garbage, incl. empty groups
+      grouped_gemm_forward(shape, x.data(), w.data(), out.data());
+      grouped_gemm_dlhs(shape, dout.data(), w.data(), dx.data());
+      grouped_gemm_drhs(shape, x.data(), dout.data(), dw.data());
+      EXPECT_LE(relative_error(out, ref.out), kF32RelativeTolerance);
+      EXPECT_LE(relative_error(dx, ref.dx), kF32RelativeTolerance);
+      EXPECT_LE(relative_error(dw, ref.dw), kF32RelativeTolerance);
+      for (std::int64_t g = 0; g < num_groups; ++g) {
+        if (sizes[g] != 0) continue;
+        for (std::int64_t i = 0; i < kInner * kOutput; ++i)
+          ASSERT_EQ(dw[g * kInner * kOutput + i], 0.0f) << "empty group " << g;
+      }
+
+      auto dx_accumulated = dx_in;
+      grouped_gemm_dlhs(shape, dout.data(), w.data(), dx_accumulated.data(), /*accumulate=*/true);
+      std::vector<double> dx_accumulated_ref(ref.dx.size());
+      for (std::size_t i = 0; i < ref.dx.size(); ++i) dx_accumulated_ref[i] = ref.dx[i] + dx_in[i];
+      EXPECT_LE(relative_error(dx_accumulated, dx_accumulated_ref), kF32RelativeTolerance);
     }
-
-    auto dx_accumulated = dx_in;
-    grouped_gemm_dlhs(shape, dout.data(), w.data(), dx_accumulated.data(), /*accumulate=*/true);
-    std::vector<double> dx_accumulated_ref(ref.dx.size());
-    for (std::size_t i = 0; i < ref.dx.size(); ++i) dx_accumulated_ref[i] = ref.dx[i] + dx_in[i];
-    EXPECT_LE(relative_error(dx_accumulated, dx_accumulated_ref), kF32RelativeTolerance);
-  }
 }
 
 // bf16 operands: the bound of gemm_test.cc, 2u + u^2 + 2 k u32 relative to
@@ -140,8 +137,7 @@ TEST_P(GroupedGemmTest, Bf16WithinBound) {
   const auto w = random_vector(num_groups * kInner * kOutput, 6);
   const auto dout = random_vector(rows * kOutput, 7);
   const GroupedReference ref = reference(sizes, x, w, dout);
-  const GroupedGemmShape shape{
-      .group_sizes = sizes, .k = kInner, .n = kOutput, .compute_dtype = ComputeDType::bf16};
+  const GroupedGemmShape shape{.group_sizes = sizes, .k = kInner, .n = kOutput, .compute_dtype = ComputeDType::bf16};
   std::vector<float> out(rows * kOutput), dx(rows * kInner), dw(num_groups * kInner * kOutput, NAN);
   grouped_gemm_forward(shape, x.data(), w.data(), out.data());
   grouped_gemm_dlhs(shape, dout.data(), w.data(), dx.data());
@@ -163,13 +159,12 @@ TEST_P(GroupedGemmTest, Bf16SmallGroupsWithLargeWeights) {
   const auto x = random_vector(10 * k, 8);
   const auto w = random_vector(num_groups * k * n, 9);
   std::vector<float> out(10 * n);
-  grouped_gemm_forward({.group_sizes = sizes, .k = k, .n = n, .compute_dtype = ComputeDType::bf16},
-                       x.data(), w.data(), out.data());
+  grouped_gemm_forward({.group_sizes = sizes, .k = k, .n = n, .compute_dtype = ComputeDType::bf16}, x.data(), w.data(),
+                       out.data());
   EXPECT_EQ(compute_threads(), GetParam());  // the workers' budget of 1 does not leak out
   std::vector<double> ref(10 * n);
   for (std::int64_t g = 0, row = 0; g < num_groups; row += sizes[g++]) {
-    const auto out_g = reference_gemm(x.data() + row * k, w.data() + g * k * n, nullptr, sizes[g],
-                                      n, k, false, false);
+    const auto out_g = reference_gemm(x.data() + row * k, w.data() + g * k * n, nullptr, sizes[g], n, k, false, false);
     std::copy(out_g.c.begin(), out_g.c.end(), ref.begin() + row * n);
   }
   EXPECT_LE(relative_error(out, ref), 2e-2);
@@ -183,54 +178,53 @@ TEST_P(GroupedGemmTest, PerGroupPointersMatchContiguousBitForBit) {
   std::vector<ComputeDType> dtypes = {ComputeDType::f32};
   if (bf16_gemm_supported()) dtypes.push_back(ComputeDType::bf16);
   for (ComputeDType dtype : dtypes)
-  for (const GroupedCase& test_case : cases())
-  for (GroupSchedule schedule : {GroupSchedule::balanced, GroupSchedule::one_group_at_a_time}) {
-    SCOPED_TRACE(test_case.name);
-    SCOPED_TRACE(to_string(dtype));
-    const auto& sizes = test_case.group_sizes;
-    const auto num_groups = static_cast<std::int64_t>(sizes.size());
-    const std::int64_t rows = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
-    const std::int64_t matrix = kInner * kOutput;
-    const auto x = random_vector(rows * kInner, 11);
-    const auto w = random_vector(num_groups * matrix, 12);
-    const auto dout = random_vector(rows * kOutput, 13);
-    const auto dx_in = random_vector(rows * kInner, 14);
-    const GroupedGemmShape shape{
-        .group_sizes = sizes, .k = kInner, .n = kOutput, .compute_dtype = dtype, .schedule = schedule};
+    for (const GroupedCase& test_case : cases())
+      for (GroupSchedule schedule : {GroupSchedule::balanced, GroupSchedule::one_group_at_a_time}) {
+        SCOPED_TRACE(test_case.name);
+        SCOPED_TRACE(to_string(dtype));
+        const auto& sizes = test_case.group_sizes;
+        const auto num_groups = static_cast<std::int64_t>(sizes.size());
+        const std::int64_t rows = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+        const std::int64_t matrix = kInner * kOutput;
+        const auto x = random_vector(rows * kInner, 11);
+        const auto w = random_vector(num_groups * matrix, 12);
+        const auto dout = random_vector(rows * kOutput, 13);
+        const auto dx_in = random_vector(rows * kInner, 14);
+        const GroupedGemmShape shape{
+            .group_sizes = sizes, .k = kInner, .n = kOutput, .compute_dtype = dtype, .schedule = schedule};
 
-    std::vector<float> out(rows * kOutput), dx(rows * kInner), dw(num_groups * matrix, NAN);
-    auto dx_accumulated = dx_in;
-    grouped_gemm_forward(shape, x.data(), w.data(), out.data());
-    grouped_gemm_dlhs(shape, dout.data(), w.data(), dx.data());
-    grouped_gemm_dlhs(shape, dout.data(), w.data(), dx_accumulated.data(), /*accumulate=*/true);
-    grouped_gemm_drhs(shape, x.data(), dout.data(), dw.data());
+        std::vector<float> out(rows * kOutput), dx(rows * kInner), dw(num_groups * matrix, NAN);
+        auto dx_accumulated = dx_in;
+        grouped_gemm_forward(shape, x.data(), w.data(), out.data());
+        grouped_gemm_dlhs(shape, dout.data(), w.data(), dx.data());
+        grouped_gemm_dlhs(shape, dout.data(), w.data(), dx_accumulated.data(), /*accumulate=*/true);
+        grouped_gemm_drhs(shape, x.data(), dout.data(), dw.data());
 
-    // Separate copies, allocated in reverse group order.
-    std::vector<std::vector<float>> w_copies(num_groups), dw_copies(num_groups);
-    for (std::int64_t g = num_groups - 1; g >= 0; --g) {
-      w_copies[g].assign(w.begin() + g * matrix, w.begin() + (g + 1) * matrix);
-      dw_copies[g].assign(matrix, NAN);
-    }
-    std::vector<const float*> w_groups(num_groups);
-    std::vector<float*> dw_groups(num_groups);
-    for (std::int64_t g = 0; g < num_groups; ++g) {
-      w_groups[g] = w_copies[g].data();
-      dw_groups[g] = dw_copies[g].data();
-    }
-    std::vector<float> out_p(rows * kOutput), dx_p(rows * kInner);
-    auto dx_accumulated_p = dx_in;
-    grouped_gemm_forward(shape, x.data(), w_groups, out_p.data());
-    grouped_gemm_dlhs(shape, dout.data(), w_groups, dx_p.data());
-    grouped_gemm_dlhs(shape, dout.data(), w_groups, dx_accumulated_p.data(), /*accumulate=*/true);
-    grouped_gemm_drhs(shape, x.data(), dout.data(), dw_groups);
+        // Separate copies, allocated in reverse group order.
+        std::vector<std::vector<float>> w_copies(num_groups), dw_copies(num_groups);
+        for (std::int64_t g = num_groups - 1; g >= 0; --g) {
+          w_copies[g].assign(w.begin() + g * matrix, w.begin() + (g + 1) * matrix);
+          dw_copies[g].assign(matrix, NAN);
+        }
+        std::vector<const float*> w_groups(num_groups);
+        std::vector<float*> dw_groups(num_groups);
+        for (std::int64_t g = 0; g < num_groups; ++g) {
+          w_groups[g] = w_copies[g].data();
+          dw_groups[g] = dw_copies[g].data();
+        }
+        std::vector<float> out_p(rows * kOutput), dx_p(rows * kInner);
+        auto dx_accumulated_p = dx_in;
+        grouped_gemm_forward(shape, x.data(), w_groups, out_p.data());
+        grouped_gemm_dlhs(shape, dout.data(), w_groups, dx_p.data());
+        grouped_gemm_dlhs(shape, dout.data(), w_groups, dx_accumulated_p.data(), /*accumulate=*/true);
+        grouped_gemm_drhs(shape, x.data(), dout.data(), dw_groups);
 
-    EXPECT_TRUE(same_float_bits(out.data(), out_p.data(), out.size()));
-    EXPECT_TRUE(same_float_bits(dx.data(), dx_p.data(), dx.size()));
-    EXPECT_TRUE(same_float_bits(dx_accumulated.data(), dx_accumulated_p.data(), dx.size()));
-    for (std::int64_t g = 0; g < num_groups; ++g)
-      EXPECT_TRUE(same_float_bits(dw.data() + g * matrix, dw_copies[g].data(), matrix))
-          << "group " << g;
-  }
+        EXPECT_TRUE(same_float_bits(out.data(), out_p.data(), out.size()));
+        EXPECT_TRUE(same_float_bits(dx.data(), dx_p.data(), dx.size()));
+        EXPECT_TRUE(same_float_bits(dx_accumulated.data(), dx_accumulated_p.data(), dx.size()));
+        for (std::int64_t g = 0; g < num_groups; ++g)
+          EXPECT_TRUE(same_float_bits(dw.data() + g * matrix, dw_copies[g].data(), matrix)) << "group " << g;
+      }
 }
 
 TEST_P(GroupedGemmTest, PerGroupPointersRefuseWrongCountOrNull) {

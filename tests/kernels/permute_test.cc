@@ -23,8 +23,7 @@ void expect_valid_permutation(const std::vector<std::int32_t>& expert_of_pair, i
   ASSERT_EQ(perm.pair_to_sorted.size(), expert_of_pair.size());
   ASSERT_EQ(perm.group_sizes.size(), static_cast<std::size_t>(num_experts));
   ASSERT_EQ(perm.group_offsets.size(), static_cast<std::size_t>(num_experts + 1));
-  EXPECT_EQ(std::accumulate(perm.group_sizes.begin(), perm.group_sizes.end(), std::int64_t{0}),
-            num_pairs);
+  EXPECT_EQ(std::accumulate(perm.group_sizes.begin(), perm.group_sizes.end(), std::int64_t{0}), num_pairs);
   std::vector<std::int64_t> expected_sizes(num_experts, 0);
   for (std::int32_t e : expert_of_pair) ++expected_sizes[e];
   EXPECT_EQ(perm.group_sizes, expected_sizes);
@@ -58,8 +57,7 @@ TEST(SortByExpert, RandomUniformAndSkewedIds) {
       std::vector<std::int32_t> uniform(num_pairs), skewed(num_pairs);
       for (auto& e : uniform) e = static_cast<std::int32_t>(rng.uniform_int(num_experts));
       // A uniform draw to the 4th power piles pairs onto low ids and leaves high ids empty.
-      for (auto& e : skewed)
-        e = static_cast<std::int32_t>(num_experts * std::pow(rng.uniform01(), 4.0));
+      for (auto& e : skewed) e = static_cast<std::int32_t>(num_experts * std::pow(rng.uniform01(), 4.0));
       expect_valid_permutation(uniform, num_experts, sort_by_expert(uniform, num_experts));
       expect_valid_permutation(skewed, num_experts, sort_by_expert(skewed, num_experts));
     }
@@ -92,8 +90,7 @@ TEST(SortByExpert, OutOfRangeIdThrows) {
   try {
     sort_by_expert(std::vector<std::int32_t>{0, 1, 9}, 4);
   } catch (const InternalError& error) {
-    EXPECT_NE(std::string(error.what()).find("pair 2 has expert id 9"), std::string::npos)
-        << error.what();
+    EXPECT_NE(std::string(error.what()).find("pair 2 has expert id 9"), std::string::npos) << error.what();
   }
 }
 

@@ -18,8 +18,8 @@ inline std::vector<float> random_vector(std::int64_t size, std::uint64_t seed) {
 }
 
 // op(a)[i, p] for a row-major a that is [rows, cols], or [cols, rows] if transposed.
-inline double element(const float* a, std::int64_t i, std::int64_t p, std::int64_t rows,
-                      std::int64_t cols, bool transposed) {
+inline double element(const float* a, std::int64_t i, std::int64_t p, std::int64_t rows, std::int64_t cols,
+                      bool transposed) {
   return transposed ? a[p * rows + i] : a[i * cols + p];
 }
 
@@ -28,16 +28,14 @@ struct ReferenceGemm {
   std::vector<double> abs_sum;  // m x n, sum_p |op(a)[i,p]| |op(b)[p,j]|, for error bounds
 };
 
-inline ReferenceGemm reference_gemm(const float* a, const float* b, const float* c_in,
-                                    std::int64_t m, std::int64_t n, std::int64_t k,
-                                    bool transpose_a, bool transpose_b) {
+inline ReferenceGemm reference_gemm(const float* a, const float* b, const float* c_in, std::int64_t m, std::int64_t n,
+                                    std::int64_t k, bool transpose_a, bool transpose_b) {
   ReferenceGemm ref{std::vector<double>(m * n), std::vector<double>(m * n)};
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
       double sum = c_in != nullptr ? c_in[i * n + j] : 0.0, abs_sum = 0.0;
       for (std::int64_t p = 0; p < k; ++p) {
-        const double product =
-            element(a, i, p, m, k, transpose_a) * element(b, p, j, k, n, transpose_b);
+        const double product = element(a, i, p, m, k, transpose_a) * element(b, p, j, k, n, transpose_b);
         sum += product;
         abs_sum += std::abs(product);
       }

@@ -80,15 +80,14 @@ TEST(Swiglu, BackwardMatchesFiniteDifferences) {
     const auto act_plus = forward_at(input == 0 ? plus : in.h0, input == 0 ? in.h1 : h1_plus);
     const auto act_minus = forward_at(input == 0 ? minus : in.h0, input == 0 ? in.h1 : h1_minus);
     std::vector<double> numeric(n);
-    for (std::int64_t i = 0; i < n; ++i)
-      numeric[i] = in.dact[i] * (double(act_plus[i]) - act_minus[i]) / (2.0 * kStep);
+    for (std::int64_t i = 0; i < n; ++i) numeric[i] = in.dact[i] * (double(act_plus[i]) - act_minus[i]) / (2.0 * kStep);
     EXPECT_LE(relative_error(input == 0 ? dh0 : dh1, numeric), 1e-3) << "input " << input;
   }
 }
 
 TEST(Swiglu, LargeMagnitudesStayFinite) {
   const std::vector<float> h0 = {-1e30f, -1e4f, -100.0f, -88.0f, -87.0f, -20.0f, 0.0f,
-                                 20.0f,  87.0f, 88.0f,   100.0f, 1e4f,  1e30f};
+                                 20.0f,  87.0f, 88.0f,   100.0f, 1e4f,   1e30f};
   const auto n = static_cast<std::int64_t>(h0.size());
   const std::vector<float> h1(n, 1.0f), dact(n, 1.0f);
   std::vector<float> act(n), dh0(n), dh1(n);

@@ -119,8 +119,8 @@ TEST_P(SwigluUpProjectionTest, FusedGivesTheUnfusedBits) {
     const std::int64_t rows = std::accumulate(c.sizes.begin(), c.sizes.end(), std::int64_t{0});
     const std::vector<float> x = random_vector(rows * hidden, 3);
     const GroupMatrices wi0(c.sizes.size(), hidden, ffn, 100), wi1(c.sizes.size(), hidden, ffn, 200);
-    const GroupedGemmShape shape{.group_sizes = c.sizes, .k = hidden, .n = ffn, .compute_dtype = dtype,
-                                 .weight_version = fresh_version()};
+    const GroupedGemmShape shape{
+        .group_sizes = c.sizes, .k = hidden, .n = ffn, .compute_dtype = dtype, .weight_version = fresh_version()};
     const Outputs want = unfused(shape, x, wi0, wi1, rows);
     const std::int64_t builds_before = concatenated_weight_cache_stats().builds;
     const Outputs got = fused(shape, x, wi0, wi1, rows);
@@ -151,8 +151,8 @@ TEST_P(SwigluUpProjectionTest, NewVersionRebuildsTheConcatenation) {
   const std::int64_t rows = 24;
   const std::vector<float> x = random_vector(rows * hidden, 5);
   GroupMatrices wi0(sizes.size(), hidden, ffn, 300), wi1(sizes.size(), hidden, ffn, 400);
-  GroupedGemmShape shape{.group_sizes = sizes, .k = hidden, .n = ffn, .compute_dtype = dtype,
-                         .weight_version = fresh_version()};
+  GroupedGemmShape shape{
+      .group_sizes = sizes, .k = hidden, .n = ffn, .compute_dtype = dtype, .weight_version = fresh_version()};
   ASSERT_TRUE(same_bits(unfused(shape, x, wi0, wi1, rows).act, fused(shape, x, wi0, wi1, rows).act));
   // The optimizer's step: new values in the same buffers, and a new version.
   for (auto& m : wi0.storage)
@@ -193,8 +193,7 @@ INSTANTIATE_TEST_SUITE_P(OddAndEvenShapes, SwigluUpProjectionTest,
                                             ::testing::Values(ComputeDType::f32, ComputeDType::bf16)),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(TwoThreadBitsDependOnN, SwigluUpProjectionTest,
-                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(256),
-                                            ::testing::Values(64),
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(256), ::testing::Values(64),
                                             ::testing::Values(ComputeDType::f32, ComputeDType::bf16)),
                          param_name);
 

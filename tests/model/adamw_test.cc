@@ -46,8 +46,8 @@ TEST(AdamW, MatchesDoubleReferenceForThreeSteps) {
         p_ref[i] -= lr * (m_hat / (std::sqrt(v_hat) + 1e-8) + (c.decay ? 0.1 * p_ref[i] : 0.0));
       }
     }
-    const std::string label = std::string("decay=") + (c.decay ? "on" : "off") +
-                              " multiplier=" + std::to_string(c.grad_multiplier);
+    const std::string label =
+        std::string("decay=") + (c.decay ? "on" : "off") + " multiplier=" + std::to_string(c.grad_multiplier);
     EXPECT_LE(relative_error(m, m_ref), kF32RelativeTolerance) << label;
     EXPECT_LE(relative_error(v, v_ref), kF32RelativeTolerance) << label;
     // The parameters move by ~lr per step; compare the movement, which is
@@ -85,8 +85,8 @@ TEST(AdamW, BitIdenticalForOneAndTwoThreads) {
   auto run = [&](int threads) {
     testing::ScopedComputeThreads budget(threads);
     State s{param0.clone(), m0.clone(), v0.clone()};
-    adamw_update(AdamWConfig{}, 7, 1e-3, true, 0.8f, s.param.span<float>(), grad.span<float>(),
-                 s.m.span<float>(), s.v.span<float>());
+    adamw_update(AdamWConfig{}, 7, 1e-3, true, 0.8f, s.param.span<float>(), grad.span<float>(), s.m.span<float>(),
+                 s.v.span<float>());
     return s;
   };
   const State one = run(1), two = run(2);

@@ -25,8 +25,8 @@ struct CeReference {
   std::vector<double> d_logits;
 };
 
-CeReference reference(const std::vector<double>& logits, const std::vector<std::int32_t>& targets,
-                      std::int64_t vocab, double grad_scale) {
+CeReference reference(const std::vector<double>& logits, const std::vector<std::int32_t>& targets, std::int64_t vocab,
+                      double grad_scale) {
   CeReference ref{0.0, std::vector<double>(logits.size())};
   for (std::size_t n = 0; n < targets.size(); ++n) {
     const double* row = logits.data() + n * vocab;
@@ -36,8 +36,7 @@ CeReference reference(const std::vector<double>& logits, const std::vector<std::
     for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(row[j] - row_max);
     ref.loss_sum += row_max + std::log(sum) - row[targets[n]];
     for (std::int64_t j = 0; j < vocab; ++j)
-      ref.d_logits[n * vocab + j] =
-          grad_scale * (std::exp(row[j] - row_max) / sum - (j == targets[n] ? 1.0 : 0.0));
+      ref.d_logits[n * vocab + j] = grad_scale * (std::exp(row[j] - row_max) / sum - (j == targets[n] ? 1.0 : 0.0));
   }
   return ref;
 }
@@ -62,8 +61,7 @@ TEST(CrossEntropy, MatchesDouble) {
       EXPECT_NEAR(got.loss_sum, ref.loss_sum, kF32RelativeTolerance * std::max(1.0, std::abs(ref.loss_sum)))
           << magnitude << " V=" << vocab;
       ASSERT_EQ(got.d_logits.shape(), (Shape{n_tokens, vocab}));
-      EXPECT_LE(relative_error(got.d_logits, ref.d_logits), kF32RelativeTolerance)
-          << magnitude << " V=" << vocab;
+      EXPECT_LE(relative_error(got.d_logits, ref.d_logits), kF32RelativeTolerance) << magnitude << " V=" << vocab;
       if (vocab == 1) {
         EXPECT_EQ(got.loss_sum, 0.0);  // one class: probability 1, no loss
       }

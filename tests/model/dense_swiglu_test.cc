@@ -47,8 +47,8 @@ struct Gradients {
 // Hand-derived, one token and one hidden unit f at a time.
 Gradients reference_backward(const Problem& p, const std::vector<double>& dy) {
   const std::int64_t N = p.n_tokens, H = p.hidden, F = p.ffn;
-  Gradients g{std::vector<double>(N * H, 0.0), std::vector<double>(H * F, 0.0),
-              std::vector<double>(H * F, 0.0), std::vector<double>(F * H, 0.0)};
+  Gradients g{std::vector<double>(N * H, 0.0), std::vector<double>(H * F, 0.0), std::vector<double>(H * F, 0.0),
+              std::vector<double>(F * H, 0.0)};
   for (std::int64_t n = 0; n < N; ++n) {
     for (std::int64_t f = 0; f < F; ++f) {
       double h0 = 0, h1 = 0;
@@ -87,8 +87,13 @@ Tensors make_tensors(std::int64_t n_tokens, std::int64_t hidden, std::int64_t ff
 }
 
 Problem to_problem(const Tensors& t) {
-  return {t.x.dim(0), t.x.dim(1), t.w0.dim(1), testing::to_double(t.x), testing::to_double(t.w0),
-          testing::to_double(t.w1), testing::to_double(t.wo)};
+  return {t.x.dim(0),
+          t.x.dim(1),
+          t.w0.dim(1),
+          testing::to_double(t.x),
+          testing::to_double(t.w0),
+          testing::to_double(t.w1),
+          testing::to_double(t.wo)};
 }
 
 TEST(DenseSwiglu, ForwardAndBackwardMatchDouble) {

@@ -70,8 +70,7 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
   const auto numeric = testing::numeric_gradient(testing::to_double(table), [&](const std::vector<double>& t) {
     return testing::dot(reference_forward(t, kIds, hidden), wd);
   });
-  EXPECT_LE(relative_error(reference_backward(kIds, wd, vocab, hidden), numeric),
-            testing::kFiniteDifferenceTolerance);
+  EXPECT_LE(relative_error(reference_backward(kIds, wd, vocab, hidden), numeric), testing::kFiniteDifferenceTolerance);
   Tensor d_table(DType::f32, {vocab, hidden});
   embedding_backward(testing::ids_tensor(kIds), w, d_table);
   EXPECT_LE(relative_error(d_table, numeric), kF32RelativeTolerance);

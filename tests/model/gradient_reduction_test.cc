@@ -42,7 +42,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 struct Sums {
   std::vector<float> reference;  // one all_reduce of the whole buffer
   std::vector<float> bucketed;
-  std::vector<float> naive;      // one all_reduce per bucket
+  std::vector<float> naive;  // one all_reduce per bucket
   std::int64_t moved = 0;
 };
 
@@ -58,8 +58,8 @@ Sums run(int num_ranks, std::int64_t n, const std::vector<std::int64_t>& cuts, b
     comm::all_reduce(comm, {.data = reference.data(), .num_elements = n, .tag = 1}).wait();
     for (std::size_t i = 1; i < cuts.size(); ++i) {
       const std::int64_t begin = cuts[i], end = cuts[i - 1];
-      comm::all_reduce(comm, {.data = naive.data() + begin, .num_elements = end - begin,
-                              .tag = 2 + static_cast<std::uint32_t>(i)})
+      comm::all_reduce(
+          comm, {.data = naive.data() + begin, .num_elements = end - begin, .tag = 2 + static_cast<std::uint32_t>(i)})
           .wait();
     }
     GradientReduction reduction(comm, bucketed, 100, comm::kDefaultTimeout);
@@ -87,7 +87,8 @@ TEST(GradientReduction, AnyBucketsGiveTheBitsOfOneAllReduce) {
           {n, 0}, {n, n - 1, n / 2, n / 3, 1, 0}, {n, 2 * n / 3, n / 5, 0}};
       for (const auto& cuts : schemes) {
         const Sums sums = run(ranks, n, cuts, /*policy=*/false);
-        EXPECT_TRUE(same_bits(sums.bucketed, sums.reference)) << "R=" << ranks << " n=" << n << " buckets=" << cuts.size() - 1;
+        EXPECT_TRUE(same_bits(sums.bucketed, sums.reference))
+            << "R=" << ranks << " n=" << n << " buckets=" << cuts.size() - 1;
       }
     }
   }

@@ -16,7 +16,7 @@ namespace {
 const LrSchedule kSchedule{.peak = 1e-3, .warmup_steps = 10, .total_steps = 111, .min_ratio = 0.1};
 
 TEST(LrSchedule, WarmupIsLinearFromTheFirstStep) {
-  EXPECT_DOUBLE_EQ(kSchedule.at(0), 1e-4);   // (0 + 1) / 10 of peak: step 0 already moves
+  EXPECT_DOUBLE_EQ(kSchedule.at(0), 1e-4);  // (0 + 1) / 10 of peak: step 0 already moves
   EXPECT_DOUBLE_EQ(kSchedule.at(4), 5e-4);
   EXPECT_DOUBLE_EQ(kSchedule.at(9), 1e-3);   // last warm-up step reaches peak
   EXPECT_DOUBLE_EQ(kSchedule.at(10), 1e-3);  // the cosine starts at peak
@@ -24,7 +24,7 @@ TEST(LrSchedule, WarmupIsLinearFromTheFirstStep) {
 
 TEST(LrSchedule, CosineMidpointLastStepAndBeyond) {
   EXPECT_DOUBLE_EQ(kSchedule.at(60), 1e-4 + 0.5 * (1e-3 - 1e-4));
-  EXPECT_DOUBLE_EQ(kSchedule.at(110), 1e-4);  // total_steps - 1: the floor
+  EXPECT_DOUBLE_EQ(kSchedule.at(110), 1e-4);   // total_steps - 1: the floor
   EXPECT_DOUBLE_EQ(kSchedule.at(1000), 1e-4);  // held past the end
   // A quarter of the way: min + (peak - min) (1 + cos(pi / 4)) / 2.
   EXPECT_NEAR(kSchedule.at(35), 1e-4 + 9e-4 * (1 + std::sqrt(0.5)) / 2, 1e-15);

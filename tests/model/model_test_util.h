@@ -97,9 +97,7 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
 // Sets the calling thread's compute budget for a scope (core/threading.h).
 class ScopedComputeThreads {
  public:
-  explicit ScopedComputeThreads(int num_threads) : previous_(compute_threads()) {
-    set_compute_threads(num_threads);
-  }
+  explicit ScopedComputeThreads(int num_threads) : previous_(compute_threads()) { set_compute_threads(num_threads); }
   ~ScopedComputeThreads() { set_compute_threads(previous_); }
   ScopedComputeThreads(const ScopedComputeThreads&) = delete;
   ScopedComputeThreads& operator=(const ScopedComputeThreads&) = delete;

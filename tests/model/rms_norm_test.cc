@@ -24,8 +24,8 @@ struct RmsReference {
   std::vector<double> y, inv_rms;
 };
 
-RmsReference reference_forward(const std::vector<double>& x, const std::vector<double>& scale,
-                               std::int64_t n_tokens, std::int64_t hidden) {
+RmsReference reference_forward(const std::vector<double>& x, const std::vector<double>& scale, std::int64_t n_tokens,
+                               std::int64_t hidden) {
   RmsReference ref{std::vector<double>(x.size()), std::vector<double>(n_tokens)};
   for (std::int64_t n = 0; n < n_tokens; ++n) {
     double sum_sq = 0;
@@ -126,8 +126,8 @@ TEST(RmsNorm, BitIdenticalForOneAndTwoThreads) {
   EXPECT_TRUE(testing::same_bits(one.y, two.y));
   EXPECT_TRUE(testing::same_bits(one.dx, two.dx));
   // And the common answer is the right one.
-  const RmsGradients grad = reference_backward(testing::to_double(x), testing::to_double(scale),
-                                               testing::to_double(dy), n_tokens, hidden);
+  const RmsGradients grad =
+      reference_backward(testing::to_double(x), testing::to_double(scale), testing::to_double(dy), n_tokens, hidden);
   EXPECT_LE(relative_error(one.dscale, grad.dscale), kF32RelativeTolerance);
 }
 

@@ -61,8 +61,9 @@ class TrainerCheckpoint : public ::testing::Test {
     delete losses_;
   }
   // A run that stopped after step 10: the uninterrupted run's step_10 only.
-  void SetUp() override { fs::copy(uninterrupted_->path() / "step_00000010", interrupted_ / "step_00000010",
-                                   fs::copy_options::recursive); }
+  void SetUp() override {
+    fs::copy(uninterrupted_->path() / "step_00000010", interrupted_ / "step_00000010", fs::copy_options::recursive);
+  }
 
   static ScratchDir* uninterrupted_;
   static std::vector<double>* losses_;
@@ -161,8 +162,7 @@ TEST(TrainerCheckpointWithReplicas, ResumeIsBitExactForDynamicAndPeriodicBalanci
     setup.ep.balance_window = 3;
     setup.ep.balance_period = 4;
     const std::vector<double> losses = train_losses(setup);
-    fs::copy(uninterrupted.path() / "step_00000010", interrupted.path() / "step_00000010",
-             fs::copy_options::recursive);
+    fs::copy(uninterrupted.path() / "step_00000010", interrupted.path() / "step_00000010", fs::copy_options::recursive);
     EXPECT_TRUE(fs::exists(interrupted.path() / "step_00000010" / "replicated" / "layer_1.balance_state.npy"));
     setup.trainer.checkpoint_dir = interrupted.path().string();
     setup.trainer.resume = true;

@@ -15,9 +15,9 @@ namespace epmoe::testing {
 struct TrainSetup {
   int ranks = 1;
   ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
-  ep::EpConfig ep;          // num_experts, top_k, hidden filled from the model
-  MoeLmConfig model;        // small_model() by default
-  TrainerConfig trainer;    // small_trainer() by default
+  ep::EpConfig ep;        // num_experts, top_k, hidden filled from the model
+  MoeLmConfig model;      // small_model() by default
+  TrainerConfig trainer;  // small_trainer() by default
 };
 
 MoeLmConfig small_model();      // V=64 H=32 F=32 E=8 K=2 L=2

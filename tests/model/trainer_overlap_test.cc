@@ -98,7 +98,8 @@ TrainSummary train_observed(const TrainSetup& setup, const TrainObserver& observ
       config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
       return ep::make_dispatcher(setup.dispatch, comm, config);
     };
-    TrainSummary summary = train(comm, setup.trainer, setup.model, factory, comm.rank() == 0 ? observer : TrainObserver{});
+    TrainSummary summary =
+        train(comm, setup.trainer, setup.model, factory, comm.rank() == 0 ? observer : TrainObserver{});
     if (comm.rank() == 0) {
       std::lock_guard lock(mutex);
       out = summary;
@@ -120,8 +121,8 @@ TEST(TrainerDeferredMetrics, EveryStepsRecordArrivesInOrderWithTheStepsValues) {
     // Every rank's report made it in: the gradient bytes of all 4 ranks sum
     // to the ring's 2(R-1)S for S bytes of replicated gradients.
     const MoeLmConfig& m = setup.model;
-    const std::int64_t h = m.layer.hidden, replicated =
-        2 * m.vocab_size * h + m.num_layers * (h + h * m.layer.router.num_experts) + h;
+    const std::int64_t h = m.layer.hidden,
+                       replicated = 2 * m.vocab_size * h + m.num_layers * (h + h * m.layer.router.num_experts) + h;
     EXPECT_EQ(records[i].bytes_sent.at("gradients/all_reduce"), 2 * 3 * 4 * replicated);
     EXPECT_GT(records[i].saved_activation_peak_bytes, 0);
   }

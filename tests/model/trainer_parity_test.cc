@@ -52,9 +52,7 @@ TEST_F(TrainerParity, RingDispatchMatchesOneRankWithin1e5) {
   EXPECT_LT(max_relative_difference(train_losses(setup), single_rank()), 1e-5);
 }
 
-TEST_F(TrainerParity, SameRunSameBits) {
-  EXPECT_EQ(train_losses(small_setup(4)), train_losses(small_setup(4)));
-}
+TEST_F(TrainerParity, SameRunSameBits) { EXPECT_EQ(train_losses(small_setup(4)), train_losses(small_setup(4))); }
 
 TEST_F(TrainerParity, CotangentAllGatherRingAndPlainAreBitIdentical) {
   TrainSetup ring = small_setup(4);

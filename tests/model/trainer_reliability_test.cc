@@ -82,10 +82,9 @@ TEST_P(TrainerElasticResume, LossesMatchARunOnTheNewRankCountFromTheStart) {
   resumed.trainer.resume = true;
   const std::vector<double> tail = train_losses(resumed);
   ASSERT_EQ(tail.size(), 10u);
-  const double difference =
-      max_relative_difference(tail, std::vector<double>(reference.begin() + 10, reference.end()));
-  std::printf("R=%d -> R'=%d, E=%d: max relative loss difference %.2e\n", c.saved_ranks, c.resumed_ranks,
-              c.num_experts, difference);
+  const double difference = max_relative_difference(tail, std::vector<double>(reference.begin() + 10, reference.end()));
+  std::printf("R=%d -> R'=%d, E=%d: max relative loss difference %.2e\n", c.saved_ranks, c.resumed_ranks, c.num_experts,
+              difference);
   EXPECT_LT(difference, 1e-5);
   // The resumed run's own checkpoint has R' shards.
   const nlohmann::json manifest = CheckpointStore(saved.path()).verify(20);

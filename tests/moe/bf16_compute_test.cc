@@ -30,9 +30,9 @@ using testing::MoeProblem;
 constexpr double kBf16UnitRoundoff = 1.0 / 256;  // 2^-8: 8 significand bits incl. the implicit one
 
 struct Check {
-  double worst_ratio = 0;        // max over elements of |got - exact| / allowed
-  double relative_error = 0;     // max|got - exact| / max|exact|
-  double relative_bound = 0;     // max bound / max|exact|
+  double worst_ratio = 0;     // max over elements of |got - exact| / allowed
+  double relative_error = 0;  // max|got - exact| / max|exact|
+  double relative_bound = 0;  // max bound / max|exact|
 };
 
 Check check_within_bound(const Tensor& got, const std::vector<BoundedValue>& ref) {
@@ -53,8 +53,8 @@ Check check_within_bound(const Tensor& got, const std::vector<BoundedValue>& ref
   return c;
 }
 
-void expect_bf16_within_bound(const RouterConfig& router, std::int64_t n, std::int64_t h,
-                              std::int64_t f, std::uint64_t seed) {
+void expect_bf16_within_bound(const RouterConfig& router, std::int64_t n, std::int64_t h, std::int64_t f,
+                              std::uint64_t seed) {
   const MoeProblem p = testing::make_problem(n, h, f, router, seed, 0.2);
   MoeLayer layer({.hidden = h, .ffn = f, .router = router, .compute_dtype = ComputeDType::bf16});
   MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, &p.bias};
@@ -81,8 +81,8 @@ void expect_bf16_within_bound(const RouterConfig& router, std::int64_t n, std::i
                            {"dwo", grads.dwo, ref.dwo, emulated.dwo, true}};
   for (const Named& t : tensors) {
     const Check c = check_within_bound(t.got, t.bounded);
-    EXPECT_LE(c.worst_ratio, 1.0) << t.name << ": error exceeds the derived bound (relative error "
-                                  << c.relative_error << ", relative bound " << c.relative_bound << ")";
+    EXPECT_LE(c.worst_ratio, 1.0) << t.name << ": error exceeds the derived bound (relative error " << c.relative_error
+                                  << ", relative bound " << c.relative_bound << ")";
     if (t.tight_bound) {
       EXPECT_LT(c.relative_bound, 0.25) << t.name;
     }
@@ -93,16 +93,18 @@ void expect_bf16_within_bound(const RouterConfig& router, std::int64_t n, std::i
 
 TEST(Bf16Compute, SoftmaxTopkWithinDerivedBound) {
   if (!bf16_gemm_supported()) GTEST_SKIP() << "this CPU has no oneDNN bf16 matmul";
-  expect_bf16_within_bound({.kind = RouterKind::softmax_topk, .num_experts = 8, .top_k = 2}, 48, 40,
-                           24, 11);
-  expect_bf16_within_bound({.kind = RouterKind::softmax_topk, .num_experts = 5, .top_k = 5}, 9, 13,
-                           11, 12);
+  expect_bf16_within_bound({.kind = RouterKind::softmax_topk, .num_experts = 8, .top_k = 2}, 48, 40, 24, 11);
+  expect_bf16_within_bound({.kind = RouterKind::softmax_topk, .num_experts = 5, .top_k = 5}, 9, 13, 11, 12);
 }
 
 TEST(Bf16Compute, SigmoidGroupedWithinDerivedBound) {
   if (!bf16_gemm_supported()) GTEST_SKIP() << "this CPU has no oneDNN bf16 matmul";
-  expect_bf16_within_bound({.kind = RouterKind::sigmoid_grouped, .num_experts = 8, .top_k = 3,
-                            .n_groups = 4, .topk_groups = 2, .routed_scaling_factor = 2.5f},
+  expect_bf16_within_bound({.kind = RouterKind::sigmoid_grouped,
+                            .num_experts = 8,
+                            .top_k = 3,
+                            .n_groups = 4,
+                            .topk_groups = 2,
+                            .routed_scaling_factor = 2.5f},
                            33, 24, 20, 13);
 }
 

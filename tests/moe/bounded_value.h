@@ -27,8 +27,7 @@ inline BoundedValue operator+(BoundedValue a, BoundedValue b) { return {a.value 
 inline BoundedValue operator-(BoundedValue a, BoundedValue b) { return {a.value - b.value, a.bound + b.bound}; }
 inline BoundedValue operator-(BoundedValue a) { return {-a.value, a.bound}; }
 inline BoundedValue operator*(BoundedValue a, BoundedValue b) {
-  return {a.value * b.value,
-          std::abs(a.value) * b.bound + std::abs(b.value) * a.bound + a.bound * b.bound};
+  return {a.value * b.value, std::abs(a.value) * b.bound + std::abs(b.value) * a.bound + a.bound * b.bound};
 }
 inline BoundedValue operator/(BoundedValue a, BoundedValue b) {
   const double denominator = std::abs(b.value) - b.bound;  // smallest |b| within its bound

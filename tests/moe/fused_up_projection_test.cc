@@ -40,8 +40,7 @@ struct StepResult {
 // Two steps of one layer: the second after an in-place weight update.
 std::vector<StepResult> two_steps(MoeProblem& p, bool fuse, const ep::RematPolicy& remat) {
   MemoryLedger ledger;
-  MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .fuse_up_projection = fuse,
-                  .remat = remat},
+  MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .fuse_up_projection = fuse, .remat = remat},
                  &ledger);
   const MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, &p.bias};
   std::vector<StepResult> steps;
@@ -71,15 +70,14 @@ class FusedUpProjectionLayer : public ::testing::TestWithParam<std::tuple<int, b
 TEST_P(FusedUpProjectionLayer, SameBitsAndLedgerBytesAsUnfused) {
   const auto [threads, save_0, save_1, save_o] = GetParam();
   set_compute_threads(threads);
-  const ep::RematPolicy remat{.save_x_sorted = true, .save_mlpwi_0 = save_0, .save_mlpwi_1 = save_1,
-                              .save_mlpwo = save_o};
+  const ep::RematPolicy remat{
+      .save_x_sorted = true, .save_mlpwi_0 = save_0, .save_mlpwi_1 = save_1, .save_mlpwo = save_o};
   for (bool skewed : {false, true}) {
     SCOPED_TRACE(skewed ? "skewed" : "uniform");
     // Skewed: K = 1 and a selection bias towards expert 0, so that it holds
     // more than a thread's share of the rows (run on all threads).
-    const RouterConfig router = skewed
-        ? RouterConfig{.kind = RouterKind::sigmoid_grouped, .num_experts = 6, .top_k = 1}
-        : RouterConfig{.kind = RouterKind::softmax_topk, .num_experts = 6, .top_k = 2};
+    const RouterConfig router = skewed ? RouterConfig{.kind = RouterKind::sigmoid_grouped, .num_experts = 6, .top_k = 1}
+                                       : RouterConfig{.kind = RouterKind::softmax_topk, .num_experts = 6, .top_k = 2};
     MoeProblem unfused_problem = testing::make_problem(40, 17, 16, router, 77);
     MoeProblem fused_problem = testing::make_problem(40, 17, 16, router, 77);
     if (skewed) unfused_problem.bias.data<float>()[0] = fused_problem.bias.data<float>()[0] = 0.5f;
@@ -126,8 +124,7 @@ TEST(FusedUpProjectionLayerVersions, CallerVersionReusedThenNewVersionFollowsNew
   MoeLayer fused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = true});
   MoeLayer unfused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = false});
   const MoeWeights fw{&fused_problem.gate, &fused_problem.wi0, &fused_problem.wi1, &fused_problem.wo, nullptr};
-  const MoeWeights uw{&unfused_problem.gate, &unfused_problem.wi0, &unfused_problem.wi1, &unfused_problem.wo,
-                      nullptr};
+  const MoeWeights uw{&unfused_problem.gate, &unfused_problem.wi0, &unfused_problem.wi1, &unfused_problem.wo, nullptr};
   const Tensor y1 = fused.forward(fused_problem.x, fw, 1).y.clone();
   EXPECT_TRUE(same_bits(y1, fused.forward(fused_problem.x, fw, 1).y));
   EXPECT_TRUE(same_bits(y1, unfused.forward(unfused_problem.x, uw, 1).y));

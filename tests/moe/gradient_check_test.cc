@@ -52,14 +52,28 @@ const std::vector<Param>& params() {
 std::vector<RouterConfig> routers() {
   return {{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = true},
           {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = false},
-          {.kind = RouterKind::sigmoid_grouped, .num_experts = 4, .top_k = 2, .n_groups = 2,
-           .topk_groups = 2, .routed_scaling_factor = 2.5f},
+          {.kind = RouterKind::sigmoid_grouped,
+           .num_experts = 4,
+           .top_k = 2,
+           .n_groups = 2,
+           .topk_groups = 2,
+           .routed_scaling_factor = 2.5f},
           // DeepSeek-V2 group-limited greedy with the scaling factor: the
           // gradient through w = c * softmax must carry c.
-          {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = true,
-           .n_groups = 2, .topk_groups = 1, .routed_scaling_factor = 2.5f},
-          {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = false,
-           .n_groups = 2, .topk_groups = 1, .routed_scaling_factor = 16.0f}};
+          {.kind = RouterKind::softmax_topk,
+           .num_experts = 4,
+           .top_k = 2,
+           .norm_topk_prob = true,
+           .n_groups = 2,
+           .topk_groups = 1,
+           .routed_scaling_factor = 2.5f},
+          {.kind = RouterKind::softmax_topk,
+           .num_experts = 4,
+           .top_k = 2,
+           .norm_topk_prob = false,
+           .n_groups = 2,
+           .topk_groups = 1,
+           .routed_scaling_factor = 16.0f}};
 }
 
 TEST(GradientCheck, ReferenceBackwardMatchesFiniteDifferences) {
@@ -104,8 +118,7 @@ TEST(GradientCheck, FloatLayerMatchesFiniteDifferencesOfItsOwnLoss) {
       MoeForwardOutput out = layer.forward(p.x, w);
       if (ids) ids->assign(out.topk_ids.span<std::int32_t>().begin(), out.topk_ids.span<std::int32_t>().end());
       double loss = 0;
-      for (std::int64_t i = 0; i < out.y.numel(); ++i)
-        loss += double(out.y.data<float>()[i]) * p.dy.data<float>()[i];
+      for (std::int64_t i = 0; i < out.y.numel(); ++i) loss += double(out.y.data<float>()[i]) * p.dy.data<float>()[i];
       if (grads) *grads = layer.backward(p.dy);
       return loss;
     };

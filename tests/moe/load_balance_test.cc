@@ -22,7 +22,7 @@ Tensor random_logits(std::int64_t n, std::int64_t e, std::uint64_t seed) {
 
 TEST(LoadBalanceLoss, EqualsCoefAtUniformLoadAndProbabilities) {
   const Tensor logits = Tensor::zeros(DType::f32, {6, 4});  // p = 1/E for both kinds
-  const std::vector<std::int64_t> counts = {3, 3, 3, 3};     // N*K = 6*2
+  const std::vector<std::int64_t> counts = {3, 3, 3, 3};    // N*K = 6*2
   for (RouterKind kind : {RouterKind::softmax_topk, RouterKind::sigmoid_grouped}) {
     const LoadBalanceLossPart part = load_balance_loss(kind, logits, counts, 6, 2, 0.01);
     EXPECT_NEAR(part.loss, 0.01, 1e-12);

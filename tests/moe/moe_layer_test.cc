@@ -28,8 +28,7 @@ struct LayerRun {
   MoeGradients grads;
 };
 
-LayerRun run_layer(const MoeProblem& p, ComputeDType dtype = ComputeDType::f32,
-                   MemoryLedger* ledger = nullptr) {
+LayerRun run_layer(const MoeProblem& p, ComputeDType dtype = ComputeDType::f32, MemoryLedger* ledger = nullptr) {
   MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .compute_dtype = dtype}, ledger);
   MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, &p.bias};
   LayerRun run{layer.forward(p.x, w), {}};
@@ -53,27 +52,23 @@ void expect_matches_reference(const MoeProblem& p, const LayerRun& run, double t
 }
 
 const Case kCases[] = {
-    {1, 8, 8, 4, 1},     // N=1, K=1
-    {7, 13, 11, 6, 2},   // H, F not multiples of 8; E=6
-    {33, 16, 24, 5, 5},  // K=E, E prime
-    {64, 32, 48, 8, 2},
-    {17, 9, 7, 3, 3},    // K=E=3
-    {50, 24, 20, 12, 4},
-    {0, 8, 8, 4, 2},     // no tokens at all
+    {1, 8, 8, 4, 1},                        // N=1, K=1
+    {7, 13, 11, 6, 2},                      // H, F not multiples of 8; E=6
+    {33, 16, 24, 5, 5},                     // K=E, E prime
+    {64, 32, 48, 8, 2},  {17, 9, 7, 3, 3},  // K=E=3
+    {50, 24, 20, 12, 4}, {0, 8, 8, 4, 2},   // no tokens at all
 };
 
 class SoftmaxTopk : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
 
 TEST_P(SoftmaxTopk, MatchesDoubleReference) {
   const auto [c, norm] = GetParam();
-  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = c.e, .top_k = c.k,
-                      .norm_topk_prob = norm};
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = c.e, .top_k = c.k, .norm_topk_prob = norm};
   const MoeProblem p = testing::make_problem(c.n, c.h, c.f, router, 1000 + c.n * 7 + c.e);
   expect_matches_reference(p, run_layer(p), 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, SoftmaxTopk,
-                         ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(Shapes, SoftmaxTopk, ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Bool()));
 
 // DeepSeek-V2 group-limited greedy routing (softmax_topk with groups) and
 // routed_scaling_factor, against the reference's own formulation (group =
@@ -92,8 +87,12 @@ TEST(SoftmaxTopkGrouped, MatchesDoubleReference) {
                            {{9, 8, 8, 4, 2}, 4, 2, 1.0f, true}};  // one expert per group
   for (const Grouped& g : cases) {
     const Case c = g.shape;
-    RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = c.e, .top_k = c.k,
-                        .norm_topk_prob = g.norm, .n_groups = g.n_groups, .topk_groups = g.topk_groups,
+    RouterConfig router{.kind = RouterKind::softmax_topk,
+                        .num_experts = c.e,
+                        .top_k = c.k,
+                        .norm_topk_prob = g.norm,
+                        .n_groups = g.n_groups,
+                        .topk_groups = g.topk_groups,
                         .routed_scaling_factor = g.scaling};
     const MoeProblem p = testing::make_problem(c.n, c.h, c.f, router, 3000 + c.n + c.e);
     SCOPED_TRACE("E=" + std::to_string(c.e) + " n_groups=" + std::to_string(g.n_groups));
@@ -113,21 +112,24 @@ class SigmoidGrouped : public ::testing::TestWithParam<GroupedCase> {};
 TEST_P(SigmoidGrouped, MatchesDoubleReference) {
   const GroupedCase g = GetParam();
   const Case c = g.shape;
-  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = c.e, .top_k = c.k,
-                      .norm_topk_prob = g.norm, .n_groups = g.n_groups, .topk_groups = g.topk_groups,
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped,
+                      .num_experts = c.e,
+                      .top_k = c.k,
+                      .norm_topk_prob = g.norm,
+                      .n_groups = g.n_groups,
+                      .topk_groups = g.topk_groups,
                       .routed_scaling_factor = g.scaling};
   const MoeProblem p = testing::make_problem(c.n, c.h, c.f, router, 2000 + c.n + c.e, /*bias=*/0.3);
   expect_matches_reference(p, run_layer(p), 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, SigmoidGrouped,
-    ::testing::Values(GroupedCase{{1, 8, 8, 4, 1}, 1, 1, 1.0f, true},
-                      GroupedCase{{7, 13, 11, 6, 2}, 3, 2, 2.5f, true},    // DeepSeek-like scaling
-                      GroupedCase{{33, 16, 24, 8, 4}, 4, 2, 2.5f, true},   // K = all of 2 groups
-                      GroupedCase{{64, 32, 48, 12, 3}, 4, 3, 1.0f, false}, // no normalisation
-                      GroupedCase{{17, 9, 7, 5, 5}, 1, 1, 1.0f, true},     // K=E
-                      GroupedCase{{20, 16, 16, 16, 6}, 8, 4, 2.5f, true}));
+INSTANTIATE_TEST_SUITE_P(Shapes, SigmoidGrouped,
+                         ::testing::Values(GroupedCase{{1, 8, 8, 4, 1}, 1, 1, 1.0f, true},
+                                           GroupedCase{{7, 13, 11, 6, 2}, 3, 2, 2.5f, true},   // DeepSeek-like scaling
+                                           GroupedCase{{33, 16, 24, 8, 4}, 4, 2, 2.5f, true},  // K = all of 2 groups
+                                           GroupedCase{{64, 32, 48, 12, 3}, 4, 3, 1.0f, false},  // no normalisation
+                                           GroupedCase{{17, 9, 7, 5, 5}, 1, 1, 1.0f, true},      // K=E
+                                           GroupedCase{{20, 16, 16, 16, 6}, 8, 4, 2.5f, true}));
 
 TEST(RandomRouter, MatchesReferenceAndGateGradientIsExactlyZero) {
   RouterConfig router{.kind = RouterKind::random, .num_experts = 7, .top_k = 3, .seed = 5};

@@ -58,7 +58,11 @@ std::string step_error(MoeLayer& layer, const MoeProblem& p, const Tensor* extra
 std::vector<RouterConfig> routers() {
   return {{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2},
           {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = false},
-          {.kind = RouterKind::sigmoid_grouped, .num_experts = 4, .top_k = 2, .n_groups = 2, .topk_groups = 1,
+          {.kind = RouterKind::sigmoid_grouped,
+           .num_experts = 4,
+           .top_k = 2,
+           .n_groups = 2,
+           .topk_groups = 1,
            .routed_scaling_factor = 2.5f}};
 }
 
@@ -86,9 +90,8 @@ TEST(NonFiniteInputs, RefusedWithTensorNameAndFirstBadIndex) {
         for (int b = 0; b < 3; ++b) {
           const float saved = t.data<float>()[flat];
           t.data<float>()[flat] = kBadValues[b];
-          EXPECT_EQ(step_error(layer, p), std::string("moe layer 1: ") + input.name +
-                                              index_to_string(t.shape(), flat) + " = " + kBadNames[b] +
-                                              ": inputs must be finite")
+          EXPECT_EQ(step_error(layer, p), std::string("moe layer 1: ") + input.name + index_to_string(t.shape(), flat) +
+                                              " = " + kBadNames[b] + ": inputs must be finite")
               << to_string(router.kind);
           t.data<float>()[flat] = saved;
         }
@@ -226,9 +229,10 @@ TEST(NonFiniteInsideStep, ExpertParallelOverflowFailsEveryRankWithoutHanging) {
           layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias});
         } catch (const Error& e) {
           std::lock_guard<std::mutex> lock(mutex);
-          seen[r] = std::string(dynamic_cast<const NumericError*>(&e) ? "NumericError: " :
-                                dynamic_cast<const PeerError*>(&e)    ? "PeerError: "
-                                                                      : "Error: ") + e.what();
+          seen[r] = std::string(dynamic_cast<const NumericError*>(&e) ? "NumericError: "
+                                : dynamic_cast<const PeerError*>(&e)  ? "PeerError: "
+                                                                      : "Error: ") +
+                    e.what();
           throw;
         }
       });

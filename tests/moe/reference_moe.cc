@@ -27,9 +27,8 @@ using std::exp;
 
 template <typename T>
 std::vector<int> top_indices(const std::vector<T>& score, std::vector<int> candidates, int count) {
-  std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
-    return score[a] > score[b] || (score[a] == score[b] && a < b);
-  });
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
   candidates.resize(static_cast<std::size_t>(count));
   return candidates;
 }
@@ -59,7 +58,8 @@ std::vector<int> choose_experts(const RouterConfig& cfg, const std::vector<T>& l
     const int group_size = num_experts / cfg.n_groups;
     std::vector<double> group_score(static_cast<std::size_t>(cfg.n_groups), 0.0);
     for (int g = 0; g < cfg.n_groups; ++g)
-      for (int e = g * group_size; e < (g + 1) * group_size; ++e) group_score[g] = std::max(group_score[g], probability[e]);
+      for (int e = g * group_size; e < (g + 1) * group_size; ++e)
+        group_score[g] = std::max(group_score[g], probability[e]);
     std::vector<int> groups(static_cast<std::size_t>(cfg.n_groups));
     std::iota(groups.begin(), groups.end(), 0);
     std::vector<int> candidates;
@@ -87,16 +87,15 @@ std::vector<int> choose_experts(const RouterConfig& cfg, const std::vector<T>& l
 // Routing weights of one token from its logits and chosen ids; and the
 // Jacobian-vector product back to the logits.
 template <typename T>
-std::vector<T> routing_weights(const RouterConfig& cfg, const std::vector<T>& logits,
-                               const std::vector<int>& ids) {
+std::vector<T> routing_weights(const RouterConfig& cfg, const std::vector<T>& logits, const std::vector<int>& ids) {
   const int top_k = cfg.top_k;
   std::vector<T> w(static_cast<std::size_t>(top_k));
   if (cfg.kind == RouterKind::sigmoid_grouped) {
     T sum = 0;
     for (int k = 0; k < top_k; ++k) sum += sigmoid(logits[ids[k]]);
     for (int k = 0; k < top_k; ++k)
-      w[k] = (cfg.norm_topk_prob ? sigmoid(logits[ids[k]]) / sum : sigmoid(logits[ids[k]])) *
-             T(cfg.routed_scaling_factor);
+      w[k] =
+          (cfg.norm_topk_prob ? sigmoid(logits[ids[k]]) / sum : sigmoid(logits[ids[k]])) * T(cfg.routed_scaling_factor);
     return w;
   }
   T denominator = 0;
@@ -144,8 +143,8 @@ std::vector<T> routing_weights_backward(const RouterConfig& cfg, const std::vect
 
 }  // namespace
 
-MoeProblem make_problem(std::int64_t num_tokens, std::int64_t hidden, std::int64_t ffn,
-                        RouterConfig router, std::uint64_t seed, double bias_scale) {
+MoeProblem make_problem(std::int64_t num_tokens, std::int64_t hidden, std::int64_t ffn, RouterConfig router,
+                        std::uint64_t seed, double bias_scale) {
   Rng rng(seed);
   const std::int64_t e = router.num_experts;
   MoeProblem p;
@@ -171,8 +170,7 @@ namespace {
 // its products are not rounded.
 template <typename T>
 BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<std::int32_t>& given_ids,
-                                       const Tensor* given_logits, double u,
-                                       const std::vector<bool>& dropped = {},
+                                       const Tensor* given_logits, double u, const std::vector<bool>& dropped = {},
                                        const std::vector<T>& expert_x = {}) {
   const std::int64_t N = p.num_tokens, H = p.hidden, F = p.ffn;
   const int E = p.router.num_experts, K = p.router.top_k;
@@ -180,8 +178,8 @@ BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<st
     const auto s = t.span<float>();
     return std::vector<T>(s.begin(), s.end());
   };
-  const auto x = to_scalars(p.x), gate = to_scalars(p.gate), wi0 = to_scalars(p.wi0),
-             wi1 = to_scalars(p.wi1), wo = to_scalars(p.wo), dy = to_scalars(p.dy);
+  const auto x = to_scalars(p.x), gate = to_scalars(p.gate), wi0 = to_scalars(p.wi0), wi1 = to_scalars(p.wi1),
+             wo = to_scalars(p.wo), dy = to_scalars(p.dy);
   const std::vector<double> bias = to_double(p.bias);
   const bool uses_gate = p.router.kind != RouterKind::random;
   EPMOE_CHECK(uses_gate || given_logits != nullptr);
@@ -286,8 +284,7 @@ double round_to_bf16(double a) {
   return rounded;
 }
 
-ReferenceResult reference_moe(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
-                              const Tensor* logits) {
+ReferenceResult reference_moe(const MoeProblem& problem, const std::vector<std::int32_t>& ids, const Tensor* logits) {
   return reference_loop<double>(problem, ids, logits, 0.0);
 }
 
@@ -297,13 +294,12 @@ ReferenceResult reference_moe_with_drops(const MoeProblem& problem, const std::v
 }
 
 ReferenceResult reference_moe_with_expert_input(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
-                                               const Tensor& expert_x) {
+                                                const Tensor& expert_x) {
   const auto values = expert_x.span<float>();
   return reference_loop<double>(problem, ids, nullptr, 0.0, {}, std::vector<double>(values.begin(), values.end()));
 }
 
-BoundedReferenceResult reference_moe_with_lossy_tokens(const MoeProblem& problem,
-                                                       const std::vector<std::int32_t>& ids,
+BoundedReferenceResult reference_moe_with_lossy_tokens(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
                                                        const std::vector<double>& token_error_bound) {
   const auto x = problem.x.span<float>();
   std::vector<BoundedValue> expert_x(x.size());
@@ -311,8 +307,7 @@ BoundedReferenceResult reference_moe_with_lossy_tokens(const MoeProblem& problem
   return reference_loop<BoundedValue>(problem, ids, nullptr, 0.0, {}, expert_x);
 }
 
-ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem,
-                                            const std::vector<std::int32_t>& ids) {
+ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem, const std::vector<std::int32_t>& ids) {
   return reference_loop<double>(problem, ids, nullptr, 1.0 / 256);
 }
 

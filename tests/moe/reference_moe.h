@@ -21,8 +21,8 @@ struct MoeProblem {
 
 // Random problem with O(1) activations: x, dy ~ N(0, 1), weights ~ N(0, 1/fan_in),
 // bias ~ N(0, bias_scale) (selection-only; 0 leaves it zero).
-MoeProblem make_problem(std::int64_t num_tokens, std::int64_t hidden, std::int64_t ffn,
-                        RouterConfig router, std::uint64_t seed, double bias_scale = 0.0);
+MoeProblem make_problem(std::int64_t num_tokens, std::int64_t hidden, std::int64_t ffn, RouterConfig router,
+                        std::uint64_t seed, double bias_scale = 0.0);
 
 template <typename T>
 struct BasicReferenceResult {
@@ -52,24 +52,21 @@ ReferenceResult reference_moe_with_drops(const MoeProblem& problem, const std::v
 // implementation whose expert-GEMM operands are rounded with unit roundoff
 // `operand_roundoff` (bf16: 2^-8) and whose router runs in fp32.
 BoundedReferenceResult reference_moe_bounded(const MoeProblem& problem, double operand_roundoff,
-                                             const std::vector<std::int32_t>& ids = {},
-                                             const Tensor* logits = nullptr);
+                                             const std::vector<std::int32_t>& ids = {}, const Tensor* logits = nullptr);
 
 // The experts see `expert_x` [N, H] instead of x (e.g. tokens after an fp8
 // round trip); the router still sees x, and dx flows to x unchanged (the
 // straight-through gradient of a transfer format).
 ReferenceResult reference_moe_with_expert_input(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
-                                               const Tensor& expert_x);
+                                                const Tensor& expert_x);
 // The same with bounds: the experts see x with |error| <= token_error_bound
 // per element; everything else exact (fp32 compute).
-BoundedReferenceResult reference_moe_with_lossy_tokens(const MoeProblem& problem,
-                                                       const std::vector<std::int32_t>& ids,
+BoundedReferenceResult reference_moe_with_lossy_tokens(const MoeProblem& problem, const std::vector<std::int32_t>& ids,
                                                        const std::vector<double>& token_error_bound);
 
 // The double loop with every expert-GEMM operand rounded to bf16 as the bf16
 // path does: what that path computes, up to fp32 accumulation order.
-ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem,
-                                            const std::vector<std::int32_t>& ids);
+ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem, const std::vector<std::int32_t>& ids);
 
 // max|got - ref| / max|ref| (0 when both are all zero).
 double relative_error(const Tensor& got, const std::vector<double>& ref);

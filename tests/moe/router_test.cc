@@ -136,8 +136,11 @@ TEST(SoftmaxTopk, GroupsAndScalingProperties) {
 }
 
 TEST(SigmoidGrouped, BiasSelectsButDoesNotWeigh) {
-  RouterConfig cfg{.kind = RouterKind::sigmoid_grouped, .num_experts = 4, .top_k = 1,
-                   .norm_topk_prob = false, .routed_scaling_factor = 2.0f};
+  RouterConfig cfg{.kind = RouterKind::sigmoid_grouped,
+                   .num_experts = 4,
+                   .top_k = 1,
+                   .norm_topk_prob = false,
+                   .routed_scaling_factor = 2.0f};
   // Expert 0 has the best score, but bias makes expert 3 selected; the weight
   // is expert 3's own sigmoid (no bias) times the scaling factor.
   const Routed r = route_logits(cfg, {{2.0f, 0.0f, 0.0f, -1.0f}}, {0.0f, 0.0f, 0.0f, 1.0f});
@@ -149,16 +152,14 @@ TEST(SigmoidGrouped, GroupScoreIsTheSumOfTopTwo) {
   // 2 groups of 3. Group 0 holds the single best expert (logit 4) but its
   // top-2 sum loses to group 1's two good experts; with topk_groups=1 every
   // chosen expert comes from group 1.
-  RouterConfig cfg{.kind = RouterKind::sigmoid_grouped, .num_experts = 6, .top_k = 2,
-                   .n_groups = 2, .topk_groups = 1};
+  RouterConfig cfg{.kind = RouterKind::sigmoid_grouped, .num_experts = 6, .top_k = 2, .n_groups = 2, .topk_groups = 1};
   const Routed r = route_logits(cfg, {{4.0f, -6.0f, -6.0f, 2.0f, 2.0f, -6.0f}});
   EXPECT_EQ(r.ids, (std::vector<std::int32_t>{3, 4}));
   EXPECT_NEAR(r.weights[0] + r.weights[1], 1.0, 1e-6);
 }
 
 TEST(SigmoidGrouped, TiedGroupsGoToTheLowerGroupId) {
-  RouterConfig cfg{.kind = RouterKind::sigmoid_grouped, .num_experts = 4, .top_k = 2,
-                   .n_groups = 2, .topk_groups = 1};
+  RouterConfig cfg{.kind = RouterKind::sigmoid_grouped, .num_experts = 4, .top_k = 2, .n_groups = 2, .topk_groups = 1};
   const Routed r = route_logits(cfg, {{1.0f, 0.5f, 0.5f, 1.0f}});
   EXPECT_EQ(r.ids, (std::vector<std::int32_t>{0, 1}));
 }
@@ -177,12 +178,12 @@ TEST(RouterConfig, RejectsBadKeysByName) {
   expect_config_error({.num_experts = 4, .top_k = 0}, "top_k=0");
   expect_config_error({.kind = RouterKind::sigmoid_grouped, .num_experts = 6, .top_k = 1, .n_groups = 4},
                       "n_groups=4: must divide num_experts=6");
-  expect_config_error({.kind = RouterKind::sigmoid_grouped, .num_experts = 8, .top_k = 1,
-                       .n_groups = 4, .topk_groups = 5},
-                      "topk_groups=5");
-  expect_config_error({.kind = RouterKind::sigmoid_grouped, .num_experts = 8, .top_k = 5,
-                       .n_groups = 4, .topk_groups = 2},
-                      "top_k=5: must be at most topk_groups");
+  expect_config_error(
+      {.kind = RouterKind::sigmoid_grouped, .num_experts = 8, .top_k = 1, .n_groups = 4, .topk_groups = 5},
+      "topk_groups=5");
+  expect_config_error(
+      {.kind = RouterKind::sigmoid_grouped, .num_experts = 8, .top_k = 5, .n_groups = 4, .topk_groups = 2},
+      "top_k=5: must be at most topk_groups");
   EXPECT_THROW(parse_router_kind("router", "top2"), ConfigError);
   // The group and scaling keys are honoured, so checked, for softmax_topk too.
   expect_config_error({.num_experts = 6, .top_k = 1, .n_groups = 4}, "n_groups=4: must divide num_experts=6");
@@ -193,10 +194,10 @@ TEST(RouterConfig, RejectsBadKeysByName) {
   expect_config_error({.num_experts = 4, .top_k = 1, .routed_scaling_factor = -1.0f}, "routed_scaling_factor=-1");
   // One expert per group: sigmoid_grouped's top-2 group score is impossible.
   // softmax_topk's max score is fine with one expert per group.
-  expect_config_error({.kind = RouterKind::sigmoid_grouped, .num_experts = 4, .top_k = 2, .n_groups = 4,
-                       .topk_groups = 2},
-                      "n_groups=4 with num_experts=4: router=sigmoid_grouped scores a group by the sum of its "
-                      "top-2 experts, so each group needs at least 2 experts (num_experts / n_groups >= 2)");
+  expect_config_error(
+      {.kind = RouterKind::sigmoid_grouped, .num_experts = 4, .top_k = 2, .n_groups = 4, .topk_groups = 2},
+      "n_groups=4 with num_experts=4: router=sigmoid_grouped scores a group by the sum of its "
+      "top-2 experts, so each group needs at least 2 experts (num_experts / n_groups >= 2)");
   EXPECT_NO_THROW((RouterConfig{.num_experts = 4, .top_k = 2, .n_groups = 4, .topk_groups = 2}.validate()));
   EXPECT_NO_THROW((RouterConfig{.kind = RouterKind::sigmoid_grouped, .num_experts = 1, .top_k = 1}.validate()));
 }

@@ -27,12 +27,16 @@ namespace epmoe::plan {
 namespace {
 
 TEST(Model, PresetParameterCountsMatchPublishedTotals) {
-  struct Case { const char* name; double total_billions; double active_billions; };
+  struct Case {
+    const char* name;
+    double total_billions;
+    double active_billions;
+  };
   // DeepSeek-V3: 671B total, 37B activated (paper); Mixtral 8x7B: 46.7B total,
   // 12.9B active; Qwen3-235B-A22B: 235B total, 22B activated. Active counts
   // here include the LM head and exclude the embedding lookup.
-  for (const Case c : {Case{"deepseek3-671b", 671, 37}, Case{"mixtral-8x7b", 46.7, 12.9},
-                       Case{"qwen3-235b-a22b", 235, 22}}) {
+  for (const Case c :
+       {Case{"deepseek3-671b", 671, 37}, Case{"mixtral-8x7b", 46.7, 12.9}, Case{"qwen3-235b-a22b", 235, 22}}) {
     const ModelSpec m = load_model("model", c.name);
     const ParameterCounts p = count_parameters(m);
     EXPECT_NEAR(p.total(m) / 1e9, c.total_billions, 0.01 * c.total_billions) << c.name;
@@ -58,14 +62,19 @@ TEST(Communication, HitProbabilityEqualsEnumerationOfEverySubset) {
 }
 
 TEST(Communication, RingAndAllToAllBytesByHand) {
-  const DispatchShape s{.num_ranks = 4, .tokens_per_rank = 5, .hidden = 8, .top_k = 2, .num_experts = 8,
-                        .token_row_bytes = 32, .activation_bytes = 4};
+  const DispatchShape s{.num_ranks = 4,
+                        .tokens_per_rank = 5,
+                        .hidden = 8,
+                        .top_k = 2,
+                        .num_experts = 8,
+                        .token_row_bytes = 32,
+                        .activation_bytes = 4};
   const auto ring = ring_collective_bytes(s, /*remat_x_sorted=*/true);
   // ·N_l = 15 rows from the other ranks.
-  EXPECT_EQ(ring[0].bytes, 15 * 32);        // tokens
-  EXPECT_EQ(ring[1].bytes, 15 * 2 * 2 * 4); // routing: ids + weights
-  EXPECT_EQ(ring[2].bytes, 15 * 8 * 4);     // combine
-  EXPECT_EQ(ring[5].bytes, 15 * 2 * 4);     // dweights
+  EXPECT_EQ(ring[0].bytes, 15 * 32);         // tokens
+  EXPECT_EQ(ring[1].bytes, 15 * 2 * 2 * 4);  // routing: ids + weights
+  EXPECT_EQ(ring[2].bytes, 15 * 8 * 4);      // combine
+  EXPECT_EQ(ring[5].bytes, 15 * 2 * 4);      // dweights
   ASSERT_EQ(ring.size(), 8u);
   EXPECT_EQ(ring[6].bytes, ring[0].bytes);  // remat repeats the gather
   // Uniform routing, no dedup: N_l·K·(R-1)/R = 7.5 pairs leave the rank.
@@ -84,8 +93,13 @@ TEST(Communication, RingAndAllToAllBytesByHand) {
 TEST(Communication, RingMovesFewerTokenRowsExactlyWhenRanksBelowTopK) {
   for (int k : {2, 8})
     for (int r : {2, 4, 8, 16, 32, 64}) {
-      const DispatchShape s{.num_ranks = r, .tokens_per_rank = 4096, .hidden = 7168, .top_k = k, .num_experts = 256,
-                            .token_row_bytes = 7172, .activation_bytes = 2};
+      const DispatchShape s{.num_ranks = r,
+                            .tokens_per_rank = 4096,
+                            .hidden = 7168,
+                            .top_k = k,
+                            .num_experts = 256,
+                            .token_row_bytes = 7172,
+                            .activation_bytes = 2};
       const double ring = token_bytes(ring_collective_bytes(s, false));
       const double a2a = token_bytes(alltoall_collective_bytes(s, expected_alltoall_traffic(s, false), false));
       const double dedup = token_bytes(alltoall_collective_bytes(s, expected_alltoall_traffic(s, true), false));

@@ -95,9 +95,13 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
               const EpRunResult run = testing::run_ep_layer(p, options);
               const std::vector<std::int32_t> ids(run.topk_ids.span<std::int32_t>().begin(),
                                                   run.topk_ids.span<std::int32_t>().end());
-              const plan::DispatchShape shape{.num_ranks = num_ranks, .tokens_per_rank = double(tokens_per_rank),
-                                              .hidden = hidden, .top_k = top_k, .num_experts = num_experts,
-                                              .token_row_bytes = row_bytes(format, hidden), .activation_bytes = 4};
+              const plan::DispatchShape shape{.num_ranks = num_ranks,
+                                              .tokens_per_rank = double(tokens_per_rank),
+                                              .hidden = hidden,
+                                              .top_k = top_k,
+                                              .num_experts = num_experts,
+                                              .token_row_bytes = row_bytes(format, hidden),
+                                              .activation_bytes = 4};
               for (int r = 0; r < num_ranks; ++r) {
                 const std::string what = "R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch) +
                                          (dedup ? " dedup" : "") + " " + ep::to_string(format) + " chunks " +
@@ -106,10 +110,10 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
                 const auto predicted =
                     dispatch == ep::DispatchKind::ring
                         ? plan::ring_collective_bytes(shape, !save_x_sorted)
-                        : plan::alltoall_collective_bytes(
-                              shape, measured_traffic(ids, r, num_ranks, tokens_per_rank, top_k,
-                                                      num_experts / num_ranks, dedup),
-                              !save_x_sorted);
+                        : plan::alltoall_collective_bytes(shape,
+                                                          measured_traffic(ids, r, num_ranks, tokens_per_rank, top_k,
+                                                                           num_experts / num_ranks, dedup),
+                                                          !save_x_sorted);
                 expect_same_bytes(run.stats[r].bytes_sent, as_map(predicted), what);
               }
             }
@@ -118,8 +122,13 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
 plan::PlanConfig one_layer_config(int num_ranks, std::int64_t tokens_per_rank, std::int64_t hidden, std::int64_t ffn,
                                   int num_experts, int top_k) {
   plan::PlanConfig c;
-  c.model = {.name = "engine-layer", .num_layers = 1, .hidden = hidden, .moe_ffn = ffn, .num_experts = num_experts,
-             .top_k = top_k, .vocab = 1,
+  c.model = {.name = "engine-layer",
+             .num_layers = 1,
+             .hidden = hidden,
+             .moe_ffn = ffn,
+             .num_experts = num_experts,
+             .top_k = top_k,
+             .vocab = 1,
              .attention = {.num_heads = 1, .num_kv_heads = 1, .qk_head_dim = 1, .v_head_dim = 1}};
   c.parallel = {.ep = num_ranks, .per_device_batch_size = 1, .seq_len = tokens_per_rank};
   c.activation_type = plan::ElementType::f32;  // the engine saves f32 rows
@@ -179,8 +188,8 @@ TEST(PlanVsEngine, Bf16OperandsKeepXSortedInBf16) {
     plan::PlanConfig c = one_layer_config(num_ranks, tokens_per_rank, hidden, ffn, num_experts, top_k);
     c.activation_type = plan::ElementType::bf16;
     for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
-      const EpRunResult run = testing::run_ep_layer(
-          p, {.num_ranks = num_ranks, .dispatch = dispatch, .compute_dtype = ComputeDType::bf16});
+      const EpRunResult run =
+          testing::run_ep_layer(p, {.num_ranks = num_ranks, .dispatch = dispatch, .compute_dtype = ComputeDType::bf16});
       for (int r = 0; r < num_ranks; ++r) {
         const auto& groups = run.stats[r].rows_per_local_expert;
         const double rows = double(std::accumulate(groups.begin(), groups.end(), std::int64_t{0}));

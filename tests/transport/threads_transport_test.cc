@@ -26,9 +26,7 @@ ThreadsOptions one_thread_per_rank() {
   return options;
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 TEST(ThreadsTransport, MessagesWithOneTagArriveInSendOrderAndTagsAreSeparate) {
   run_ranks(2, one_thread_per_rank(), [](Communicator& comm) {
@@ -91,24 +89,25 @@ TEST(ThreadsTransport, SizeMismatchFailsBothSides) {
 
 TEST(ThreadsTransport, AbortWakesWaitsOnEveryRankWithTheReason) {
   const auto start = Clock::now();
-  EXPECT_THROW(run_ranks(3, one_thread_per_rank(), [](Communicator& comm) {
-                 if (comm.rank() == 2) {
-                   std::this_thread::sleep_for(20ms);
-                   throw std::invalid_argument("rank two gives up");
-                 }
-                 int value = 0;
-                 auto request = comm.irecv(2, 5, &value, sizeof(value));
-                 try {
-                   request->wait(30s);
-                 } catch (const PeerError& e) {
-                   EXPECT_NE(std::string(e.what()).find("aborted while receiving from peer 2, tag 5: rank 2 "
-                                                        "failed: rank two gives up"),
-                             std::string::npos)
-                       << e.what();
-                   return;
-                 }
-                 ADD_FAILURE() << "wait returned although rank 2 never sent";
-               }),
+  EXPECT_THROW(run_ranks(3, one_thread_per_rank(),
+                         [](Communicator& comm) {
+                           if (comm.rank() == 2) {
+                             std::this_thread::sleep_for(20ms);
+                             throw std::invalid_argument("rank two gives up");
+                           }
+                           int value = 0;
+                           auto request = comm.irecv(2, 5, &value, sizeof(value));
+                           try {
+                             request->wait(30s);
+                           } catch (const PeerError& e) {
+                             EXPECT_NE(std::string(e.what()).find("aborted while receiving from peer 2, tag 5: rank 2 "
+                                                                  "failed: rank two gives up"),
+                                       std::string::npos)
+                                 << e.what();
+                             return;
+                           }
+                           ADD_FAILURE() << "wait returned although rank 2 never sent";
+                         }),
                std::invalid_argument);
   EXPECT_LT(seconds_since(start), 5.0) << "abort did not wake the waits";
 }
@@ -146,8 +145,9 @@ TEST(ThreadsTransport, CancelPendingFailsThisRanksWaitsAtOnceWithTheReason) {
       request->wait(30s);
       ADD_FAILURE() << "wait returned although nothing was sent";
     } catch (const AbortedError& e) {
-      EXPECT_NE(std::string(e.what()).find("rank 0: cancelled while receiving from peer 1, tag 8: rank 0 is failing: test"),
-                std::string::npos)
+      EXPECT_NE(
+          std::string(e.what()).find("rank 0: cancelled while receiving from peer 1, tag 8: rank 0 is failing: test"),
+          std::string::npos)
           << e.what();
     }
     canceller.join();

@@ -6,18 +6,18 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <mutex>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
-#include "transport/progress_slot.h"
 #include "transport/mpi/launcher.h"
 #include "transport/mpi/liveness.h"
 #include "transport/mpi/native_collectives.h"
+#include "transport/progress_slot.h"
 
 namespace epmoe::transport::mpi {
 namespace {
@@ -50,9 +50,9 @@ struct MpiCommunicator::RankState {
   void throw_if_failing(int peer, Tag tag, bool is_send) {
     if (!failing.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(mutex);
-    throw AbortedError(describe_wait(rank, is_send ? "cancelled while sending to" : "cancelled while receiving from",
-                                     peer, tag) +
-                       ": " + failing_reason);
+    throw AbortedError(
+        describe_wait(rank, is_send ? "cancelled while sending to" : "cancelled while receiving from", peer, tag) +
+        ": " + failing_reason);
   }
 };
 
@@ -93,8 +93,8 @@ class MpiRequest final : public Request {
         MPI_Get_count(&statuses[i], MPI_BYTE, &received);
         if (received != piece_bytes_[i]) {
           std::ostringstream what;
-          what << "message size mismatch (" << received << " bytes arrived, receive posted for "
-               << piece_bytes_[i] << ") from";
+          what << "message size mismatch (" << received << " bytes arrived, receive posted for " << piece_bytes_[i]
+               << ") from";
           throw PeerError(describe_wait(rank_, what.str(), peer_, tag_));
         }
       }
@@ -111,8 +111,7 @@ class MpiRequest final : public Request {
       if (now >= deadline) {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - posted_at_);
         std::ostringstream what;
-        what << "timed out after " << waited.count() << " ms waiting to "
-             << (is_send_ ? "send to" : "receive from");
+        what << "timed out after " << waited.count() << " ms waiting to " << (is_send_ ? "send to" : "receive from");
         throw PeerError(describe_wait(rank_, what.str(), peer_, tag_) + state_.liveness->late_rank_note(peer_));
       }
       // A progress thread whose launcher is lending it a core stops
@@ -142,8 +141,8 @@ class MpiRequest final : public Request {
 
  private:
   [[noreturn]] void fail(const char* what) const {
-    throw PeerError(describe_wait(rank_, std::string(what) + (is_send_ ? " sending to" : " receiving from"),
-                                  peer_, tag_));
+    throw PeerError(
+        describe_wait(rank_, std::string(what) + (is_send_ ? " sending to" : " receiving from"), peer_, tag_));
   }
 
   MpiCommunicator::RankState& state_;  // the communicator's; outlives its requests
@@ -203,8 +202,7 @@ MpiCommunicator::~MpiCommunicator() {
   if (handle_ && handle_->comm != MPI_COMM_NULL) MPI_Comm_free(&handle_->comm);
 }
 
-std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* data,
-                                                std::int64_t num_bytes) {
+std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* data, std::int64_t num_bytes) {
   check_arguments(rank_, size_, peer, tag, num_bytes, "isend");
   count_bytes_sent(num_bytes);
   auto request = std::make_unique<MpiRequest>(*state_, peer, tag, /*is_send=*/true);
@@ -213,8 +211,8 @@ std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* d
   do {  // at least one message, also for 0 bytes
     const std::int64_t piece = std::min(kMaxMessageBytes, num_bytes - offset);
     MPI_Request piece_request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Isend(bytes + offset, static_cast<int>(piece), MPI_BYTE, peer, static_cast<int>(tag),
-                        handle_->comm, &piece_request),
+    check_mpi(MPI_Isend(bytes + offset, static_cast<int>(piece), MPI_BYTE, peer, static_cast<int>(tag), handle_->comm,
+                        &piece_request),
               "MPI_Isend");
     request->add_piece(piece_request, piece);
     offset += piece;
@@ -222,8 +220,7 @@ std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* d
   return request;
 }
 
-std::unique_ptr<Request> MpiCommunicator::irecv(int peer, Tag tag, void* data,
-                                                std::int64_t num_bytes) {
+std::unique_ptr<Request> MpiCommunicator::irecv(int peer, Tag tag, void* data, std::int64_t num_bytes) {
   check_arguments(rank_, size_, peer, tag, num_bytes, "irecv");
   auto request = std::make_unique<MpiRequest>(*state_, peer, tag, /*is_send=*/false);
   char* bytes = static_cast<char*>(data);
@@ -231,8 +228,8 @@ std::unique_ptr<Request> MpiCommunicator::irecv(int peer, Tag tag, void* data,
   do {
     const std::int64_t piece = std::min(kMaxMessageBytes, num_bytes - offset);
     MPI_Request piece_request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Irecv(bytes + offset, static_cast<int>(piece), MPI_BYTE, peer, static_cast<int>(tag),
-                        handle_->comm, &piece_request),
+    check_mpi(MPI_Irecv(bytes + offset, static_cast<int>(piece), MPI_BYTE, peer, static_cast<int>(tag), handle_->comm,
+                        &piece_request),
               "MPI_Irecv");
     request->add_piece(piece_request, piece);
     offset += piece;

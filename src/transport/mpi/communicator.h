@@ -35,8 +35,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view transport_name() const override { return "mpi"; }
-  std::unique_ptr<Request> isend(int peer, Tag tag, const void* data,
-                                 std::int64_t num_bytes) override;
+  std::unique_ptr<Request> isend(int peer, Tag tag, const void* data, std::int64_t num_bytes) override;
   std::unique_ptr<Request> irecv(int peer, Tag tag, void* data, std::int64_t num_bytes) override;
   // Prints the reason and calls MPI_Abort: does not return.
   // First caller wins; a second one blocks until the process ends.

@@ -19,8 +19,10 @@ MpiScope::MpiScope(int* argc, char*** argv) {
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_MULTIPLE) {
     MPI_Finalize();
-    throw ConfigError("mpi transport: MPI_THREAD_MULTIPLE required (comm/ progresses collectives "
-                      "on worker threads), this MPI provides level " + std::to_string(provided));
+    throw ConfigError(
+        "mpi transport: MPI_THREAD_MULTIPLE required (comm/ progresses collectives "
+        "on worker threads), this MPI provides level " +
+        std::to_string(provided));
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);

@@ -42,16 +42,14 @@ void LivenessProbe::serve() {
     if (flag) {
       answers.push_back(ping);
       answer_requests.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(&answers.back(), 1, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, control_,
-                &answer_requests.back());
+      MPI_Isend(&answers.back(), 1, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, control_, &answer_requests.back());
       MPI_Irecv(&ping, 1, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
       sleep = kFirstSleep;
       continue;
     }
     if (!answer_requests.empty()) {  // 8-byte sends complete at once (eager); reclaim them
       int all_done = 0;
-      MPI_Testall(static_cast<int>(answer_requests.size()), answer_requests.data(), &all_done,
-                  MPI_STATUSES_IGNORE);
+      MPI_Testall(static_cast<int>(answer_requests.size()), answer_requests.data(), &all_done, MPI_STATUSES_IGNORE);
       if (all_done) {
         answer_requests.clear();
         answers.clear();

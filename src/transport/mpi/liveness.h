@@ -62,7 +62,7 @@ class LivenessProbe {
   std::mutex probe_mutex_;  // one probe at a time; guards next_sequence_
   std::int64_t next_sequence_ = 1;
   std::deque<std::int64_t> ping_buffers_;  // guarded by probe_mutex_; a few per timeout, never freed
-  std::thread helper_;  // last: started once the members above exist
+  std::thread helper_;                     // last: started once the members above exist
 };
 
 }  // namespace epmoe::transport::mpi

@@ -46,8 +46,7 @@ void check_mpi(int rc, const char* call) {
   throw PeerError(std::string(call) + " failed: " + std::string(text, length));
 }
 
-void MpiNativeCollectives::all_gather(const void* input, void* output,
-                                      std::int64_t num_bytes_per_rank) {
+void MpiNativeCollectives::all_gather(const void* input, void* output, std::int64_t num_bytes_per_rank) {
   const int count = to_mpi_count(num_bytes_per_rank, "bytes per rank");
   int rank = 0;
   MPI_Comm_rank(comm_, &rank);
@@ -69,16 +68,15 @@ void MpiNativeCollectives::all_gather_v(const void* input, void* output,
             "MPI_Allgatherv");
 }
 
-void MpiNativeCollectives::reduce_scatter_sum_f32(
-    const float* input, float* output, std::span<const std::int64_t> num_elements_per_rank) {
+void MpiNativeCollectives::reduce_scatter_sum_f32(const float* input, float* output,
+                                                  std::span<const std::int64_t> num_elements_per_rank) {
   const std::vector<int> counts = to_mpi_counts(num_elements_per_rank, "elements per rank");
   const bool equal = std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; });
   if (equal) {
     check_mpi(MPI_Reduce_scatter_block(input, output, counts[0], MPI_FLOAT, MPI_SUM, comm_),
               "MPI_Reduce_scatter_block");
   } else {
-    check_mpi(MPI_Reduce_scatter(input, output, counts.data(), MPI_FLOAT, MPI_SUM, comm_),
-              "MPI_Reduce_scatter");
+    check_mpi(MPI_Reduce_scatter(input, output, counts.data(), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter");
   }
 }
 
@@ -90,19 +88,18 @@ void MpiNativeCollectives::all_reduce_sum_f32(float* data, std::int64_t num_elem
 void MpiNativeCollectives::all_to_all_counts(std::span<const std::int64_t> send_counts,
                                              std::span<std::int64_t> recv_counts) {
   static_assert(sizeof(std::int64_t) == sizeof(long long));
-  check_mpi(MPI_Alltoall(send_counts.data(), 1, MPI_LONG_LONG, recv_counts.data(), 1, MPI_LONG_LONG,
-                         comm_),
+  check_mpi(MPI_Alltoall(send_counts.data(), 1, MPI_LONG_LONG, recv_counts.data(), 1, MPI_LONG_LONG, comm_),
             "MPI_Alltoall");
 }
 
-void MpiNativeCollectives::all_to_all_v(const void* input, std::span<const std::int64_t> send_bytes,
-                                        void* output, std::span<const std::int64_t> recv_bytes) {
+void MpiNativeCollectives::all_to_all_v(const void* input, std::span<const std::int64_t> send_bytes, void* output,
+                                        std::span<const std::int64_t> recv_bytes) {
   const std::vector<int> send_counts = to_mpi_counts(send_bytes, "send bytes");
   const std::vector<int> recv_counts = to_mpi_counts(recv_bytes, "receive bytes");
   const std::vector<int> send_displs = displacements(send_counts, "send offset");
   const std::vector<int> recv_displs = displacements(recv_counts, "receive offset");
-  check_mpi(MPI_Alltoallv(input, send_counts.data(), send_displs.data(), MPI_BYTE, output,
-                          recv_counts.data(), recv_displs.data(), MPI_BYTE, comm_),
+  check_mpi(MPI_Alltoallv(input, send_counts.data(), send_displs.data(), MPI_BYTE, output, recv_counts.data(),
+                          recv_displs.data(), MPI_BYTE, comm_),
             "MPI_Alltoallv");
 }
 

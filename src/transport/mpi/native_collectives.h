@@ -21,8 +21,7 @@ class MpiNativeCollectives final : public NativeCollectives {
   void reduce_scatter_sum_f32(const float* input, float* output,
                               std::span<const std::int64_t> num_elements_per_rank) override;
   void all_reduce_sum_f32(float* data, std::int64_t num_elements) override;
-  void all_to_all_counts(std::span<const std::int64_t> send_counts,
-                         std::span<std::int64_t> recv_counts) override;
+  void all_to_all_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> recv_counts) override;
   void all_to_all_v(const void* input, std::span<const std::int64_t> send_bytes, void* output,
                     std::span<const std::int64_t> recv_bytes) override;
   void broadcast(void* data, std::int64_t num_bytes, int root) override;

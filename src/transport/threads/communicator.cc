@@ -20,7 +20,12 @@ using detail::RequestState;
 class ThreadsRequest final : public Request {
  public:
   ThreadsRequest(ThreadsWorld& world, int rank, int peer, Tag tag, bool is_send, Mailbox& mailbox)
-      : world_(world), rank_(rank), peer_(peer), tag_(tag), is_send_(is_send), mailbox_(mailbox),
+      : world_(world),
+        rank_(rank),
+        peer_(peer),
+        tag_(tag),
+        is_send_(is_send),
+        mailbox_(mailbox),
         posted_at_(Clock::now()) {}
 
   // Cancels a request still queued; waits out a copy in progress (a memcpy on
@@ -109,8 +114,7 @@ class ThreadsRequest final : public Request {
     auto it = queues.find(key);
     if (it == queues.end()) return;
     auto& queue = it->second;
-    queue.erase(std::remove_if(queue.begin(), queue.end(),
-                               [&](const Queue& entry) { return entry.state == &state_; }),
+    queue.erase(std::remove_if(queue.begin(), queue.end(), [&](const Queue& entry) { return entry.state == &state_; }),
                 queue.end());
     if (queue.empty()) queues.erase(it);
   }
@@ -148,12 +152,13 @@ class ThreadsRequest final : public Request {
   void throw_if_stopped_locked() const {
     if (state_.phase == RequestPhase::failed) throw PeerError(state_.error);
     if (world_.aborted()) {
-      throw AbortedError(describe_wait(rank_, is_send_ ? "aborted while sending to" : "aborted while receiving from",
-                                       peer_, tag_) +
-                         ": " + world_.abort_reason());
+      throw AbortedError(
+          describe_wait(rank_, is_send_ ? "aborted while sending to" : "aborted while receiving from", peer_, tag_) +
+          ": " + world_.abort_reason());
     }
     if (world_.failing(rank_)) {
-      throw AbortedError(describe_wait(rank_, is_send_ ? "cancelled while sending to" : "cancelled while receiving from",
+      throw AbortedError(describe_wait(rank_,
+                                       is_send_ ? "cancelled while sending to" : "cancelled while receiving from",
                                        peer_, tag_) +
                          ": " + world_.failing_reason(rank_));
     }
@@ -162,8 +167,7 @@ class ThreadsRequest final : public Request {
   [[noreturn]] void throw_timeout(Clock::time_point now) const {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - posted_at_);
     std::ostringstream what;
-    what << "timed out after " << waited.count() << " ms waiting to "
-         << (is_send_ ? "send to" : "receive from");
+    what << "timed out after " << waited.count() << " ms waiting to " << (is_send_ ? "send to" : "receive from");
     world_.gave_up_waiting(rank_, peer_);
     throw PeerError(describe_wait(rank_, what.str(), peer_, tag_) + world_.late_rank_note(rank_, peer_));
   }
@@ -180,12 +184,12 @@ class ThreadsRequest final : public Request {
 
 // Moves one matched message. Called with `lock` held on the destination's
 // mailbox and both entries already out of their queues; returns with it held.
-void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedSend& send,
-             const QueuedRecv& recv, int src, int dst, Tag tag, VirtualTimeline* timeline) {
+void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedSend& send, const QueuedRecv& recv,
+             int src, int dst, Tag tag, VirtualTimeline* timeline) {
   if (send.num_bytes != recv.num_bytes) {
     std::ostringstream msg;
-    msg << "message size mismatch from rank " << src << " to rank " << dst << ", tag " << tag
-        << ": " << send.num_bytes << " bytes sent, receive posted for " << recv.num_bytes;
+    msg << "message size mismatch from rank " << src << " to rank " << dst << ", tag " << tag << ": " << send.num_bytes
+        << " bytes sent, receive posted for " << recv.num_bytes;
     send.state->phase = RequestPhase::failed;
     send.state->error = msg.str();
     recv.state->phase = RequestPhase::failed;
@@ -205,12 +209,12 @@ void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedS
   recv.state->ready_at = send.arrival;
   mailbox.notify_changed();
   if (timeline == nullptr && send.trace.recorder != nullptr) {  // wall clock: copied now, or at the emulated arrival
-    const double arrived_us = std::max(send.trace.recorder->wall_now_us(),
-                                       send.posted_us + 1e6 * std::chrono::duration<double>(
-                                                                   send.arrival - send.posted_at).count());
-    send.trace.recorder->add_message(src, "to rank " + std::to_string(dst), send.posted_us, arrived_us,
-                                     {{"bytes", static_cast<double>(send.num_bytes)},
-                                      {"peer", static_cast<double>(dst)}});
+    const double arrived_us =
+        std::max(send.trace.recorder->wall_now_us(),
+                 send.posted_us + 1e6 * std::chrono::duration<double>(send.arrival - send.posted_at).count());
+    send.trace.recorder->add_message(
+        src, "to rank " + std::to_string(dst), send.posted_us, arrived_us,
+        {{"bytes", static_cast<double>(send.num_bytes)}, {"peer", static_cast<double>(dst)}});
   }
 }
 
@@ -223,12 +227,13 @@ ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links, cons
       waits_(static_cast<std::size_t>(std::max(num_ranks, 0)) * std::max(num_ranks, 0)),
       gave_up_(waits_.size()) {
   if (num_ranks < 1) {
-    throw ConfigError("threads transport: num_ranks = " + std::to_string(num_ranks) +
-                      ": must be >= 1");
+    throw ConfigError("threads transport: num_ranks = " + std::to_string(num_ranks) + ": must be >= 1");
   }
   if (modelled.enabled) {
-    if (links.enabled) throw ConfigError("clock=modelled: the wall-clock link emulation (link_bandwidth_gbps) "
-                                         "cannot be on as well; the modelled clock uses the links itself");
+    if (links.enabled)
+      throw ConfigError(
+          "clock=modelled: the wall-clock link emulation (link_bandwidth_gbps) "
+          "cannot be on as well; the modelled clock uses the links itself");
     timeline_ = std::make_unique<VirtualTimeline>(num_ranks, links, modelled);
   }
   for (int rank = 0; rank < num_ranks; ++rank) {
@@ -325,8 +330,7 @@ std::string ThreadsWorld::late_rank_note(int rank, int peer) const {
   return "";  // every rank reachable is waiting: a cycle, nobody to blame
 }
 
-void ThreadsCommunicator::check_peer(int peer, Tag tag, std::int64_t num_bytes,
-                                     const char* op) const {
+void ThreadsCommunicator::check_peer(int peer, Tag tag, std::int64_t num_bytes, const char* op) const {
   std::ostringstream msg;
   if (peer < 0 || peer >= size()) {
     msg << op << " on rank " << rank_ << ": peer " << peer << " outside [0, " << size() << ")";
@@ -340,8 +344,7 @@ void ThreadsCommunicator::check_peer(int peer, Tag tag, std::int64_t num_bytes,
   throw ConfigError(msg.str());
 }
 
-std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const void* data,
-                                                    std::int64_t num_bytes) {
+std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const void* data, std::int64_t num_bytes) {
   check_peer(peer, tag, num_bytes, "isend");
   count_bytes_sent(num_bytes);
   const Clock::time_point posted_at = Clock::now();
@@ -351,9 +354,14 @@ std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const voi
   VirtualTimeline* timeline = world_.timeline();
   if (timeline != nullptr) timeline->post_send(rank_, peer, num_bytes, request->state()->virtual_request);
   const TraceTrack trace = this_thread_trace_track();
-  const QueuedSend send{data,          num_bytes, timing.send_done,
-                        timing.arrival, request->state(), trace,
-                        trace.recorder != nullptr ? trace.recorder->wall_now_us() : 0.0, posted_at};
+  const QueuedSend send{data,
+                        num_bytes,
+                        timing.send_done,
+                        timing.arrival,
+                        request->state(),
+                        trace,
+                        trace.recorder != nullptr ? trace.recorder->wall_now_us() : 0.0,
+                        posted_at};
   const Mailbox::Key key{rank_, tag};
 
   std::unique_lock<std::mutex> lock(mailbox.mutex);
@@ -369,8 +377,7 @@ std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const voi
   return request;
 }
 
-std::unique_ptr<Request> ThreadsCommunicator::irecv(int peer, Tag tag, void* data,
-                                                    std::int64_t num_bytes) {
+std::unique_ptr<Request> ThreadsCommunicator::irecv(int peer, Tag tag, void* data, std::int64_t num_bytes) {
   check_peer(peer, tag, num_bytes, "irecv");
   Mailbox& mailbox = world_.mailbox(rank_);
   auto request = std::make_unique<ThreadsRequest>(world_, rank_, peer, tag, /*is_send=*/false, mailbox);

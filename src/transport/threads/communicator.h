@@ -82,10 +82,10 @@ class ThreadsWorld {
   mutable std::mutex abort_mutex_;  // guards abort_reason_, abort_cause_
   std::string abort_reason_;
   std::exception_ptr abort_cause_;
-  std::vector<std::atomic<bool>> failing_;      // [rank]
-  std::vector<std::string> failing_reasons_;    // [rank], guarded by abort_mutex_
-  std::vector<std::atomic<int>> waits_;         // [rank * R + peer]: threads of rank waiting for peer
-  std::vector<std::atomic<bool>> gave_up_;      // [rank * R + peer]: a wait of rank on peer timed out
+  std::vector<std::atomic<bool>> failing_;    // [rank]
+  std::vector<std::string> failing_reasons_;  // [rank], guarded by abort_mutex_
+  std::vector<std::atomic<int>> waits_;       // [rank * R + peer]: threads of rank waiting for peer
+  std::vector<std::atomic<bool>> gave_up_;    // [rank * R + peer]: a wait of rank on peer timed out
   std::vector<std::unique_ptr<ThreadsCommunicator>> communicators_;  // [rank]
 
   std::size_t edge(int rank, int peer) const { return static_cast<std::size_t>(rank) * size() + peer; }
@@ -98,8 +98,7 @@ class ThreadsCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return world_.size(); }
   std::string_view transport_name() const override { return "threads"; }
-  std::unique_ptr<Request> isend(int peer, Tag tag, const void* data,
-                                 std::int64_t num_bytes) override;
+  std::unique_ptr<Request> isend(int peer, Tag tag, const void* data, std::int64_t num_bytes) override;
   std::unique_ptr<Request> irecv(int peer, Tag tag, void* data, std::int64_t num_bytes) override;
   void abort(const std::string& reason, std::exception_ptr cause = nullptr) override {
     world_.abort(reason, std::move(cause));

@@ -43,17 +43,21 @@ void EmulatedLinkOptions::validate() const {
 
 std::string link_topology_name(LinkTopology topology) {
   switch (topology) {
-    case LinkTopology::full_mesh: return "full_mesh";
-    case LinkTopology::ring: return "ring";
-    case LinkTopology::switched: return "switched";
-    case LinkTopology::two_level: return "two_level";
+    case LinkTopology::full_mesh:
+      return "full_mesh";
+    case LinkTopology::ring:
+      return "ring";
+    case LinkTopology::switched:
+      return "switched";
+    case LinkTopology::two_level:
+      return "two_level";
   }
   return "?";
 }
 
 LinkTopology parse_link_topology(const std::string& key, const std::string& name) {
-  for (LinkTopology t : {LinkTopology::full_mesh, LinkTopology::ring, LinkTopology::switched,
-                         LinkTopology::two_level}) {
+  for (LinkTopology t :
+       {LinkTopology::full_mesh, LinkTopology::ring, LinkTopology::switched, LinkTopology::two_level}) {
     if (name == link_topology_name(t)) return t;
   }
   throw ConfigError(key + "=" + name + ": not a link topology (full_mesh, ring, switched, two_level)");
@@ -103,8 +107,8 @@ std::vector<LinkHop> LinkPaths::path(int src, int dst) const {
       if (src / options_.group_size == dst / options_.group_size) {
         hops.push_back(ports(0, 1, bandwidth, latency));
       } else {
-        hops.push_back(ports(2, 3, options_.scale_out_bandwidth_gb_per_s * 1e9,
-                             microseconds(options_.scale_out_latency_us)));
+        hops.push_back(
+            ports(2, 3, options_.scale_out_bandwidth_gb_per_s * 1e9, microseconds(options_.scale_out_latency_us)));
       }
       break;
   }
@@ -117,8 +121,7 @@ Picoseconds LinkSchedule::take_link(int resource, Picoseconds ready, Picoseconds
   return busy;
 }
 
-Picoseconds LinkSchedule::take(const LinkHop& hop, std::int64_t num_bytes, Picoseconds ready,
-                               Picoseconds* pushed_out) {
+Picoseconds LinkSchedule::take(const LinkHop& hop, std::int64_t num_bytes, Picoseconds ready, Picoseconds* pushed_out) {
   const Picoseconds serialise = hop.serialise(num_bytes);
   // The first link (or egress port) sends as soon as it is free; an ingress
   // port after it starts no earlier than the bytes do and no earlier than it
@@ -126,7 +129,8 @@ Picoseconds LinkSchedule::take(const LinkHop& hop, std::int64_t num_bytes, Picos
   const Picoseconds egress_done = take_link(hop.resources[0], ready, serialise, kNoBound);
   if (pushed_out != nullptr) *pushed_out = egress_done;
   Picoseconds done = egress_done;
-  for (int i = 1; i < hop.num_resources; ++i) done = take_link(hop.resources[i], egress_done - serialise, serialise, done);
+  for (int i = 1; i < hop.num_resources; ++i)
+    done = take_link(hop.resources[i], egress_done - serialise, serialise, done);
   return done + hop.latency;
 }
 

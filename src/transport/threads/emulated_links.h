@@ -47,7 +47,7 @@ namespace epmoe::transport::threads {
 enum class LinkTopology { full_mesh, ring, switched, two_level };
 
 struct EmulatedLinkOptions {
-  bool enabled = false;  // wall clock only; clock=modelled always uses the links
+  bool enabled = false;              // wall clock only; clock=modelled always uses the links
   double bandwidth_gb_per_s = 50.0;  // 1 GB = 1e9 bytes; per link and direction (per port: switched)
   double latency_us = 2.0;
   LinkTopology topology = LinkTopology::full_mesh;

@@ -34,13 +34,11 @@ void ThreadsOptions::validate() const {
   }
 }
 
-void run_ranks(int num_ranks, const ThreadsOptions& options,
-               const std::function<void(Communicator&)>& fn) {
+void run_ranks(int num_ranks, const ThreadsOptions& options, const std::function<void(Communicator&)>& fn) {
   options.validate();
   ThreadsWorld world(num_ranks, options.links, options.modelled);
-  const int threads_per_rank = options.compute_threads_per_rank > 0
-                                  ? options.compute_threads_per_rank
-                                  : std::max(1, hardware_cores() / num_ranks);
+  const int threads_per_rank = options.compute_threads_per_rank > 0 ? options.compute_threads_per_rank
+                                                                    : std::max(1, hardware_cores() / num_ranks);
 
   // The error rethrown: the first abort's cause, else the first root cause
   // (not an AbortedError, which only says that some other rank failed), else
@@ -58,7 +56,8 @@ void run_ranks(int num_ranks, const ThreadsOptions& options,
       ModelledClock* previous_clock;
       TraceTrack previous_track;
       RankThreadScope(VirtualTimeline* t, int r, TraceRecorder* trace)
-          : timeline(t), rank(r),
+          : timeline(t),
+            rank(r),
             previous_clock(set_this_thread_modelled_clock(t != nullptr ? &t->rank_clock(r) : nullptr)),
             previous_track(set_this_thread_trace_track({trace, r})) {}
       ~RankThreadScope() {

@@ -20,8 +20,8 @@
 
 #include <functional>
 
-#include "transport/communicator.h"
 #include "core/trace_recorder.h"
+#include "transport/communicator.h"
 #include "transport/threads/emulated_links.h"
 #include "transport/threads/virtual_timeline.h"
 
@@ -40,7 +40,6 @@ struct ThreadsOptions {
   void validate() const;  // throws ConfigError
 };
 
-void run_ranks(int num_ranks, const ThreadsOptions& options,
-               const std::function<void(Communicator&)>& fn);
+void run_ranks(int num_ranks, const ThreadsOptions& options, const std::function<void(Communicator&)>& fn);
 
 }  // namespace epmoe::transport::threads

@@ -40,7 +40,7 @@ struct VirtualMessage {
   Picoseconds sender_join = 0;  // idle up to here counts as waiting for the sender
   bool send_known = false, arrival_known = false;
   Picoseconds send_done = 0, arrival = 0;
-  VirtualRequest* send = nullptr;     // the requests still waiting to learn the times
+  VirtualRequest* send = nullptr;  // the requests still waiting to learn the times
   VirtualRequest* receive = nullptr;
   TraceTrack trace;
 };
@@ -110,7 +110,7 @@ class VirtualStream final : public ModelledClock {
   int rank_;
   std::uint64_t id_;
   std::uint64_t launch_number_ = 0;  // 0 for a rank; k for its parent's k-th launch
-  std::string name_;  // collectives: "all_to_all_v tag 3"; ranks: ""
+  std::string name_;                 // collectives: "all_to_all_v tag 3"; ranks: ""
   // Everything below is guarded by timeline_.mutex_.
   Picoseconds clock_;
   Picoseconds start_;
@@ -158,8 +158,8 @@ VirtualTimeline::VirtualTimeline(int num_ranks, const EmulatedLinkOptions& links
   links.validate();
   options_.validate();
   for (int rank = 0; rank < num_ranks; ++rank) {
-    rank_streams_.push_back(std::make_unique<VirtualStream>(*this, rank, mix(0, static_cast<std::uint64_t>(rank)), 0,
-                                                            std::string()));
+    rank_streams_.push_back(
+        std::make_unique<VirtualStream>(*this, rank, mix(0, static_cast<std::uint64_t>(rank)), 0, std::string()));
     live_.push_back(rank_streams_.back().get());
   }
 }
@@ -279,8 +279,8 @@ void VirtualTimeline::resolve_locked() {
 std::shared_ptr<ModelledClock> VirtualTimeline::fork(const std::string& name) {
   VirtualStream& parent = calling_stream("launching a collective");
   std::lock_guard<std::mutex> lock(mutex_);
-  auto child = std::make_shared<VirtualStream>(*this, parent.rank_, mix(parent.id_, ++parent.next_child_),
-                                               parent.clock_, name);
+  auto child =
+      std::make_shared<VirtualStream>(*this, parent.rank_, mix(parent.id_, ++parent.next_child_), parent.clock_, name);
   child->launch_number_ = parent.next_child_;
   live_.push_back(child.get());
   return child;
