@@ -192,6 +192,12 @@ void run_train_command(const TrainArguments& arguments) {
     std::printf("  trace: %s (%zu events; open in https://ui.perfetto.dev)\n", settings.trace_file.c_str(),
                 trace->num_events());
   }
+  // The pictures of the run (python/epmoe/report.py, in the Python package).
+  if (metrics) {
+    const std::filesystem::path report = metrics->path().parent_path() / "report.html";
+    std::printf("  report: python -m epmoe.report %s%s%s --out %s\n", metrics->path().c_str(), trace ? " --trace " : "",
+                trace ? settings.trace_file.c_str() : "", report.c_str());
+  }
 }
 
 }  // namespace
