@@ -7,6 +7,7 @@
 
 #include "comm/all_reduce.h"
 #include "core/error.h"
+#include "core/threading.h"
 #include "ep/local_dispatcher.h"
 #include "transport/threads/communicator.h"
 #include "transport/threads/launcher.h"
@@ -90,6 +91,7 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   transport::threads::run_ranks(num_ranks, threads_options, [&](transport::Communicator& comm) {
     const int r = comm.rank();
     const auto& threads_comm = dynamic_cast<const transport::threads::ThreadsCommunicator&>(comm);
+    EPMOE_CHECK_EQ(compute_threads(), options.compute_threads_per_rank, "the rank thread's OpenMP budget");
     std::int64_t t0 = n * r / num_ranks, t1 = n * (r + 1) / num_ranks;
     if (!options.tokens_by_rank.empty()) {
       t0 = 0;
