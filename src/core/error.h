@@ -1,66 +1,45 @@
-// Errors, the two kinds (as gloo does it):
-//  * epmoe::Error and its subclasses: recoverable, caused by the outside world
-//    (a bad config key, a malformed file, a peer that timed out, a NaN in an
-//    input). The message
-//    names the key / file / peer and the rule that was broken.
+// Errors, the two kinds (as gloo does it): the exception classes are public
+// (<epmoe/error.h>); this internal header adds the checks and the exit codes.
+//  * epmoe::Error and its subclasses: recoverable, caused by the outside world.
 //  * EPMOE_CHECK*: always-on checks of internal invariants. A failure is a bug
-//    in epmoe, reported as InternalError with both operands printed.
-// EPMOE_DCHECK* are the same checks compiled only into debug builds, for hot
-// loops.
+//    in epmoe, reported as InternalError with both operands printed, then the
+//    optional message: EPMOE_CHECK_EQ(rows, expected, "rows of chunk ", c)
+//    streams its extra arguments into the text, like GLOO_ENFORCE_EQ(a, b,
+//    "why"); they are evaluated only when the check fails.
+// EPMOE_DCHECK* are the same checks for hot loops, compiled only where
+// kDebugChecks is true: debug builds (no NDEBUG) and, by construction,
+// sanitizer builds whatever their NDEBUG (as Highway turns HWY_DASSERT on
+// under HWY_IS_ASAN / HWY_IS_TSAN), since scripts/test_sanitizers.sh builds
+// RelWithDebInfo. Elsewhere their operands are type-checked, never evaluated.
 #pragma once
+
+#include <epmoe/error.h>
 
 #include <exception>
 #include <sstream>
-#include <stdexcept>
 #include <string>
+
+// Sanitizer detection: gcc defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__;
+// clang answers __has_feature (tested in a nested #if, which gcc < 14, having
+// no __has_feature, never evaluates).
+#if !defined(NDEBUG)
+#define EPMOE_DEBUG_CHECKS 1
+#elif defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define EPMOE_DEBUG_CHECKS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define EPMOE_DEBUG_CHECKS 1
+#endif
+#endif
+#ifndef EPMOE_DEBUG_CHECKS
+#define EPMOE_DEBUG_CHECKS 0
+#endif
 
 namespace epmoe {
 
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A configuration key has a bad value or violates a rule with another key.
-class ConfigError : public Error {
- public:
-  using Error::Error;
-};
-
-// A file is missing, unreadable, malformed or of the wrong shape / dtype.
-class FileError : public Error {
- public:
-  using Error::Error;
-};
-
-// A peer rank failed, timed out or sent something unexpected.
-class PeerError : public Error {
- public:
-  using Error::Error;
-};
-
-// A tensor holds a NaN or an infinity where finite numbers are required: an
-// input (the message names the tensor and the first bad index) or a value a
-// step produced (the message names the layer, the phase and the row).
-// core/finite_check.h raises it.
-class NumericError : public Error {
- public:
-  using Error::Error;
-};
-
-// A call out of its documented order (finish before begin, a backward
-// without its forward, a dispatch handle used twice): a mistake of the
-// caller, named with the call and the order it must follow.
-class UsageError : public Error {
- public:
-  using Error::Error;
-};
-
-// A broken internal invariant (a bug). Thrown by EPMOE_CHECK.
-class InternalError : public std::logic_error {
- public:
-  using std::logic_error::logic_error;
-};
+// True where EPMOE_DCHECK* are checked (see above). Not inline: each
+// translation unit has its own, as with assert and NDEBUG.
+constexpr bool kDebugChecks = EPMOE_DEBUG_CHECKS != 0;
 
 // The process exit codes of the epmoe tool, one mapping for every launcher
 // (cli/main.cc on one process or threads, the mpi launcher's MPI_Abort):
@@ -74,45 +53,66 @@ namespace detail {
 
 [[noreturn]] void throw_check_failure(const char* file, int line, const std::string& what);
 
-template <typename A, typename B>
+// "<head>" without pieces, "<head>: <pieces...>" with them.
+template <typename... Pieces>
+std::string check_message(const std::string& head, const Pieces&... pieces) {
+  if constexpr (sizeof...(pieces) == 0) {
+    return head;
+  } else {
+    std::ostringstream msg;
+    msg << head << ": ";
+    (msg << ... << pieces);
+    return msg.str();
+  }
+}
+
+template <typename A, typename B, typename... Pieces>
 [[noreturn]] void throw_check_op_failure(const char* file, int line, const char* expr_a, const char* op,
-                                         const char* expr_b, const A& a, const B& b) {
-  std::ostringstream msg;
-  msg << "check failed: " << expr_a << " " << op << " " << expr_b << " (" << a << " vs " << b << ")";
-  throw_check_failure(file, line, msg.str());
+                                         const char* expr_b, const A& a, const B& b, const Pieces&... pieces) {
+  std::ostringstream operands;
+  operands << "check failed: " << expr_a << " " << op << " " << expr_b << " (" << a << " vs " << b << ")";
+  throw_check_failure(file, line, check_message(operands.str(), pieces...));
 }
 
 }  // namespace detail
 }  // namespace epmoe
 
-#define EPMOE_CHECK(cond)                                                                          \
-  do {                                                                                             \
-    if (!(cond)) ::epmoe::detail::throw_check_failure(__FILE__, __LINE__, "check failed: " #cond); \
+#define EPMOE_CHECK(cond, ...)                                                                                    \
+  do {                                                                                                            \
+    if (!(cond))                                                                                                  \
+      ::epmoe::detail::throw_check_failure(                                                                       \
+          __FILE__, __LINE__, ::epmoe::detail::check_message("check failed: " #cond __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)
 
-#define EPMOE_CHECK_OP_(a, op, b)                                                                               \
-  do {                                                                                                          \
-    const auto& epmoe_check_a_ = (a);                                                                           \
-    const auto& epmoe_check_b_ = (b);                                                                           \
-    if (!(epmoe_check_a_ op epmoe_check_b_))                                                                    \
-      ::epmoe::detail::throw_check_op_failure(__FILE__, __LINE__, #a, #op, #b, epmoe_check_a_, epmoe_check_b_); \
+#define EPMOE_CHECK_OP_(a, op, b, ...)                                                         \
+  do {                                                                                         \
+    const auto& epmoe_check_a_ = (a);                                                          \
+    const auto& epmoe_check_b_ = (b);                                                          \
+    if (!(epmoe_check_a_ op epmoe_check_b_))                                                   \
+      ::epmoe::detail::throw_check_op_failure(__FILE__, __LINE__, #a, #op, #b, epmoe_check_a_, \
+                                              epmoe_check_b_ __VA_OPT__(, ) __VA_ARGS__);      \
   } while (0)
 
-#define EPMOE_CHECK_EQ(a, b) EPMOE_CHECK_OP_(a, ==, b)
-#define EPMOE_CHECK_NE(a, b) EPMOE_CHECK_OP_(a, !=, b)
-#define EPMOE_CHECK_LT(a, b) EPMOE_CHECK_OP_(a, <, b)
-#define EPMOE_CHECK_LE(a, b) EPMOE_CHECK_OP_(a, <=, b)
-#define EPMOE_CHECK_GT(a, b) EPMOE_CHECK_OP_(a, >, b)
-#define EPMOE_CHECK_GE(a, b) EPMOE_CHECK_OP_(a, >=, b)
+#define EPMOE_CHECK_EQ(a, b, ...) EPMOE_CHECK_OP_(a, ==, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_CHECK_NE(a, b, ...) EPMOE_CHECK_OP_(a, !=, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_CHECK_LT(a, b, ...) EPMOE_CHECK_OP_(a, <, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_CHECK_LE(a, b, ...) EPMOE_CHECK_OP_(a, <=, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_CHECK_GT(a, b, ...) EPMOE_CHECK_OP_(a, >, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_CHECK_GE(a, b, ...) EPMOE_CHECK_OP_(a, >=, b __VA_OPT__(, ) __VA_ARGS__)
 
-#ifdef NDEBUG
-#define EPMOE_DCHECK(cond) \
-  do {                     \
+// `if constexpr` rather than #if: the operands stay compiled (no check rots
+// in the builds that skip it) but are never evaluated there.
+#define EPMOE_DCHECK(cond, ...)                                                        \
+  do {                                                                                 \
+    if constexpr (::epmoe::kDebugChecks) EPMOE_CHECK(cond __VA_OPT__(, ) __VA_ARGS__); \
   } while (0)
-#define EPMOE_DCHECK_LT(a, b) \
-  do {                        \
+#define EPMOE_DCHECK_OP_(check, a, b, ...)                                       \
+  do {                                                                           \
+    if constexpr (::epmoe::kDebugChecks) check(a, b __VA_OPT__(, ) __VA_ARGS__); \
   } while (0)
-#else
-#define EPMOE_DCHECK(cond) EPMOE_CHECK(cond)
-#define EPMOE_DCHECK_LT(a, b) EPMOE_CHECK_LT(a, b)
-#endif
+#define EPMOE_DCHECK_EQ(a, b, ...) EPMOE_DCHECK_OP_(EPMOE_CHECK_EQ, a, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_DCHECK_NE(a, b, ...) EPMOE_DCHECK_OP_(EPMOE_CHECK_NE, a, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_DCHECK_LT(a, b, ...) EPMOE_DCHECK_OP_(EPMOE_CHECK_LT, a, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_DCHECK_LE(a, b, ...) EPMOE_DCHECK_OP_(EPMOE_CHECK_LE, a, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_DCHECK_GT(a, b, ...) EPMOE_DCHECK_OP_(EPMOE_CHECK_GT, a, b __VA_OPT__(, ) __VA_ARGS__)
+#define EPMOE_DCHECK_GE(a, b, ...) EPMOE_DCHECK_OP_(EPMOE_CHECK_GE, a, b __VA_OPT__(, ) __VA_ARGS__)

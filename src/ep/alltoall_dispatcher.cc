@@ -161,7 +161,8 @@ void AllToAllDispatcher::plan_chunk(int c) {
     for (int k = 0; k < top_k; ++k) {
       const std::int64_t pair = t * top_k + k;
       const int expert = routing_.topk_ids[pair];
-      EPMOE_CHECK(expert >= 0 && expert < config_.num_experts);
+      EPMOE_CHECK(expert >= 0 && expert < config_.num_experts, "expert id of local token ", t, ", k ", k,
+                  ": the router chose an expert outside [0, E)");
       if (capacity >= 0 && pairs_per_expert[expert] >= capacity) {
         stats_.dropped_pairs += 1;
         continue;
@@ -309,13 +310,16 @@ ExpertRows AllToAllDispatcher::collect_rows(int c, bool remat) {
     const std::int64_t end = begin + chunk.recv_message_counts[s];
     std::int64_t at = begin;
     while (end - at != rows_from[s] * row_bytes) {
-      EPMOE_CHECK(end - at >= 4 + (rows_from[s] + 1) * row_bytes);
+      EPMOE_CHECK(end - at >= 4 + (rows_from[s] + 1) * row_bytes, "chunk ", c, ": the message from rank ", s,
+                  " ends inside its routing words (", rows_from[s], " rows read)");
       const std::int32_t n = read_word(at);
       at += 4;
-      EPMOE_CHECK(n >= 1 && at + 8 * std::int64_t(n) + (rows_from[s] + 1) * row_bytes <= end);
+      EPMOE_CHECK(n >= 1 && at + 8 * std::int64_t(n) + (rows_from[s] + 1) * row_bytes <= end, "chunk ", c, ": row ",
+                  rows_from[s], " from rank ", s, " announces ", n, " entries that its message does not hold");
       for (std::int32_t i = 0; i < n; ++i, at += 8) {
         const std::int32_t expert = read_word(at);
-        EPMOE_CHECK(expert >= 0 && expert < num_compute_experts());
+        EPMOE_CHECK(expert >= 0 && expert < num_compute_experts(), "chunk ", c, ": rank ", s,
+                    " routed a row to a local expert (or replica slot) this rank does not have");
         float weight;
         std::memcpy(&weight, message + at + 4, sizeof weight);
         entries.add(expert, weight, row, row);
@@ -335,7 +339,8 @@ ExpertRows AllToAllDispatcher::collect_rows(int c, bool remat) {
     for (std::int64_t i = 0; i < rows_from[s]; ++i) row_address.push_back(message + tokens_at[s] + i * row_bytes);
 
   if (remat) {
-    EPMOE_CHECK(rows_from == chunk.recv_rows_per_rank && entries_from == chunk.recv_entries_per_rank);
+    EPMOE_CHECK(rows_from == chunk.recv_rows_per_rank && entries_from == chunk.recv_entries_per_rank, "chunk ", c,
+                ": the recomputing re-send must bring the forward's rows and entries per rank");
   } else {
     chunk.recv_rows_per_rank = rows_from;
     chunk.recv_entries_per_rank = entries_from;
@@ -351,7 +356,7 @@ void AllToAllDispatcher::send_outputs(int c, Tensor slot_outputs) {
   Chunk& chunk = *chunks_[c];
   std::int64_t total = 0;
   for (const std::int64_t count : chunk.rows_in_elements) total += count;
-  EPMOE_CHECK_EQ(slot_outputs.numel(), total);
+  EPMOE_CHECK_EQ(slot_outputs.numel(), total, "expert outputs of chunk ", c, ": one H-row per row received");
   chunk.slot_outputs = std::move(slot_outputs);
   count_bytes("forward/all_to_all_v combine", chunk.rows_in_elements, 4);
   chunk.combined.resize(chunk.send_row_token.size() * config_.hidden);
@@ -425,7 +430,8 @@ Tensor AllToAllDispatcher::receive_cotangents(int c) {
 void AllToAllDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float> row_dweights) {
   Chunk& chunk = *chunks_[c];
   const std::int64_t hidden = config_.hidden;
-  EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size());
+  EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size(), "combine-weight gradients of chunk ", c,
+                 ": one per row received");
   chunk.entry_dweights.assign(row_dweights.size(), 0.0f);
   for (std::size_t r = 0; r < row_dweights.size(); ++r) chunk.entry_dweights[chunk.entry_of_row[r]] = row_dweights[r];
   chunk.slot_dx = std::move(slot_dx);

@@ -93,7 +93,7 @@ RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config)
       config_(std::move(config)),
       num_local_experts_((config_.validate(comm.size()), config_.num_experts / comm.size())),
       codec_(config_.token_format, config_.hidden) {
-  EPMOE_CHECK(config_.capacity_factor == 0.0);  // the ring moves every token; nothing to cap
+  EPMOE_CHECK(config_.capacity_factor == 0.0, "the ring moves every token: capacity_factor is the all-to-all's");
   stats_.reset(num_local_experts_);
   if (config_.replicas_enabled()) replicas_ = std::make_unique<ReplicaExchange>(comm_, config_, &stats_.bytes_sent);
 }
@@ -273,7 +273,8 @@ ExpertRows RingDispatcher::collect_rows(int c) {
 void RingDispatcher::send_outputs(int c, Tensor slot_outputs) {
   Chunk& chunk = *chunks_[c];
   const std::int64_t n = chunk.range.size(), hidden = config_.hidden;
-  EPMOE_CHECK_EQ(slot_outputs.numel(), chunk.num_slots * hidden);
+  EPMOE_CHECK_EQ(slot_outputs.numel(), chunk.num_slots * hidden, "expert outputs of chunk ", c,
+                 ": one H-row per slot of the gathered tokens");
   chunk.slot_outputs = std::move(slot_outputs);
   chunk.y_chunk = Tensor(DType::f32, {n, hidden});
   const std::vector<std::int64_t> output_elements = times(chunk.rows_by_rank, hidden);
@@ -336,7 +337,8 @@ void RingDispatcher::send_gradients(int c, Tensor slot_dx, std::vector<float> ro
   const int top_k = config_.top_k;
   const std::int64_t n = chunk.range.size(), hidden = config_.hidden;
   EPMOE_CHECK_EQ(slot_dx.numel(), chunk.num_slots * hidden);
-  EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size());
+  EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size(), "combine-weight gradients of chunk ", c,
+                 ": one per row computed here");
   chunk.slot_dx = std::move(slot_dx);
   chunk.dx_chunk = Tensor(DType::f32, {n, hidden});
   chunk.slot_dweights = Tensor::zeros(DType::f32, {chunk.num_slots, top_k});

@@ -319,7 +319,7 @@ void MoeLayer::restore_balance_state(const std::vector<std::int64_t>& state) {
 }
 
 const RouterOutput& MoeLayer::last_routing() const {
-  EPMOE_CHECK(saved_ != nullptr);  // between a forward and its backward only
+  EPMOE_CHECK(saved_ != nullptr, "the activations are saved between a forward and its backward only");
   return saved_->routing;
 }
 
@@ -432,7 +432,7 @@ MoeGradients MoeLayer::finish_backward() {
     ScopedPhase phase(times, "backward_router");
     if (config_.router.kind == RouterKind::random) {
       // The random router never reads the gate: its gradient is exactly zero.
-      EPMOE_CHECK(extra_d_logits == nullptr);  // a loss on random logits cannot train anything
+      EPMOE_CHECK(extra_d_logits == nullptr, "a loss on random logits cannot train anything");
       grads.dgate.fill_zero();
     } else {
       Tensor d_logits = router_.backward(s.routing, routed.d_topk_weights);

@@ -20,8 +20,10 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 
@@ -45,6 +47,16 @@ constexpr Tag kMaxTag = (Tag{1} << 31) - 1;
 
 class NativeCollectives;
 class CollectiveClocks;
+
+// The payload bytes one rank has sent to the other ranks, as the transport
+// counted them in isend: the bytes of the callers' buffers (the threads
+// transport's messages carry no header of their own; its matching metadata
+// is not counted). A send to self is not a transfer and is never counted.
+// Tests hold the dispatchers' byte statistics against it (tests/ep).
+struct SentBytes {
+  std::vector<std::int64_t> to_peer;  // [peer]; to_peer[rank] stays 0
+  std::int64_t total = 0;             // the sum over peers
+};
 
 // One posted send or receive. Move-only handle, owned by whoever posted it.
 // The buffer passed to isend/irecv must stay valid (and, for a send, unchanged)
@@ -108,6 +120,12 @@ class Communicator {
   // The modelled clocks collectives run on (clock=modelled); nullptr in wall
   // time (transport/collective_clocks.h).
   virtual CollectiveClocks* collective_clocks() { return nullptr; }
+
+  // SentBytes of this rank since the communicator was made (every thread's
+  // sends: the rank's own and its collectives' progress threads); a send
+  // counts once posted. nullptr-like std::nullopt when the transport does not
+  // count (mpi).
+  virtual std::optional<SentBytes> sent_bytes() const { return std::nullopt; }
 };
 
 // Bytes the calling thread has posted in sends, over its lifetime (both

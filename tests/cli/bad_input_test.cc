@@ -11,6 +11,9 @@
 // Inputs, when a case needs them: `epmoe gen-inputs` with N=16, H=8, F=12,
 // E=4 (tests/cli/epmoe_cli_fixture.h) into in/, where setups also put the
 // broken files. The table is docs/RELIABILITY.md's list of refused inputs.
+// Topology: the epmoe binary as a subprocess per case; the cases with ranks=R
+// run ranks as threads (transport=threads, R in {1, 2, 3}), threads=1 where
+// they compute.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>

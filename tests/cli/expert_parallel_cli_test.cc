@@ -12,6 +12,8 @@
 // ranks=1 run within 1e-5 relative (max|a-b| / max|b|; the f32 paths differ
 // only in summation order), and its metrics must agree with the routing in
 // topk_ids.npy: rows received per expert, bytes per collective.
+// Transport: threads, R in {1, 2, 3, 4, 8}; threads=1 (the fixture's runs: one
+// compute thread per rank).
 #include <gtest/gtest.h>
 
 #include <cstdint>

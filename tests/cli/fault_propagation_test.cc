@@ -14,6 +14,7 @@
 // within comm_timeout_ms + 2 s for the stopped rank, whose timeout message
 // must name rank 1 as the late rank. The first "rank r failed:" line must
 // be the root error (the injected fault), not an "aborted while ..." echo.
+// Transport: mpi (3 processes), threads=1 per process.
 #include <gtest/gtest.h>
 
 #include <chrono>

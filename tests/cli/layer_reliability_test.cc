@@ -8,6 +8,8 @@
 //
 // Inputs: `epmoe gen-inputs` with N=16, H=8, F=12, E=4 (epmoe_cli_fixture.h);
 // run A uses top_k=1, run B top_k=2, so every output of A differs from B's.
+// Topology: ranks as threads (transport=threads), R in {1, 2}, threads=1 (one
+// compute thread per rank).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>

@@ -6,6 +6,7 @@
 // (determinism, imbalance, token chunks) and R = 64 (scale), on the h100
 // preset: switched links (one port per GPU, 450 GB/s each way, a rank's
 // sends share its port), link_latency_us as stated per test.
+// threads=1 (modelled_cli_fixture.h): one compute thread per rank.
 #include <chrono>
 #include <cmath>
 #include <cstdio>

@@ -6,6 +6,7 @@
 // relative) and with the threads transport at ranks=3, which runs the same
 // algorithm code with the same per-rank work (threads=1 in both), so it must
 // give the same bits.
+// Also ranks=2 as threads (threads transport, threads=1).
 #include <gtest/gtest.h>
 
 #include <filesystem>

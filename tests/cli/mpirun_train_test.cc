@@ -7,6 +7,8 @@
 // that throws between writing its checkpoint files and the commit (fault
 // point "checkpoint", EPMOE_FAULT_INJECTION passed with -x) ends every
 // process within 2 s with that rank's error and commits nothing.
+// Topology: mpirun -np 4 and -np 3 (mpi transport) against ranks=4, 2 and 1 as
+// threads (threads transport); one compute thread per rank in all.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>

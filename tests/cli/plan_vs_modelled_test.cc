@@ -7,6 +7,8 @@
 // plan models no latency), compute_efficiency=0.25 (so that every expert
 // GEMM is compute-bound: arithmetic intensity ~128 FLOP/B > 989e12·0.25 /
 // 3.35e12 = 74).
+// Transport: threads, threads=1 (modelled_cli_fixture.h): one compute thread
+// per rank.
 #include <cmath>
 #include <cstdio>
 

@@ -10,6 +10,7 @@
 //    printed through doubles), and there is no phase event the metrics lack.
 //  * `epmoe train ... trace_file=` (2 ranks, 3 steps, both clocks): the same
 //    structure.
+// threads=1: one compute thread per rank.
 #include <cmath>
 #include <map>
 #include <string>

@@ -5,6 +5,8 @@
 // previous one loadable, one killed right after a commit keeping that step's
 // metrics line, the checkpoint directory's lock, a manifest-less step_N/ and
 // leftovers of killed runs.
+// Topology: ranks as threads (transport=threads), R in {1, 2, 3, 4}, threads=1
+// (one compute thread per rank).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -4,6 +4,7 @@
 // before anything is sent. The payload checks with known counts are in
 // collective_checks.cc (check_all_to_all_v), for threads and mpirun.
 // Ranks are threads, one compute thread each.
+// Topology: threads transport, R in {2, 3, 4}.
 #include <gtest/gtest.h>
 
 #include <string>

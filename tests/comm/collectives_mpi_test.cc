@@ -6,6 +6,8 @@
 // With --inject-failure-on-rank=r, rank r throws before the first collective:
 // the job must end through MPI_Abort with "rank r failed: ..." (checked by
 // ctest's PASS_REGULAR_EXPRESSION), not hang.
+// Topology: mpi transport, R in {2, 3, 4} processes, the OpenMP default of
+// compute threads per process.
 #include <gtest/gtest.h>
 
 #include <time.h>

@@ -3,6 +3,7 @@
 // rank's input from one seed, so each checks its result against a naive
 // reference locally (collective_checks.h). Compute threads are 1 per rank so
 // that no OpenMP region runs here (TSan reports libgomp's own barriers).
+// Transport: threads.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -13,6 +13,8 @@
 //    (which all drive progress instead of waiting) at once; an error thrown by
 //    a prologue (run on the caller's thread) reaches that rank's wait() and
 //    aborts the group.
+// Topology: ranks as threads over the threads transport, R in {1, 2, 3, 4, 8},
+// one compute thread per rank.
 #include <gtest/gtest.h>
 
 #include <chrono>

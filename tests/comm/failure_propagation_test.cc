@@ -16,6 +16,7 @@
 //  * late rank: rank 2 of 3 never joins an all-gather (it blocks, outside
 //    the transport, until the others have failed); the timeout message of
 //    rank 0 must name rank 2, not only the neighbour rank 0 waited for.
+// Transport: threads, one compute thread per rank.
 #include <gtest/gtest.h>
 
 #include <chrono>

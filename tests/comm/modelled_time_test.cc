@@ -3,6 +3,8 @@
 // ComputeScope at round device rates so that every expected time is an exact
 // integer number of picoseconds. Modelled time is deterministic, so every
 // check here is an equality.
+// Topology: threads transport, R in {2, 3, 4, 5, 8}, one compute thread per
+// rank.
 #include <gtest/gtest.h>
 
 #include <chrono>

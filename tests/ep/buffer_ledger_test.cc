@@ -2,6 +2,8 @@
 // ledger ("buffer/dispatch", "buffer/replica slots"), R = 1, 2, 3 ranks as
 // threads, both dispatchers, with and without replicas and with a rank
 // holding no tokens; the "saved" group stays the activations alone.
+// Topology: ranks as threads over the threads transport (run_ep_layer), one
+// compute thread per rank; R in {1, 2, 3}.
 #include <gtest/gtest.h>
 
 #include <algorithm>

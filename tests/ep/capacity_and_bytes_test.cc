@@ -6,6 +6,8 @@
 //  * bytes: tokens sent to other ranks are exactly H·4 bytes per (token, k)
 //    pair without dedup, and per distinct (token, destination rank) with
 //    dedup; the routing words are 4·(rows + 2·entries).
+// Topology: ranks as threads over the threads transport (run_ep_layer), one
+// compute thread per rank; R = 4 (capacity), R = 3 (bytes).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -7,6 +7,7 @@
 // for a deadline) and rethrow rank 1's InjectedFault, not an abort-induced
 // error of another rank; the same for a fault inside a collective's
 // algorithm (fault_point "collective").
+// Transport: threads (run_ep_layer), one compute thread per rank.
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -5,6 +5,7 @@
 //    finish give the same bits as forward()/backward();
 //  * the handle refuses calls out of order, naming the call and the next
 //    allowed one, and a dispatcher refuses a second step in flight.
+// Transport: threads (run_ep_layer).
 #include <gtest/gtest.h>
 
 #include <string>

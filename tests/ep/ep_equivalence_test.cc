@@ -5,6 +5,7 @@
 // to the ranks homing its K experts. Every dispatcher, dedup on/off, token
 // chunks 1/2/4 and both routers must give y and all five gradients within
 // 1e-5 of the reference (relative to max|ref|, DESIGN.md §3).
+// Transport: threads (run_ep_layer), one compute thread per rank.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -7,6 +7,9 @@
 
 #include "comm/all_reduce.h"
 #include "core/error.h"
+#include "core/threading.h"
+#include "ep/local_dispatcher.h"
+#include "transport/threads/communicator.h"
 #include "transport/threads/launcher.h"
 
 namespace epmoe::testing {
@@ -70,17 +73,25 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   result.replica_stats.resize(static_cast<std::size_t>(num_ranks));
   result.step_replica_stats.assign(result.step_stats.size(),
                                    std::vector<ep::ReplicaStats>(static_cast<std::size_t>(num_ranks)));
+  result.transport_sent.resize(static_cast<std::size_t>(num_ranks));
+  result.step_transport_sent.assign(result.step_stats.size(),
+                                    std::vector<transport::SentBytes>(static_cast<std::size_t>(num_ranks)));
+  result.step_transport_sent_by_tag.assign(
+      result.step_stats.size(),
+      std::vector<std::map<transport::Tag, std::int64_t>>(static_cast<std::size_t>(num_ranks)));
   ep::EpConfig config = options.ep;
   config.num_experts = e;
   config.top_k = k;
   config.hidden = h;
 
   transport::threads::ThreadsOptions threads_options;
-  threads_options.compute_threads_per_rank = 1;
+  threads_options.compute_threads_per_rank = options.compute_threads_per_rank;
   threads_options.modelled = options.modelled;
   if (options.modelled.enabled) threads_options.links = options.links;
   transport::threads::run_ranks(num_ranks, threads_options, [&](transport::Communicator& comm) {
     const int r = comm.rank();
+    const auto& threads_comm = dynamic_cast<const transport::threads::ThreadsCommunicator&>(comm);
+    EPMOE_CHECK_EQ(compute_threads(), options.compute_threads_per_rank, "the rank thread's OpenMP budget");
     std::int64_t t0 = n * r / num_ranks, t1 = n * (r + 1) / num_ranks;
     if (!options.tokens_by_rank.empty()) {
       t0 = 0;
@@ -92,15 +103,20 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     const Tensor wi0 = slice_rows(p.wi0, e0, e0 + el), wi1 = slice_rows(p.wi1, e0, e0 + el),
                  wo = slice_rows(p.wo, e0, e0 + el);
     MemoryLedger ledger;
+    EPMOE_CHECK(!options.local_dispatcher || num_ranks == 1, "a LocalDispatcher holds every expert: R = 1 only");
     MoeLayer layer(
         {.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype, .remat = options.remat},
-        ep::make_dispatcher(options.dispatch, comm, config), &ledger);
+        options.local_dispatcher ? std::make_unique<ep::LocalDispatcher>(e, config.num_chunks)
+                                 : ep::make_dispatcher(options.dispatch, comm, config),
+        &ledger);
     const std::size_t num_steps = std::max<std::size_t>(1, options.weight_versions.size());
     MoeForwardOutput out;
     MoeGradients grads;
     for (std::size_t step = 0; step < num_steps; ++step) {
       std::optional<std::uint64_t> version;
       if (!options.weight_versions.empty()) version = options.weight_versions[step];
+      const transport::SentBytes sent_before = comm.sent_bytes().value();
+      const std::map<transport::Tag, std::int64_t> by_tag_before = threads_comm.sent_bytes_by_tag();
       if (!options.split_phase_with_other_work) {
         out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
         grads = layer.backward(dy);
@@ -114,7 +130,16 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
       }
       result.step_stats[step][r] = layer.dispatch_stats();
       result.step_replica_stats[step][r] = layer.replica_stats();
+      transport::SentBytes sent = comm.sent_bytes().value();
+      for (int q = 0; q < num_ranks; ++q) sent.to_peer[q] -= sent_before.to_peer[q];
+      sent.total -= sent_before.total;
+      result.step_transport_sent[step][r] = sent;
+      std::map<transport::Tag, std::int64_t> by_tag = threads_comm.sent_bytes_by_tag();
+      for (const auto& [tag, bytes] : by_tag_before) by_tag[tag] -= bytes;
+      std::erase_if(by_tag, [](const auto& entry) { return entry.second == 0; });
+      result.step_transport_sent_by_tag[step][r] = std::move(by_tag);
     }
+    result.transport_sent[r] = result.step_transport_sent[num_steps - 1][r];
     copy_rows_into(result.y, t0, out.y);
     copy_rows_into(result.topk_ids, t0, out.topk_ids);
     copy_rows_into(result.topk_weights, t0, out.topk_weights);

@@ -36,6 +36,11 @@ struct EpRunOptions {
   // its finish (an all-reduce in flight, and compute), instead of forward()
   // and backward(): the results must not change by a bit.
   bool split_phase_with_other_work = false;
+  // OpenMP compute threads of each rank thread (core/threading.h).
+  int compute_threads_per_rank = 1;
+  // R = 1 only: the layer runs on a LocalDispatcher (no communication)
+  // instead of `dispatch`'s.
+  bool local_dispatcher = false;
 };
 
 // What one rank's memory ledger and layer saw.
@@ -57,6 +62,14 @@ struct EpRunResult {
   // replicas), as stats and step_stats.
   std::vector<ep::ReplicaStats> replica_stats;                    // per rank, last step
   std::vector<std::vector<ep::ReplicaStats>> step_replica_stats;  // [step][rank]
+  // What the threads transport itself counted each rank sending to the
+  // others (Communicator::sent_bytes) over a step's forward + backward (with
+  // split_phase_with_other_work, the other work's all-reduces included).
+  std::vector<transport::SentBytes> transport_sent;                    // per rank, last step
+  std::vector<std::vector<transport::SentBytes>> step_transport_sent;  // [step][rank]
+  // The same bytes by tag (ThreadsCommunicator::sent_bytes_by_tag), to tell
+  // the streams of a collective apart (comm/tag.h).
+  std::vector<std::vector<std::map<transport::Tag, std::int64_t>>> step_transport_sent_by_tag;  // [step][rank]
 };
 
 EpRunResult run_ep_layer(const MoeProblem& problem, const EpRunOptions& options);

@@ -7,6 +7,8 @@
 // cover it), and dynamic replicas (balance=dynamic, rebalance_threshold=1 so
 // the planner places replicas where it can) on both dispatchers: replica
 // weights and gradients travel point to point over MPI. Exit status 0 only if every check on every rank passed.
+// Topology: mpirun -np R with R in {2, 3, 4} (tests/ep/CMakeLists.txt), mpi
+// transport, the OpenMP default of compute threads per process.
 #include <cstdio>
 #include <string>
 

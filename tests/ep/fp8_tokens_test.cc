@@ -10,6 +10,9 @@
 //  3. Non-finite tokens are refused (never encoded): by encode in both
 //     formats, by the per-tensor scale agreement on every rank (3 ranks as
 //     threads, one holding the bad value), and by the layer before dispatch.
+// Topology: ranks as threads over the threads transport (run_ep_layer), one
+// compute thread per rank; R in {1, 3, 4} (the scale agreement: run_ranks, R =
+// 3, cores / R compute threads each).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -4,6 +4,8 @@
 // clocks, and its modelled times are the same run to run. Under TSan this
 // is the virtual timeline's shared state exercised by every dispatcher
 // (staged sends, replica messages, collectives in flight side by side).
+// Topology: ranks as threads over the threads transport (run_ep_layer), one
+// compute thread per rank, clock=modelled; R in {2, 3, 4}.
 #include <gtest/gtest.h>
 
 #include <chrono>

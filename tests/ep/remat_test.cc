@@ -9,6 +9,8 @@
 //  * With fp8 tokens x_sorted is kept as it travelled: rows·H e4m3 bytes,
 //    plus 4 per row (fp8_token) or 4 per chunk (fp8_tensor), plus the
 //    metadata, exactly; R = 1-4, both dispatchers, chunks, dedup, replicas.
+// Topology: ranks as threads over the threads transport (run_ep_layer), one
+// compute thread per rank; R in {1, 2, 3, 4}.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -17,6 +17,8 @@
 //  * the dedup-aware replica choice (balance/dedup_aware_choice.h) under
 //    packed Zipf routing with K = 4, R in {1, 2, 3, 4}: same checks, and never
 //    more token bytes than the positional rule (fewer in total).
+// Topology: ranks as threads over the threads transport (run_ep_layer), one
+// compute thread per rank; R in {1, 2, 3, 4, 8}.
 #include <gtest/gtest.h>
 
 #include <numeric>

@@ -12,6 +12,7 @@
 // and its ring scratch, comm/ring.cc, when a loaded machine lets more
 // collectives overlap than ever before), so the bound must hold in one of a
 // few windows after eight warm steps, and new blocks in none.
+// Transport: threads (run_ranks).
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 

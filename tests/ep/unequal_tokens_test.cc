@@ -8,6 +8,7 @@
 // the ring has: token chunks, cotangent ring / plain, x_sorted remat; and
 // fp8 tokens must give what the all-to-all gives (the same per-token or
 // global scale, so the same quantised rows).
+// Transport: threads (run_ep_layer), one compute thread per rank.
 #include <gtest/gtest.h>
 
 #include <numeric>

@@ -12,6 +12,8 @@
 //     overflow in rank 1's experts mid-step fails the run with rank 1's
 //     NumericError, and rank 0, waiting for rank 1's outputs, is woken with
 //     a PeerError that carries rank 1's message (no hang).
+// Topology: one rank, except 4: R = 2 ranks as threads over the threads
+// transport, cores / R compute threads each (1 on 2 cores).
 #include <gtest/gtest.h>
 
 #include <cmath>

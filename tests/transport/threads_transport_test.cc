@@ -1,10 +1,12 @@
 // The threads transport on its own: matching rules, errors, the launcher and
 // the emulated-link model. Ranks are threads (run_ranks), R = 2..4.
+// Topology: threads transport, one compute thread per rank.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -51,6 +53,34 @@ TEST(ThreadsTransport, MessagesWithOneTagArriveInSendOrderAndTagsAreSeparate) {
       EXPECT_EQ(received[2], 20);
       EXPECT_EQ(received[3], 21);
     }
+  });
+}
+
+// Rank r sends (r + 1) * 8 + q bytes to each other rank q and 1,000 bytes to
+// itself; the counter holds exactly the transfers to others, by peer.
+TEST(ThreadsTransport, SentBytesCountPayloadToOtherRanksByPeer) {
+  const int num_ranks = 3;
+  run_ranks(num_ranks, one_thread_per_rank(), [&](Communicator& comm) {
+    const int r = comm.rank();
+    ASSERT_TRUE(comm.sent_bytes().has_value());
+    EXPECT_EQ(comm.sent_bytes()->total, 0);
+    std::vector<char> out(1000), in(1000 * num_ranks);
+    std::vector<std::unique_ptr<Request>> requests;
+    for (int q = 0; q < num_ranks; ++q) {
+      const std::int64_t to_q = q == r ? 1000 : (r + 1) * 8 + q, from_q = q == r ? 1000 : (q + 1) * 8 + r;
+      requests.push_back(comm.isend(q, 5, out.data(), to_q));
+      requests.push_back(comm.irecv(q, 5, in.data() + 1000 * q, from_q));
+    }
+    for (auto& request : requests) request->wait(5s);
+    const SentBytes sent = *comm.sent_bytes();
+    ASSERT_EQ(sent.to_peer.size(), static_cast<std::size_t>(num_ranks));
+    std::int64_t expected_total = 0;
+    for (int q = 0; q < num_ranks; ++q) {
+      const std::int64_t expected = q == r ? 0 : (r + 1) * 8 + q;
+      EXPECT_EQ(sent.to_peer[q], expected) << "rank " << r << " to " << q;
+      expected_total += expected;
+    }
+    EXPECT_EQ(sent.total, expected_total) << "rank " << r;
   });
 }
 

@@ -225,7 +225,8 @@ ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links, cons
       failing_(static_cast<std::size_t>(std::max(num_ranks, 0))),
       failing_reasons_(static_cast<std::size_t>(std::max(num_ranks, 0))),
       waits_(static_cast<std::size_t>(std::max(num_ranks, 0)) * std::max(num_ranks, 0)),
-      gave_up_(waits_.size()) {
+      gave_up_(waits_.size()),
+      sent_bytes_(waits_.size()) {
   if (num_ranks < 1) {
     throw ConfigError("threads transport: num_ranks = " + std::to_string(num_ranks) + ": must be >= 1");
   }
@@ -238,6 +239,7 @@ ThreadsWorld::ThreadsWorld(int num_ranks, const EmulatedLinkOptions& links, cons
   }
   for (int rank = 0; rank < num_ranks; ++rank) {
     mailboxes_.push_back(std::make_unique<Mailbox>());
+    sent_by_tag_.push_back(std::make_unique<SentByTag>());
     communicators_.push_back(std::make_unique<ThreadsCommunicator>(*this, rank));
   }
 }
@@ -330,6 +332,30 @@ std::string ThreadsWorld::late_rank_note(int rank, int peer) const {
   return "";  // every rank reachable is waiting: a cycle, nobody to blame
 }
 
+void ThreadsWorld::count_sent(int rank, int peer, Tag tag, std::int64_t num_bytes) {
+  if (peer == rank) return;
+  sent_bytes_[edge(rank, peer)].fetch_add(num_bytes, std::memory_order_relaxed);
+  SentByTag& by_tag = *sent_by_tag_[rank];
+  std::lock_guard<std::mutex> lock(by_tag.mutex);
+  by_tag.bytes[tag] += num_bytes;
+}
+
+std::map<Tag, std::int64_t> ThreadsWorld::sent_bytes_by_tag(int rank) const {
+  const SentByTag& by_tag = *sent_by_tag_[rank];
+  std::lock_guard<std::mutex> lock(by_tag.mutex);
+  return by_tag.bytes;
+}
+
+SentBytes ThreadsWorld::sent_bytes(int rank) const {
+  SentBytes sent;
+  sent.to_peer.resize(static_cast<std::size_t>(size()));
+  for (int peer = 0; peer < size(); ++peer) {
+    sent.to_peer[peer] = sent_bytes_[edge(rank, peer)].load(std::memory_order_relaxed);
+    sent.total += sent.to_peer[peer];
+  }
+  return sent;
+}
+
 void ThreadsCommunicator::check_peer(int peer, Tag tag, std::int64_t num_bytes, const char* op) const {
   std::ostringstream msg;
   if (peer < 0 || peer >= size()) {
@@ -347,6 +373,7 @@ void ThreadsCommunicator::check_peer(int peer, Tag tag, std::int64_t num_bytes, 
 std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const void* data, std::int64_t num_bytes) {
   check_peer(peer, tag, num_bytes, "isend");
   count_bytes_sent(num_bytes);
+  world_.count_sent(rank_, peer, tag, num_bytes);
   const Clock::time_point posted_at = Clock::now();
   const LinkTiming timing = world_.links().reserve(rank_, peer, num_bytes, posted_at);
   Mailbox& mailbox = world_.mailbox(peer);

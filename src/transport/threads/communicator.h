@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,6 +75,13 @@ class ThreadsWorld {
   // clock=modelled: the virtual timeline; nullptr in wall time.
   VirtualTimeline* timeline() { return timeline_.get(); }
 
+  // Payload bytes `rank` posted to `peer` (Communicator::sent_bytes), and by
+  // tag for tests that tell a collective's streams apart (comm/tag.h); a
+  // send to self is not counted.
+  void count_sent(int rank, int peer, Tag tag, std::int64_t num_bytes);
+  SentBytes sent_bytes(int rank) const;
+  std::map<Tag, std::int64_t> sent_bytes_by_tag(int rank) const;
+
  private:
   std::vector<std::unique_ptr<detail::Mailbox>> mailboxes_;  // [destination rank]
   EmulatedLinks links_;
@@ -82,10 +90,16 @@ class ThreadsWorld {
   mutable std::mutex abort_mutex_;  // guards abort_reason_, abort_cause_
   std::string abort_reason_;
   std::exception_ptr abort_cause_;
-  std::vector<std::atomic<bool>> failing_;    // [rank]
-  std::vector<std::string> failing_reasons_;  // [rank], guarded by abort_mutex_
-  std::vector<std::atomic<int>> waits_;       // [rank * R + peer]: threads of rank waiting for peer
-  std::vector<std::atomic<bool>> gave_up_;    // [rank * R + peer]: a wait of rank on peer timed out
+  std::vector<std::atomic<bool>> failing_;             // [rank]
+  std::vector<std::string> failing_reasons_;           // [rank], guarded by abort_mutex_
+  std::vector<std::atomic<int>> waits_;                // [rank * R + peer]: threads of rank waiting for peer
+  std::vector<std::atomic<bool>> gave_up_;             // [rank * R + peer]: a wait of rank on peer timed out
+  std::vector<std::atomic<std::int64_t>> sent_bytes_;  // [rank * R + peer]: payload bytes rank posted to peer
+  struct SentByTag {
+    mutable std::mutex mutex;  // a leaf: nothing is taken while it is held
+    std::map<Tag, std::int64_t> bytes;
+  };
+  std::vector<std::unique_ptr<SentByTag>> sent_by_tag_;              // [rank]: payload bytes to other ranks, by tag
   std::vector<std::unique_ptr<ThreadsCommunicator>> communicators_;  // [rank]
 
   std::size_t edge(int rank, int peer) const { return static_cast<std::size_t>(rank) * size() + peer; }
@@ -105,6 +119,9 @@ class ThreadsCommunicator final : public Communicator {
   }
   void cancel_pending(const std::string& reason) override { world_.cancel_pending(rank_, reason); }
   CollectiveClocks* collective_clocks() override { return world_.timeline(); }
+  std::optional<SentBytes> sent_bytes() const override { return world_.sent_bytes(rank_); }
+  // Test hook: this rank's SentBytes::total split by tag.
+  std::map<Tag, std::int64_t> sent_bytes_by_tag() const { return world_.sent_bytes_by_tag(rank_); }
 
  private:
   void check_peer(int peer, Tag tag, std::int64_t num_bytes, const char* op) const;
