@@ -67,7 +67,7 @@ std::vector<std::vector<int>> pack_groups(const std::vector<double>& group_loads
 // the expert, with the swap of rebalance_experts.h when none is left. Returns
 // each GPU's copies in slot order.
 std::vector<std::vector<int>> pack_copies(const std::vector<int>& copy_expert, const std::vector<double>& copy_load,
-                                          int num_experts, int num_gpus, int capacity) {
+                                          int num_experts, int num_gpus, int capacity, bool avoid_duplicates) {
   const int num_copies = static_cast<int>(copy_expert.size());
   std::vector<std::vector<int>> gpus(num_gpus);
   if (capacity == 1) {  // EPLB's shortcut: copy j on GPU j (no GPU can hold two)
@@ -85,7 +85,7 @@ std::vector<std::vector<int>> pack_copies(const std::vector<int>& copy_expert, c
     for (int g = 0; g < num_gpus; ++g) {
       if (static_cast<int>(gpus[g].size()) == capacity) continue;
       if (lightest_with_room < 0 || gpu_loads[g] < gpu_loads[lightest_with_room]) lightest_with_room = g;
-      if (held(g, expert)) continue;
+      if (avoid_duplicates && held(g, expert)) continue;
       if (best < 0 || gpu_loads[g] < gpu_loads[best]) best = g;
     }
     if (best >= 0) {
@@ -121,6 +121,138 @@ std::vector<std::vector<int>> pack_copies(const std::vector<int>& copy_expert, c
   return gpus;
 }
 
+// Loads of the GPUs of one node.
+std::vector<double> gpu_loads_of(const std::vector<std::vector<int>>& gpus, const std::vector<double>& copy_load) {
+  std::vector<double> loads(gpus.size(), 0.0);
+  for (std::size_t g = 0; g < gpus.size(); ++g) {
+    for (const int copy : gpus[g]) loads[g] += copy_load[copy];
+  }
+  return loads;
+}
+
+bool holds_a_duplicate(const std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert) {
+  for (const std::vector<int>& copies : gpus) {
+    for (std::size_t a = 0; a < copies.size(); ++a) {
+      for (std::size_t b = a + 1; b < copies.size(); ++b) {
+        if (copy_expert[copies[a]] == copy_expert[copies[b]]) return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool gpu_holds(const std::vector<int>& copies, const std::vector<int>& copy_expert, int expert, int except_slot) {
+  for (int slot = 0; slot < static_cast<int>(copies.size()); ++slot) {
+    if (slot != except_slot && copy_expert[copies[slot]] == expert) return true;
+  }
+  return false;
+}
+
+// EPLB's packing made duplicate-free: each second copy of an expert on a GPU
+// is swapped with a copy on another GPU that neither GPU would then hold
+// twice, the swap that leaves the lower of the two GPUs' new loads (one
+// always exists: the other GPU is full of distinct experts, this one is not).
+void remove_duplicates(std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert,
+                       const std::vector<double>& copy_load) {
+  std::vector<double> loads = gpu_loads_of(gpus, copy_load);
+  const int num_gpus = static_cast<int>(gpus.size());
+  for (int p = 0; p < num_gpus; ++p) {
+    for (int slot = 0; slot < static_cast<int>(gpus[p].size()); ++slot) {
+      const int copy = gpus[p][slot], expert = copy_expert[copy];
+      if (!gpu_holds(gpus[p], copy_expert, expert, slot)) continue;  // not a duplicate
+      int best_gpu = -1, best_slot = -1;
+      double best_max = 0.0;
+      for (int q = 0; q < num_gpus; ++q) {
+        if (q == p || gpu_holds(gpus[q], copy_expert, expert, -1)) continue;
+        for (int other = 0; other < static_cast<int>(gpus[q].size()); ++other) {
+          const int candidate = gpus[q][other];
+          if (gpu_holds(gpus[p], copy_expert, copy_expert[candidate], -1)) continue;
+          const double delta = copy_load[copy] - copy_load[candidate];
+          const double new_max = std::max(loads[p] - delta, loads[q] + delta);
+          if (best_gpu < 0 || new_max < best_max) best_gpu = q, best_slot = other, best_max = new_max;
+        }
+      }
+      EPMOE_CHECK_GE(best_gpu, 0);
+      const int moved = gpus[best_gpu][best_slot];
+      const double delta = copy_load[copy] - copy_load[moved];
+      loads[p] -= delta;
+      loads[best_gpu] += delta;
+      gpus[best_gpu][best_slot] = copy;
+      gpus[p][slot] = moved;
+    }
+  }
+}
+
+// Lowers the node's max load while it can: the swap of a copy on the most
+// loaded GPU with a lighter copy on another GPU (no GPU then holding an
+// expert twice) that lowers the larger of the two loads the most. Only ever
+// lowers the max, never the slot counts or the copies.
+void lower_max_load(std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert,
+                    const std::vector<double>& copy_load) {
+  std::vector<double> loads = gpu_loads_of(gpus, copy_load);
+  const int num_gpus = static_cast<int>(gpus.size());
+  for (int iteration = 0; iteration < 4 * num_gpus; ++iteration) {
+    const int m = static_cast<int>(std::max_element(loads.begin(), loads.end()) - loads.begin());
+    int best_gpu = -1, best_a = -1, best_b = -1;
+    double best_max = loads[m] * (1.0 - 1e-12);
+    for (int g = 0; g < num_gpus; ++g) {
+      if (g == m) continue;
+      for (int a = 0; a < static_cast<int>(gpus[m].size()); ++a) {
+        const int copy_a = gpus[m][a];
+        if (gpu_holds(gpus[g], copy_expert, copy_expert[copy_a], -1)) continue;
+        for (int b = 0; b < static_cast<int>(gpus[g].size()); ++b) {
+          const int copy_b = gpus[g][b];
+          const double delta = copy_load[copy_a] - copy_load[copy_b];
+          if (delta <= 0.0 || gpu_holds(gpus[m], copy_expert, copy_expert[copy_b], -1)) continue;
+          const double new_max = std::max(loads[m] - delta, loads[g] + delta);
+          if (new_max < best_max) best_max = new_max, best_gpu = g, best_a = a, best_b = b;
+        }
+      }
+    }
+    if (best_gpu < 0) return;
+    const double delta = copy_load[gpus[m][best_a]] - copy_load[gpus[best_gpu][best_b]];
+    std::swap(gpus[m][best_a], gpus[best_gpu][best_b]);
+    loads[m] -= delta;
+    loads[best_gpu] += delta;
+  }
+}
+
+double max_load(const std::vector<std::vector<int>>& gpus, const std::vector<double>& copy_load) {
+  const std::vector<double> loads = gpu_loads_of(gpus, copy_load);
+  return *std::max_element(loads.begin(), loads.end());
+}
+
+// Stage 2: one more copy at a time to the largest load per copy (ties to the
+// lower index), at most `max_copies` each. Returns the expert of every copy:
+// the experts in order, then the extra copies as created.
+std::vector<int> replicate(const std::vector<double>& expert_loads, int num_copies, int max_copies,
+                           std::vector<int>& copies) {
+  const int num_experts = static_cast<int>(expert_loads.size());
+  copies.assign(num_experts, 1);
+  std::vector<int> copy_expert(num_copies);
+  for (int i = 0; i < num_experts; ++i) copy_expert[i] = i;
+  for (int j = num_experts; j < num_copies; ++j) {
+    int best = -1;
+    double best_load = 0.0;
+    for (int i = 0; i < num_experts; ++i) {
+      if (copies[i] >= max_copies) continue;
+      const double load = expert_loads[i] / copies[i];
+      if (best < 0 || load > best_load) best = i, best_load = load;
+    }
+    EPMOE_CHECK_GE(best, 0);  // validate: copies_per_node <= experts_per_node * gpus_per_node
+    ++copies[best];
+    copy_expert[j] = best;
+  }
+  return copy_expert;
+}
+
+std::vector<double> loads_per_copy(const std::vector<int>& copy_expert, const std::vector<double>& expert_loads,
+                                   const std::vector<int>& copies) {
+  std::vector<double> out(copy_expert.size());
+  for (std::size_t j = 0; j < copy_expert.size(); ++j) out[j] = expert_loads[copy_expert[j]] / copies[copy_expert[j]];
+  return out;
+}
+
 // One layer: writes its rows of the three outputs.
 void rebalance_layer(const float* weight, int num_logical_experts, const Layout& l, int max_copies,
                      std::int64_t* physical_to_logical, std::int64_t* logical_to_physical,
@@ -136,9 +268,8 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
 
   std::vector<int> node_experts(l.experts_per_node);
   std::vector<double> expert_loads(l.experts_per_node);
-  std::vector<int> copies(l.experts_per_node);
-  std::vector<int> copy_expert(l.copies_per_node);
-  std::vector<double> copy_load(l.copies_per_node);
+  std::vector<int> copies, copy_expert;
+  std::vector<double> copy_load;
   for (int node = 0; node < l.num_nodes; ++node) {
     // The node's experts: its groups in arrival order, each group's experts in order.
     for (int r = 0; r < l.groups_per_node; ++r) {
@@ -147,27 +278,39 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
     }
     for (int i = 0; i < l.experts_per_node; ++i) expert_loads[i] = weight[node_experts[i]];
 
-    // Stage 2: one more copy at a time to the largest load per copy, at most
-    // one copy per GPU of the node.
-    std::fill(copies.begin(), copies.end(), 1);
-    for (int i = 0; i < l.experts_per_node; ++i) copy_expert[i] = i;
-    for (int j = l.experts_per_node; j < l.copies_per_node; ++j) {
-      int best = -1;
-      double best_load = 0.0;
-      for (int i = 0; i < l.experts_per_node; ++i) {
-        if (copies[i] >= l.gpus_per_node) continue;
-        const double load = expert_loads[i] / copies[i];
-        if (best < 0 || load > best_load) best = i, best_load = load;
+    // Stages 2 and 3 as EPLB (copies uncapped, packing blind to duplicates);
+    // when that holds no duplicate it is the answer, else the better (lower
+    // max load) of two duplicate-free placements, each then improved by swaps:
+    // (a) copies capped at one per GPU, packed skipping GPUs that hold the
+    // expert; (b) EPLB's own packing with its duplicates swapped away, when
+    // no expert has more copies than the node has GPUs.
+    std::vector<int> eplb_copies;
+    const std::vector<int> eplb_copy_expert =
+        replicate(expert_loads, l.copies_per_node, l.copies_per_node, eplb_copies);
+    const std::vector<double> eplb_copy_load = loads_per_copy(eplb_copy_expert, expert_loads, eplb_copies);
+    std::vector<std::vector<int>> eplb_gpus = pack_copies(eplb_copy_expert, eplb_copy_load, l.experts_per_node,
+                                                          l.gpus_per_node, l.slots_per_gpu, /*avoid_duplicates=*/false);
+    std::vector<std::vector<int>> gpus;
+    if (!holds_a_duplicate(eplb_gpus, eplb_copy_expert)) {
+      gpus = std::move(eplb_gpus);
+      copies = eplb_copies;
+      copy_expert = eplb_copy_expert;
+    } else {
+      copy_expert = replicate(expert_loads, l.copies_per_node, l.gpus_per_node, copies);
+      copy_load = loads_per_copy(copy_expert, expert_loads, copies);
+      gpus = pack_copies(copy_expert, copy_load, l.experts_per_node, l.gpus_per_node, l.slots_per_gpu,
+                         /*avoid_duplicates=*/true);
+      lower_max_load(gpus, copy_expert, copy_load);
+      if (*std::max_element(eplb_copies.begin(), eplb_copies.end()) <= l.gpus_per_node) {
+        remove_duplicates(eplb_gpus, eplb_copy_expert, eplb_copy_load);
+        lower_max_load(eplb_gpus, eplb_copy_expert, eplb_copy_load);
+        if (max_load(eplb_gpus, eplb_copy_load) < max_load(gpus, copy_load)) {
+          gpus = std::move(eplb_gpus);
+          copies = eplb_copies;
+          copy_expert = eplb_copy_expert;
+        }
       }
-      EPMOE_CHECK_GE(best, 0);  // validate: copies_per_node <= experts_per_node * gpus_per_node
-      ++copies[best];
-      copy_expert[j] = best;
     }
-    for (int j = 0; j < l.copies_per_node; ++j) copy_load[j] = expert_loads[copy_expert[j]] / copies[copy_expert[j]];
-
-    // Stage 3: copies onto the node's GPUs.
-    const std::vector<std::vector<int>> gpus =
-        pack_copies(copy_expert, copy_load, l.experts_per_node, l.gpus_per_node, l.slots_per_gpu);
     for (int g = 0; g < l.gpus_per_node; ++g) {
       EPMOE_CHECK_EQ(static_cast<int>(gpus[g].size()), l.slots_per_gpu);
       const std::int64_t first_slot = static_cast<std::int64_t>(node * l.gpus_per_node + g) * l.slots_per_gpu;

@@ -15,17 +15,19 @@
 //   global policy (otherwise): the same with one group and one node.
 //
 // Departures from the published algorithm (docs/BALANCE.md, "EPLB's
-// rebalance_experts", has the measurements):
-//   * never two copies of one expert on one GPU: stage 3 skips the GPUs that
-//     already hold the expert, and stage 2 gives an expert at most as many
-//     copies as its node has GPUs. When every GPU with a free slot holds the
-//     expert, a copy Y on a full GPU that does not hold it is moved to the
-//     lightest GPU with room (the lightest such Y that GPU does not hold), and
-//     the expert takes Y's slot: always possible (a full GPU has more distinct
-//     experts than one with room), and since copies come heaviest first, Y is
-//     at least as heavy, so the full GPU gets no heavier.
-//   Where EPLB's own output has no duplicate, every choice above is EPLB's, so
-//   the placements are the same; they differ only where EPLB duplicates.
+// rebalance_experts", has the measurements), per node:
+//   * never two copies of one expert on one GPU. Stages 2 and 3 run first as
+//     EPLB's; when that placement holds no duplicate it is the answer, so
+//     wherever EPLB's own output has no duplicate the placements are the same.
+//     Otherwise the better (lower max GPU load) of two duplicate-free
+//     placements: (a) stage 2 giving an expert at most as many copies as the
+//     node has GPUs, stage 3 skipping the GPUs that already hold the expert
+//     (when every GPU with room holds it, a copy Y on a full GPU without it
+//     moves to the lightest GPU with room and the copy takes Y's slot: always
+//     possible, a full GPU has more distinct experts than one with room);
+//     (b) when no expert has more copies than GPUs, EPLB's own packing with
+//     each duplicate swapped with a copy of another GPU; both then improved
+//     by swaps between the most loaded GPU and another that lower the max;
 //   * logical_to_physical lists an expert's copies by ascending physical
 //     index (EPLB: in the order the copies were created).
 // Arithmetic as EPLB's: loads as float32, loads per copy and pack loads in
