@@ -13,8 +13,8 @@ stops when it is not).
 
 Prints, for E=256 experts on 64 GPUs (8 nodes x 8, 320 replicas, 8 groups:
 the hierarchical policy) and E=64 on 8 GPUs (one node, 72 replicas, 8 groups),
-the time per call of each (median of repeated calls after a warm-up; the
-inputs are the same Zipf loads), the ratio, and each placement's max/mean GPU
+the CPU time per call of each (median over repeated calls after a warm-up,
+the calling thread's CPU time; the inputs are the same Zipf loads), the ratio, and each placement's max/mean GPU
 load (a copy carries its expert's load / copies). Then the balance check of
 docs/BALANCE.md: over random, Zipf and adversarial loads, how often epmoe's
 placement has a lower, equal or higher max/mean than EPLB's, and how often
@@ -108,13 +108,16 @@ def make_weight(kind, layers, experts, rng):
 
 
 def time_call(call, repeats):
+    """Median CPU time of the calling thread per call, in µs (both run in it: EPLB's numpy/torch with one
+    thread, epmoe's C++ with the GIL released). CPU time, not wall time: on a machine shared with other
+    work, wall time measures the scheduler as much as the code."""
     call()  # warm-up
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter_ns()
+        start = time.thread_time_ns()
         call()
-        samples.append(time.perf_counter_ns() - start)
-    return float(np.median(samples)) / 1000.0  # µs
+        samples.append(time.thread_time_ns() - start)
+    return float(np.median(samples)) / 1000.0
 
 
 def main():
@@ -136,7 +139,7 @@ def main():
         shapes = {"E=256, 64 GPUs": (320, 8, 8, 64), "E=64, 8 GPUs": (72, 8, 1, 8)}
         experts_of = {"E=256, 64 GPUs": 256, "E=64, 8 GPUs": 64}
 
-        print("\n| shape | layers | EPLB (vLLM) µs | epmoe µs | ratio | EPLB max/mean | epmoe max/mean |")
+        print("\n| shape | layers | EPLB (vLLM) CPU µs | epmoe CPU µs | ratio | EPLB max/mean | epmoe max/mean |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         rng = np.random.default_rng(0)
         for label, shape in shapes.items():

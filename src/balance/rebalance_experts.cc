@@ -141,11 +141,31 @@ bool holds_a_duplicate(const std::vector<std::vector<int>>& gpus, const std::vec
   return false;
 }
 
-bool gpu_holds(const std::vector<int>& copies, const std::vector<int>& copy_expert, int expert, int except_slot) {
-  for (int slot = 0; slot < static_cast<int>(copies.size()); ++slot) {
-    if (slot != except_slot && copy_expert[copies[slot]] == expert) return true;
+// How many copies of each expert every GPU holds, [G * E]: the checks of the
+// swaps below in O(1).
+struct Holdings {
+  int num_experts;
+  std::vector<int> count;
+  Holdings(const std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert, int experts)
+      : num_experts(experts), count(gpus.size() * static_cast<std::size_t>(experts), 0) {
+    for (std::size_t g = 0; g < gpus.size(); ++g) {
+      for (const int copy : gpus[g]) ++at(static_cast<int>(g), copy_expert[copy]);
+    }
   }
-  return false;
+  int& at(int gpu, int expert) { return count[static_cast<std::size_t>(gpu) * num_experts + expert]; }
+};
+
+// Swaps slot a of GPU p with slot b of GPU q, keeping loads and holdings.
+void swap_copies(std::vector<std::vector<int>>& gpus, std::vector<double>& loads, Holdings& holds,
+                 const std::vector<int>& copy_expert, const std::vector<double>& copy_load, int p, int a, int q,
+                 int b) {
+  const int copy_a = gpus[p][a], copy_b = gpus[q][b];
+  const double delta = copy_load[copy_a] - copy_load[copy_b];
+  loads[p] -= delta;
+  loads[q] += delta;
+  --holds.at(p, copy_expert[copy_a]), ++holds.at(p, copy_expert[copy_b]);
+  --holds.at(q, copy_expert[copy_b]), ++holds.at(q, copy_expert[copy_a]);
+  std::swap(gpus[p][a], gpus[q][b]);
 }
 
 // EPLB's packing made duplicate-free: each second copy of an expert on a GPU
@@ -153,32 +173,28 @@ bool gpu_holds(const std::vector<int>& copies, const std::vector<int>& copy_expe
 // twice, the swap that leaves the lower of the two GPUs' new loads (one
 // always exists: the other GPU is full of distinct experts, this one is not).
 void remove_duplicates(std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert,
-                       const std::vector<double>& copy_load) {
+                       const std::vector<double>& copy_load, int num_experts) {
   std::vector<double> loads = gpu_loads_of(gpus, copy_load);
+  Holdings holds(gpus, copy_expert, num_experts);
   const int num_gpus = static_cast<int>(gpus.size());
   for (int p = 0; p < num_gpus; ++p) {
     for (int slot = 0; slot < static_cast<int>(gpus[p].size()); ++slot) {
       const int copy = gpus[p][slot], expert = copy_expert[copy];
-      if (!gpu_holds(gpus[p], copy_expert, expert, slot)) continue;  // not a duplicate
+      if (holds.at(p, expert) < 2) continue;  // not a duplicate
       int best_gpu = -1, best_slot = -1;
       double best_max = 0.0;
       for (int q = 0; q < num_gpus; ++q) {
-        if (q == p || gpu_holds(gpus[q], copy_expert, expert, -1)) continue;
+        if (q == p || holds.at(q, expert) > 0) continue;
         for (int other = 0; other < static_cast<int>(gpus[q].size()); ++other) {
           const int candidate = gpus[q][other];
-          if (gpu_holds(gpus[p], copy_expert, copy_expert[candidate], -1)) continue;
+          if (holds.at(p, copy_expert[candidate]) > 0) continue;
           const double delta = copy_load[copy] - copy_load[candidate];
           const double new_max = std::max(loads[p] - delta, loads[q] + delta);
           if (best_gpu < 0 || new_max < best_max) best_gpu = q, best_slot = other, best_max = new_max;
         }
       }
       EPMOE_CHECK_GE(best_gpu, 0);
-      const int moved = gpus[best_gpu][best_slot];
-      const double delta = copy_load[copy] - copy_load[moved];
-      loads[p] -= delta;
-      loads[best_gpu] += delta;
-      gpus[best_gpu][best_slot] = copy;
-      gpus[p][slot] = moved;
+      swap_copies(gpus, loads, holds, copy_expert, copy_load, p, slot, best_gpu, best_slot);
     }
   }
 }
@@ -188,8 +204,9 @@ void remove_duplicates(std::vector<std::vector<int>>& gpus, const std::vector<in
 // expert twice) that lowers the larger of the two loads the most. Only ever
 // lowers the max, never the slot counts or the copies.
 void lower_max_load(std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert,
-                    const std::vector<double>& copy_load) {
+                    const std::vector<double>& copy_load, int num_experts) {
   std::vector<double> loads = gpu_loads_of(gpus, copy_load);
+  Holdings holds(gpus, copy_expert, num_experts);
   const int num_gpus = static_cast<int>(gpus.size());
   for (int iteration = 0; iteration < 4 * num_gpus; ++iteration) {
     const int m = static_cast<int>(std::max_element(loads.begin(), loads.end()) - loads.begin());
@@ -199,21 +216,18 @@ void lower_max_load(std::vector<std::vector<int>>& gpus, const std::vector<int>&
       if (g == m) continue;
       for (int a = 0; a < static_cast<int>(gpus[m].size()); ++a) {
         const int copy_a = gpus[m][a];
-        if (gpu_holds(gpus[g], copy_expert, copy_expert[copy_a], -1)) continue;
+        if (holds.at(g, copy_expert[copy_a]) > 0) continue;
         for (int b = 0; b < static_cast<int>(gpus[g].size()); ++b) {
           const int copy_b = gpus[g][b];
           const double delta = copy_load[copy_a] - copy_load[copy_b];
-          if (delta <= 0.0 || gpu_holds(gpus[m], copy_expert, copy_expert[copy_b], -1)) continue;
+          if (delta <= 0.0 || holds.at(m, copy_expert[copy_b]) > 0) continue;
           const double new_max = std::max(loads[m] - delta, loads[g] + delta);
           if (new_max < best_max) best_max = new_max, best_gpu = g, best_a = a, best_b = b;
         }
       }
     }
     if (best_gpu < 0) return;
-    const double delta = copy_load[gpus[m][best_a]] - copy_load[gpus[best_gpu][best_b]];
-    std::swap(gpus[m][best_a], gpus[best_gpu][best_b]);
-    loads[m] -= delta;
-    loads[best_gpu] += delta;
+    swap_copies(gpus, loads, holds, copy_expert, copy_load, m, best_a, best_gpu, best_b);
   }
 }
 
@@ -300,10 +314,10 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
       copy_load = loads_per_copy(copy_expert, expert_loads, copies);
       gpus = pack_copies(copy_expert, copy_load, l.experts_per_node, l.gpus_per_node, l.slots_per_gpu,
                          /*avoid_duplicates=*/true);
-      lower_max_load(gpus, copy_expert, copy_load);
+      lower_max_load(gpus, copy_expert, copy_load, l.experts_per_node);
       if (*std::max_element(eplb_copies.begin(), eplb_copies.end()) <= l.gpus_per_node) {
-        remove_duplicates(eplb_gpus, eplb_copy_expert, eplb_copy_load);
-        lower_max_load(eplb_gpus, eplb_copy_expert, eplb_copy_load);
+        remove_duplicates(eplb_gpus, eplb_copy_expert, eplb_copy_load, l.experts_per_node);
+        lower_max_load(eplb_gpus, eplb_copy_expert, eplb_copy_load, l.experts_per_node);
         if (max_load(eplb_gpus, eplb_copy_load) < max_load(gpus, copy_load)) {
           gpus = std::move(eplb_gpus);
           copies = eplb_copies;
