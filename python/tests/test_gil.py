@@ -17,7 +17,9 @@ import epmoe
 
 
 def test_another_thread_runs_during_rebalance():
-    weight = np.ascontiguousarray(np.tile(make_weight("zipf", 1, 256, seed=5), (400, 1)))  # 400 layers per call
+    # float32 and contiguous already: a conversion in the wrapper would let numpy release the GIL during its
+    # cast, and the test would pass for numpy's release instead of epmoe's.
+    weight = np.ascontiguousarray(np.tile(make_weight("zipf", 1, 256, seed=5), (400, 1)), dtype=np.float32)
     started, main_ran, done = threading.Event(), threading.Event(), threading.Event()
     observed = []
 
