@@ -289,9 +289,9 @@ void print_table(const nlohmann::json& policies) {
 
 void run_replay(const BalanceArguments& arguments) {
   const ConfigValues values = replay_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
-  const ReplaySettings settings = replay_settings(values, arguments.json);
-  const balance::PolicyReplayOptions& options = settings.options;
-  const double expert_weight_bytes = settings.expert_weight_bytes;
+  const ReplaySettings replay = replay_settings(values, arguments.json);
+  const balance::PolicyReplayOptions& options = replay.options;
+  const double expert_weight_bytes = replay.expert_weight_bytes;
   const std::optional<int> layer = layer_to_replay(values);
 
   const bool from_metrics = is_metrics_file(arguments.loads_file);
@@ -315,7 +315,7 @@ void run_replay(const BalanceArguments& arguments) {
 
   nlohmann::json layers = nlohmann::json::array();
   for (const LoadsToReplay& input : inputs) {
-    nlohmann::json policies = replay_policies_json(*input.history, settings, metrics ? &metrics->train_steps : nullptr);
+    nlohmann::json policies = replay_policies_json(*input.history, replay, metrics ? &metrics->train_steps : nullptr);
     layers.push_back(
         {{"layer", input.layer ? nlohmann::json(*input.layer) : nlohmann::json()}, {"policies", std::move(policies)}});
   }
