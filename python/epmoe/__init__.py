@@ -1,0 +1,161 @@
+"""epmoe from Python: expert-parallel MoE load balancing.
+
+* ``rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)``:
+  DeepSeek EPLB's function, same arguments and outputs, in C++ (the GIL is
+  released while it runs), never two copies of one expert on one GPU.
+* ``plan_replicas(counts, ranks, slots)``: epmoe's per-step replica planner.
+* ``plan(**keys)``: what ``epmoe plan --json`` prints, as a dict.
+* ``replay_balance(loads, **keys)``: what ``epmoe balance --loads --json``
+  computes on loads [steps, E], as a dict.
+
+numpy arrays in give numpy arrays out; torch tensors in give torch tensors
+out (torch is never imported by epmoe itself). Bad arguments raise TypeError
+or ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import sys
+
+import numpy as np
+
+from . import _epmoe
+
+__all__ = ["rebalance_experts", "plan_replicas", "plan", "replay_balance"]
+__version__ = "0.1.0"
+
+_INT32_MAX = 2**31 - 1
+
+
+def _torch_tensor_module(value):
+    """torch, when `value` is a torch.Tensor (torch already imported by the caller), else None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return torch
+    return None
+
+
+def _integer(name, value, minimum=None):
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an integer, got bool {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name}={number}: must be >= {minimum}")
+    if number > _INT32_MAX:
+        raise ValueError(f"{name}={number}: must be at most {_INT32_MAX}")
+    return number
+
+
+def _numeric_array(name, value, ndim, shape_text):
+    """(numpy array, torch module or None) for an array-like `value` of numbers."""
+    torch = _torch_tensor_module(value)
+    if torch is not None:
+        array = value.detach().cpu().numpy()
+    else:
+        if isinstance(value, (str, bytes, dict)) or value is None:
+            raise TypeError(f"{name}: expected a numpy array or torch tensor {shape_text}, got {type(value).__name__}")
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"{name}: expected a numpy array or torch tensor {shape_text}: {error}") from None
+    if array.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected numbers {shape_text}, got dtype {array.dtype}")
+    if array.ndim != ndim:
+        raise ValueError(f"{name}: expected {shape_text}, got shape {list(array.shape)}")
+    for size in array.shape:
+        if size > _INT32_MAX:
+            raise ValueError(f"{name}: shape {list(array.shape)} has a dimension above {_INT32_MAX}")
+    return array, torch
+
+
+def _as_int64(name, array):
+    if array.dtype.kind == "f":
+        if not np.all(np.isfinite(array)) or np.any(array != np.floor(array)):
+            raise ValueError(f"{name}: expected integer token counts, got non-integer values")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    """EPLB's rebalance_experts: place num_replicas expert copies on num_gpus GPUs.
+
+    weight: [layers, logical experts] loads (numpy array, torch tensor or nested
+    lists), >= 0. The hierarchical policy (groups packed onto nodes, copies onto
+    the node's GPUs) when num_groups % num_nodes == 0, else the global one.
+
+    Returns (physical_to_logical [L, num_replicas], logical_to_physical
+    [L, E, num_replicas - E + 1] padded with -1, logical_count [L, E]), int64,
+    numpy arrays for a numpy (or list) weight, torch tensors on weight's device
+    for a torch weight. GPU g holds physical slots [g*P/G, (g+1)*P/G); no GPU
+    holds two copies of one expert.
+    """
+    array, torch = _numeric_array("weight", weight, 2, "[layers, experts]")
+    args = [
+        _integer("num_replicas", num_replicas, 1),
+        _integer("num_groups", num_groups, 1),
+        _integer("num_nodes", num_nodes, 1),
+        _integer("num_gpus", num_gpus, 1),
+    ]
+    # EPLB's arithmetic: loads as float32.
+    outputs = _epmoe.rebalance_experts(np.ascontiguousarray(array, dtype=np.float32), *args)
+    if torch is None:
+        return outputs
+    return tuple(torch.from_numpy(out).to(weight.device) for out in outputs)
+
+
+def plan_replicas(counts, ranks, slots, rebalance_threshold=1.0):
+    """epmoe's per-step replica planner (balance/replica_planner.h).
+
+    counts: [E] (token, k) pairs per expert this step, ints >= 0; experts homed
+    contiguously (expert e on rank e // (E // ranks)); `slots` replica slots per
+    rank. Returns the copies as a list of (expert, rank, quota) by expert, each
+    expert's home first then its replicas by rank; an expert's quotas sum to its
+    count.
+    """
+    array, _ = _numeric_array("counts", counts, 1, "[experts]")
+    threshold = float(rebalance_threshold) if not isinstance(rebalance_threshold, bool) else None
+    if threshold is None:
+        raise TypeError("rebalance_threshold: expected a number, got bool")
+    return _epmoe.plan_replicas(
+        _as_int64("counts", array), _integer("ranks", ranks), _integer("slots", slots), threshold
+    )
+
+
+def _key_text(name, value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str, np.integer, np.floating)):
+        return str(value)
+    raise TypeError(f"{name}: expected a bool, number or string, got {type(value).__name__}")
+
+
+def _keys(keys):
+    return [(name, _key_text(name, value)) for name, value in keys.items()]
+
+
+def plan(**keys):
+    """What `epmoe plan --json key=value ...` prints, as a dict (a list with sweep=).
+
+    Keys as `epmoe plan --help` lists them; names with a dot (remat.*) through
+    plan(**{"remat.mlpwi": "save"}). Unknown keys and bad values raise
+    ValueError naming the key.
+    """
+    return json.loads(_epmoe.plan_json(_keys(keys)))
+
+
+def replay_balance(loads, **keys):
+    """What `epmoe balance --loads FILE --json` computes on loads [steps, E], as a dict.
+
+    loads: int counts per step and expert (numpy array, torch tensor or lists).
+    Keys as `epmoe balance --help` lists them (ranks, slots, policy, window,
+    period, rebalance_threshold, hidden, ffn, plans). Returns num_steps,
+    num_experts, expert_weight_bytes, config and "policies": one dict per
+    policy with its summary and, with plans=True (the default), every step's
+    copies [expert, rank, quota] and weight moves [rank, expert].
+    """
+    array, _ = _numeric_array("loads", loads, 2, "[steps, experts]")
+    return json.loads(_epmoe.replay_balance_json(_as_int64("loads", array), _keys(keys)))

@@ -1,0 +1,162 @@
+// epmoe._epmoe: the native half of the `epmoe` Python package. Thin: every
+// function converts its arguments, releases the GIL while the C++ computes,
+// and hands back numpy arrays or JSON text; python/epmoe/__init__.py turns
+// them into what the user passed (numpy or torch) and dicts, and checks
+// argument types. epmoe::ConfigError (and FileError) becomes ValueError
+// with its message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "balance/expert_load_history.h"
+#include "balance/rebalance_experts.h"
+#include "balance/replica_planner.h"
+#include "cli/balance_replay.h"
+#include "cli/json_output.h"
+#include "cli/plan_run.h"
+#include "core/error.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+using Int64Array = nb::ndarray<nb::numpy, std::int64_t>;
+
+// A numpy array that owns `values` (moved into a capsule).
+Int64Array to_numpy(std::vector<std::int64_t>&& values, std::initializer_list<std::size_t> shape) {
+  auto* owned = new std::vector<std::int64_t>(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
+  return Int64Array(owned->data(), shape, owner);
+}
+
+std::vector<epmoe::cli::KeyAssignment> to_assignments(const std::vector<std::pair<std::string, std::string>>& keys,
+                                                      const std::string& origin) {
+  std::vector<epmoe::cli::KeyAssignment> out;
+  for (const auto& [key, value] : keys) out.push_back({key, value, origin});
+  return out;
+}
+
+std::tuple<Int64Array, Int64Array, Int64Array> rebalance_experts(
+    nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> weight, int num_replicas, int num_groups,
+    int num_nodes, int num_gpus) {
+  const int num_layers = static_cast<int>(weight.shape(0)), num_experts = static_cast<int>(weight.shape(1));
+  epmoe::balance::ExpertRebalance result;
+  {
+    nb::gil_scoped_release release;  // `weight` stays referenced by the caller's frame
+    result = epmoe::balance::rebalance_experts({weight.data(), weight.size()}, num_layers, num_experts,
+                                               {num_replicas, num_groups, num_nodes, num_gpus});
+  }
+  const std::size_t L = num_layers, E = num_experts, P = num_replicas;
+  return {to_numpy(std::move(result.physical_to_logical), {L, P}),
+          to_numpy(std::move(result.logical_to_physical), {L, E, static_cast<std::size_t>(result.max_copies)}),
+          to_numpy(std::move(result.logical_count), {L, E})};
+}
+
+std::vector<std::tuple<int, int, std::int64_t>> plan_replicas(
+    nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> counts, int ranks, int slots,
+    double rebalance_threshold) {
+  const int num_experts = static_cast<int>(counts.shape(0));
+  using epmoe::ConfigError;
+  if (ranks < 1) throw ConfigError("ranks=" + std::to_string(ranks) + ": must be >= 1");
+  if (slots < 0) throw ConfigError("slots=" + std::to_string(slots) + ": must be >= 0");
+  if (!(rebalance_threshold >= 1.0))
+    throw ConfigError("rebalance_threshold=" + std::to_string(rebalance_threshold) + ": must be >= 1");
+  if (num_experts == 0 || num_experts % ranks != 0)
+    throw ConfigError("counts: " + std::to_string(num_experts) +
+                      " experts; must be a positive multiple of ranks=" + std::to_string(ranks));
+  const std::span<const std::int64_t> expert_counts(counts.data(), counts.size());
+  std::int64_t total = 0;
+  for (std::size_t e = 0; e < expert_counts.size(); ++e) {
+    if (expert_counts[e] < 0 || __builtin_add_overflow(total, expert_counts[e], &total))
+      throw ConfigError("counts[" + std::to_string(e) + "] = " + std::to_string(expert_counts[e]) +
+                        ": counts must be >= 0 and sum within int64");
+  }
+  epmoe::balance::ReplicaPlan plan;
+  {
+    nb::gil_scoped_release release;
+    plan = epmoe::balance::plan_replicas(expert_counts, epmoe::balance::contiguous_home_ranks(num_experts, ranks),
+                                         {ranks, slots, rebalance_threshold});
+  }
+  std::vector<std::tuple<int, int, std::int64_t>> copies;
+  for (int e = 0; e < num_experts; ++e) {
+    for (const epmoe::balance::ExpertCopy& copy : plan.copies_of(e))
+      copies.emplace_back(e, copy.rank, copy.token_quota);
+  }
+  return copies;
+}
+
+std::string plan_json(const std::vector<std::pair<std::string, std::string>>& keys) {
+  const std::vector<epmoe::cli::KeyAssignment> assignments = to_assignments(keys, "epmoe.plan()");
+  nb::gil_scoped_release release;
+  return epmoe::cli::plan_run_to_json(epmoe::cli::run_plan(assignments)).dump();
+}
+
+std::string replay_balance_json(nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> loads,
+                                const std::vector<std::pair<std::string, std::string>>& keys) {
+  using epmoe::ConfigError;
+  const epmoe::cli::ConfigValues values =
+      epmoe::cli::replay_key_registry().parse(to_assignments(keys, "epmoe.replay_balance()"));
+  if (values.get_string("layer") != "all")
+    throw ConfigError("layer=" + values.get_string("layer") + ": replay_balance takes one layer's loads [steps, E]");
+  const epmoe::cli::ReplaySettings settings = epmoe::cli::replay_settings(values, /*json=*/true);
+  epmoe::balance::ExpertLoadHistory history;
+  history.num_steps = static_cast<int>(loads.shape(0));
+  history.num_experts = static_cast<int>(loads.shape(1));
+  if (history.num_steps == 0 || history.num_experts == 0)
+    throw ConfigError("loads: shape [" + std::to_string(history.num_steps) + ", " +
+                      std::to_string(history.num_experts) + "] has no steps or no experts");
+  history.counts.assign(loads.data(), loads.data() + loads.size());
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < history.counts.size(); ++i) {
+    if (history.counts[i] < 0 || __builtin_add_overflow(total, history.counts[i], &total))
+      throw ConfigError("loads[" + std::to_string(i / history.num_experts) + ", " +
+                        std::to_string(i % history.num_experts) + "] = " + std::to_string(history.counts[i]) +
+                        ": loads are token counts >= 0 (at most 2^63-1 in all)");
+  }
+  epmoe::balance::validate(settings.options, history.num_experts);
+  nlohmann::json policies;
+  {
+    nb::gil_scoped_release release;
+    policies = epmoe::cli::replay_policies_json(history, settings, nullptr);
+  }
+  const nlohmann::json report = {{"num_steps", history.num_steps},
+                                 {"num_experts", history.num_experts},
+                                 {"expert_weight_bytes", settings.expert_weight_bytes},
+                                 {"config", epmoe::cli::config_to_json(values)},
+                                 {"policies", std::move(policies)}};
+  return report.dump();
+}
+
+}  // namespace
+
+NB_MODULE(_epmoe, m) {
+  m.doc() = "epmoe's native module; use the functions of the epmoe package";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const epmoe::ConfigError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const epmoe::FileError& e) {  // a model= or hardware= file: a bad argument too
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const epmoe::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (const epmoe::InternalError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+  m.def("rebalance_experts", &rebalance_experts, nb::arg("weight"), nb::arg("num_replicas"), nb::arg("num_groups"),
+        nb::arg("num_nodes"), nb::arg("num_gpus"));
+  m.def("plan_replicas", &plan_replicas, nb::arg("counts"), nb::arg("ranks"), nb::arg("slots"),
+        nb::arg("rebalance_threshold"));
+  m.def("plan_json", &plan_json, nb::arg("keys"));
+  m.def("replay_balance_json", &replay_balance_json, nb::arg("loads"), nb::arg("keys"));
+}

@@ -1,0 +1,75 @@
+// EPLB's entry point, `rebalance_experts(weight, num_replicas, num_groups,
+// num_nodes, num_gpus)` (DeepSeek, github.com/deepseek-ai/EPLB; the same
+// algorithm ships in vLLM, SGLang, Megatron-Core), in C++ with its contract:
+// what `epmoe.rebalance_experts` in Python calls.
+//
+// Per layer, from the loads of the E logical experts, place P = num_replicas
+// physical experts (copies) on num_gpus GPUs, P / num_gpus slots each:
+//   hierarchical policy (num_groups % num_nodes == 0): (1) the groups of
+//     E / num_groups consecutive experts are packed onto the nodes, heaviest
+//     group first onto the lightest node with room; (2) within each node, its
+//     E / num_nodes experts get P / num_nodes copies, one more copy at a time
+//     to the expert with the largest load per copy; (3) the node's copies,
+//     heaviest (load / copies) first, each onto the lightest of the node's
+//     GPUs with a free slot;
+//   global policy (otherwise): the same with one group and one node.
+//
+// Departures from the published algorithm (docs/BALANCE.md, "EPLB's
+// rebalance_experts", has the measurements), per node:
+//   * never two copies of one expert on one GPU. Stages 2 and 3 run first as
+//     EPLB's; when that placement holds no duplicate it is the answer, so
+//     wherever EPLB's own output has no duplicate the placements are the same.
+//     Otherwise the better (lower max GPU load) of two duplicate-free
+//     placements: (a) stage 2 giving an expert at most as many copies as the
+//     node has GPUs, stage 3 skipping the GPUs that already hold the expert
+//     (when every GPU with room holds it, a copy Y on a full GPU without it
+//     moves to the lightest GPU with room and the copy takes Y's slot: always
+//     possible, a full GPU has more distinct experts than one with room);
+//     (b) when no expert has more copies than GPUs, EPLB's own packing with
+//     each duplicate swapped with a copy of another GPU; both then improved
+//     by swaps between the most loaded GPU and another that lower the max;
+//   * logical_to_physical lists an expert's copies by ascending physical
+//     index (EPLB: in the order the copies were created).
+// Arithmetic as EPLB's: loads as float32, loads per copy and pack loads in
+// double; ties to the lowest index (EPLB sorts with numpy/torch argsort,
+// whose order among exactly equal loads is unspecified).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace epmoe::balance {
+
+struct RebalanceExpertsOptions {
+  int num_replicas = 0;  // P, a multiple of num_gpus, >= E
+  int num_groups = 1;    // expert groups; hierarchical when num_groups % num_nodes == 0
+  int num_nodes = 1;
+  int num_gpus = 1;  // a multiple of num_nodes
+};
+
+// Which policy rebalance_experts uses: EPLB's rule.
+bool uses_hierarchical_policy(const RebalanceExpertsOptions& options);
+
+// EPLB's three outputs, int64, row-major.
+struct ExpertRebalance {
+  int num_layers = 0;
+  int num_logical_experts = 0;                    // E
+  int num_physical_experts = 0;                   // P
+  int max_copies = 0;                             // P - E + 1, EPLB's padding width
+  std::vector<std::int64_t> physical_to_logical;  // [L, P]: the expert in each slot; GPU g holds [g*P/G, (g+1)*P/G)
+  std::vector<std::int64_t> logical_to_physical;  // [L, E, max_copies]: copies by ascending index, then -1
+  std::vector<std::int64_t> logical_count;        // [L, E]: copies of each expert, >= 1, summing to P
+};
+
+// ConfigError naming the argument (weight, num_replicas, num_groups,
+// num_nodes, num_gpus) and the rule it breaks: shapes that do not divide,
+// fewer replicas than experts, more slots per GPU than experts per node (no
+// placement without a duplicate), negative or non-finite loads.
+void validate_rebalance(int num_layers, int num_logical_experts, const RebalanceExpertsOptions& options);
+
+// `weight` [num_layers, num_logical_experts], row-major, loads >= 0.
+ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers, int num_logical_experts,
+                                  const RebalanceExpertsOptions& options);
+
+}  // namespace epmoe::balance

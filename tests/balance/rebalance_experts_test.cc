@@ -1,0 +1,203 @@
+// EPLB's rebalance_experts (balance/rebalance_experts.h): the three maps form a
+// valid placement (every expert >= 1 copy, counts sum to P, P/G slots per GPU,
+// maps consistent, never two copies of one expert on one GPU, the
+// hierarchical policy keeps a group's experts and their copies on one node),
+// on random, Zipf and adversarial loads (one expert holds everything; as many
+// slots per GPU as experts per node, which forces every GPU to hold every
+// expert of its node), for both policies; EPLB's published example; where
+// EPLB's own placement would duplicate an expert, ours does not and is no
+// worse; arguments that break a rule raise ConfigError naming the argument.
+#include "balance/rebalance_experts.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace epmoe::balance {
+namespace {
+
+std::vector<float> make_weights(int layers, int experts, int shape, std::mt19937& rng) {
+  std::vector<float> w(static_cast<std::size_t>(layers) * experts);
+  std::uniform_int_distribution<int> uniform(0, 1000);
+  for (int l = 0; l < layers; ++l) {
+    std::vector<int> rank(experts);
+    for (int e = 0; e < experts; ++e) rank[e] = e;
+    std::shuffle(rank.begin(), rank.end(), rng);
+    for (int e = 0; e < experts; ++e) {
+      float& x = w[static_cast<std::size_t>(l) * experts + e];
+      if (shape == 0) x = static_cast<float>(uniform(rng));                               // random
+      if (shape == 1) x = std::floor(100000.0f / std::pow(1.0f + rank[e], 1.2f));         // Zipf 1.2
+      if (shape == 2) x = rank[e] == 0 ? 100000.0f : 0.0f;                                // one hot expert
+      if (shape == 3) x = rank[e] < 2 ? 50000.0f : static_cast<float>(uniform(rng) % 3);  // two hot, rest tiny
+    }
+  }
+  return w;
+}
+
+// Max over mean of the GPU loads, each copy carrying load / copies.
+double max_over_mean(const std::vector<std::int64_t>& physical_to_logical, const std::vector<float>& weight,
+                     const std::vector<std::int64_t>& counts, int layer, int experts, int replicas, int gpus) {
+  const int slots = replicas / gpus;
+  std::vector<double> loads(gpus, 0.0);
+  double total = 0.0;
+  for (int p = 0; p < replicas; ++p) {
+    const std::int64_t e = physical_to_logical[static_cast<std::size_t>(layer) * replicas + p];
+    const double share = weight[static_cast<std::size_t>(layer) * experts + e] /
+                         static_cast<double>(counts[static_cast<std::size_t>(layer) * experts + e]);
+    loads[p / slots] += share;
+    total += share;
+  }
+  if (total == 0.0) return 1.0;
+  return *std::max_element(loads.begin(), loads.end()) / (total / gpus);
+}
+
+void expect_valid(const ExpertRebalance& r, const std::vector<float>& weight, const RebalanceExpertsOptions& o,
+                  const std::string& where) {
+  const int L = r.num_layers, E = r.num_logical_experts, P = o.num_replicas, G = o.num_gpus;
+  ASSERT_EQ(r.max_copies, P - E + 1) << where;
+  ASSERT_EQ(r.physical_to_logical.size(), static_cast<std::size_t>(L) * P) << where;
+  ASSERT_EQ(r.logical_to_physical.size(), static_cast<std::size_t>(L) * E * r.max_copies) << where;
+  ASSERT_EQ(r.logical_count.size(), static_cast<std::size_t>(L) * E) << where;
+  const int slots = P / G;
+  const bool hierarchical = uses_hierarchical_policy(o);
+  const int nodes = hierarchical ? o.num_nodes : 1, group_size = hierarchical ? E / o.num_groups : E;
+  for (int l = 0; l < L; ++l) {
+    std::vector<std::int64_t> seen(E, 0);
+    for (int p = 0; p < P; ++p) {
+      const std::int64_t e = r.physical_to_logical[static_cast<std::size_t>(l) * P + p];
+      ASSERT_GE(e, 0) << where;
+      ASSERT_LT(e, E) << where;
+      ++seen[e];
+    }
+    std::int64_t sum = 0;
+    for (int e = 0; e < E; ++e) {
+      const std::int64_t count = r.logical_count[static_cast<std::size_t>(l) * E + e];
+      EXPECT_GE(count, 1) << where << " layer " << l << " expert " << e;
+      EXPECT_EQ(count, seen[e]) << where << " layer " << l << " expert " << e;
+      sum += count;
+      // logical_to_physical: exactly the slots holding e, ascending, then -1.
+      const std::int64_t* row = &r.logical_to_physical[(static_cast<std::size_t>(l) * E + e) * r.max_copies];
+      for (int c = 0; c < r.max_copies; ++c) {
+        if (c < count) {
+          ASSERT_GE(row[c], 0) << where;
+          EXPECT_EQ(r.physical_to_logical[static_cast<std::size_t>(l) * P + row[c]], e) << where;
+          if (c > 0) {
+            EXPECT_LT(row[c - 1], row[c]) << where;
+          }
+        } else {
+          EXPECT_EQ(row[c], -1) << where;
+        }
+      }
+    }
+    EXPECT_EQ(sum, P) << where;
+    for (int g = 0; g < G; ++g) {
+      std::set<std::int64_t> on_gpu;
+      for (int s = 0; s < slots; ++s) {
+        const std::int64_t e = r.physical_to_logical[static_cast<std::size_t>(l) * P + g * slots + s];
+        EXPECT_TRUE(on_gpu.insert(e).second) << where << " layer " << l << ": expert " << e << " twice on GPU " << g;
+      }
+    }
+    // Hierarchical: a group's experts, and all their copies, on one node.
+    const int slots_per_node = P / nodes;
+    std::vector<int> node_of_group(E / group_size, -1);
+    for (int p = 0; p < P; ++p) {
+      const int group = static_cast<int>(r.physical_to_logical[static_cast<std::size_t>(l) * P + p]) / group_size;
+      if (node_of_group[group] < 0) node_of_group[group] = p / slots_per_node;
+      EXPECT_EQ(node_of_group[group], p / slots_per_node) << where << " layer " << l << " group " << group;
+    }
+  }
+}
+
+struct Shape {
+  int experts, replicas, groups, nodes, gpus;
+};
+
+TEST(RebalanceExperts, ValidPlacementOnRandomZipfAndAdversarialLoadsBothPolicies) {
+  std::mt19937 rng(7);
+  const std::vector<Shape> shapes = {
+      {12, 16, 4, 2, 8},     // EPLB's example: hierarchical
+      {12, 16, 3, 2, 8},     // 3 % 2 != 0: global
+      {64, 64, 8, 8, 8},     // one GPU per node, no spare slot
+      {64, 80, 8, 2, 8},     // hierarchical, 2 nodes of 4 GPUs
+      {64, 80, 1, 2, 8},     // global
+      {256, 320, 8, 8, 64},  // DeepSeek-V3-like: 8 nodes of 8 GPUs
+      {256, 315, 8, 3, 63},  // global (8 % 3 != 0)
+      {4, 16, 1, 1, 4},      // every GPU holds every expert
+      {8, 32, 4, 2, 8},      // every GPU holds every expert of its node
+      {6, 12, 2, 1, 3},      // S = 4 of 6 experts
+      {5, 5, 1, 1, 5},       // no redundancy, one slot each
+      {3, 6, 1, 1, 2},
+  };
+  for (const Shape& s : shapes) {
+    for (int shape = 0; shape < 4; ++shape) {
+      const int layers = 6;
+      const std::vector<float> w = make_weights(layers, s.experts, shape, rng);
+      const RebalanceExpertsOptions o{s.replicas, s.groups, s.nodes, s.gpus};
+      const std::string where = "E=" + std::to_string(s.experts) + " P=" + std::to_string(s.replicas) +
+                                " groups=" + std::to_string(s.groups) + " nodes=" + std::to_string(s.nodes) +
+                                " gpus=" + std::to_string(s.gpus) + " loads " + std::to_string(shape);
+      expect_valid(rebalance_experts(w, layers, s.experts, o), w, o, where);
+    }
+  }
+}
+
+TEST(RebalanceExperts, ReproducesEplbsPublishedExample) {
+  // The example of EPLB's README: 2 layers, 12 experts in 4 groups, 16
+  // replicas, 2 nodes of 4 GPUs; its printed physical_to_logical map.
+  const std::vector<float> w = {90, 132, 40,  61, 104, 165, 39,  4,   73,  56, 183, 86,
+                                20, 107, 104, 64, 19,  197, 187, 157, 172, 86, 16,  27};
+  const ExpertRebalance r = rebalance_experts(w, 2, 12, {16, 4, 2, 8});
+  const std::vector<std::int64_t> expected = {5, 6,  5, 7, 8, 4,  3, 4, 10, 9, 10, 2, 0, 1, 11, 1,
+                                              7, 10, 6, 8, 6, 11, 8, 9, 2,  4, 5,  1, 5, 0, 3,  1};
+  EXPECT_EQ(r.physical_to_logical, expected);
+  EXPECT_EQ(std::vector<std::int64_t>(r.logical_count.begin(), r.logical_count.begin() + 12),
+            (std::vector<std::int64_t>{1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1}));
+}
+
+TEST(RebalanceExperts, NeverDuplicatesWhereEplbWouldAndBalancesBetter) {
+  // Global policy, 2 GPUs x 3 slots, one hot expert: EPLB gives expert 0
+  // three copies, and its packing puts two of them on GPU 0 (max/mean 1.31).
+  // Here expert 0 gets two copies (one per GPU) and the spare slot goes to
+  // expert 1: every GPU carries 51.5, max/mean 1.
+  const std::vector<float> w = {100, 1, 1, 1};
+  const RebalanceExpertsOptions o{6, 1, 1, 2};
+  const ExpertRebalance r = rebalance_experts(w, 1, 4, o);
+  expect_valid(r, w, o, "hot expert");
+  EXPECT_EQ(r.logical_count, (std::vector<std::int64_t>{2, 2, 1, 1}));
+  EXPECT_DOUBLE_EQ(max_over_mean(r.physical_to_logical, w, r.logical_count, 0, 4, 6, 2), 1.0);
+}
+
+TEST(RebalanceExperts, RaisesConfigErrorNamingTheArgument) {
+  const std::vector<float> w(2 * 12, 1.0f);
+  const auto message = [&](const RebalanceExpertsOptions& o, std::span<const float> weight = {}) {
+    try {
+      rebalance_experts(weight.empty() ? std::span<const float>(w) : weight, 2, 12, o);
+    } catch (const ConfigError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({10, 4, 2, 8}).find("num_replicas=10"), std::string::npos);  // fewer than E
+  EXPECT_NE(message({20, 4, 2, 8}).find("num_replicas=20"), std::string::npos);  // not a multiple of 8
+  EXPECT_NE(message({16, 4, 3, 8}).find("num_gpus=8"), std::string::npos);       // 8 % 3
+  EXPECT_NE(message({16, 4, 0, 8}).find("num_nodes=0"), std::string::npos);
+  EXPECT_NE(message({16, 4, 2, 0}).find("num_gpus=0"), std::string::npos);
+  EXPECT_NE(message({16, 0, 2, 8}).find("num_groups=0"), std::string::npos);
+  EXPECT_NE(message({16, 8, 2, 8}).find("num_groups=8"), std::string::npos);     // 12 % 8
+  EXPECT_NE(message({96, 4, 2, 8}).find("num_replicas=96"), std::string::npos);  // 12 slots/GPU, 6 experts/node
+  std::vector<float> bad = w;
+  bad[13] = -1.0f;
+  EXPECT_NE(message({16, 4, 2, 8}, bad).find("weight[1, 1]"), std::string::npos);
+  bad[13] = std::nanf("");
+  EXPECT_NE(message({16, 4, 2, 8}, bad).find("weight[1, 1]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace epmoe::balance
