@@ -102,10 +102,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
       std::optional<std::uint64_t> version;
       if (!options.weight_versions.empty()) version = options.weight_versions[step];
       if (!options.split_phase_with_other_work) {
-        out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
+        out = layer.forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
         grads = layer.backward(dy);
       } else {
-        layer.begin_forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
+        layer.begin_forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
         other_work(comm, 1);
         out = layer.finish_forward();
         layer.begin_backward(dy);
