@@ -88,9 +88,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
       t1 = t0 + options.tokens_by_rank[r];
     }
     const std::int64_t el = e / num_ranks, e0 = r * el;
-    const Tensor x = slice_rows(p.x, t0, t1), dy = slice_rows(p.dy, t0, t1);
-    const Tensor wi0 = slice_rows(p.wi0, e0, e0 + el), wi1 = slice_rows(p.wi1, e0, e0 + el),
-                 wo = slice_rows(p.wo, e0, e0 + el);
+    // Views of the problem's rows, as a caller's shards would be: no copies.
+    const TensorView x = p.x.view().rows(t0, t1), dy = p.dy.view().rows(t0, t1);
+    const TensorView wi0 = p.wi0.view().rows(e0, e0 + el), wi1 = p.wi1.view().rows(e0, e0 + el),
+                     wo = p.wo.view().rows(e0, e0 + el);
     MemoryLedger ledger;
     MoeLayer layer(
         {.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype, .remat = options.remat},
