@@ -102,7 +102,7 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
                           .router = {.num_experts = args.experts, .top_k = args.top_k},
                           .compute_dtype = dtype,
                           .fuse_up_projection = false});
-  const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
+  const MoeWeights weights{gate, wi0, wi1, wo, {}};
 
   const BenchOptions options{.warmup_calls = 1, .min_repetition_seconds = args.seconds, .repetitions = 5};
   // Expert GEMMs: 3 forward products of 2*M*H*F FLOPs, 6 backward (dlhs and

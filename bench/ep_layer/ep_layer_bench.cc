@@ -163,7 +163,7 @@ void trace_first_configuration(const BenchArgs& args, const LayerShape& shape,
                                .top_k = shape.top_k},
                     .remat = config.remat},
                    ep::make_dispatcher(config.dispatch, comm, ep_config));
-    layer.forward(x, {&gate, &wi0, &wi1, &wo, config.bias ? &bias : nullptr});
+    layer.forward(x, {gate, wi0, wi1, wo, config.bias ? bias.view() : TensorView()});
     layer.backward(dy);
   });
   write_layer_trace(trace, path, config.name + ", wall clock, untimed");
@@ -209,7 +209,7 @@ int run_remat_bench(const BenchArgs& args) {
                         .remat = ep::RematPolicy::preset("remat_policy", policy)},
                        ep::make_dispatcher(ring ? ep::DispatchKind::ring : ep::DispatchKind::alltoall, comm, config),
                        &ledger);
-        const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
+        const MoeWeights weights{gate, wi0, wi1, wo, {}};
         std::vector<double> seconds;
         for (int i = 0; i <= repetitions; ++i) {  // i = 0 warms up
           layer.forward(x, weights);
@@ -310,7 +310,7 @@ int run_replicas_bench(const BenchArgs& args) {
                .ffn = shape.ffn,
                .router = {.kind = RouterKind::sigmoid_grouped, .num_experts = shape.num_experts, .top_k = shape.top_k}},
               ep::make_dispatcher(dispatch, comm, config));
-          const MoeWeights weights{&gate, &wi0, &wi1, &wo, &bias};
+          const MoeWeights weights{gate, wi0, wi1, wo, bias};
           Tensor y;
           // A new weight version every step (the layer's default), as after
           // every optimizer step: every replica's weights move every step.
@@ -430,7 +430,7 @@ int run_ep_layer_bench(int argc, char** argv) {
                           .tag_base = 1 << 20};
       MoeLayer layer({.hidden = hidden, .ffn = ffn, .router = {.num_experts = num_experts, .top_k = top_k}},
                      ep::make_dispatcher(v.dispatch, comm, config));
-      const MoeWeights weights{&gate, &wi0, &wi1, &wo, nullptr};
+      const MoeWeights weights{gate, wi0, wi1, wo, {}};
       Tensor y;
       const Timing t = measure(comm, timing, [&] {
         y = layer.forward(x, weights).y;

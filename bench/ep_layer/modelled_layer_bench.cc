@@ -263,7 +263,7 @@ class Runner {
                                  .top_k = s.top_k},
                       .remat = c.remat},
                      ep::make_dispatcher(c.dispatch, comm, config), &ledger);
-      const MoeWeights weights{&gate, &wi0, &wi1, &wo, c.skewed ? &bias : nullptr};
+      const MoeWeights weights{gate, wi0, wi1, wo, c.skewed ? bias.view() : TensorView()};
       ModelledClock& clock = *this_thread_modelled_clock();
       RankOutcome mine;
       const Tensor y = layer.forward(x, weights).y;

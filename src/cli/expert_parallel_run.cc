@@ -1,9 +1,9 @@
 #include "cli/expert_parallel_run.h"
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "cli/rank_launcher.h"
@@ -35,20 +35,9 @@ enum class GatherTag : std::uint32_t {
   report_texts  // and report_texts + 1
 };
 
-Tensor copy_leading_rows(const Tensor& tensor, std::int64_t begin, std::int64_t end) {
-  Shape shape = tensor.shape();
-  const std::int64_t row_bytes = tensor.dim(0) > 0 ? tensor.size_bytes() / tensor.dim(0) : 0;
-  shape[0] = end - begin;
-  Tensor rows(tensor.dtype(), shape);
-  if (rows.size_bytes() > 0) {
-    std::memcpy(rows.raw(), static_cast<const char*>(tensor.raw()) + begin * row_bytes,
-                static_cast<std::size_t>(rows.size_bytes()));
-  }
-  return rows;
-}
-
-// This rank's rows of x and dy and its experts' weights. With one rank they
-// are the inputs themselves, not copies, so ranks=1 needs no extra memory.
+// This rank's rows of x and dy and its experts' weights: views of the full
+// arrays' rows (the leading dimension is tokens, or experts), so a rank
+// reads its part where the inputs were loaded and no rank holds a copy.
 class RankShard {
  public:
   RankShard(const LayerInputs& in, const ExpertParallelSettings& settings, int rank)
@@ -56,29 +45,18 @@ class RankShard {
         num_tokens_(settings.first_token(rank + 1, in.num_tokens) - first_token_),
         first_expert_(rank * settings.num_local_experts()),
         num_experts_(settings.num_local_experts()) {
-    const bool whole = settings.num_ranks == 1;
-    const auto token_rows = [&](const Tensor& t) {
-      return copy_leading_rows(t, first_token_, first_token_ + num_tokens_);
-    };
-    const auto expert_rows = [&](const Tensor& t) {
-      return copy_leading_rows(t, first_expert_, first_expert_ + num_experts_);
-    };
-    if (!whole) {
-      owned_ = {token_rows(in.x), in.dy ? token_rows(*in.dy) : Tensor(), expert_rows(in.wi0), expert_rows(in.wi1),
-                expert_rows(in.wo)};
-    }
-    x_ = whole ? &in.x : &owned_[0];
-    dy_ = !in.dy ? nullptr : whole ? &*in.dy : &owned_[1];
-    wi0_ = whole ? &in.wi0 : &owned_[2];
-    wi1_ = whole ? &in.wi1 : &owned_[3];
-    wo_ = whole ? &in.wo : &owned_[4];
-    weights_ = {&in.gate, wi0_, wi1_, wo_, in.bias ? &*in.bias : nullptr};
+    const std::int64_t token_end = first_token_ + num_tokens_, expert_end = first_expert_ + num_experts_;
+    x_ = in.x.view().rows(first_token_, token_end);
+    if (in.dy) dy_ = in.dy->view().rows(first_token_, token_end);
+    weights_ = {.gate = in.gate,
+                .wi0 = in.wi0.view().rows(first_expert_, expert_end),
+                .wi1 = in.wi1.view().rows(first_expert_, expert_end),
+                .wo = in.wo.view().rows(first_expert_, expert_end),
+                .bias = in.bias ? in.bias->view() : TensorView()};
   }
-  RankShard(const RankShard&) = delete;  // the pointers point into owned_
-  RankShard& operator=(const RankShard&) = delete;
 
-  const Tensor& x() const { return *x_; }
-  const Tensor* dy() const { return dy_; }
+  TensorView x() const { return x_; }
+  const std::optional<TensorView>& dy() const { return dy_; }  // absent: no backward
   const MoeWeights& weights() const { return weights_; }
   std::int64_t first_token() const { return first_token_; }
   std::int64_t num_tokens() const { return num_tokens_; }
@@ -88,8 +66,10 @@ class RankShard {
  private:
   std::int64_t first_token_, num_tokens_;
   int first_expert_, num_experts_;
-  std::array<Tensor, 5> owned_;  // x, dy, wi0, wi1, wo slices when ranks > 1
-  const Tensor *x_, *dy_, *wi0_, *wi1_, *wo_;
+  TensorView x_;
+  // Not an empty view for "absent": a rank may hold no tokens, and its dy
+  // (0 rows) must still run the backward with the others.
+  std::optional<TensorView> dy_;
   MoeWeights weights_;
 };
 
@@ -112,7 +92,7 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config, std
   const double forward_seconds = forward_watch.elapsed_seconds();
   if (clock != nullptr) modelled_forward_end = modelled_mark(*clock);
   double backward_seconds = 0;
-  if (shard.dy() != nullptr) {
+  if (shard.dy()) {
     Stopwatch backward_watch;
     run.gradients = layer.backward(*shard.dy());
     backward_seconds = backward_watch.elapsed_seconds();
@@ -216,8 +196,9 @@ Tensor sum_in_rank_order(const Tensor& parts, int num_ranks) {
   const std::int64_t part_elements = parts.numel() / num_ranks;
   Shape shape = parts.shape();
   shape[0] /= num_ranks;
-  Tensor sum = copy_leading_rows(parts, 0, shape[0]);
+  Tensor sum(parts.dtype(), shape);
   float* out = sum.data<float>();
+  if (part_elements > 0) std::memcpy(out, parts.data<float>(), static_cast<std::size_t>(sum.size_bytes()));
   for (int r = 1; r < num_ranks; ++r) {
     const float* part = parts.data<float>() + r * part_elements;
     for (std::int64_t i = 0; i < part_elements; ++i) out[i] += part[i];

@@ -7,9 +7,10 @@
 #include <chrono>
 #include <cstdint>
 
+#include <epmoe/dtype.h>
+
 #include "comm/algorithm.h"
 #include "comm/collective_handle.h"
-#include "core/dtype.h"
 #include "transport/communicator.h"
 
 namespace epmoe::comm {

@@ -19,9 +19,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <epmoe/dtype.h>
+
 #include "comm/algorithm.h"
 #include "comm/collective_handle.h"
-#include "core/dtype.h"
 #include "transport/communicator.h"
 
 namespace epmoe::comm {

@@ -10,8 +10,9 @@
 #include <memory>
 #include <vector>
 
+#include <epmoe/dtype.h>
+
 #include "comm/tag.h"
-#include "core/dtype.h"
 #include "transport/communicator.h"
 
 namespace epmoe::comm::detail {

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <map>
@@ -70,10 +71,23 @@ ThreadCache& thread_cache() {
   return holder.cache;
 }
 
+// BufferAllocationCounts, as atomics (process-wide).
+std::atomic<std::int64_t> counted_buffers{0}, counted_bytes{0}, counted_largest_bytes{0};
+
+void count_allocation(std::size_t bytes) {
+  const auto size = static_cast<std::int64_t>(bytes);
+  counted_buffers.fetch_add(1, std::memory_order_relaxed);
+  counted_bytes.fetch_add(size, std::memory_order_relaxed);
+  std::int64_t largest = counted_largest_bytes.load(std::memory_order_relaxed);
+  while (size > largest && !counted_largest_bytes.compare_exchange_weak(largest, size, std::memory_order_relaxed)) {
+  }
+}
+
 }  // namespace
 
 void* acquire_buffer(std::size_t bytes) {
   if (bytes == 0) return nullptr;
+  count_allocation(bytes);
   const std::size_t padded = size_class(bytes);
   if (!kCacheEnabled || padded < kMinCachedBytes || thread_cache_destroyed) return allocate_block(padded);
   ThreadCache& cache = thread_cache();
@@ -117,6 +131,17 @@ void clear_buffer_cache() {
     for (void* block : blocks) std::free(block);
   cache.free_blocks.clear();
   cache.stats.cached_bytes = 0;
+}
+
+BufferAllocationCounts buffer_allocation_counts() {
+  return {counted_buffers.load(std::memory_order_relaxed), counted_bytes.load(std::memory_order_relaxed),
+          counted_largest_bytes.load(std::memory_order_relaxed)};
+}
+
+void reset_buffer_allocation_counts() {
+  counted_buffers.store(0, std::memory_order_relaxed);
+  counted_bytes.store(0, std::memory_order_relaxed);
+  counted_largest_bytes.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace epmoe

@@ -26,4 +26,18 @@ struct BufferCacheStats {
 BufferCacheStats buffer_cache_stats();  // of the calling thread
 void clear_buffer_cache();              // frees the calling thread's cached blocks
 
+// Every buffer acquire_buffer handed out since the last reset, from the cache
+// or fresh, process-wide (all threads: with ranks as threads, every rank and
+// its helpers), so a test can hold a step to what it must allocate (e.g. no
+// copy of a caller's weights, tests/ep/caller_memory_test.cc). Relaxed
+// atomic counters: exact once the counted threads have synchronised with
+// the reader (joined, or past a barrier).
+struct BufferAllocationCounts {
+  std::int64_t buffers = 0;        // acquire_buffer calls for more than 0 bytes
+  std::int64_t bytes = 0;          // the bytes they asked for (before size classes)
+  std::int64_t largest_bytes = 0;  // the largest single request
+};
+BufferAllocationCounts buffer_allocation_counts();
+void reset_buffer_allocation_counts();
+
 }  // namespace epmoe

@@ -50,7 +50,7 @@ std::int64_t find_first(const Bits* bits, std::int64_t n, IsBad is_bad) {
   return index == n ? -1 : index;
 }
 
-float tensor_value(const Tensor& tensor, std::int64_t index) {
+float tensor_value(TensorView tensor, std::int64_t index) {
   switch (tensor.dtype()) {
     case DType::f32:
       return tensor.data<float>()[index];
@@ -65,8 +65,8 @@ float tensor_value(const Tensor& tensor, std::int64_t index) {
   }
 }
 
-[[noreturn]] void throw_non_finite(std::string_view name, const Shape& shape, std::int64_t index, float value,
-                                   std::string_view rule) {
+[[noreturn]] void throw_non_finite(std::string_view name, std::span<const std::int64_t> shape, std::int64_t index,
+                                   float value, std::string_view rule) {
   std::string message(name);
   message += index_to_string(shape, index);
   message += " = ";
@@ -84,7 +84,8 @@ std::int64_t find_non_finite(std::span<const float> values) {
   return find_first(bits, static_cast<std::int64_t>(values.size()), NonFinite<std::uint32_t>{0x7f800000u});
 }
 
-std::int64_t find_non_finite(const Tensor& tensor) {
+std::int64_t find_non_finite(TensorView tensor) {
+  EPMOE_CHECK(tensor.is_contiguous());
   switch (tensor.dtype()) {
     case DType::f32:
       return find_non_finite(tensor.span<float>());
@@ -104,7 +105,7 @@ std::int64_t find_non_finite(const Tensor& tensor) {
   return -1;
 }
 
-std::string index_to_string(const Shape& shape, std::int64_t flat_index) {
+std::string index_to_string(std::span<const std::int64_t> shape, std::int64_t flat_index) {
   std::vector<std::int64_t> index(shape.size());
   std::int64_t rest = flat_index;
   for (std::size_t d = shape.size(); d-- > 0;) {
@@ -134,7 +135,7 @@ void check_finite(std::string_view name, std::span<const float> values, const Sh
   if (index >= 0) throw_non_finite(name, shape, index, values[index], rule);
 }
 
-void check_finite(std::string_view name, const Tensor& tensor, std::string_view rule) {
+void check_finite(std::string_view name, TensorView tensor, std::string_view rule) {
   const std::int64_t index = find_non_finite(tensor);
   if (index >= 0) throw_non_finite(name, tensor.shape(), index, tensor_value(tensor, index), rule);
 }

@@ -1,4 +1,7 @@
-// Tensor: an owning, 64-byte aligned, C-order buffer with a shape and a dtype.
+// Tensor: an owning, 64-byte aligned, C-order buffer with a shape and a dtype:
+// what epmoe allocates. What a caller owns comes in as a TensorView
+// (include/epmoe/tensor_view.h); a Tensor converts to one implicitly, so a
+// call that reads a view takes a Tensor as well.
 // Move-only (copies are explicit: clone()), so a big buffer is never copied by
 // accident. A tensor may be attributed to a MemoryLedger under a name; the
 // ledger then sees its bytes from construction to destruction.
@@ -15,7 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include <epmoe/dtype.h>
+#include <epmoe/tensor_view.h>
+
 #include "core/error.h"
 
 namespace epmoe {
@@ -74,6 +79,15 @@ class Tensor {
   std::span<const T> span() const {
     return {data<T>(), static_cast<std::size_t>(numel_)};
   }
+
+  // Views of this tensor's memory (valid while it lives and is not moved
+  // from). Of a temporary there is none: it would dangle at the end of the
+  // full expression, e.g. in a layer that keeps x until backward.
+  TensorView view() const& { return TensorView(data_, dtype_, shape_); }
+  TensorView view() const&& = delete;
+  MutableTensorView mutable_view() & { return MutableTensorView(data_, dtype_, shape_); }
+  operator TensorView() const& { return view(); }
+  operator TensorView() const&& = delete;
 
   // Same bytes, new shape with the same element count.
   void reshape(Shape shape);

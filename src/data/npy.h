@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include <epmoe/dtype.h>
+
 #include "core/tensor.h"
 
 namespace epmoe {

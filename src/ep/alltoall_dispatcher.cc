@@ -95,10 +95,10 @@ void AllToAllDispatcher::count_bytes(const char* name, const std::vector<std::in
   stats_.bytes_sent[name] += bytes;
 }
 
-void AllToAllDispatcher::start_forward(const Tensor& x, const RoutingView& routing) {
+void AllToAllDispatcher::start_forward(TensorView x, const RoutingView& routing) {
   EPMOE_CHECK_EQ(routing.top_k, config_.top_k);
   EPMOE_CHECK_EQ(x.dim(1), config_.hidden);
-  x_ = &x;
+  x_ = x;
   routing_ = routing;
   if (config_.token_format == TokenFormat::fp8_tensor) {
     // Every chunk's scale in one all-gather, moving while the step plans.
@@ -230,7 +230,7 @@ void AllToAllDispatcher::send_tokens(int c, bool remat) {
   for (int d = 0; d < num_ranks; ++d) {
     const std::int64_t word_bytes = 4 * chunk.send_words_per_rank[d], rows = chunk.send_rows_per_rank[d];
     if (word_bytes > 0) std::memcpy(out, words, static_cast<std::size_t>(word_bytes));
-    codec_.encode(x_->data<float>(), row_token, rows, chunk.tensor_scale, out + word_bytes);
+    codec_.encode(x_.data<float>(), row_token, rows, chunk.tensor_scale, out + word_bytes);
     out += message_counts[d];
     words += chunk.send_words_per_rank[d];
     row_token += rows;
@@ -391,8 +391,8 @@ Tensor AllToAllDispatcher::finish_forward() {
   return std::move(y_);
 }
 
-void AllToAllDispatcher::start_backward(const Tensor& dy) {
-  dy_ = &dy;
+void AllToAllDispatcher::start_backward(TensorView dy) {
+  dy_ = dy;
   grads_ = {Tensor::zeros(DType::f32, {dy.dim(0), dy.dim(1)}),
             Tensor::zeros(DType::f32, {routing_.num_tokens, routing_.top_k})};
   start_cotangents(0);
@@ -404,7 +404,7 @@ void AllToAllDispatcher::start_cotangents(int c) {
   const std::int64_t hidden = config_.hidden;
   chunk.send_dy.resize(chunk.send_row_token.size() * hidden);
   for (std::size_t i = 0; i < chunk.send_row_token.size(); ++i)
-    std::memcpy(&chunk.send_dy[i * hidden], dy_->data<float>() + chunk.send_row_token[i] * hidden,
+    std::memcpy(&chunk.send_dy[i * hidden], dy_.data<float>() + chunk.send_row_token[i] * hidden,
                 hidden * sizeof(float));
   count_bytes("backward/all_to_all_v cotangent", chunk.rows_out_elements, 4);
   std::int64_t rows_in = 0;

@@ -27,12 +27,13 @@ constexpr const char* kOrder =
 
 }  // namespace
 
-DispatchHandle Dispatcher::dispatch(const Tensor& x, const RoutingView& routing) {
+DispatchHandle Dispatcher::dispatch(TensorView x, const RoutingView& routing) {
   if (step_in_flight_) {
     throw UsageError(
         "dispatch() while this dispatcher's previous step is in flight: finish its backward (or "
         "destroy its handle) first");
   }
+  EPMOE_CHECK(x.dtype() == DType::f32 && x.is_contiguous());  // the layer refuses a strided x with its name
   DispatchHandle handle(*this, num_chunks());
   step_in_flight_ = true;
   start_forward(x, routing);
@@ -123,8 +124,9 @@ Tensor DispatchHandle::finish_forward() {
   return y;
 }
 
-void DispatchHandle::start_backward(const Tensor& dy) {
+void DispatchHandle::start_backward(TensorView dy) {
   expect(Next::start_backward, -1, "start_backward");
+  EPMOE_CHECK(dy.dtype() == DType::f32 && dy.is_contiguous());
   dispatcher_->start_backward(dy);
   chunk_ = 0;
   redispatched_ = false;

@@ -19,8 +19,9 @@
 // handle's. Destroying a handle mid-step (an error unwinding) abandons the
 // step; the dispatcher may then start a new one.
 //
-// x, the routing and dy are the caller's and must stay alive and unchanged
-// until the matching finish_*() returned.
+// x, the routing and dy are the caller's (views, read in place, f32 and
+// C-contiguous) and must stay alive and unchanged until the matching
+// finish_*() returned.
 #pragma once
 
 #include <string>
@@ -47,7 +48,7 @@ class DispatchHandle {
   void combine(int chunk, Tensor slot_outputs);  // [num_slots, H]
   Tensor finish_forward();                       // y [N_l, H]
 
-  void start_backward(const Tensor& dy);
+  void start_backward(TensorView dy);
   ExpertRows redispatch_rows(int chunk);
   Tensor cotangents(int chunk);  // [num_slots, H]
   // slot_dx [num_slots, H]; row_dweights [num_rows] in the rows' order.

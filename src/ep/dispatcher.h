@@ -68,7 +68,7 @@ class Dispatcher {
 
   // Starts a step: plans chunk 0 and puts its tokens in flight. UsageError
   // while another step's handle is in flight.
-  DispatchHandle dispatch(const Tensor& x, const RoutingView& routing);
+  DispatchHandle dispatch(TensorView x, const RoutingView& routing);
 
   virtual const DispatchStats& stats() const = 0;
 
@@ -92,11 +92,11 @@ class Dispatcher {
  protected:
   // The step's work, called only by the handle, in its order.
   friend class DispatchHandle;
-  virtual void start_forward(const Tensor& x, const RoutingView& routing) = 0;
+  virtual void start_forward(TensorView x, const RoutingView& routing) = 0;
   virtual ExpertRows receive_rows(int chunk) = 0;
   virtual void send_outputs(int chunk, Tensor slot_outputs) = 0;  // [num_slots, H]
   virtual Tensor finish_forward() = 0;                            // y [N_l, H]
-  virtual void start_backward(const Tensor& dy) = 0;
+  virtual void start_backward(TensorView dy) = 0;
   virtual ExpertRows redispatch_rows(int chunk) = 0;
   virtual Tensor receive_cotangents(int chunk) = 0;  // [num_slots, H]
   virtual void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) = 0;

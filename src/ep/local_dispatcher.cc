@@ -12,8 +12,8 @@ LocalDispatcher::LocalDispatcher(int num_experts, int num_chunks) : num_experts_
   stats_.reset(num_experts);
 }
 
-void LocalDispatcher::start_forward(const Tensor& x, const RoutingView& routing) {
-  x_ = &x;
+void LocalDispatcher::start_forward(TensorView x, const RoutingView& routing) {
+  x_ = x;
   routing_ = routing;
   y_ = Tensor(DType::f32, {x.dim(0), x.dim(1)});
   pair_of_row_.assign(static_cast<std::size_t>(num_chunks_), {});
@@ -37,8 +37,7 @@ ExpertRows LocalDispatcher::redispatch_rows(int chunk) {
       entries.add(routing_.topk_ids[pair], routing_.topk_weights[pair], t - range.begin, t);
     }
   std::vector<std::int64_t> entry_of_row;
-  ExpertRows rows =
-      build_expert_rows(x_->data<float>(), x_->dim(1), entries, num_experts_, range.size(), &entry_of_row);
+  ExpertRows rows = build_expert_rows(x_.data<float>(), x_.dim(1), entries, num_experts_, range.size(), &entry_of_row);
   // Entries were added in pair order starting at range.begin * K.
   for (std::int64_t& e : entry_of_row) e += range.begin * top_k;
   pair_of_row_[static_cast<std::size_t>(chunk)] = std::move(entry_of_row);
@@ -55,17 +54,17 @@ void LocalDispatcher::send_outputs(int chunk, Tensor slot_outputs) {
 
 Tensor LocalDispatcher::finish_forward() { return std::move(y_); }
 
-void LocalDispatcher::start_backward(const Tensor& dy) {
-  dy_ = &dy;
+void LocalDispatcher::start_backward(TensorView dy) {
+  dy_ = dy;
   grads_ = {Tensor(DType::f32, {dy.dim(0), dy.dim(1)}), Tensor(DType::f32, {routing_.num_tokens, routing_.top_k})};
 }
 
 Tensor LocalDispatcher::receive_cotangents(int chunk) {
   const ChunkRange range = chunk_range(routing_.num_tokens, num_chunks_, chunk);
-  const std::int64_t hidden = dy_->dim(1);
+  const std::int64_t hidden = dy_.dim(1);
   Tensor slots(DType::f32, {range.size(), hidden});
   if (slots.size_bytes() > 0)
-    std::memcpy(slots.raw(), dy_->data<float>() + range.begin * hidden, static_cast<std::size_t>(slots.size_bytes()));
+    std::memcpy(slots.raw(), dy_.data<float>() + range.begin * hidden, static_cast<std::size_t>(slots.size_bytes()));
   return slots;
 }
 

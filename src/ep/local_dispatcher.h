@@ -18,12 +18,12 @@ class LocalDispatcher final : public Dispatcher {
 
  private:
   // The step's work (ep/dispatcher.h), reached through the handle.
-  void start_forward(const Tensor& x, const RoutingView& routing) override;
+  void start_forward(TensorView x, const RoutingView& routing) override;
   ExpertRows receive_rows(int chunk) override;
   void send_outputs(int chunk, Tensor slot_outputs) override;
   Tensor finish_forward() override;
 
-  void start_backward(const Tensor& dy) override;
+  void start_backward(TensorView dy) override;
   ExpertRows redispatch_rows(int chunk) override;
   Tensor receive_cotangents(int chunk) override;
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
@@ -31,8 +31,8 @@ class LocalDispatcher final : public Dispatcher {
 
   int num_experts_;
   int num_chunks_;
-  const Tensor* x_ = nullptr;
-  const Tensor* dy_ = nullptr;
+  TensorView x_;   // the caller's, from start_forward to the end of the step
+  TensorView dy_;  // the caller's, from start_backward
   RoutingView routing_;
   Tensor y_;
   DispatchGradients grads_;

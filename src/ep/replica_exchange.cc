@@ -231,18 +231,23 @@ float* ReplicaExchange::slot_gradients(int part, int slot) {
 
 void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uint64_t version) {
   EPMOE_CHECK(weight_requests_.empty());  // finish_slot_weights ends every start
+  const std::int64_t hidden = home.wi0.dim(1), ffn = home.wi0.dim(2);
+  EPMOE_CHECK((home.wi0.has_shape({num_local_experts_, hidden, ffn})));
+  EPMOE_CHECK((home.wi1.has_shape({num_local_experts_, hidden, ffn})));
+  EPMOE_CHECK((home.wo.has_shape({num_local_experts_, ffn, hidden})));
+  EPMOE_CHECK(home.wi0.is_contiguous() && home.wi1.is_contiguous() && home.wo.is_contiguous());
   if (slot_weights_[0].empty()) {
-    hidden_ = home.hidden;
-    ffn_ = home.ffn;
+    hidden_ = hidden;
+    ffn_ = ffn;
     for (int p = 0; p < 3; ++p) {
       const Shape shape = p < 2 ? Shape{num_slots_, hidden_, ffn_} : Shape{num_slots_, ffn_, hidden_};
       slot_weights_[p] = Tensor::zeros(DType::f32, shape);
       slot_gradients_[p] = Tensor::zeros(DType::f32, shape);
     }
   }
-  EPMOE_CHECK(home.hidden == hidden_ && home.ffn == ffn_);
+  EPMOE_CHECK(hidden == hidden_ && ffn == ffn_);
   const std::int64_t n = hidden_ * ffn_;
-  const float* home_parts[3] = {home.wi0, home.wi1, home.wo};
+  const float* home_parts[3] = {home.wi0.data<float>(), home.wi1.data<float>(), home.wo.data<float>()};
   const int me = comm_.rank();
   std::int64_t bytes = 0;
   int refreshed = 0;

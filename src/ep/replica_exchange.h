@@ -70,13 +70,12 @@ struct PairDestination {
   int local_expert = 0;
 };
 
-// This rank's home experts' weights (the caller's), [E_l, H, F], [E_l, H, F],
-// [E_l, F, H].
+// This rank's home experts' weights: the caller's views, f32 and
+// C-contiguous, sent from where they are (no copy).
 struct HomeExpertWeights {
-  const float* wi0 = nullptr;
-  const float* wi1 = nullptr;
-  const float* wo = nullptr;
-  std::int64_t hidden = 0, ffn = 0;
+  TensorView wi0;  // [E_l, H, F]
+  TensorView wi1;  // [E_l, H, F]
+  TensorView wo;   // [E_l, F, H]
 };
 // Their gradients, the same shapes.
 struct HomeExpertGradients {

@@ -100,10 +100,10 @@ RingDispatcher::RingDispatcher(transport::Communicator& comm, EpConfig config)
 
 RingDispatcher::~RingDispatcher() = default;
 
-void RingDispatcher::start_forward(const Tensor& x, const RoutingView& routing) {
+void RingDispatcher::start_forward(TensorView x, const RoutingView& routing) {
   EPMOE_CHECK_EQ(routing.top_k, config_.top_k);
   EPMOE_CHECK_EQ(x.dim(1), config_.hidden);
-  x_ = &x;
+  x_ = x;
   routing_ = routing;
   if (config_.token_format == TokenFormat::fp8_tensor) {
     // Every chunk's scale in one all-gather, moving while the step plans.
@@ -163,7 +163,7 @@ void RingDispatcher::start_gather(int c, bool remat) {
     }
   chunk.local_block.resize(static_cast<std::size_t>(n * (routing_bytes + row_bytes)));
   if (n > 0) std::memcpy(chunk.local_block.data(), chunk.local_routing.data(), n * routing_bytes);
-  codec_.encode(x_->data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
+  codec_.encode(x_.data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
                 chunk.local_block.data() + n * routing_bytes);
   chunk.gathered_blocks.resize(static_cast<std::size_t>(chunk.num_slots * (routing_bytes + row_bytes)));
   const std::string prefix = remat ? "backward/remat " : "forward/";
@@ -300,8 +300,8 @@ Tensor RingDispatcher::finish_forward() {
   return y;
 }
 
-void RingDispatcher::start_backward(const Tensor& dy) {
-  dy_ = &dy;
+void RingDispatcher::start_backward(TensorView dy) {
+  dy_ = dy;
   if (config_.cotangent_all_gather == CotangentAllGather::ring) start_cotangent_gather(0);
 }
 
@@ -313,7 +313,7 @@ void RingDispatcher::start_cotangent_gather(int c) {
   const std::vector<std::int64_t> dy_elements = times(chunk.rows_by_rank, hidden);
   stats_.bytes_sent["backward/ring_all_gather cotangent"] += all_gather_bytes_sent(dy_elements, comm_.rank(), 4);
   chunk.cotangent_in_flight =
-      comm::ring_all_gather(comm_, {.input = dy_->data<float>() + chunk.range.begin * hidden,
+      comm::ring_all_gather(comm_, {.input = dy_.data<float>() + chunk.range.begin * hidden,
                                     .output = chunk.gathered_dy.raw(),
                                     .num_elements_by_rank = dy_elements,
                                     .dtype = DType::f32,

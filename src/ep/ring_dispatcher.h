@@ -56,12 +56,12 @@ class RingDispatcher final : public Dispatcher {
 
  private:
   // The step's work (ep/dispatcher.h), reached through the handle.
-  void start_forward(const Tensor& x, const RoutingView& routing) override;
+  void start_forward(TensorView x, const RoutingView& routing) override;
   ExpertRows receive_rows(int chunk) override;
   void send_outputs(int chunk, Tensor slot_outputs) override;
   Tensor finish_forward() override;
 
-  void start_backward(const Tensor& dy) override;
+  void start_backward(TensorView dy) override;
   ExpertRows redispatch_rows(int chunk) override;
   Tensor receive_cotangents(int chunk) override;
   void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
@@ -78,8 +78,8 @@ class RingDispatcher final : public Dispatcher {
   int num_local_experts_;
   TokenCodec codec_;
   TensorScales tensor_scales_;  // fp8_tokens=tensor: this step's chunk scales
-  const Tensor* x_ = nullptr;
-  const Tensor* dy_ = nullptr;
+  TensorView x_;                // the caller's, from start_forward to the end of the step
+  TensorView dy_;               // the caller's, from start_backward
   RoutingView routing_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::vector<std::int64_t> tokens_by_rank_;  // [R] this step's token count of every rank

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <span>
 
-#include "core/dtype.h"
+#include <epmoe/dtype.h>
 
 namespace epmoe {
 

@@ -16,9 +16,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <epmoe/dtype.h>
+
 #include "core/modelled_clock.h"
 
-#include "core/dtype.h"
 #include "core/error.h"
 #include "core/threading.h"
 #include "kernels/convert.h"

@@ -169,8 +169,8 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
     // Random routing draws from a stream of (step, layer, rank): a resumed run
     // draws what the uninterrupted one did.
     layer.set_random_router_stream((static_cast<std::uint64_t>(step) * num_layers + l) * num_ranks_ + rank_);
-    const MoeWeights weights{&p.gate->value, &p.wi0->value, &p.wi1->value, &p.wo->value,
-                             p.selection_bias != nullptr ? &p.selection_bias->value : nullptr};
+    const MoeWeights weights{p.gate->value, p.wi0->value, p.wi1->value, p.wo->value,
+                             p.selection_bias != nullptr ? p.selection_bias->value.view() : TensorView()};
     // The weights change once per step: the step names their version (from
     // 1: 0 means "no weights held"), so replica slots are refreshed once per
     // step, not once per call.
@@ -264,7 +264,7 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
     // The shared expert's weight gradients run while the layer's cotangents
     // move; its dx is added after the routed one's, the order of
     // dense_swiglu_backward into the layer's dx.
-    layer.begin_backward(d_h, aux_loss_coef > 0 ? &balance.d_logits : nullptr);
+    layer.begin_backward(d_h, aux_loss_coef > 0 ? balance.d_logits.view() : TensorView());
     DenseSwigluInputGrad shared_pending;
     if (p.shared_w0 != nullptr) {
       dense_swiglu_backward_weights(a.normed[l], p.shared_w0->value, p.shared_w1->value, p.shared_wo->value,

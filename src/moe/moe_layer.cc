@@ -28,9 +28,9 @@ void MoeLayerConfig::validate() const {
 // routing are the caller's / the router's: x and the weights must stay alive
 // and unchanged until backward (the usual autograd contract).
 struct MoeLayer::Saved {
-  const Tensor* x = nullptr;
-  const Tensor* dy = nullptr;              // from begin_backward
-  const Tensor* extra_d_logits = nullptr;  // from begin_backward, or null
+  TensorView x;
+  TensorView dy;              // from begin_backward
+  TensorView extra_d_logits;  // from begin_backward, or empty
   MoeWeights weights;
   ep::DispatchHandle dispatch;        // the step's dispatch, from begin_forward to finish_backward
   LocalExpertWeights expert_weights;  // the caller's; with replicas, per-group pointers (homes, then slots)
@@ -69,25 +69,38 @@ MoeLayer::~MoeLayer() = default;
 
 namespace {
 
-void check_weights(const MoeLayerConfig& config, int num_local_experts, const Tensor& x, const MoeWeights& w) {
-  const std::int64_t h = config.hidden, f = config.ffn, e = config.router.num_experts;
-  const std::int64_t el = num_local_experts;
-  EPMOE_CHECK(w.gate && w.wi0 && w.wi1 && w.wo);
-  EPMOE_CHECK_EQ(x.rank(), 2);
-  EPMOE_CHECK_EQ(x.dim(1), h);
-  EPMOE_CHECK(w.gate->shape() == (Shape{h, e}));
-  EPMOE_CHECK(w.wi0->shape() == (Shape{el, h, f}));
-  EPMOE_CHECK(w.wi1->shape() == (Shape{el, h, f}));
-  EPMOE_CHECK(w.wo->shape() == (Shape{el, f, h}));
-  if (w.bias != nullptr) EPMOE_CHECK(w.bias->shape() == (Shape{e}));
-}
-
 std::string layer_label(const MoeLayerConfig& config) {
   return config.label.empty() ? std::string("moe layer") : config.label;
 }
 
+// An input the layer reads in place: f32 (InternalError otherwise, as for a
+// shape) and C-contiguous (UsageError naming it: a caller's strided view).
+void check_layout(const MoeLayerConfig& config, std::string_view name, TensorView tensor) {
+  EPMOE_CHECK(tensor.dtype() == DType::f32);
+  tensor.require_contiguous(layer_label(config) + ": " + std::string(name));
+}
+
+void check_weights(const MoeLayerConfig& config, int num_local_experts, TensorView x, const MoeWeights& w) {
+  const std::int64_t h = config.hidden, f = config.ffn, e = config.router.num_experts;
+  const std::int64_t el = num_local_experts;
+  EPMOE_CHECK(w.gate.raw() && w.wi0.raw() && w.wi1.raw() && w.wo.raw());
+  EPMOE_CHECK_EQ(x.rank(), 2);
+  EPMOE_CHECK_EQ(x.dim(1), h);
+  EPMOE_CHECK((w.gate.has_shape({h, e})));
+  EPMOE_CHECK((w.wi0.has_shape({el, h, f})));
+  EPMOE_CHECK((w.wi1.has_shape({el, h, f})));
+  EPMOE_CHECK((w.wo.has_shape({el, f, h})));
+  if (!w.bias.empty()) EPMOE_CHECK((w.bias.has_shape({e})));
+  check_layout(config, "x", x);
+  check_layout(config, "gate", w.gate);
+  check_layout(config, "wi0", w.wi0);
+  check_layout(config, "wi1", w.wi1);
+  check_layout(config, "wo", w.wo);
+  if (!w.bias.empty()) check_layout(config, "bias", w.bias);
+}
+
 // An input of the layer: refused with its name and first bad index.
-void check_input(const MoeLayerConfig& config, std::string_view name, const Tensor& tensor) {
+void check_input(const MoeLayerConfig& config, std::string_view name, TensorView tensor) {
   check_finite(layer_label(config) + ": " + std::string(name), tensor);
 }
 
@@ -128,7 +141,7 @@ auto at_weight_index(const Tensor& tensor) {
 }
 
 LocalExpertWeights expert_weights(const MoeWeights& w) {
-  return {w.wi0->data<float>(), w.wi1->data<float>(), w.wo->data<float>()};
+  return {w.wi0.data<float>(), w.wi1.data<float>(), w.wo.data<float>()};
 }
 
 }  // namespace
@@ -143,13 +156,13 @@ void MoeLayer::expect_stage(Stage expected, const char* call) const {
                    "forward() and backward() are a begin and its finish)");
 }
 
-MoeForwardOutput MoeLayer::forward(const Tensor& x, const MoeWeights& weights,
+MoeForwardOutput MoeLayer::forward(TensorView x, const MoeWeights& weights,
                                    std::optional<std::uint64_t> weight_version) {
   begin_forward(x, weights, weight_version);
   return finish_forward();
 }
 
-MoeGradients MoeLayer::backward(const Tensor& dy, const Tensor* extra_d_logits) {
+MoeGradients MoeLayer::backward(TensorView dy, TensorView extra_d_logits) {
   begin_backward(dy, extra_d_logits);
   return finish_backward();
 }
@@ -159,7 +172,7 @@ std::uint64_t MoeLayer::kernel_weights_version(std::optional<std::uint64_t> weig
   // after its buffers were freed and reused) share a version: the kernels'
   // caches are process-wide and keyed by pointer and version.
   static std::atomic<std::uint64_t> next_version{1};
-  const ExpertWeightsSeen seen{weight_version, weights.wi0->raw(), weights.wi1->raw(), weights.wo->raw()};
+  const ExpertWeightsSeen seen{weight_version, weights.wi0.raw(), weights.wi1.raw(), weights.wo.raw()};
   // A replica slot's buffer holds whichever expert the plan puts there, so
   // with replicas the caller's version does not identify the slots' values.
   const bool reusable = weight_version && seen == kernel_weights_seen_ && dispatcher_->replicas() == nullptr;
@@ -170,23 +183,23 @@ std::uint64_t MoeLayer::kernel_weights_version(std::optional<std::uint64_t> weig
   return kernel_weights_version_;
 }
 
-void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version) {
+void MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version) {
   expect_stage(Stage::idle, "begin_forward");
   check_weights(config_, dispatcher_->num_local_experts(), x, weights);
   // Before any work or communication, so a refused input leaves the layer
   // (and its peers) as they were.
   check_input(config_, "x", x);
-  check_input(config_, "gate", *weights.gate);
-  if (weights.bias != nullptr) check_input(config_, "bias", *weights.bias);
+  check_input(config_, "gate", weights.gate);
+  if (!weights.bias.empty()) check_input(config_, "bias", weights.bias);
   // The expert weights are most of the bytes; a caller's version vouches for
   // unchanged values (as it does for the replica slots), so a repeated
   // forward on the same version and buffers skips their pass.
-  const ExpertWeightsSeen seen{weight_version, weights.wi0->raw(), weights.wi1->raw(), weights.wo->raw()};
+  const ExpertWeightsSeen seen{weight_version, weights.wi0.raw(), weights.wi1.raw(), weights.wo.raw()};
   if (!weight_version || !(seen == finite_weights_seen_)) {
     finite_weights_seen_ = {};
-    check_input(config_, "wi0", *weights.wi0);
-    check_input(config_, "wi1", *weights.wi1);
-    check_input(config_, "wo", *weights.wo);
+    check_input(config_, "wi0", weights.wi0);
+    check_input(config_, "wi1", weights.wi1);
+    check_input(config_, "wo", weights.wo);
     finite_weights_seen_ = seen;
   }
   PhaseTimes& times = stats_.phase_seconds;
@@ -196,11 +209,11 @@ void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights, std::op
 
   saved_ = std::make_unique<Saved>();
   Saved& s = *saved_;
-  s.x = &x;
+  s.x = x;
   s.weights = weights;
   {
     ScopedPhase phase(times, "route");
-    s.routing = router_.forward(x, *weights.gate, weights.bias);
+    s.routing = router_.forward(x, weights.gate, weights.bias);
     const int num_experts = config_.router.num_experts, top_k = config_.router.top_k;
     check_produced(config_, "router logits", "forward/route", s.routing.logits.span<float>(), at_row(num_experts));
     check_produced(config_, "routing weights", "forward/route", s.routing.topk_weights.span<float>(), at_row(top_k));
@@ -222,9 +235,7 @@ void MoeLayer::begin_forward(const Tensor& x, const MoeWeights& weights, std::op
     ScopedPhase phase(times, "replica_weights");
     // Automatic versions have the top bit set so they never equal a caller's.
     const std::uint64_t version = weight_version ? *weight_version : (std::uint64_t{1} << 63) | ++auto_version_;
-    replicas->start_slot_weights({weights.wi0->data<float>(), weights.wi1->data<float>(), weights.wo->data<float>(),
-                                  config_.hidden, config_.ffn},
-                                 version);
+    replicas->start_slot_weights({weights.wi0, weights.wi1, weights.wo}, version);
     const std::int64_t home = replicas->num_local_experts(), hf = config_.hidden * config_.ffn;
     LocalExpertWeights& w = s.expert_weights;
     for (std::int64_t e = 0; e < home; ++e) {
@@ -323,14 +334,19 @@ const RouterOutput& MoeLayer::last_routing() const {
   return saved_->routing;
 }
 
-void MoeLayer::begin_backward(const Tensor& dy, const Tensor* extra_d_logits) {
+void MoeLayer::begin_backward(TensorView dy, TensorView extra_d_logits) {
   expect_stage(Stage::forward_done, "begin_backward");
   // Before the stage moves on: a refused dy leaves the forward's state for a retry.
+  EPMOE_CHECK(dy.has_shape(saved_->x.shape()));
+  check_layout(config_, "dy", dy);
+  if (!extra_d_logits.empty()) {
+    EPMOE_CHECK((extra_d_logits.has_shape({saved_->x.dim(0), std::int64_t{config_.router.num_experts}})));
+    check_layout(config_, "extra_d_logits", extra_d_logits);
+  }
   check_input(config_, "dy", dy);
-  if (extra_d_logits != nullptr) check_input(config_, "extra_d_logits", *extra_d_logits);
-  EPMOE_CHECK(dy.shape() == saved_->x->shape());
+  if (!extra_d_logits.empty()) check_input(config_, "extra_d_logits", extra_d_logits);
   stage_ = Stage::idle;  // until the begin completes
-  saved_->dy = &dy;
+  saved_->dy = dy;
   saved_->extra_d_logits = extra_d_logits;
   {
     ScopedPhase phase(stats_.phase_seconds, "backward_combine");
@@ -344,8 +360,8 @@ MoeGradients MoeLayer::finish_backward() {
   stage_ = Stage::idle;  // the step ends here, whatever happens
   std::unique_ptr<Saved> saved = std::move(saved_);
   Saved& s = *saved;
-  const Tensor* extra_d_logits = s.extra_d_logits;
-  const Tensor& x = *s.x;
+  const TensorView extra_d_logits = s.extra_d_logits;
+  const TensorView x = s.x;
   const std::int64_t num_tokens = x.dim(0);
   const std::int64_t hidden = config_.hidden, ffn = config_.ffn;
   const int num_experts = config_.router.num_experts;
@@ -432,15 +448,15 @@ MoeGradients MoeLayer::finish_backward() {
     ScopedPhase phase(times, "backward_router");
     if (config_.router.kind == RouterKind::random) {
       // The random router never reads the gate: its gradient is exactly zero.
-      EPMOE_CHECK(extra_d_logits == nullptr, "a loss on random logits cannot train anything");
+      EPMOE_CHECK(extra_d_logits.empty(), "a loss on random logits cannot train anything");
       grads.dgate.fill_zero();
     } else {
       Tensor d_logits = router_.backward(s.routing, routed.d_topk_weights);
       check_produced(config_, "router logit gradient", "backward/router", d_logits.span<float>(), at_row(num_experts));
-      if (extra_d_logits != nullptr) {
-        EPMOE_CHECK(extra_d_logits->shape() == d_logits.shape());
+      if (!extra_d_logits.empty()) {
+        EPMOE_CHECK(extra_d_logits.has_shape(d_logits.shape()));
         float* d = d_logits.data<float>();
-        const float* extra = extra_d_logits->data<float>();
+        const float* extra = extra_d_logits.data<float>();
         for (std::int64_t i = 0; i < d_logits.numel(); ++i) d[i] += extra[i];
       }
       // dgate = x^T d_logits; dx += d_logits gate^T. fp32 like the router's forward.
@@ -452,7 +468,7 @@ MoeGradients MoeLayer::finish_backward() {
             .k = num_tokens,
             .transpose_a = true});
       gemm({.a = d_logits.data<float>(),
-            .b = s.weights.gate->data<float>(),
+            .b = s.weights.gate.data<float>(),
             .c = grads.dx.data<float>(),
             .m = num_tokens,
             .n = hidden,

@@ -56,13 +56,16 @@ struct MoeLayerConfig {
   void validate() const;  // ConfigError naming the key
 };
 
-// Views of the layer's parameters (not owned).
+// Views of the layer's parameters, wherever the caller keeps them (an epmoe
+// Tensor converts; so does any f32 C-contiguous memory, e.g. a framework's
+// or a std::vector's): read in place, never copied. They must stay alive
+// and unchanged until the step's backward returns.
 struct MoeWeights {
-  const Tensor* gate = nullptr;  // [H, E]
-  const Tensor* wi0 = nullptr;   // [E_l, H, F], this rank's experts
-  const Tensor* wi1 = nullptr;   // [E_l, H, F]
-  const Tensor* wo = nullptr;    // [E_l, F, H]
-  const Tensor* bias = nullptr;  // [E] or null (sigmoid_grouped selection bias)
+  TensorView gate;  // [H, E]
+  TensorView wi0;   // [E_l, H, F], this rank's experts
+  TensorView wi1;   // [E_l, H, F]
+  TensorView wo;    // [E_l, F, H]
+  TensorView bias;  // [E] or empty (sigmoid_grouped selection bias)
 };
 
 struct MoeForwardOutput {
@@ -100,7 +103,11 @@ class MoeLayer {
   const MoeLayerConfig& config() const { return config_; }
 
   // Validates shapes (InternalError for a mismatch; callers validate files
-  // first) and keeps what backward needs.
+  // first) and keeps what backward needs: the views of x and the weights,
+  // not copies. Every input (x, gate, wi0, wi1, wo, bias; dy and
+  // extra_d_logits in backward) must be f32 and C-contiguous: a strided view
+  // is refused with UsageError "moe layer: wi0 is not C-contiguous (shape
+  // [..], strides [..] in elements): ..." before any work.
   // Non-finite numbers never pass silently (NumericError, core/finite_check.h):
   //  * inputs: a NaN or infinity in x, gate, wi0, wi1, wo or bias (dy and
   //    extra_d_logits in backward) is refused before any work or
@@ -121,13 +128,13 @@ class MoeLayer {
   // experts' weights, the same on every rank of the step; replica slots are
   // not resent while it is unchanged. Default: a new version every forward
   // (always correct, always resends).
-  MoeForwardOutput forward(const Tensor& x, const MoeWeights& weights,
+  MoeForwardOutput forward(TensorView x, const MoeWeights& weights,
                            std::optional<std::uint64_t> weight_version = std::nullopt);
   // Uses the last forward's saved state; dy [N, H]. Releases that state.
-  // `extra_d_logits` [N, E] (optional): a gradient of the router logits from
+  // `extra_d_logits` [N, E] (optional, empty = none): a gradient of the router logits from
   // a loss outside the layer (a load-balance loss, moe/load_balance.h), added
   // to the combine weights' before dgate and dx are formed.
-  MoeGradients backward(const Tensor& dy, const Tensor* extra_d_logits = nullptr);
+  MoeGradients backward(TensorView dy, TensorView extra_d_logits = {});
 
   // Split phase: forward() is begin_forward() then finish_forward(), and
   // backward() likewise, with the same bits. Between a begin and its finish
@@ -145,10 +152,10 @@ class MoeLayer {
   // without a forward) a call throws UsageError naming the call and the
   // order; the layer is left as it was. An Error inside a phase abandons the
   // step (as forward() does): the next call must be a new begin_forward.
-  void begin_forward(const Tensor& x, const MoeWeights& weights,
+  void begin_forward(TensorView x, const MoeWeights& weights,
                      std::optional<std::uint64_t> weight_version = std::nullopt);
   MoeForwardOutput finish_forward();
-  void begin_backward(const Tensor& dy, const Tensor* extra_d_logits = nullptr);
+  void begin_backward(TensorView dy, TensorView extra_d_logits = {});
   MoeGradients finish_backward();
 
   // The router's output of the last forward, until backward releases it (a

@@ -80,14 +80,14 @@ void RouterConfig::validate() const {
 
 Router::Router(RouterConfig config) : config_(std::move(config)), rng_(config_.seed) { config_.validate(); }
 
-RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* bias) {
+RouterOutput Router::forward(TensorView x, TensorView gate, TensorView bias) {
   const std::int64_t num_tokens = x.dim(0);
   const std::int64_t hidden = x.dim(1);
   const int num_experts = config_.num_experts;
   const int top_k = config_.top_k;
   EPMOE_CHECK_EQ(gate.dim(0), hidden);
   EPMOE_CHECK_EQ(gate.dim(1), std::int64_t{num_experts});
-  if (bias != nullptr) EPMOE_CHECK_EQ(bias->numel(), std::int64_t{num_experts});
+  if (!bias.empty()) EPMOE_CHECK_EQ(bias.numel(), std::int64_t{num_experts});
 
   RouterOutput out{Tensor(DType::f32, {num_tokens, num_experts}), Tensor(DType::i32, {num_tokens, top_k}),
                    Tensor(DType::f32, {num_tokens, top_k})};
@@ -109,7 +109,7 @@ RouterOutput Router::forward(const Tensor& x, const Tensor& gate, const Tensor* 
           .compute_dtype = ComputeDType::f32});
   }
 
-  const float* bias_data = bias != nullptr ? bias->data<float>() : nullptr;
+  const float* bias_data = !bias.empty() ? bias.data<float>() : nullptr;
   std::int32_t* ids = out.topk_ids.data<std::int32_t>();
   float* weights = out.topk_weights.data<float>();
   const RouterConfig& cfg = config_;

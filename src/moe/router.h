@@ -81,9 +81,10 @@ class Router {
   explicit Router(RouterConfig config);
   const RouterConfig& config() const { return config_; }
 
-  // x [N, H], gate [H, E], bias [E] (sigmoid_grouped; may be null = zeros).
+  // x [N, H], gate [H, E], bias [E] (sigmoid_grouped; empty = zeros), all
+  // f32 and C-contiguous (the caller's views, read in place).
   // The router computes in fp32 whatever the layer's compute_dtype.
-  RouterOutput forward(const Tensor& x, const Tensor& gate, const Tensor* bias);
+  RouterOutput forward(TensorView x, TensorView gate, TensorView bias = {});
 
   // random only: the next forwards draw from stream `stream` of the seed
   // (Rng(seed).fork(stream)) instead of continuing the current one.

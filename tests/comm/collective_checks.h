@@ -8,9 +8,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <epmoe/dtype.h>
+
 #include "comm/algorithm.h"
 #include "comm/all_gather.h"
-#include "core/dtype.h"
 #include "transport/communicator.h"
 
 namespace epmoe::comm::testing {

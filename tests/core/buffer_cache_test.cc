@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -50,6 +51,32 @@ TEST(BufferCache, TensorsFreedOnAnotherThreadAreSafe) {
   Tensor t(DType::f32, {1 << 20});
   std::thread([tensor = std::move(t)]() mutable { tensor = Tensor(); }).join();
   SUCCEED();
+}
+
+// The allocation counts see every buffer, cached or fresh, on every thread,
+// with its requested size; a view of caller memory is no buffer.
+TEST(BufferCache, AllocationCountsSeeEveryBufferOnEveryThread) {
+  reset_buffer_allocation_counts();
+  {
+    const Tensor small(DType::f32, {10});                     // 40 bytes: below the cached sizes
+    const Tensor large(DType::f32, {std::int64_t{1} << 16});  // 256 KiB
+    std::thread([] { const Tensor other(DType::i32, {100}); }).join();
+    std::vector<float> caller(1 << 16);
+    const TensorView view(caller.data(), DType::f32, {1 << 16});
+    EXPECT_EQ(view.size_bytes(), large.size_bytes());
+    const Tensor empty(DType::f32, {0, 3});  // no bytes: no buffer
+  }
+  BufferAllocationCounts counts = buffer_allocation_counts();
+  EXPECT_EQ(counts.buffers, 3);
+  EXPECT_EQ(counts.bytes, 40 + (std::int64_t{1} << 18) + 400);
+  EXPECT_EQ(counts.largest_bytes, std::int64_t{1} << 18);
+  { const Tensor again(DType::f32, {std::int64_t{1} << 16}); }  // from the cache now: counted all the same
+  EXPECT_EQ(buffer_allocation_counts().buffers, 4);
+  reset_buffer_allocation_counts();
+  counts = buffer_allocation_counts();
+  EXPECT_EQ(counts.buffers, 0);
+  EXPECT_EQ(counts.bytes, 0);
+  EXPECT_EQ(counts.largest_bytes, 0);
 }
 
 }  // namespace

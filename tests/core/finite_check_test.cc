@@ -47,7 +47,8 @@ TEST(FiniteCheck, FiniteExtremesPass) {
   for (int i = 0; i < 6; ++i) t.data<float>()[i] = values[i];
   EXPECT_EQ(find_non_finite(t), -1);
   EXPECT_NO_THROW(check_finite("x", t));
-  EXPECT_NO_THROW(check_finite("empty", Tensor(DType::f32, {0, 4})));
+  const Tensor empty(DType::f32, {0, 4});
+  EXPECT_NO_THROW(check_finite("empty", empty));
 }
 
 // The property: for each tensor name, shape, position and bad value, the

@@ -99,9 +99,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
       t1 = t0 + options.tokens_by_rank[r];
     }
     const std::int64_t el = e / num_ranks, e0 = r * el;
-    const Tensor x = slice_rows(p.x, t0, t1), dy = slice_rows(p.dy, t0, t1);
-    const Tensor wi0 = slice_rows(p.wi0, e0, e0 + el), wi1 = slice_rows(p.wi1, e0, e0 + el),
-                 wo = slice_rows(p.wo, e0, e0 + el);
+    // Views of the problem's rows, as a caller's shards would be: no copies.
+    const TensorView x = p.x.view().rows(t0, t1), dy = p.dy.view().rows(t0, t1);
+    const TensorView wi0 = p.wi0.view().rows(e0, e0 + el), wi1 = p.wi1.view().rows(e0, e0 + el),
+                     wo = p.wo.view().rows(e0, e0 + el);
     MemoryLedger ledger;
     EPMOE_CHECK(!options.local_dispatcher || num_ranks == 1, "a LocalDispatcher holds every expert: R = 1 only");
     MoeLayer layer(
@@ -118,10 +119,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
       const transport::SentBytes sent_before = comm.sent_bytes().value();
       const std::map<transport::Tag, std::int64_t> by_tag_before = threads_comm.sent_bytes_by_tag();
       if (!options.split_phase_with_other_work) {
-        out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
+        out = layer.forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
         grads = layer.backward(dy);
       } else {
-        layer.begin_forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias}, version);
+        layer.begin_forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
         other_work(comm, 1);
         out = layer.finish_forward();
         layer.begin_backward(dy);

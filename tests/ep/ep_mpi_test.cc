@@ -72,7 +72,7 @@ int run_checks(transport::Communicator& comm) {
     }
     tag_base += 1024;
     MoeLayer layer({.hidden = h, .ffn = f, .router = router}, ep::make_dispatcher(v.dispatch, comm, config));
-    const MoeForwardOutput out = layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias});
+    const MoeForwardOutput out = layer.forward(x, {p.gate, wi0, wi1, wo, p.bias});
     MoeGradients grads = layer.backward(dy);
     comm::all_reduce(comm, {.data = grads.dgate.raw(), .num_elements = grads.dgate.numel(), .tag = tag_base + 1000})
         .wait();

@@ -84,7 +84,7 @@ TEST(SteadyState, AStepAllocatesNothingAndTakesNoPageFaults) {
         MoeLayerConfig layer_config{.hidden = h, .ffn = f, .router = router};
         if (c.remat) layer_config.remat = ep::RematPolicy::preset("remat_policy", "full");
         MoeLayer layer(layer_config, ep::make_dispatcher(c.dispatch, comm, config));
-        const MoeWeights w{&p.gate, &wi0, &wi1, &wo, nullptr};
+        const MoeWeights w{p.gate, wi0, wi1, wo, {}};
         const auto step = [&] {
           // The caller's results are fresh tensors, as a caller holds them:
           // dropped each step, so their blocks come back to the cache.

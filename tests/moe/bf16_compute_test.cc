@@ -57,7 +57,7 @@ void expect_bf16_within_bound(const RouterConfig& router, std::int64_t n, std::i
                               std::uint64_t seed) {
   const MoeProblem p = testing::make_problem(n, h, f, router, seed, 0.2);
   MoeLayer layer({.hidden = h, .ffn = f, .router = router, .compute_dtype = ComputeDType::bf16});
-  MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, &p.bias};
+  MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
   const MoeForwardOutput out = layer.forward(p.x, w);
   const MoeGradients grads = layer.backward(p.dy);
   const std::vector<std::int32_t> ids(out.topk_ids.span<std::int32_t>().begin(),
@@ -114,7 +114,7 @@ TEST(Bf16Compute, Fp32PathMeetsTheZeroRoundoffBound) {
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 6, .top_k = 2};
   const MoeProblem p = testing::make_problem(20, 16, 12, router, 5);
   MoeLayer layer({.hidden = 16, .ffn = 12, .router = router});
-  MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, nullptr};
+  MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, {}};
   const MoeForwardOutput out = layer.forward(p.x, w);
   const auto ref = testing::reference_moe_bounded(p, 0.0);
   EXPECT_LE(check_within_bound(out.y, ref.y).worst_ratio, 1.0);

@@ -42,7 +42,7 @@ std::vector<StepResult> two_steps(MoeProblem& p, bool fuse, const ep::RematPolic
   MemoryLedger ledger;
   MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .fuse_up_projection = fuse, .remat = remat},
                  &ledger);
-  const MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, &p.bias};
+  const MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
   std::vector<StepResult> steps;
   for (int step = 0; step < 2; ++step) {
     StepResult r;
@@ -123,8 +123,8 @@ TEST(FusedUpProjectionLayerVersions, CallerVersionReusedThenNewVersionFollowsNew
   MoeProblem unfused_problem = testing::make_problem(24, 15, 32, router, 5);
   MoeLayer fused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = true});
   MoeLayer unfused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = false});
-  const MoeWeights fw{&fused_problem.gate, &fused_problem.wi0, &fused_problem.wi1, &fused_problem.wo, nullptr};
-  const MoeWeights uw{&unfused_problem.gate, &unfused_problem.wi0, &unfused_problem.wi1, &unfused_problem.wo, nullptr};
+  const MoeWeights fw{fused_problem.gate, fused_problem.wi0, fused_problem.wi1, fused_problem.wo, {}};
+  const MoeWeights uw{unfused_problem.gate, unfused_problem.wi0, unfused_problem.wi1, unfused_problem.wo, {}};
   const Tensor y1 = fused.forward(fused_problem.x, fw, 1).y.clone();
   EXPECT_TRUE(same_bits(y1, fused.forward(fused_problem.x, fw, 1).y));
   EXPECT_TRUE(same_bits(y1, unfused.forward(unfused_problem.x, uw, 1).y));

@@ -30,7 +30,7 @@ struct LayerRun {
 
 LayerRun run_layer(const MoeProblem& p, ComputeDType dtype = ComputeDType::f32, MemoryLedger* ledger = nullptr) {
   MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .compute_dtype = dtype}, ledger);
-  MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, &p.bias};
+  MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
   LayerRun run{layer.forward(p.x, w), {}};
   run.grads = layer.backward(p.dy);
   return run;
@@ -135,7 +135,7 @@ TEST(RandomRouter, MatchesReferenceAndGateGradientIsExactlyZero) {
   RouterConfig router{.kind = RouterKind::random, .num_experts = 7, .top_k = 3, .seed = 5};
   const MoeProblem p = testing::make_problem(40, 12, 10, router, 77);
   MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
-  MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, nullptr};
+  MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, {}};
   const MoeForwardOutput out = layer.forward(p.x, w);
   const MoeGradients grads = layer.backward(p.dy);
   // Recover the random logits' choices: the reference is told the ids, and the

@@ -44,10 +44,10 @@ MoeLayerConfig layer_config(const MoeProblem& p) {
   return {.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .label = "moe layer 1"};
 }
 
-MoeWeights weights_of(const MoeProblem& p) { return {&p.gate, &p.wi0, &p.wi1, &p.wo, &p.bias}; }
+MoeWeights weights_of(const MoeProblem& p) { return {p.gate, p.wi0, p.wi1, p.wo, p.bias}; }
 
 // The NumericError message of one forward + backward ("" when none).
-std::string step_error(MoeLayer& layer, const MoeProblem& p, const Tensor* extra_d_logits = nullptr) {
+std::string step_error(MoeLayer& layer, const MoeProblem& p, TensorView extra_d_logits = {}) {
   try {
     layer.forward(p.x, weights_of(p));
     layer.backward(p.dy, extra_d_logits);
@@ -102,7 +102,7 @@ TEST(NonFiniteInputs, RefusedWithTensorNameAndFirstBadIndex) {
     // The load-balance loss's logit gradient is an input of backward too.
     Tensor extra = Tensor::zeros(DType::f32, {6, 4});
     extra.data<float>()[23] = kBadValues[0];
-    EXPECT_EQ(step_error(layer, p, &extra), "moe layer 1: extra_d_logits[5, 3] = nan: inputs must be finite");
+    EXPECT_EQ(step_error(layer, p, extra), "moe layer 1: extra_d_logits[5, 3] = nan: inputs must be finite");
   }
 }
 
@@ -228,7 +228,7 @@ TEST(NonFiniteInsideStep, ExpertParallelOverflowFailsEveryRankWithoutHanging) {
         }
         MoeLayer layer(layer_config(p), ep::make_dispatcher(dispatch, comm, config));
         try {
-          layer.forward(x, {&p.gate, &wi0, &wi1, &wo, &p.bias});
+          layer.forward(x, {p.gate, wi0, wi1, wo, p.bias});
         } catch (const Error& e) {
           std::lock_guard<std::mutex> lock(mutex);
           seen[r] = std::string(dynamic_cast<const NumericError*>(&e) ? "NumericError: "

@@ -33,7 +33,7 @@ Routed route_logits(const RouterConfig& cfg, const std::vector<std::vector<float
   Tensor bias_tensor = Tensor::zeros(DType::f32, {e});
   for (std::size_t j = 0; j < bias.size(); ++j) bias_tensor.data<float>()[j] = bias[j];
   Router router(cfg);
-  RouterOutput out = router.forward(x, gate, &bias_tensor);
+  RouterOutput out = router.forward(x, gate, bias_tensor);
   return {{out.topk_ids.span<std::int32_t>().begin(), out.topk_ids.span<std::int32_t>().end()},
           {out.topk_weights.span<float>().begin(), out.topk_weights.span<float>().end()}};
 }

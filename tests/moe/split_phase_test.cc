@@ -21,7 +21,7 @@ struct Fixture {
   testing::MoeProblem p = testing::make_problem(
       37, 16, 12, RouterConfig{.kind = RouterKind::softmax_topk, .num_experts = 6, .top_k = 2}, 5);
   MoeLayerConfig config{.hidden = 16, .ffn = 12, .router = p.router};
-  MoeWeights w{&p.gate, &p.wi0, &p.wi1, &p.wo, nullptr};
+  MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, {}};
 };
 
 TEST(SplitPhase, InterleavedWorkGivesTheSameBits) {

@@ -1,6 +1,8 @@
-// Element types a Tensor can store. Compute happens in f32 (DESIGN.md §3);
-// bf16 and fp8 e4m3 are storage / transfer formats, converted by
-// kernels/convert.h. i32/i64 hold routing ids, counts and permutations.
+// Element types of epmoe's tensors and views (include/epmoe/tensor_view.h).
+// Compute happens in f32 (DESIGN.md §3); bf16 and fp8 e4m3 are storage /
+// transfer formats, converted by kernels/convert.h. i32/i64 hold routing ids,
+// counts and permutations. Public and std-only: a caller describes its own
+// memory with these.
 #pragma once
 
 #include <cstddef>
