@@ -71,6 +71,12 @@ class BasicTensorView {
   }
   BasicTensorView(Pointer data, DType dtype, std::initializer_list<std::int64_t> shape)
       : BasicTensorView(data, dtype, std::span<const std::int64_t>(shape.begin(), shape.size())) {}
+  // Typed, C-contiguous: the dtype follows the element type (float: f32,
+  // std::int32_t: i32, ...): TensorView(x.data(), {n, h}).
+  template <typename T>
+  requires(!std::is_void_v<T> && (!kMutable || !std::is_const_v<T>))
+      BasicTensorView(T* data, std::initializer_list<std::int64_t> shape)
+      : BasicTensorView(static_cast<Pointer>(data), dtype_of<std::remove_const_t<T>>(), shape) {}
   // Any layout: strides[d] elements between neighbours along dimension d.
   BasicTensorView(Pointer data, DType dtype, std::span<const std::int64_t> shape, std::span<const std::int64_t> strides)
       : data_(data), dtype_(dtype) {

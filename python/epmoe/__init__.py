@@ -1,5 +1,8 @@
-"""epmoe from Python: expert-parallel MoE load balancing.
+"""epmoe from Python: the expert-parallel MoE layer and its load balancing.
 
+* ``MoeLayer(**keys)``: the layer, forward and backward, expert parallel over
+  rank threads, on numpy arrays or CPU torch tensors read in place
+  (``epmoe.torch.moe`` wraps it as a ``torch.autograd.Function``).
 * ``rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)``:
   DeepSeek EPLB's function, same arguments and outputs, in C++ (the GIL is
   released while it runs), never two copies of one expert on one GPU.
@@ -7,6 +10,8 @@
 * ``plan(**keys)``: what ``epmoe plan --json`` prints, as a dict.
 * ``replay_balance(loads, **keys)``: what ``epmoe balance --loads --json``
   computes on loads [steps, E], as a dict.
+* ``python -m epmoe.report``: a run's metrics (and trace) or a balance replay
+  drawn into one self-contained HTML file.
 
 numpy arrays in give numpy arrays out; torch tensors in give torch tensors
 out (torch is never imported by epmoe itself). Bad arguments raise TypeError
@@ -22,19 +27,13 @@ import sys
 import numpy as np
 
 from . import _epmoe
+from ._arguments import key_text, torch_tensor_module
+from .layer import MoeLayer
 
-__all__ = ["rebalance_experts", "plan_replicas", "plan", "replay_balance"]
+__all__ = ["MoeLayer", "rebalance_experts", "plan_replicas", "plan", "replay_balance"]
 __version__ = "0.1.0"
 
 _INT32_MAX = 2**31 - 1
-
-
-def _torch_tensor_module(value):
-    """torch, when `value` is a torch.Tensor (torch already imported by the caller), else None."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return torch
-    return None
 
 
 def _integer(name, value, minimum=None):
@@ -53,7 +52,7 @@ def _integer(name, value, minimum=None):
 
 def _numeric_array(name, value, ndim, shape_text):
     """(numpy array, torch module or None) for an array-like `value` of numbers."""
-    torch = _torch_tensor_module(value)
+    torch = torch_tensor_module(value)
     if torch is not None:
         array = value.detach().cpu().numpy()
     else:
@@ -125,16 +124,8 @@ def plan_replicas(counts, ranks, slots, rebalance_threshold=1.0):
     )
 
 
-def _key_text(name, value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float, str, np.integer, np.floating)):
-        return str(value)
-    raise TypeError(f"{name}: expected a bool, number or string, got {type(value).__name__}")
-
-
 def _keys(keys):
-    return [(name, _key_text(name, value)) for name, value in keys.items()]
+    return [(name, key_text(name, value)) for name, value in keys.items()]
 
 
 def plan(**keys):

@@ -24,6 +24,7 @@
 #include "cli/json_output.h"
 #include "cli/plan_run.h"
 #include "core/error.h"
+#include "layer_binding.h"
 
 namespace nb = nanobind;
 
@@ -147,6 +148,10 @@ NB_MODULE(_epmoe, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const epmoe::FileError& e) {  // a model= or hardware= file: a bad argument too
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const epmoe::NumericError& e) {  // a NaN or infinity in an input array
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const epmoe::UsageError& e) {  // e.g. a strided array where epmoe reads in place
+      PyErr_SetString(PyExc_TypeError, e.what());
     } catch (const epmoe::Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     } catch (const epmoe::InternalError& e) {
@@ -159,4 +164,5 @@ NB_MODULE(_epmoe, m) {
         nb::arg("rebalance_threshold"));
   m.def("plan_json", &plan_json, nb::arg("keys"));
   m.def("replay_balance_json", &replay_balance_json, nb::arg("loads"), nb::arg("keys"));
+  epmoe::python::bind_layer(m);
 }

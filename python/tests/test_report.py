@@ -156,3 +156,19 @@ def test_chromium_renders_the_report_to_a_screenshot_that_is_not_blank(run, tmp_
     # good part of this one.
     assert not_white > 0.05, f"only {not_white:.1%} of the screenshot is not white"
     assert rgb.std() > 0.1
+
+
+def test_epmoe_balance_report_draws_the_replay(run, tmp_path):
+    out = tmp_path / "balance.html"
+    environment = dict(os.environ, EPMOE_PYTHON=sys.executable)
+    done = subprocess.run([EPMOE, "balance", "--loads", run["metrics"], "ranks=2", "slots=1", "window=4",
+                           "period=4", "--report", str(out)], capture_output=True, text=True, env=environment)
+    assert done.returncode == 0, done.stderr
+    images = check_page(out.read_text(), min_images=2)
+    assert any(image["alt"].startswith("Placement of the copies") for image in images)
+    assert not list(tmp_path.glob("*.replay.json")), "the temporary replay file is removed"
+    # Without the package the command says what it needs.
+    environment["EPMOE_PYTHON"] = "/bin/false"
+    done = subprocess.run([EPMOE, "balance", "--loads", run["metrics"], "ranks=2", "--report", str(tmp_path / "x.html")],
+                          capture_output=True, text=True, env=environment)
+    assert done.returncode == 2 and "needs the epmoe Python package" in done.stderr

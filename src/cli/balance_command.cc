@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -37,6 +38,7 @@
 #include "cli/metrics_loads.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "data/atomic_file.h"
 #include "data/npy.h"
 
 namespace epmoe::cli {
@@ -125,6 +127,7 @@ struct BalanceArguments {
   std::string loads_file;     // --loads
   std::string generate_file;  // --generate
   bool json = false;
+  std::string report_file;  // --report
   std::vector<std::string> assignments;
 };
 
@@ -287,6 +290,33 @@ void print_table(const nlohmann::json& policies) {
   }
 }
 
+// --report: the replay drawn by the Python package's report module
+// (python/epmoe/report.py, matplotlib), which must be importable by
+// $EPMOE_PYTHON (default python3). The replay's JSON goes to a temporary
+// file beside the report; the report appears whole or not at all.
+void draw_replay_report(const std::string& replay_json, const std::string& report_file) {
+  const std::filesystem::path report(report_file);
+  const std::filesystem::path replay = report.string() + ".replay.json";
+  write_file_atomically(replay, {replay_json, "\n"});
+  const char* python = std::getenv("EPMOE_PYTHON");
+  const std::string interpreter = python != nullptr && *python != '\0' ? python : "python3";
+  const auto quoted = [](const std::string& text) {
+    std::string out = "'";
+    for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+  };
+  const std::string command = quoted(interpreter) + " -m epmoe.report --balance " + quoted(replay.string()) +
+                              " --out " + quoted(report.string());
+  const int status = std::system(command.c_str());
+  std::filesystem::remove(replay);
+  if (status != 0) {
+    throw FileError("--report " + report_file + ": " + interpreter + " -m epmoe.report failed (exit status " +
+                    std::to_string(status) +
+                    "); it needs the epmoe Python package (pip install . from the repository; set EPMOE_PYTHON to "
+                    "the interpreter that has it)");
+  }
+}
+
 void run_replay(const BalanceArguments& arguments) {
   const ConfigValues values = replay_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
   const ReplaySettings replay = replay_settings(values, arguments.json);
@@ -320,7 +350,7 @@ void run_replay(const BalanceArguments& arguments) {
         {{"layer", input.layer ? nlohmann::json(*input.layer) : nlohmann::json()}, {"policies", std::move(policies)}});
   }
 
-  if (arguments.json) {
+  if (arguments.json || !arguments.report_file.empty()) {
     nlohmann::json report = {{"command", kCommand},
                              {"loads", arguments.loads_file},
                              {"source", from_metrics ? "metrics" : "npy"},
@@ -337,7 +367,11 @@ void run_replay(const BalanceArguments& arguments) {
     }
     std::string text;
     write_json(report, 0, text);
-    std::printf("%s\n", text.c_str());
+    if (!arguments.report_file.empty()) {
+      draw_replay_report(text, arguments.report_file);
+    } else {
+      std::printf("%s\n", text.c_str());
+    }
     return;
   }
   const std::string settings =
@@ -387,6 +421,9 @@ void add_balance_command(CLI::App& app) {
                       "(its expert_counts, per layer)");
   command->add_option("--generate", arguments->generate_file, "write Zipf-skewed loads to this .npy");
   command->add_flag("--json", arguments->json, "print the results, with every step's plan, as one JSON object (below)");
+  command->add_option("--report", arguments->report_file,
+                      "draw the replay (max/mean per step per policy, the placement of copies) into this HTML file, "
+                      "with the epmoe Python package's report module ($EPMOE_PYTHON, default python3)");
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
   command->footer(replay_key_registry().help_text() + "\n" + generate_key_registry().help_text() + "\n" + kJsonHelp);
   command->callback([arguments] { run_balance_command(*arguments); });

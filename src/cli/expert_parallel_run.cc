@@ -46,13 +46,13 @@ class RankShard {
         first_expert_(rank * settings.num_local_experts()),
         num_experts_(settings.num_local_experts()) {
     const std::int64_t token_end = first_token_ + num_tokens_, expert_end = first_expert_ + num_experts_;
-    x_ = in.x.view().rows(first_token_, token_end);
-    if (in.dy) dy_ = in.dy->view().rows(first_token_, token_end);
+    x_ = in.x.rows(first_token_, token_end);
+    if (in.dy) dy_ = in.dy->rows(first_token_, token_end);
     weights_ = {.gate = in.gate,
-                .wi0 = in.wi0.view().rows(first_expert_, expert_end),
-                .wi1 = in.wi1.view().rows(first_expert_, expert_end),
-                .wo = in.wo.view().rows(first_expert_, expert_end),
-                .bias = in.bias ? in.bias->view() : TensorView()};
+                .wi0 = in.wi0.rows(first_expert_, expert_end),
+                .wi1 = in.wi1.rows(first_expert_, expert_end),
+                .wo = in.wo.rows(first_expert_, expert_end),
+                .bias = in.bias.value_or(TensorView())};
   }
 
   TensorView x() const { return x_; }

@@ -31,12 +31,6 @@ namespace {
 constexpr char kCommand[] = "layer";
 constexpr char kMetricsFile[] = "metrics.json";
 
-const KeyRegistry& layer_key_registry() {
-  static const KeyRegistry registry(kCommand,
-                                    {moe_layer_keys(), expert_parallel_keys(), modelled_time_keys(), runtime_keys()});
-  return registry;
-}
-
 struct LayerArguments {
   std::string in_dir;
   std::string out_dir;
@@ -75,7 +69,8 @@ void run_layer_command(const LayerArguments& arguments) {
   const ConfigValues values =
       layer_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kCommand));
   StagedOutputDir::check_usable(arguments.out_dir);
-  const LayerInputs inputs = read_layer_inputs(arguments.in_dir);
+  const LayerInputFiles files = read_layer_inputs(arguments.in_dir);
+  const LayerInputs& inputs = files.inputs;
   const MoeLayerConfig config = moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
   check_bias_is_used(inputs, config);
   ExpertParallelSettings settings = expert_parallel_settings_from(values, config);

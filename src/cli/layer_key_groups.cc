@@ -432,4 +432,10 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
 
 void apply_runtime_keys(const ConfigValues& values) { set_compute_threads(values.get_int32("threads")); }
 
+const KeyRegistry& layer_key_registry() {
+  static const KeyRegistry registry("layer",
+                                    {moe_layer_keys(), expert_parallel_keys(), modelled_time_keys(), runtime_keys()});
+  return registry;
+}
+
 }  // namespace epmoe::cli

@@ -23,6 +23,11 @@ KeyGroup runtime_keys();
 // link_topology, comm_timeout_ms, fault_injection (a test hook).
 KeyGroup expert_parallel_keys();
 
+// Every key of `epmoe layer`: moe_layer_keys(), expert_parallel_keys(),
+// modelled_time_keys() and runtime_keys(). The public API (src/api) takes the
+// same keys.
+const KeyRegistry& layer_key_registry();
+
 // The layer config for the given dimensions (from the input files) and the
 // keys of moe_layer_keys(); validated, so it throws ConfigError naming the key
 // and the rule.

@@ -155,13 +155,16 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
                      {"top_k", config.router.top_k}};
   metrics["backward"] = run.gradients.has_value();
   metrics["bias"] = in.bias.has_value();
-  nlohmann::json shapes = {{"x", shape_to_json(in.x.shape())},
-                           {"gate", shape_to_json(in.gate.shape())},
-                           {"wi0", shape_to_json(in.wi0.shape())},
-                           {"wi1", shape_to_json(in.wi1.shape())},
-                           {"wo", shape_to_json(in.wo.shape())}};
-  if (in.bias) shapes["bias"] = shape_to_json(in.bias->shape());
-  if (in.dy) shapes["dy"] = shape_to_json(in.dy->shape());
+  const auto shape_of = [](const TensorView& view) {
+    return shape_to_json(Shape(view.shape().begin(), view.shape().end()));
+  };
+  nlohmann::json shapes = {{"x", shape_of(in.x)},
+                           {"gate", shape_of(in.gate)},
+                           {"wi0", shape_of(in.wi0)},
+                           {"wi1", shape_of(in.wi1)},
+                           {"wo", shape_of(in.wo)}};
+  if (in.bias) shapes["bias"] = shape_of(*in.bias);
+  if (in.dy) shapes["dy"] = shape_of(*in.dy);
   const std::map<std::string, const Tensor*> outputs = {
       {"y", &run.forward.y}, {"topk_ids", &run.forward.topk_ids}, {"topk_weights", &run.forward.topk_weights}};
   for (const auto& [name, tensor] : outputs) shapes[name] = shape_to_json(tensor->shape());

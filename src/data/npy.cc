@@ -393,12 +393,13 @@ Tensor read_npy(const std::filesystem::path& path, DType expected_dtype, const E
   return read_checked_npy(path, expected_dtype, &expected_shape);
 }
 
-void write_npy(const std::filesystem::path& path, const Tensor& tensor) {
-  if (tensor.dtype() != DType::f32 && tensor.dtype() != DType::i32 && tensor.dtype() != DType::i64) {
-    fail(path, "epmoe writes float32, int32 and int64 .npy files, not " + std::string(dtype_name(tensor.dtype())));
+void write_npy(const std::filesystem::path& path, TensorView array) {
+  if (array.dtype() != DType::f32 && array.dtype() != DType::i32 && array.dtype() != DType::i64) {
+    fail(path, "epmoe writes float32, int32 and int64 .npy files, not " + std::string(dtype_name(array.dtype())));
   }
-  std::string header = "{'descr': '" + npy_descr(tensor.dtype()) +
-                       "', 'fortran_order': False, 'shape': " + shape_tuple_text(tensor.shape()) + ", }";
+  if (!array.is_contiguous()) fail(path, "the array to write is not C-contiguous");
+  std::string header = "{'descr': '" + npy_descr(array.dtype()) + "', 'fortran_order': False, 'shape': " +
+                       shape_tuple_text(Shape(array.shape().begin(), array.shape().end())) + ", }";
   // As numpy does: version 1.0 unless the header needs a 4-byte length; pad
   // with spaces so the array bytes start 64-byte aligned; end with '\n'.
   const bool needs_v2 = header.size() + kHeaderAlignment + 1 > std::numeric_limits<std::uint16_t>::max();
@@ -414,7 +415,7 @@ void write_npy(const std::filesystem::path& path, const Tensor& tensor) {
   for (std::size_t i = 0; i < length_bytes; ++i) {
     prefix.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
   }
-  const std::string_view data(static_cast<const char*>(tensor.raw()), static_cast<std::size_t>(tensor.size_bytes()));
+  const std::string_view data(static_cast<const char*>(array.raw()), static_cast<std::size_t>(array.size_bytes()));
   write_file_atomically(path, {prefix, header, data});
 }
 

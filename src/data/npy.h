@@ -58,7 +58,11 @@ Tensor read_npy(const std::filesystem::path& path, DType expected_dtype, const E
 // file in the same directory, which is renamed over `path` only when complete,
 // so a reader never sees a half-written array. On error the temporary file is
 // removed and a FileError is thrown.
-void write_npy(const std::filesystem::path& path, const Tensor& tensor);
+// `array` must be C-contiguous (a Tensor, or a view of a caller's buffer).
+void write_npy(const std::filesystem::path& path, TensorView array);
+// A Tensor, a temporary included (a view of one is refused elsewhere, as it
+// would dangle; here it lives through the call).
+inline void write_npy(const std::filesystem::path& path, const Tensor& tensor) { write_npy(path, tensor.view()); }
 
 // The numpy descr ("<f4") of a dtype epmoe writes; FileError-free, throws
 // InternalError for bf16 / fp8 (which have no numpy dtype).

@@ -1,0 +1,83 @@
+// epmoe::ExpertParallelLayer: one routed MoE layer, forward and (with dy)
+// backward, expert parallel over R rank threads inside the call, on the
+// caller's own buffers. It runs exactly what `epmoe layer` runs on the same
+// arrays (one code path), so its outputs have the same bits as that command's
+// .npy files.
+//
+//   epmoe::ExpertParallelLayer layer({{"ranks", "2"}, {"top_k", "2"}, {"dispatch", "ring"}});
+//   epmoe::LayerArrays in{.x = x, .gate = gate, .wi0 = wi0, .wi1 = wi1, .wo = wo, .dy = dy};
+//   std::string metrics = layer.run(in, out);   // out: views of the caller's output buffers
+//
+// Inputs are read in place, never copied in: rank r reads its rows of x and
+// dy and its experts' rows of wi0, wi1, wo through views of the caller's
+// arrays (which must stay alive and unchanged during run()). Outputs are
+// written into the caller's buffers.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <epmoe/tensor_view.h>
+
+namespace epmoe {
+
+// The full (unsharded) arrays of one layer, float32, C-contiguous.
+struct LayerArrays {
+  TensorView x;     // [N, H]
+  TensorView gate;  // [H, E], replicated
+  TensorView wi0;   // [E, H, F]
+  TensorView wi1;   // [E, H, F]
+  TensorView wo;    // [E, F, H]
+  TensorView bias;  // [E]; empty: none (only router=sigmoid_grouped uses one)
+  TensorView dy;    // [N, H]; empty: forward only
+};
+
+// Where run() writes its results: the caller's buffers, C-contiguous, of
+// exactly these shapes and dtypes (as `epmoe layer` writes its .npy files).
+// The gradients are required when LayerArrays::dy is given and must be empty
+// otherwise.
+struct LayerOutputs {
+  MutableTensorView y;             // [N, H] f32
+  MutableTensorView topk_ids;      // [N, K] i32
+  MutableTensorView topk_weights;  // [N, K] f32
+  MutableTensorView dx;            // [N, H] f32
+  MutableTensorView dgate;         // [H, E] f32: every rank's part summed in rank order
+  MutableTensorView dwi0;          // [E, H, F] f32
+  MutableTensorView dwi1;          // [E, H, F] f32
+  MutableTensorView dwo;           // [E, F, H] f32
+};
+
+class ExpertParallelLayer {
+ public:
+  // `keys`: any key of `epmoe layer` (`epmoe layer --help` lists them with
+  // their defaults), as text: {"ranks", "4"}, {"dispatch", "alltoall"},
+  // {"dedup", "true"}, ... An unknown key or a bad value throws
+  // epmoe::ConfigError (<epmoe/error.h>) naming the key and the rule. Rules
+  // that need the arrays' dimensions (top_k <= E, ranks divides E) are checked
+  // by run(). transport=mpi is refused: an embedding process holds its own
+  // MPI, if any.
+  explicit ExpertParallelLayer(const std::map<std::string, std::string>& keys = {});
+  ~ExpertParallelLayer();
+  ExpertParallelLayer(ExpertParallelLayer&&) noexcept;
+  ExpertParallelLayer& operator=(ExpertParallelLayer&&) noexcept;
+
+  // K, the experts each token is routed to (top_k=): the second dimension of
+  // LayerOutputs::topk_ids and topk_weights.
+  int top_k() const;
+
+  // Runs the layer: checks every shape and dtype (ConfigError naming the
+  // array, its shape and the expected one), refuses non-finite inputs
+  // (NumericError naming the array and index), then computes and writes the
+  // outputs. Returns what `epmoe layer` writes to metrics.json, as JSON text:
+  // timings, bytes per collective, per-rank loads. Blocks until done; a rank's
+  // failure ends every rank's wait and is rethrown here.
+  std::string run(const LayerArrays& arrays, const LayerOutputs& outputs);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace epmoe
