@@ -303,7 +303,7 @@ struct Workspace {
   std::vector<Candidate> eplb;  // [nodes]
   Candidate trial, best;
   std::vector<double> expert_loads, per_copy, group_loads, pack_loads;
-  std::vector<int> node_experts, order, group_order, node_groups, node_fill, filled, limit, caps;
+  std::vector<int> node_experts, order, group_order, node_groups, node_fill, filled, limit, caps, node_order;
 };
 
 // EPLB's balanced packing of groups onto nodes: heaviest first, each onto the
@@ -332,6 +332,18 @@ void pack_groups(Workspace& w, int num_packs, int capacity) {
   }
 }
 
+// A node's placement into the layer's rows of physical_to_logical and logical_count.
+void write_node(const Candidate& c, const int* node_experts, int node, const Layout& l,
+                std::int64_t* physical_to_logical, std::int64_t* logical_count) {
+  for (int g = 0; g < l.gpus_per_node; ++g) {
+    EPMOE_CHECK_EQ(c.fill[g], l.slots_per_gpu);
+    const std::int64_t first_slot = static_cast<std::int64_t>(node * l.gpus_per_node + g) * l.slots_per_gpu;
+    for (int s = 0; s < l.slots_per_gpu; ++s)
+      physical_to_logical[first_slot + s] = node_experts[c.copy_expert[c.at(g, s)]];
+  }
+  for (int i = 0; i < c.n; ++i) logical_count[node_experts[i]] = c.count[i];
+}
+
 // One layer: writes its rows of the three outputs.
 void rebalance_layer(const float* weight, int num_logical_experts, const Layout& l, int max_copies, Workspace& w,
                      std::int64_t* physical_to_logical, std::int64_t* logical_to_physical,
@@ -346,12 +358,12 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
   pack_groups(w, l.num_nodes, l.groups_per_node);
 
   // EPLB's stages 2 and 3 on every node first (copies uncapped, packing
-  // blind to duplicates): a node where that holds no duplicate keeps it, and
-  // its max GPU load over all nodes is the target of the others.
+  // blind to duplicates): a node where that holds no duplicate keeps it.
   const int n = l.experts_per_node;
   w.node_experts.resize(num_logical_experts);
   w.expert_loads.resize(num_logical_experts);
-  double target = 0.0;
+  double kept_max = 0.0;  // the max GPU load so far of the nodes decided
+  w.node_order.clear();
   for (int node = 0; node < l.num_nodes; ++node) {
     // The node's experts: its groups in arrival order, each group's experts in order.
     int* experts = w.node_experts.data() + node * n;
@@ -360,35 +372,52 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
         experts[r * l.group_size + i] = w.node_groups[node * l.groups_per_node + r] * l.group_size + i;
     }
     for (int i = 0; i < n; ++i) w.expert_loads[node * n + i] = weight[experts[i]];
-    replicate(w.expert_loads.data() + node * n, l.copies_per_node, w.eplb[node], w.per_copy);
-    pack(w.eplb[node], /*avoid_duplicates=*/false, w.order);
-    target = std::max(target, w.eplb[node].max_load());
+    Candidate& eplb = w.eplb[node];
+    replicate(w.expert_loads.data() + node * n, l.copies_per_node, eplb, w.per_copy);
+    pack(eplb, /*avoid_duplicates=*/false, w.order);
+    if (eplb.duplicate) {
+      w.node_order.push_back(node);
+    } else {
+      kept_max = std::max(kept_max, eplb.max_load());
+      write_node(eplb, w.node_experts.data() + node * n, node, l, physical_to_logical, logical_count);
+    }
   }
+  // The nodes with a duplicate, highest EPLB max load first: the first sets
+  // the layer's max load, searched down as far as the local search goes; the
+  // others stop once at most the max so far (lower would not lower the
+  // layer's max).
+  std::sort(w.node_order.begin(), w.node_order.end(), [&](int a, int b) {
+    const double la = w.eplb[a].max_load(), lb = w.eplb[b].max_load();
+    return la > lb || (la == lb && a < b);
+  });
 
-  for (int node = 0; node < l.num_nodes; ++node) {
+  for (const int node : w.node_order) {
     const double* expert_loads = w.expert_loads.data() + node * n;
     const Candidate& eplb = w.eplb[node];
-    const Candidate* chosen = &eplb;
-    if (eplb.duplicate) {
+    {
       // Duplicate-free candidates, each improved by the local search, until
-      // one is at most the target (EPLB's max GPU load): (1) copies capped at
-      // one per GPU, packed skipping the GPUs that hold the expert; when no
-      // expert has more copies than GPUs, EPLB's copies (2) packed that way
-      // and (3) in EPLB's packing with its duplicates swapped away; (4) (1)'s
-      // copies with one or two fewer for the two heaviest replicated experts
-      // (duplicates let EPLB split an expert unevenly; without them, fewer
-      // copies of the hottest experts can be what leaves one per GPU). Else
-      // the lowest max load of them.
+      // one is at most this node's EPLB max load (or the max so far, when
+      // higher): (1) copies capped at one per GPU, packed skipping the GPUs
+      // that hold the expert; when no expert has more copies than GPUs,
+      // EPLB's copies (2) packed that way and (3) in EPLB's packing with its
+      // duplicates swapped away; (4) (1)'s copies with one or two fewer for
+      // the two heaviest replicated experts (duplicates let EPLB split an
+      // expert unevenly; without them, fewer copies of the hottest experts
+      // can be what leaves one per GPU). Else the lowest max load of them.
       double total = 0.0;
       for (int i = 0; i < n; ++i) total += expert_loads[i];
-      const double floor = total / l.gpus_per_node;
-      const double stop = std::max(floor, target) * (1.0 + 1e-12);
+      const double floor = std::max(total / l.gpus_per_node, kept_max);
+      const double stop = std::max(floor, eplb.max_load()) * (1.0 + 1e-12);
+      const bool eplb_copies_fit = *std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node;
       Candidate& best = w.best;
-      replicate(expert_loads, l.gpus_per_node, best, w.per_copy);
+      if (eplb_copies_fit) {  // the capped replication is EPLB's
+        best.w = eplb.w, best.count = eplb.count, best.copy_expert = eplb.copy_expert, best.copy_load = eplb.copy_load;
+      } else {
+        replicate(expert_loads, l.gpus_per_node, best, w.per_copy);
+      }
       pack(best, /*avoid_duplicates=*/true, w.order);
       lower_max_load(best, floor, /*two_for_two=*/false);
       double best_max = best.max_load();
-      const bool eplb_copies_fit = *std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node;
       // The two heaviest experts with more than one copy in (1).
       int hot[2] = {-1, -1};
       for (int i = 0; i < n; ++i) {
@@ -430,20 +459,11 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
         const double trial_max = trial.max_load();
         if (trial_max < best_max) std::swap(best, trial), best_max = trial_max;
       }
-      chosen = &best;
+      kept_max = std::max(kept_max, best_max);
+      write_node(best, w.node_experts.data() + node * n, node, l, physical_to_logical, logical_count);
     }
-    const int* node_experts = w.node_experts.data() + node * n;
-    const Candidate& c = *chosen;
-    for (int g = 0; g < l.gpus_per_node; ++g) {
-      EPMOE_CHECK_EQ(c.fill[g], l.slots_per_gpu);
-      const std::int64_t first_slot = static_cast<std::int64_t>(node * l.gpus_per_node + g) * l.slots_per_gpu;
-      for (int s = 0; s < l.slots_per_gpu; ++s)
-        physical_to_logical[first_slot + s] = node_experts[c.copy_expert[c.at(g, s)]];
-    }
-    for (int i = 0; i < n; ++i) logical_count[node_experts[i]] = c.count[i];
   }
 
-  std::fill(logical_to_physical, logical_to_physical + static_cast<std::size_t>(num_logical_experts) * max_copies, -1);
   w.filled.assign(num_logical_experts, 0);
   const int num_physical = l.copies_per_node * l.num_nodes;
   for (int p = 0; p < num_physical; ++p) {
@@ -504,7 +524,7 @@ ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers,
   out.max_copies = options.num_replicas - num_logical_experts + 1;
   const std::size_t P = options.num_replicas, E = num_logical_experts;
   out.physical_to_logical.resize(num_layers * P);
-  out.logical_to_physical.resize(num_layers * E * out.max_copies);
+  out.logical_to_physical.assign(num_layers * E * out.max_copies, -1);  // EPLB's padding
   out.logical_count.resize(num_layers * E);
   Workspace w;
   w.eplb.resize(l.num_nodes);
