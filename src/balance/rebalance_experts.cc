@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -46,13 +47,14 @@ struct Candidate {
   std::vector<int> slot;          // [gpus * slots] copy in each slot
   std::vector<int> fill;          // [gpus] used slots
   std::vector<double> load;       // [gpus]
+  std::vector<double> key;        // [gpus] packing scratch
   std::vector<int> holds;         // [gpus * n] copies of each expert on each GPU
   bool duplicate = false;         // some GPU holds an expert twice
 
   void resize(int experts, int num_copies, int num_gpus, int num_slots) {
     n = experts, copies = num_copies, gpus = num_gpus, slots = num_slots;
     count.resize(n), copy_expert.resize(copies), copy_load.resize(copies);
-    slot.resize(static_cast<std::size_t>(gpus) * slots), fill.resize(gpus), load.resize(gpus);
+    slot.resize(static_cast<std::size_t>(gpus) * slots), fill.resize(gpus), load.resize(gpus), key.resize(gpus);
     holds.resize(static_cast<std::size_t>(gpus) * n);
   }
   int& held(int gpu, int expert) { return holds[static_cast<std::size_t>(gpu) * n + expert]; }
@@ -91,8 +93,15 @@ void replicate(const double* expert_loads, int cap, Candidate& c, std::vector<do
   for (int i = 0; i < c.n; ++i) c.count[i] = 1, c.copy_expert[i] = i, per_copy[i] = expert_loads[i];
   for (int j = c.n; j < c.copies; ++j) {
     int best = -1;
-    for (int i = 0; i < c.n; ++i) {
-      if (c.count[i] < (limit ? limit[i] : cap) && (best < 0 || per_copy[i] > per_copy[best])) best = i;
+    double best_load = 0.0;
+    if (limit == nullptr) {
+      for (int i = 0; i < c.n; ++i) {
+        if (c.count[i] < cap && (best < 0 || per_copy[i] > best_load)) best = i, best_load = per_copy[i];
+      }
+    } else {
+      for (int i = 0; i < c.n; ++i) {
+        if (c.count[i] < limit[i] && (best < 0 || per_copy[i] > best_load)) best = i, best_load = per_copy[i];
+      }
     }
     EPMOE_CHECK_GE(best, 0);  // validate: copies_per_node <= experts_per_node * gpus_per_node
     per_copy[best] = expert_loads[best] / ++c.count[best];
@@ -117,17 +126,32 @@ void pack(Candidate& c, bool avoid_duplicates, std::vector<int>& order) {
   std::sort(order.begin(), order.end(), [&](int a, int b) {
     return c.copy_load[a] > c.copy_load[b] || (c.copy_load[a] == c.copy_load[b] && a < b);
   });
+  // key[g]: GPU g's load, infinite once full; the lightest with room is the
+  // first minimum of key (branch-free scans).
+  constexpr double kFull = std::numeric_limits<double>::infinity();
+  std::vector<double>& key = c.key;
+  std::fill(key.begin(), key.end(), 0.0);
   for (const int copy : order) {
     const int expert = c.copy_expert[copy];
-    int best = -1, lightest_with_room = -1;
-    for (int g = 0; g < c.gpus; ++g) {
-      if (c.fill[g] == c.slots) continue;
-      if (lightest_with_room < 0 || c.load[g] < c.load[lightest_with_room]) lightest_with_room = g;
-      if (avoid_duplicates && c.held(g, expert)) continue;
-      if (best < 0 || c.load[g] < c.load[best]) best = g;
+    int lightest_with_room = 0;
+    double lightest = key[0];
+    for (int g = 1; g < c.gpus; ++g) {
+      const bool lower = key[g] < lightest;
+      lightest_with_room = lower ? g : lightest_with_room;
+      lightest = lower ? key[g] : lightest;
+    }
+    int best = lightest_with_room;
+    if (avoid_duplicates && c.held(best, expert)) {
+      best = -1;
+      double best_load = kFull;
+      for (int g = 0; g < c.gpus; ++g) {
+        const double k = c.held(g, expert) ? kFull : key[g];
+        if (k < best_load) best = g, best_load = k;
+      }
     }
     if (best >= 0) {
       c.put(best, copy);
+      key[best] = c.fill[best] == c.slots ? kFull : c.load[best];
       continue;
     }
     const int q = lightest_with_room;
@@ -145,6 +169,7 @@ void pack(Candidate& c, bool avoid_duplicates, std::vector<int>& order) {
     c.put(q, copy);               // then swap it with Y: q gets Y, p gets the copy
     c.swap(q, c.fill[q] - 1, swap_gpu, swap_slot);
     c.duplicate = false;
+    key[q] = c.fill[q] == c.slots ? kFull : c.load[q];
   }
 }
 
@@ -526,7 +551,7 @@ ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers,
   out.physical_to_logical.resize(num_layers * P);
   out.logical_to_physical.assign(num_layers * E * out.max_copies, -1);  // EPLB's padding
   out.logical_count.resize(num_layers * E);
-  Workspace w;
+  thread_local Workspace w;  // scratch kept between calls: no allocation once warm
   w.eplb.resize(l.num_nodes);
   for (Candidate& c : w.eplb) c.resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
   for (Candidate* c : {&w.trial, &w.best})
