@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -40,9 +41,11 @@ Layout layout_of(int num_logical_experts, const RebalanceExpertsOptions& options
 // storage, so the hot loops never allocate).
 struct Candidate {
   int n = 0, copies = 0, gpus = 0, slots = 0;
-  const double* w = nullptr;      // [n] expert loads
-  std::vector<int> count;         // [n] copies of each expert
-  std::vector<int> copy_expert;   // [copies] the experts in order, then the extra copies as created
+  const double* w = nullptr;     // [n] expert loads
+  std::vector<int> count;        // [n] copies of each expert
+  std::vector<int> copy_expert;  // [copies] the experts in order, then the extra copies as created
+  std::vector<int> order;        // [copies] heaviest first (ties to the lower index), when `sorted`
+  bool sorted = false;
   std::vector<double> copy_load;  // [copies] the expert's load / its copies
   std::vector<int> slot;          // [gpus * slots] copy in each slot
   std::vector<int> fill;          // [gpus] used slots
@@ -90,6 +93,7 @@ void replicate(const double* expert_loads, int cap, Candidate& c, std::vector<do
                const int* limit = nullptr) {
   per_copy.resize(c.n);
   c.w = expert_loads;
+  c.sorted = false;
   for (int i = 0; i < c.n; ++i) c.count[i] = 1, c.copy_expert[i] = i, per_copy[i] = expert_loads[i];
   for (int j = c.n; j < c.copies; ++j) {
     int best = -1;
@@ -115,17 +119,21 @@ void replicate(const double* expert_loads, int cap, Candidate& c, std::vector<do
 // `avoid_duplicates` only GPUs without the expert, and when every GPU with
 // room holds it, a copy Y on a full GPU p without the expert, Y not held by
 // q = the lightest GPU with room, moves to q and the copy takes Y's slot.
-void pack(Candidate& c, bool avoid_duplicates, std::vector<int>& order) {
+void pack(Candidate& c, bool avoid_duplicates, std::vector<std::pair<double, int>>& sort_buffer) {
   c.clear_packing();
   if (c.slots == 1) {  // EPLB's shortcut: copy j on GPU j (no GPU can hold two)
     for (int j = 0; j < c.copies; ++j) c.put(j, j);
     return;
   }
-  order.resize(c.copies);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return c.copy_load[a] > c.copy_load[b] || (c.copy_load[a] == c.copy_load[b] && a < b);
-  });
+  std::vector<int>& order = c.order;
+  if (!c.sorted) {  // sorted (load, index) pairs: no indirection in the comparisons
+    sort_buffer.resize(c.copies);
+    for (int j = 0; j < c.copies; ++j) sort_buffer[j] = {-c.copy_load[j], j};
+    std::sort(sort_buffer.begin(), sort_buffer.end());
+    order.resize(c.copies);
+    for (int j = 0; j < c.copies; ++j) order[j] = sort_buffer[j].second;
+    c.sorted = true;
+  }
   // key[g]: GPU g's load, infinite once full; the lightest with room is the
   // first minimum of key (branch-free scans).
   constexpr double kFull = std::numeric_limits<double>::infinity();
@@ -225,6 +233,7 @@ void retarget(Candidate& c, int h, int s, int to) {
   --c.count[from], ++c.count[to];
   --c.held(h, from), ++c.held(h, to);
   c.copy_expert[copy] = to;
+  c.sorted = false;
   for (int j = 0; j < c.copies; ++j) c.copy_load[j] = c.w[c.copy_expert[j]] / c.count[c.copy_expert[j]];
   for (int g = 0; g < c.gpus; ++g) {
     double load = 0.0;
@@ -328,7 +337,8 @@ struct Workspace {
   std::vector<Candidate> eplb;  // [nodes]
   Candidate trial, best;
   std::vector<double> expert_loads, per_copy, group_loads, pack_loads;
-  std::vector<int> node_experts, order, group_order, node_groups, node_fill, filled, limit, caps, node_order;
+  std::vector<std::pair<double, int>> sort_buffer;
+  std::vector<int> node_experts, group_order, node_groups, node_fill, filled, limit, caps, node_order;
 };
 
 // EPLB's balanced packing of groups onto nodes: heaviest first, each onto the
@@ -399,7 +409,7 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
     for (int i = 0; i < n; ++i) w.expert_loads[node * n + i] = weight[experts[i]];
     Candidate& eplb = w.eplb[node];
     replicate(w.expert_loads.data() + node * n, l.copies_per_node, eplb, w.per_copy);
-    pack(eplb, /*avoid_duplicates=*/false, w.order);
+    pack(eplb, /*avoid_duplicates=*/false, w.sort_buffer);
     if (eplb.duplicate) {
       w.node_order.push_back(node);
     } else {
@@ -437,10 +447,11 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
       Candidate& best = w.best;
       if (eplb_copies_fit) {  // the capped replication is EPLB's
         best.w = eplb.w, best.count = eplb.count, best.copy_expert = eplb.copy_expert, best.copy_load = eplb.copy_load;
+        best.order = eplb.order, best.sorted = eplb.sorted;
       } else {
         replicate(expert_loads, l.gpus_per_node, best, w.per_copy);
       }
-      pack(best, /*avoid_duplicates=*/true, w.order);
+      pack(best, /*avoid_duplicates=*/true, w.sort_buffer);
       lower_max_load(best, floor, /*two_for_two=*/false);
       double best_max = best.max_load();
       // The two heaviest experts with more than one copy in (1).
@@ -461,7 +472,7 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
           if (!eplb_copies_fit) continue;
           trial = eplb;
           if (variant == 0) {
-            pack(trial, /*avoid_duplicates=*/true, w.order);
+            pack(trial, /*avoid_duplicates=*/true, w.sort_buffer);
           } else {
             remove_duplicates(trial);
           }
@@ -478,7 +489,7 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
             if (hot[k] >= 0) caps[hot[k]] = w.limit[hot[k]] - fewer[k];
           if (std::accumulate(caps.begin(), caps.end(), 0) < l.copies_per_node) continue;
           replicate(expert_loads, l.gpus_per_node, trial, w.per_copy, caps.data());
-          pack(trial, /*avoid_duplicates=*/true, w.order);
+          pack(trial, /*avoid_duplicates=*/true, w.sort_buffer);
         }
         lower_max_load(trial, floor, /*two_for_two=*/true);
         const double trial_max = trial.max_load();
