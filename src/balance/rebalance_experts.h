@@ -73,7 +73,9 @@ struct ExpertRebalance {
 // placement without a duplicate), negative or non-finite loads.
 void validate_rebalance(int num_layers, int num_logical_experts, const RebalanceExpertsOptions& options);
 
-// `weight` [num_layers, num_logical_experts], row-major, loads >= 0.
+// `weight` [num_layers, num_logical_experts], row-major, loads >= 0. Scratch
+// is kept per thread between calls (no allocation once warm besides the
+// outputs); calls from several threads are independent.
 ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers, int num_logical_experts,
                                   const RebalanceExpertsOptions& options);
 
