@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -33,314 +36,475 @@ Layout layout_of(int num_logical_experts, const RebalanceExpertsOptions& options
   return l;
 }
 
-// Items (indices into `weights`) heaviest first, ties to the lower index.
-std::vector<int> heaviest_first(const std::vector<double>& weights) {
-  std::vector<int> order(weights.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return weights[a] > weights[b]; });
-  return order;
-}
+// One node's replication and placement: flat arrays sized once per call and
+// reused for every layer and node (copy-assigning one into another reuses the
+// storage, so the hot loops never allocate).
+struct Candidate {
+  int n = 0, copies = 0, gpus = 0, slots = 0;
+  const double* w = nullptr;     // [n] expert loads
+  std::vector<int> count;        // [n] copies of each expert
+  std::vector<int> copy_expert;  // [copies] the experts in order, then the extra copies as created
+  std::vector<int> order;        // [copies] heaviest first (ties to the lower index), when `sorted`
+  bool sorted = false;
+  std::vector<double> copy_load;  // [copies] the expert's load / its copies
+  std::vector<int> slot;          // [gpus * slots] copy in each slot
+  std::vector<int> fill;          // [gpus] used slots
+  std::vector<double> load;       // [gpus]
+  std::vector<double> key;        // [gpus] packing scratch
+  std::vector<int> holds;         // [gpus * n] copies of each expert on each GPU
+  bool duplicate = false;         // some GPU holds an expert twice
 
-// EPLB's balanced packing of groups onto nodes: heaviest first, each onto the
-// lightest pack with room. Returns the groups of each pack in arrival order.
-std::vector<std::vector<int>> pack_groups(const std::vector<double>& group_loads, int num_packs, int capacity) {
-  std::vector<std::vector<int>> packs(num_packs);
-  if (capacity == 1) {
-    for (int p = 0; p < num_packs; ++p) packs[p].push_back(p);
-    return packs;
+  void resize(int experts, int num_copies, int num_gpus, int num_slots) {
+    n = experts, copies = num_copies, gpus = num_gpus, slots = num_slots;
+    count.resize(n), copy_expert.resize(copies), copy_load.resize(copies);
+    slot.resize(static_cast<std::size_t>(gpus) * slots), fill.resize(gpus), load.resize(gpus), key.resize(gpus);
+    holds.resize(static_cast<std::size_t>(gpus) * n);
   }
-  std::vector<double> pack_loads(num_packs, 0.0);
-  for (const int group : heaviest_first(group_loads)) {
+  int& held(int gpu, int expert) { return holds[static_cast<std::size_t>(gpu) * n + expert]; }
+  int held(int gpu, int expert) const { return holds[static_cast<std::size_t>(gpu) * n + expert]; }
+  int at(int gpu, int s) const { return slot[static_cast<std::size_t>(gpu) * slots + s]; }
+  double max_load() const { return *std::max_element(load.begin(), load.end()); }
+  void clear_packing() {
+    std::fill(fill.begin(), fill.end(), 0);
+    std::fill(load.begin(), load.end(), 0.0);
+    std::fill(holds.begin(), holds.end(), 0);
+    duplicate = false;
+  }
+  void put(int gpu, int copy) {
+    slot[static_cast<std::size_t>(gpu) * slots + fill[gpu]++] = copy;
+    load[gpu] += copy_load[copy];
+    duplicate |= ++held(gpu, copy_expert[copy]) > 1;
+  }
+  // Swaps slot a of GPU p with slot b of GPU q.
+  void swap(int p, int a, int q, int b) {
+    int& sa = slot[static_cast<std::size_t>(p) * slots + a];
+    int& sb = slot[static_cast<std::size_t>(q) * slots + b];
+    const double delta = copy_load[sa] - copy_load[sb];
+    load[p] -= delta, load[q] += delta;
+    --held(p, copy_expert[sa]), ++held(p, copy_expert[sb]);
+    --held(q, copy_expert[sb]), ++held(q, copy_expert[sa]);
+    std::swap(sa, sb);
+  }
+};
+
+// Stage 2: one more copy at a time to the largest load per copy (ties to the
+// lower index), at most `cap` each.
+void replicate(const double* expert_loads, int cap, Candidate& c, std::vector<double>& per_copy,
+               const int* limit = nullptr) {
+  per_copy.resize(c.n);
+  c.w = expert_loads;
+  c.sorted = false;
+  for (int i = 0; i < c.n; ++i) c.count[i] = 1, c.copy_expert[i] = i, per_copy[i] = expert_loads[i];
+  for (int j = c.n; j < c.copies; ++j) {
     int best = -1;
-    for (int p = 0; p < num_packs; ++p) {
-      if (static_cast<int>(packs[p].size()) < capacity && (best < 0 || pack_loads[p] < pack_loads[best])) best = p;
+    double best_load = 0.0;
+    if (limit == nullptr) {
+      for (int i = 0; i < c.n; ++i) {
+        if (c.count[i] < cap && (best < 0 || per_copy[i] > best_load)) best = i, best_load = per_copy[i];
+      }
+    } else {
+      for (int i = 0; i < c.n; ++i) {
+        if (c.count[i] < limit[i] && (best < 0 || per_copy[i] > best_load)) best = i, best_load = per_copy[i];
+      }
     }
-    packs[best].push_back(group);
-    pack_loads[best] += group_loads[group];
+    EPMOE_CHECK_GE(best, 0);  // validate: copies_per_node <= experts_per_node * gpus_per_node
+    per_copy[best] = expert_loads[best] / ++c.count[best];
+    c.copy_expert[j] = best;
   }
-  return packs;
+  for (int j = 0; j < c.copies; ++j) c.copy_load[j] = per_copy[c.copy_expert[j]];
 }
 
-// Stage 3 within one node: the node's copies (copy_expert[j], an index into
-// the node's experts; copy_load[j]) onto `num_gpus` GPUs of `capacity` slots,
-// heaviest first onto the lightest GPU with a free slot that does not hold
-// the expert, with the swap of rebalance_experts.h when none is left. Returns
-// each GPU's copies in slot order.
-std::vector<std::vector<int>> pack_copies(const std::vector<int>& copy_expert, const std::vector<double>& copy_load,
-                                          int num_experts, int num_gpus, int capacity, bool avoid_duplicates) {
-  const int num_copies = static_cast<int>(copy_expert.size());
-  std::vector<std::vector<int>> gpus(num_gpus);
-  if (capacity == 1) {  // EPLB's shortcut: copy j on GPU j (no GPU can hold two)
-    for (int j = 0; j < num_copies; ++j) gpus[j].push_back(j);
-    return gpus;
+// Stage 3: copies heaviest first (ties to the lower index), each onto the
+// lightest GPU with a free slot (ties to the lower GPU); with
+// `avoid_duplicates` only GPUs without the expert, and when every GPU with
+// room holds it, a copy Y on a full GPU p without the expert, Y not held by
+// q = the lightest GPU with room, moves to q and the copy takes Y's slot.
+void pack(Candidate& c, bool avoid_duplicates, std::vector<std::pair<double, int>>& sort_buffer) {
+  c.clear_packing();
+  if (c.slots == 1) {  // EPLB's shortcut: copy j on GPU j (no GPU can hold two)
+    for (int j = 0; j < c.copies; ++j) c.put(j, j);
+    return;
   }
-  std::vector<double> gpu_loads(num_gpus, 0.0);
-  std::vector<char> holds(static_cast<std::size_t>(num_gpus) * num_experts, 0);
-  const auto held = [&](int gpu, int expert) -> char& {
-    return holds[static_cast<std::size_t>(gpu) * num_experts + expert];
-  };
-  for (const int copy : heaviest_first(copy_load)) {
-    const int expert = copy_expert[copy];
-    int best = -1, lightest_with_room = -1;
-    for (int g = 0; g < num_gpus; ++g) {
-      if (static_cast<int>(gpus[g].size()) == capacity) continue;
-      if (lightest_with_room < 0 || gpu_loads[g] < gpu_loads[lightest_with_room]) lightest_with_room = g;
-      if (avoid_duplicates && held(g, expert)) continue;
-      if (best < 0 || gpu_loads[g] < gpu_loads[best]) best = g;
+  std::vector<int>& order = c.order;
+  if (!c.sorted) {  // sorted (load, index) pairs: no indirection in the comparisons
+    sort_buffer.resize(c.copies);
+    for (int j = 0; j < c.copies; ++j) sort_buffer[j] = {-c.copy_load[j], j};
+    std::sort(sort_buffer.begin(), sort_buffer.end());
+    order.resize(c.copies);
+    for (int j = 0; j < c.copies; ++j) order[j] = sort_buffer[j].second;
+    c.sorted = true;
+  }
+  // key[g]: GPU g's load, infinite once full; the lightest with room is the
+  // first minimum of key (branch-free scans).
+  constexpr double kFull = std::numeric_limits<double>::infinity();
+  std::vector<double>& key = c.key;
+  std::fill(key.begin(), key.end(), 0.0);
+  for (const int copy : order) {
+    const int expert = c.copy_expert[copy];
+    int lightest_with_room = 0;
+    double lightest = key[0];
+    for (int g = 1; g < c.gpus; ++g) {
+      const bool lower = key[g] < lightest;
+      lightest_with_room = lower ? g : lightest_with_room;
+      lightest = lower ? key[g] : lightest;
+    }
+    int best = lightest_with_room;
+    if (avoid_duplicates && c.held(best, expert)) {
+      best = -1;
+      double best_load = kFull;
+      for (int g = 0; g < c.gpus; ++g) {
+        const double k = c.held(g, expert) ? kFull : key[g];
+        if (k < best_load) best = g, best_load = k;
+      }
     }
     if (best >= 0) {
-      gpus[best].push_back(copy);
-      gpu_loads[best] += copy_load[copy];
-      held(best, expert) = 1;
+      c.put(best, copy);
+      key[best] = c.fill[best] == c.slots ? kFull : c.load[best];
       continue;
     }
-    // Every GPU with room holds `expert`: the lightest copy Y on a full GPU p
-    // without `expert`, Y not on q = lightest_with_room, moves to q, and the
-    // copy takes Y's slot on p.
     const int q = lightest_with_room;
     EPMOE_CHECK_GE(q, 0);
     int swap_gpu = -1, swap_slot = -1;
-    for (int p = 0; p < num_gpus; ++p) {
-      if (held(p, expert)) continue;
-      for (int slot = 0; slot < static_cast<int>(gpus[p].size()); ++slot) {
-        const int other = gpus[p][slot];
-        if (held(q, copy_expert[other])) continue;
-        if (swap_gpu < 0 || copy_load[other] < copy_load[gpus[swap_gpu][swap_slot]]) swap_gpu = p, swap_slot = slot;
+    for (int p = 0; p < c.gpus; ++p) {
+      if (c.held(p, expert)) continue;
+      for (int s = 0; s < c.fill[p]; ++s) {
+        const int other = c.at(p, s);
+        if (c.held(q, c.copy_expert[other])) continue;
+        if (swap_gpu < 0 || c.copy_load[other] < c.copy_load[c.at(swap_gpu, swap_slot)]) swap_gpu = p, swap_slot = s;
       }
     }
-    EPMOE_CHECK_GE(swap_gpu, 0);  // rebalance_experts.h: a full GPU has an expert q lacks
-    const int moved = gpus[swap_gpu][swap_slot];
-    gpus[q].push_back(moved);
-    gpu_loads[q] += copy_load[moved];
-    held(q, copy_expert[moved]) = 1;
-    gpus[swap_gpu][swap_slot] = copy;
-    gpu_loads[swap_gpu] += copy_load[copy] - copy_load[moved];
-    held(swap_gpu, copy_expert[moved]) = 0;
-    held(swap_gpu, expert) = 1;
+    EPMOE_CHECK_GE(swap_gpu, 0);  // a full GPU has an expert q lacks
+    c.put(q, copy);               // then swap it with Y: q gets Y, p gets the copy
+    c.swap(q, c.fill[q] - 1, swap_gpu, swap_slot);
+    c.duplicate = false;
+    key[q] = c.fill[q] == c.slots ? kFull : c.load[q];
   }
-  return gpus;
-}
-
-// Loads of the GPUs of one node.
-std::vector<double> gpu_loads_of(const std::vector<std::vector<int>>& gpus, const std::vector<double>& copy_load) {
-  std::vector<double> loads(gpus.size(), 0.0);
-  for (std::size_t g = 0; g < gpus.size(); ++g) {
-    for (const int copy : gpus[g]) loads[g] += copy_load[copy];
-  }
-  return loads;
-}
-
-bool holds_a_duplicate(const std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert) {
-  for (const std::vector<int>& copies : gpus) {
-    for (std::size_t a = 0; a < copies.size(); ++a) {
-      for (std::size_t b = a + 1; b < copies.size(); ++b) {
-        if (copy_expert[copies[a]] == copy_expert[copies[b]]) return true;
-      }
-    }
-  }
-  return false;
-}
-
-// How many copies of each expert every GPU holds, [G * E]: the checks of the
-// swaps below in O(1).
-struct Holdings {
-  int num_experts;
-  std::vector<int> count;
-  Holdings(const std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert, int experts)
-      : num_experts(experts), count(gpus.size() * static_cast<std::size_t>(experts), 0) {
-    for (std::size_t g = 0; g < gpus.size(); ++g) {
-      for (const int copy : gpus[g]) ++at(static_cast<int>(g), copy_expert[copy]);
-    }
-  }
-  int& at(int gpu, int expert) { return count[static_cast<std::size_t>(gpu) * num_experts + expert]; }
-};
-
-// Swaps slot a of GPU p with slot b of GPU q, keeping loads and holdings.
-void swap_copies(std::vector<std::vector<int>>& gpus, std::vector<double>& loads, Holdings& holds,
-                 const std::vector<int>& copy_expert, const std::vector<double>& copy_load, int p, int a, int q,
-                 int b) {
-  const int copy_a = gpus[p][a], copy_b = gpus[q][b];
-  const double delta = copy_load[copy_a] - copy_load[copy_b];
-  loads[p] -= delta;
-  loads[q] += delta;
-  --holds.at(p, copy_expert[copy_a]), ++holds.at(p, copy_expert[copy_b]);
-  --holds.at(q, copy_expert[copy_b]), ++holds.at(q, copy_expert[copy_a]);
-  std::swap(gpus[p][a], gpus[q][b]);
 }
 
 // EPLB's packing made duplicate-free: each second copy of an expert on a GPU
-// is swapped with a copy on another GPU that neither GPU would then hold
-// twice, the swap that leaves the lower of the two GPUs' new loads (one
-// always exists: the other GPU is full of distinct experts, this one is not).
-void remove_duplicates(std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert,
-                       const std::vector<double>& copy_load, int num_experts) {
-  std::vector<double> loads = gpu_loads_of(gpus, copy_load);
-  Holdings holds(gpus, copy_expert, num_experts);
-  const int num_gpus = static_cast<int>(gpus.size());
-  for (int p = 0; p < num_gpus; ++p) {
-    for (int slot = 0; slot < static_cast<int>(gpus[p].size()); ++slot) {
-      const int copy = gpus[p][slot], expert = copy_expert[copy];
-      if (holds.at(p, expert) < 2) continue;  // not a duplicate
+// swapped with a copy of another GPU that neither GPU would then hold twice,
+// the swap leaving the lower of the two GPUs' new loads (one always exists:
+// the other GPU is full of distinct experts, this one is not).
+void remove_duplicates(Candidate& c) {
+  for (int p = 0; p < c.gpus; ++p) {
+    for (int a = 0; a < c.slots; ++a) {
+      const int copy = c.at(p, a), expert = c.copy_expert[copy];
+      if (c.held(p, expert) < 2) continue;
       int best_gpu = -1, best_slot = -1;
       double best_max = 0.0;
-      for (int q = 0; q < num_gpus; ++q) {
-        if (q == p || holds.at(q, expert) > 0) continue;
-        for (int other = 0; other < static_cast<int>(gpus[q].size()); ++other) {
-          const int candidate = gpus[q][other];
-          if (holds.at(p, copy_expert[candidate]) > 0) continue;
-          const double delta = copy_load[copy] - copy_load[candidate];
-          const double new_max = std::max(loads[p] - delta, loads[q] + delta);
-          if (best_gpu < 0 || new_max < best_max) best_gpu = q, best_slot = other, best_max = new_max;
+      for (int q = 0; q < c.gpus; ++q) {
+        if (q == p || c.held(q, expert) > 0) continue;
+        for (int b = 0; b < c.slots; ++b) {
+          const int other = c.at(q, b);
+          if (c.held(p, c.copy_expert[other]) > 0) continue;
+          const double delta = c.copy_load[copy] - c.copy_load[other];
+          const double new_max = std::max(c.load[p] - delta, c.load[q] + delta);
+          if (best_gpu < 0 || new_max < best_max) best_gpu = q, best_slot = b, best_max = new_max;
         }
       }
       EPMOE_CHECK_GE(best_gpu, 0);
-      swap_copies(gpus, loads, holds, copy_expert, copy_load, p, slot, best_gpu, best_slot);
+      c.swap(p, a, best_gpu, best_slot);
     }
+  }
+  c.duplicate = false;
+}
+
+// The node's max load if slot s of GPU h held a copy of `to` instead of its
+// expert `from` (which keeps count - 1 >= 1 copies; every copy of both then
+// carries the new load / copies). Returns early, with a load >= bound, once
+// some GPU reaches `bound`.
+double retarget_max(const Candidate& c, int h, int s, int to, double bound) {
+  const int from = c.copy_expert[c.at(h, s)];
+  const double from_old = c.w[from] / c.count[from], from_new = c.w[from] / (c.count[from] - 1);
+  const double to_old = c.w[to] / c.count[to], to_new = c.w[to] / (c.count[to] + 1);
+  double max = 0.0;
+  for (int g = 0; g < c.gpus; ++g) {
+    const int hf = c.held(g, from) - (g == h), ht = c.held(g, to);
+    double load = c.load[g] + hf * (from_new - from_old) + ht * (to_new - to_old);
+    if (g == h) load += to_new - from_old;
+    if (load >= bound) return load;
+    max = std::max(max, load);
+  }
+  return max;
+}
+
+void retarget(Candidate& c, int h, int s, int to) {
+  const int copy = c.at(h, s), from = c.copy_expert[copy];
+  --c.count[from], ++c.count[to];
+  --c.held(h, from), ++c.held(h, to);
+  c.copy_expert[copy] = to;
+  c.sorted = false;
+  for (int j = 0; j < c.copies; ++j) c.copy_load[j] = c.w[c.copy_expert[j]] / c.count[c.copy_expert[j]];
+  for (int g = 0; g < c.gpus; ++g) {
+    double load = 0.0;
+    for (int k = 0; k < c.slots; ++k) load += c.copy_load[c.at(g, k)];
+    c.load[g] = load;
   }
 }
 
-// Lowers the node's max load while it can: the swap of a copy on the most
-// loaded GPU with a lighter copy on another GPU (no GPU then holding an
-// expert twice) that lowers the larger of the two loads the most. Only ever
-// lowers the max, never the slot counts or the copies.
-void lower_max_load(std::vector<std::vector<int>>& gpus, const std::vector<int>& copy_expert,
-                    const std::vector<double>& copy_load, int num_experts) {
-  std::vector<double> loads = gpu_loads_of(gpus, copy_load);
-  Holdings holds(gpus, copy_expert, num_experts);
-  const int num_gpus = static_cast<int>(gpus.size());
-  for (int iteration = 0; iteration < 4 * num_gpus; ++iteration) {
-    const int m = static_cast<int>(std::max_element(loads.begin(), loads.end()) - loads.begin());
-    int best_gpu = -1, best_a = -1, best_b = -1;
-    double best_max = loads[m] * (1.0 - 1e-12);
-    for (int g = 0; g < num_gpus; ++g) {
-      if (g == m) continue;
-      for (int a = 0; a < static_cast<int>(gpus[m].size()); ++a) {
-        const int copy_a = gpus[m][a];
-        if (holds.at(g, copy_expert[copy_a]) > 0) continue;
-        for (int b = 0; b < static_cast<int>(gpus[g].size()); ++b) {
-          const int copy_b = gpus[g][b];
-          const double delta = copy_load[copy_a] - copy_load[copy_b];
-          if (delta <= 0.0 || holds.at(m, copy_expert[copy_b]) > 0) continue;
-          const double new_max = std::max(loads[m] - delta, loads[g] + delta);
-          if (new_max < best_max) best_max = new_max, best_gpu = g, best_a = a, best_b = b;
+// Local search on a duplicate-free placement: while the most loaded GPU m can
+// be lowered, the exchange of one copy (else two copies) of m with as many of
+// another GPU, no GPU then holding an expert twice, that leaves the lowest
+// larger load of the two. Stops at `floor` (no placement can be lower).
+void lower_max_load(Candidate& c, double floor, bool two_for_two) {
+  const double eps = 1e-12;
+  for (int iteration = 0; iteration < 16 * c.gpus; ++iteration) {
+    const int m = static_cast<int>(std::max_element(c.load.begin(), c.load.end()) - c.load.begin());
+    const double lm = c.load[m];
+    if (lm <= floor * (1.0 + eps)) return;
+    int best_gpu = -1, a1 = -1, b1 = -1, a2 = -1, b2 = -1;
+    double best_max = lm * (1.0 - eps);
+    for (int g = 0; g < c.gpus; ++g) {
+      if (g == m || c.load[g] >= best_max) continue;
+      for (int a = 0; a < c.slots; ++a) {
+        const int ca = c.at(m, a);
+        if (c.held(g, c.copy_expert[ca]) > 0) continue;
+        for (int b = 0; b < c.slots; ++b) {
+          const int cb = c.at(g, b);
+          const double delta = c.copy_load[ca] - c.copy_load[cb];
+          if (delta <= 0.0 || c.held(m, c.copy_expert[cb]) > 0) continue;
+          const double new_max = std::max(lm - delta, c.load[g] + delta);
+          if (new_max < best_max) best_max = new_max, best_gpu = g, a1 = a, b1 = b;
+        }
+      }
+    }
+    if (best_gpu < 0) {  // one copy given to another expert: (i) on m, (ii) to an expert of m elsewhere
+      int rh = -1, rs = -1, rto = -1;
+      for (int a = 0; a < c.slots; ++a) {
+        const int from = c.copy_expert[c.at(m, a)];
+        if (c.count[from] < 2) continue;
+        const double from_old = c.w[from] / c.count[from];
+        for (int to = 0; to < c.n; ++to) {
+          if (c.held(m, to) > 0 || lm - from_old + c.w[to] / (c.count[to] + 1) >= best_max) continue;
+          const double new_max = retarget_max(c, m, a, to, best_max);
+          if (new_max < best_max) best_max = new_max, rh = m, rs = a, rto = to;
+        }
+      }
+      for (int a = 0; a < c.slots; ++a) {
+        const int to = c.copy_expert[c.at(m, a)];
+        if (lm - c.w[to] / c.count[to] + c.w[to] / (c.count[to] + 1) >= best_max) continue;
+        for (int h = 0; h < c.gpus; ++h) {
+          if (c.held(h, to) > 0) continue;
+          for (int b = 0; b < c.slots; ++b) {
+            const int from = c.copy_expert[c.at(h, b)];
+            if (c.count[from] < 2) continue;
+            const double new_max = retarget_max(c, h, b, to, best_max);
+            if (new_max < best_max) best_max = new_max, rh = h, rs = b, rto = to;
+          }
+        }
+      }
+      if (rh >= 0) {
+        retarget(c, rh, rs, rto);
+        continue;
+      }
+    }
+    if (best_gpu < 0 && two_for_two && c.slots >= 2) {  // two for two
+      for (int g = 0; g < c.gpus; ++g) {
+        if (g == m || c.load[g] >= best_max) continue;
+        for (int x = 0; x < c.slots; ++x) {
+          for (int y = x + 1; y < c.slots; ++y) {
+            const int cx = c.at(m, x), cy = c.at(m, y);
+            const int ex = c.copy_expert[cx], ey = c.copy_expert[cy];
+            const double out = c.copy_load[cx] + c.copy_load[cy];
+            for (int u = 0; u < c.slots; ++u) {
+              for (int v = u + 1; v < c.slots; ++v) {
+                const int cu = c.at(g, u), cv = c.at(g, v);
+                const double delta = out - c.copy_load[cu] - c.copy_load[cv];
+                if (delta <= 0.0) continue;
+                const double new_max = std::max(lm - delta, c.load[g] + delta);
+                if (new_max >= best_max) continue;
+                const int eu = c.copy_expert[cu], ev = c.copy_expert[cv];
+                // g keeps its experts but u and v; m keeps its experts but x and y.
+                if ((c.held(g, ex) > 0 && ex != eu && ex != ev) || (c.held(g, ey) > 0 && ey != eu && ey != ev))
+                  continue;
+                if ((c.held(m, eu) > 0 && eu != ex && eu != ey) || (c.held(m, ev) > 0 && ev != ex && ev != ey))
+                  continue;
+                best_max = new_max, best_gpu = g, a1 = x, a2 = y, b1 = u, b2 = v;
+              }
+            }
+          }
         }
       }
     }
     if (best_gpu < 0) return;
-    swap_copies(gpus, loads, holds, copy_expert, copy_load, m, best_a, best_gpu, best_b);
+    c.swap(m, a1, best_gpu, b1);
+    if (a2 >= 0) c.swap(m, a2, best_gpu, b2);
   }
 }
 
-double max_load(const std::vector<std::vector<int>>& gpus, const std::vector<double>& copy_load) {
-  const std::vector<double> loads = gpu_loads_of(gpus, copy_load);
-  return *std::max_element(loads.begin(), loads.end());
-}
+// Per-call scratch: everything one node needs, allocated once.
+struct Workspace {
+  std::vector<Candidate> eplb;  // [nodes]
+  Candidate trial, best;
+  std::vector<double> expert_loads, per_copy, group_loads, pack_loads;
+  std::vector<std::pair<double, int>> sort_buffer;
+  std::vector<int> node_experts, group_order, node_groups, node_fill, filled, limit, caps, node_order;
+};
 
-// Stage 2: one more copy at a time to the largest load per copy (ties to the
-// lower index), at most `max_copies` each. Returns the expert of every copy:
-// the experts in order, then the extra copies as created.
-std::vector<int> replicate(const std::vector<double>& expert_loads, int num_copies, int max_copies,
-                           std::vector<int>& copies) {
-  const int num_experts = static_cast<int>(expert_loads.size());
-  copies.assign(num_experts, 1);
-  std::vector<int> copy_expert(num_copies);
-  for (int i = 0; i < num_experts; ++i) copy_expert[i] = i;
-  for (int j = num_experts; j < num_copies; ++j) {
+// EPLB's balanced packing of groups onto nodes: heaviest first, each onto the
+// lightest node with room. node_groups[node * capacity + r] = its r-th group.
+void pack_groups(Workspace& w, int num_packs, int capacity) {
+  const int num_groups = static_cast<int>(w.group_loads.size());
+  w.node_groups.resize(num_groups);
+  if (capacity == 1) {
+    for (int p = 0; p < num_packs; ++p) w.node_groups[p] = p;
+    return;
+  }
+  w.group_order.resize(num_groups);
+  std::iota(w.group_order.begin(), w.group_order.end(), 0);
+  const std::vector<double>& loads = w.group_loads;
+  std::sort(w.group_order.begin(), w.group_order.end(),
+            [&](int a, int b) { return loads[a] > loads[b] || (loads[a] == loads[b] && a < b); });
+  w.pack_loads.assign(num_packs, 0.0);
+  w.node_fill.assign(num_packs, 0);
+  for (const int group : w.group_order) {
     int best = -1;
-    double best_load = 0.0;
-    for (int i = 0; i < num_experts; ++i) {
-      if (copies[i] >= max_copies) continue;
-      const double load = expert_loads[i] / copies[i];
-      if (best < 0 || load > best_load) best = i, best_load = load;
+    for (int p = 0; p < num_packs; ++p) {
+      if (w.node_fill[p] < capacity && (best < 0 || w.pack_loads[p] < w.pack_loads[best])) best = p;
     }
-    EPMOE_CHECK_GE(best, 0);  // validate: copies_per_node <= experts_per_node * gpus_per_node
-    ++copies[best];
-    copy_expert[j] = best;
+    w.node_groups[best * capacity + w.node_fill[best]++] = group;
+    w.pack_loads[best] += loads[group];
   }
-  return copy_expert;
 }
 
-std::vector<double> loads_per_copy(const std::vector<int>& copy_expert, const std::vector<double>& expert_loads,
-                                   const std::vector<int>& copies) {
-  std::vector<double> out(copy_expert.size());
-  for (std::size_t j = 0; j < copy_expert.size(); ++j) out[j] = expert_loads[copy_expert[j]] / copies[copy_expert[j]];
-  return out;
+// A node's placement into the layer's rows of physical_to_logical and logical_count.
+void write_node(const Candidate& c, const int* node_experts, int node, const Layout& l,
+                std::int64_t* physical_to_logical, std::int64_t* logical_count) {
+  for (int g = 0; g < l.gpus_per_node; ++g) {
+    EPMOE_CHECK_EQ(c.fill[g], l.slots_per_gpu);
+    const std::int64_t first_slot = static_cast<std::int64_t>(node * l.gpus_per_node + g) * l.slots_per_gpu;
+    for (int s = 0; s < l.slots_per_gpu; ++s)
+      physical_to_logical[first_slot + s] = node_experts[c.copy_expert[c.at(g, s)]];
+  }
+  for (int i = 0; i < c.n; ++i) logical_count[node_experts[i]] = c.count[i];
 }
 
 // One layer: writes its rows of the three outputs.
-void rebalance_layer(const float* weight, int num_logical_experts, const Layout& l, int max_copies,
+void rebalance_layer(const float* weight, int num_logical_experts, const Layout& l, int max_copies, Workspace& w,
                      std::int64_t* physical_to_logical, std::int64_t* logical_to_physical,
                      std::int64_t* logical_count) {
   // Stage 1: groups onto nodes.
-  std::vector<double> group_loads(l.num_groups, 0.0);
+  w.group_loads.resize(l.num_groups);
   for (int g = 0; g < l.num_groups; ++g) {
     float sum = 0.0f;  // EPLB sums a group in float32
     for (int i = 0; i < l.group_size; ++i) sum += weight[g * l.group_size + i];
-    group_loads[g] = sum;
+    w.group_loads[g] = sum;
   }
-  const std::vector<std::vector<int>> node_groups = pack_groups(group_loads, l.num_nodes, l.groups_per_node);
+  pack_groups(w, l.num_nodes, l.groups_per_node);
 
-  std::vector<int> node_experts(l.experts_per_node);
-  std::vector<double> expert_loads(l.experts_per_node);
-  std::vector<int> copies, copy_expert;
-  std::vector<double> copy_load;
+  // EPLB's stages 2 and 3 on every node first (copies uncapped, packing
+  // blind to duplicates): a node where that holds no duplicate keeps it.
+  const int n = l.experts_per_node;
+  w.node_experts.resize(num_logical_experts);
+  w.expert_loads.resize(num_logical_experts);
+  double kept_max = 0.0;  // the max GPU load so far of the nodes decided
+  w.node_order.clear();
   for (int node = 0; node < l.num_nodes; ++node) {
     // The node's experts: its groups in arrival order, each group's experts in order.
+    int* experts = w.node_experts.data() + node * n;
     for (int r = 0; r < l.groups_per_node; ++r) {
       for (int i = 0; i < l.group_size; ++i)
-        node_experts[r * l.group_size + i] = node_groups[node][r] * l.group_size + i;
+        experts[r * l.group_size + i] = w.node_groups[node * l.groups_per_node + r] * l.group_size + i;
     }
-    for (int i = 0; i < l.experts_per_node; ++i) expert_loads[i] = weight[node_experts[i]];
-
-    // Stages 2 and 3 as EPLB (copies uncapped, packing blind to duplicates);
-    // when that holds no duplicate it is the answer, else the better (lower
-    // max load) of two duplicate-free placements, each then improved by swaps:
-    // (a) copies capped at one per GPU, packed skipping GPUs that hold the
-    // expert; (b) EPLB's own packing with its duplicates swapped away, when
-    // no expert has more copies than the node has GPUs.
-    std::vector<int> eplb_copies;
-    const std::vector<int> eplb_copy_expert =
-        replicate(expert_loads, l.copies_per_node, l.copies_per_node, eplb_copies);
-    const std::vector<double> eplb_copy_load = loads_per_copy(eplb_copy_expert, expert_loads, eplb_copies);
-    std::vector<std::vector<int>> eplb_gpus = pack_copies(eplb_copy_expert, eplb_copy_load, l.experts_per_node,
-                                                          l.gpus_per_node, l.slots_per_gpu, /*avoid_duplicates=*/false);
-    std::vector<std::vector<int>> gpus;
-    if (!holds_a_duplicate(eplb_gpus, eplb_copy_expert)) {
-      gpus = std::move(eplb_gpus);
-      copies = eplb_copies;
-      copy_expert = eplb_copy_expert;
+    for (int i = 0; i < n; ++i) w.expert_loads[node * n + i] = weight[experts[i]];
+    Candidate& eplb = w.eplb[node];
+    replicate(w.expert_loads.data() + node * n, l.copies_per_node, eplb, w.per_copy);
+    pack(eplb, /*avoid_duplicates=*/false, w.sort_buffer);
+    if (eplb.duplicate) {
+      w.node_order.push_back(node);
     } else {
-      copy_expert = replicate(expert_loads, l.copies_per_node, l.gpus_per_node, copies);
-      copy_load = loads_per_copy(copy_expert, expert_loads, copies);
-      gpus = pack_copies(copy_expert, copy_load, l.experts_per_node, l.gpus_per_node, l.slots_per_gpu,
-                         /*avoid_duplicates=*/true);
-      lower_max_load(gpus, copy_expert, copy_load, l.experts_per_node);
-      if (*std::max_element(eplb_copies.begin(), eplb_copies.end()) <= l.gpus_per_node) {
-        remove_duplicates(eplb_gpus, eplb_copy_expert, eplb_copy_load, l.experts_per_node);
-        lower_max_load(eplb_gpus, eplb_copy_expert, eplb_copy_load, l.experts_per_node);
-        if (max_load(eplb_gpus, eplb_copy_load) < max_load(gpus, copy_load)) {
-          gpus = std::move(eplb_gpus);
-          copies = eplb_copies;
-          copy_expert = eplb_copy_expert;
+      kept_max = std::max(kept_max, eplb.max_load());
+      write_node(eplb, w.node_experts.data() + node * n, node, l, physical_to_logical, logical_count);
+    }
+  }
+  // The nodes with a duplicate, highest EPLB max load first: the first sets
+  // the layer's max load, searched down as far as the local search goes; the
+  // others stop once at most the max so far (lower would not lower the
+  // layer's max).
+  std::sort(w.node_order.begin(), w.node_order.end(), [&](int a, int b) {
+    const double la = w.eplb[a].max_load(), lb = w.eplb[b].max_load();
+    return la > lb || (la == lb && a < b);
+  });
+
+  for (const int node : w.node_order) {
+    const double* expert_loads = w.expert_loads.data() + node * n;
+    const Candidate& eplb = w.eplb[node];
+    {
+      // Duplicate-free candidates, each improved by the local search, until
+      // one is at most this node's EPLB max load (or the max so far, when
+      // higher): (1) copies capped at one per GPU, packed skipping the GPUs
+      // that hold the expert; when no expert has more copies than GPUs,
+      // EPLB's copies (2) packed that way and (3) in EPLB's packing with its
+      // duplicates swapped away; (4) (1)'s copies with one or two fewer for
+      // the two heaviest replicated experts (duplicates let EPLB split an
+      // expert unevenly; without them, fewer copies of the hottest experts
+      // can be what leaves one per GPU). Else the lowest max load of them.
+      double total = 0.0;
+      for (int i = 0; i < n; ++i) total += expert_loads[i];
+      const double floor = std::max(total / l.gpus_per_node, kept_max);
+      const double stop = std::max(floor, eplb.max_load()) * (1.0 + 1e-12);
+      const bool eplb_copies_fit = *std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node;
+      Candidate& best = w.best;
+      if (eplb_copies_fit) {  // the capped replication is EPLB's
+        best.w = eplb.w, best.count = eplb.count, best.copy_expert = eplb.copy_expert, best.copy_load = eplb.copy_load;
+        best.order = eplb.order, best.sorted = eplb.sorted;
+      } else {
+        replicate(expert_loads, l.gpus_per_node, best, w.per_copy);
+      }
+      pack(best, /*avoid_duplicates=*/true, w.sort_buffer);
+      lower_max_load(best, floor, /*two_for_two=*/false);
+      double best_max = best.max_load();
+      // The two heaviest experts with more than one copy in (1).
+      int hot[2] = {-1, -1};
+      for (int i = 0; i < n; ++i) {
+        if (best.count[i] < 2) continue;
+        if (hot[0] < 0 || expert_loads[i] > expert_loads[hot[0]]) {
+          hot[1] = hot[0], hot[0] = i;
+        } else if (hot[1] < 0 || expert_loads[i] > expert_loads[hot[1]]) {
+          hot[1] = i;
         }
       }
-    }
-    for (int g = 0; g < l.gpus_per_node; ++g) {
-      EPMOE_CHECK_EQ(static_cast<int>(gpus[g].size()), l.slots_per_gpu);
-      const std::int64_t first_slot = static_cast<std::int64_t>(node * l.gpus_per_node + g) * l.slots_per_gpu;
-      for (int slot = 0; slot < l.slots_per_gpu; ++slot) {
-        physical_to_logical[first_slot + slot] = node_experts[copy_expert[gpus[g][slot]]];
+      w.limit.assign(best.count.begin(), best.count.end());
+      static constexpr int kFewer[8][2] = {{1, 1}, {1, 0}, {0, 1}, {2, 1}, {1, 2}, {2, 0}, {0, 2}, {2, 2}};
+      for (int variant = 0; variant < 10 && best_max > stop; ++variant) {
+        Candidate& trial = w.trial;
+        if (variant < 2) {
+          if (!eplb_copies_fit) continue;
+          trial = eplb;
+          if (variant == 0) {
+            pack(trial, /*avoid_duplicates=*/true, w.sort_buffer);
+          } else {
+            remove_duplicates(trial);
+          }
+        } else {
+          const int* fewer = kFewer[variant - 2];
+          bool possible = true;
+          for (int k = 0; k < 2; ++k) {
+            if (fewer[k] > 0 && (hot[k] < 0 || w.limit[hot[k]] - fewer[k] < 1)) possible = false;
+          }
+          if (!possible) continue;
+          std::vector<int>& caps = w.caps;
+          caps.assign(n, l.gpus_per_node);
+          for (int k = 0; k < 2; ++k)
+            if (hot[k] >= 0) caps[hot[k]] = w.limit[hot[k]] - fewer[k];
+          if (std::accumulate(caps.begin(), caps.end(), 0) < l.copies_per_node) continue;
+          replicate(expert_loads, l.gpus_per_node, trial, w.per_copy, caps.data());
+          pack(trial, /*avoid_duplicates=*/true, w.sort_buffer);
+        }
+        lower_max_load(trial, floor, /*two_for_two=*/true);
+        const double trial_max = trial.max_load();
+        if (trial_max < best_max) std::swap(best, trial), best_max = trial_max;
       }
+      kept_max = std::max(kept_max, best_max);
+      write_node(best, w.node_experts.data() + node * n, node, l, physical_to_logical, logical_count);
     }
-    for (int i = 0; i < l.experts_per_node; ++i) logical_count[node_experts[i]] = copies[i];
   }
 
-  std::fill(logical_to_physical, logical_to_physical + static_cast<std::size_t>(num_logical_experts) * max_copies, -1);
-  std::vector<int> filled(num_logical_experts, 0);
+  w.filled.assign(num_logical_experts, 0);
   const int num_physical = l.copies_per_node * l.num_nodes;
   for (int p = 0; p < num_physical; ++p) {
     const std::int64_t expert = physical_to_logical[p];
-    logical_to_physical[expert * max_copies + filled[expert]++] = p;
+    logical_to_physical[expert * max_copies + w.filled[expert]++] = p;
   }
 }
 
@@ -396,10 +560,15 @@ ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers,
   out.max_copies = options.num_replicas - num_logical_experts + 1;
   const std::size_t P = options.num_replicas, E = num_logical_experts;
   out.physical_to_logical.resize(num_layers * P);
-  out.logical_to_physical.resize(num_layers * E * out.max_copies);
+  out.logical_to_physical.assign(num_layers * E * out.max_copies, -1);  // EPLB's padding
   out.logical_count.resize(num_layers * E);
+  thread_local Workspace w;  // scratch kept between calls: no allocation once warm
+  w.eplb.resize(l.num_nodes);
+  for (Candidate& c : w.eplb) c.resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
+  for (Candidate* c : {&w.trial, &w.best})
+    c->resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
   for (int layer = 0; layer < num_layers; ++layer) {
-    rebalance_layer(weight.data() + layer * E, num_logical_experts, l, out.max_copies,
+    rebalance_layer(weight.data() + layer * E, num_logical_experts, l, out.max_copies, w,
                     out.physical_to_logical.data() + layer * P,
                     out.logical_to_physical.data() + layer * E * out.max_copies, out.logical_count.data() + layer * E);
   }

@@ -17,17 +17,22 @@
 // Departures from the published algorithm (docs/BALANCE.md, "EPLB's
 // rebalance_experts", has the measurements), per node:
 //   * never two copies of one expert on one GPU. Stages 2 and 3 run first as
-//     EPLB's; when that placement holds no duplicate it is the answer, so
-//     wherever EPLB's own output has no duplicate the placements are the same.
-//     Otherwise the better (lower max GPU load) of two duplicate-free
-//     placements: (a) stage 2 giving an expert at most as many copies as the
-//     node has GPUs, stage 3 skipping the GPUs that already hold the expert
-//     (when every GPU with room holds it, a copy Y on a full GPU without it
-//     moves to the lightest GPU with room and the copy takes Y's slot: always
-//     possible, a full GPU has more distinct experts than one with room);
-//     (b) when no expert has more copies than GPUs, EPLB's own packing with
-//     each duplicate swapped with a copy of another GPU; both then improved
-//     by swaps between the most loaded GPU and another that lower the max;
+//     EPLB's on every node; a node where that placement holds no duplicate
+//     keeps it, so wherever EPLB's own output has no duplicate the
+//     placements are the same. The other nodes, highest EPLB max GPU load
+//     first, take the first duplicate-free candidate whose max load is at
+//     most the larger of EPLB's max there and the layer's max so far, else
+//     the lowest: (1) copies capped at one per GPU, packed heaviest first
+//     onto the lightest GPU with room not holding the expert (when every GPU
+//     with room holds it, a copy Y on a full GPU without it moves to the
+//     lightest GPU with room and the copy takes Y's slot: always possible, a
+//     full GPU has more distinct experts than one with room); when no expert
+//     has more copies than GPUs, EPLB's copies (2) packed that way and (3) in
+//     EPLB's packing with each duplicate swapped away; (4) (1) with one or
+//     two fewer copies of the two heaviest replicated experts. Each is
+//     improved by a local search on the most loaded GPU: one-for-one copy
+//     exchanges, else re-assigning one slot to another expert (loads per
+//     copy follow the counts), else (from (2) on) two-for-two exchanges;
 //   * logical_to_physical lists an expert's copies by ascending physical
 //     index (EPLB: in the order the copies were created).
 // Arithmetic as EPLB's: loads as float32, loads per copy and pack loads in
@@ -68,7 +73,9 @@ struct ExpertRebalance {
 // placement without a duplicate), negative or non-finite loads.
 void validate_rebalance(int num_layers, int num_logical_experts, const RebalanceExpertsOptions& options);
 
-// `weight` [num_layers, num_logical_experts], row-major, loads >= 0.
+// `weight` [num_layers, num_logical_experts], row-major, loads >= 0. Scratch
+// is kept per thread between calls (no allocation once warm besides the
+// outputs); calls from several threads are independent.
 ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers, int num_logical_experts,
                                   const RebalanceExpertsOptions& options);
 

@@ -1,0 +1,151 @@
+// bench_balance_rebalance: epmoe's rebalance_experts (balance/rebalance_experts.h)
+// against EPLB's published algorithm, re-stated in
+// tests/balance/rebalance_eplb_reference.h, without Python or vLLM.
+//
+//   bench_balance_rebalance [layers_per_kind=200] [timing_repeats=200]
+//
+// (1) Quality: for each shape and kind of load, `layers_per_kind` seeded
+// single layers; per layer the max GPU load of each (EPLB's counting both
+// copies of an expert it puts twice on one GPU); epmoe worse / equal (within
+// 1e-9 relative) / better, the worst relative excess, and how many of EPLB's
+// layers hold a duplicate. Kinds: random = uniform integers in [0, 1000);
+// zipf-S = floor(100000 / (1 + rank)^S) over shuffled experts; zipf-mix = S
+// drawn in [0.6, 1.6] per layer; adversarial = 1-3 experts carry 100000, the
+// rest 0-2; hot-group = one group of experts 100x the others.
+// (2) Speed: the calling thread's CPU time per call of rebalance_experts on
+// Zipf 1.2 loads (1 and 58 layers), median over `timing_repeats` calls.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "balance/rebalance_experts.h"
+#include "rebalance_eplb_reference.h"
+
+namespace {
+
+using namespace epmoe::balance;
+
+struct Shape {
+  const char* label;
+  int experts, replicas, groups, nodes, gpus;
+};
+
+std::vector<float> make_layer(const std::string& kind, int experts, int groups, std::mt19937_64& rng) {
+  std::vector<float> w(experts);
+  std::vector<int> rank(experts);
+  for (int e = 0; e < experts; ++e) rank[e] = e;
+  std::shuffle(rank.begin(), rank.end(), rng);
+  std::uniform_int_distribution<int> uniform(0, 999);
+  if (kind == "random") {
+    for (float& x : w) x = static_cast<float>(uniform(rng));
+  } else if (kind.rfind("zipf", 0) == 0) {
+    double s = 0.0;
+    if (kind == "zipf-mix") {
+      s = std::uniform_real_distribution<double>(0.6, 1.6)(rng);
+    } else {
+      s = std::atof(kind.c_str() + 5);
+    }
+    for (int e = 0; e < experts; ++e) w[e] = static_cast<float>(std::floor(100000.0 / std::pow(1.0 + rank[e], s)));
+  } else if (kind == "adversarial") {
+    const int hot = std::uniform_int_distribution<int>(1, 3)(rng);
+    for (int e = 0; e < experts; ++e) w[e] = rank[e] < hot ? 100000.0f : static_cast<float>(uniform(rng) % 3);
+  } else {  // hot-group
+    const int size = experts / groups, hot = static_cast<int>(rng() % groups);
+    for (int e = 0; e < experts; ++e) w[e] = static_cast<float>(uniform(rng)) * (e / size == hot ? 100.0f : 1.0f);
+  }
+  return w;
+}
+
+double epmoe_max_load(const ExpertRebalance& r, const std::vector<float>& w, int gpus) {
+  const int P = r.num_physical_experts, slots = P / gpus;
+  std::vector<double> load(gpus, 0.0);
+  for (int p = 0; p < P; ++p) {
+    const std::int64_t e = r.physical_to_logical[p];
+    load[p / slots] += w[e] / static_cast<double>(r.logical_count[e]);
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
+double thread_cpu_us() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int layers_per_kind = argc > 1 ? std::atoi(argv[1]) : 200;
+  const int repeats = argc > 2 ? std::atoi(argv[2]) : 200;
+  const std::vector<Shape> shapes = {
+      {"E=256, 64 GPUs, 8 nodes (hierarchical)", 256, 320, 8, 8, 64},
+      {"E=256, 64 GPUs (global: 3 groups % 2 nodes)", 256, 320, 3, 2, 64},
+      {"E=64, 8 GPUs, 1 node (hierarchical)", 64, 72, 8, 1, 8},
+      {"E=64, 8 GPUs (global: 3 groups % 2 nodes)", 64, 72, 3, 2, 8},
+  };
+  const std::vector<std::string> kinds = {"random",   "zipf-0.6", "zipf-1.0",    "zipf-1.4",
+                                          "zipf-1.8", "zipf-mix", "adversarial", "hot-group"};
+  std::printf(
+      "| shape | loads | layers | epmoe worse | equal | epmoe better | worst excess | EPLB layers with a duplicate "
+      "|\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
+  int total_worse = 0;
+  for (const Shape& s : shapes) {
+    const RebalanceExpertsOptions o{s.replicas, s.groups, s.nodes, s.gpus};
+    for (const std::string& kind : kinds) {
+      std::mt19937_64 rng(12345);
+      int worse = 0, equal = 0, better = 0, duplicates = 0;
+      double worst = 0.0;
+      for (int layer = 0; layer < layers_per_kind; ++layer) {
+        const std::vector<float> w = make_layer(kind, s.experts, s.groups, rng);
+        const reference::EplbLayer eplb =
+            reference::eplb_rebalance_layer(w.data(), s.experts, s.replicas, s.groups, s.nodes, s.gpus);
+        const double theirs = eplb.max_load();
+        const double ours = epmoe_max_load(rebalance_experts(w, 1, s.experts, o), w, s.gpus);
+        duplicates += eplb.duplicate;
+        if (ours > theirs * (1 + 1e-9)) {
+          ++worse;
+          worst = std::max(worst, ours / theirs - 1.0);
+        } else if (ours < theirs * (1 - 1e-9)) {
+          ++better;
+        } else {
+          ++equal;
+        }
+      }
+      total_worse += worse;
+      std::printf("| %s | %s | %d | %d | %d | %d | %+.2f%% | %d |\n", s.label, kind.c_str(), layers_per_kind, worse,
+                  equal, better, 100.0 * worst, duplicates);
+    }
+  }
+  std::printf("\nworse in total: %d\n\n", total_worse);
+
+  std::printf("| shape | layers per call | epmoe CPU us per call | per layer |\n|---|---:|---:|---:|\n");
+  for (const Shape& s : shapes) {
+    const RebalanceExpertsOptions o{s.replicas, s.groups, s.nodes, s.gpus};
+    for (const int layers : {1, 58}) {
+      std::mt19937_64 rng(7);
+      std::vector<float> w;
+      for (int l = 0; l < layers; ++l) {
+        const std::vector<float> row = make_layer("zipf-1.2", s.experts, s.groups, rng);
+        w.insert(w.end(), row.begin(), row.end());
+      }
+      std::vector<double> samples;
+      volatile std::int64_t sink = 0;
+      for (int r = 0; r < (layers > 1 ? repeats / 10 + 1 : repeats) + 1; ++r) {
+        const double start = thread_cpu_us();
+        const ExpertRebalance out = rebalance_experts(w, layers, s.experts, o);
+        sink = sink + out.physical_to_logical[0];
+        if (r > 0) samples.push_back(thread_cpu_us() - start);  // r = 0: warm-up
+      }
+      std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+      const double median = samples[samples.size() / 2];
+      std::printf("| %s | %d | %.1f | %.1f |\n", s.label, layers, median, median / layers);
+    }
+  }
+  return 0;
+}
