@@ -24,8 +24,10 @@ int main(int argc, char** argv) try {
     keys[arg.substr(0, arg.find('='))] = arg.substr(arg.find('=') + 1);
   }
   using epmoe::DType;
-  const epmoe::Tensor x = epmoe::read_npy(dir + "/x.npy", DType::f32), gate = epmoe::read_npy(dir + "/gate.npy", DType::f32),
-                      wi0 = epmoe::read_npy(dir + "/wi0.npy", DType::f32), wi1 = epmoe::read_npy(dir + "/wi1.npy", DType::f32),
+  const epmoe::Tensor x = epmoe::read_npy(dir + "/x.npy", DType::f32),
+                      gate = epmoe::read_npy(dir + "/gate.npy", DType::f32),
+                      wi0 = epmoe::read_npy(dir + "/wi0.npy", DType::f32),
+                      wi1 = epmoe::read_npy(dir + "/wi1.npy", DType::f32),
                       wo = epmoe::read_npy(dir + "/wo.npy", DType::f32);
   epmoe::ExpertParallelLayer layer(keys);
   const std::int64_t n = x.dim(0), h = x.dim(1), k = layer.top_k();
