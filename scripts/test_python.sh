@@ -27,7 +27,8 @@ venv=build-python/venv
 if [ ! -x "$venv/bin/python" ]; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"
 fi
-"$venv/bin/pip" install -q pytest matplotlib numpy
+# numpy < 2: Debian's torch 1.13 is built against the numpy 1 ABI.
+"$venv/bin/pip" install -q pytest matplotlib "numpy<2"
 "$venv/bin/pip" install -q .
 # epmoe.plan() is compared with `epmoe plan --json`, and the layer with `epmoe layer`.
 export PATH="$PWD/build:$PATH"

@@ -10,8 +10,10 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <epmoe/error.h>
 #include <epmoe/layer.h>
@@ -36,9 +38,10 @@ View view_of(const nb::dict& arrays, const char* name, bool required) {
                           (std::is_same_v<std::remove_const_t<T>, float> ? "float32" : "int32"))
                              .c_str());
   }
-  Shape shape;
+  std::vector<std::int64_t> shape;
   for (std::size_t d = 0; d < array.ndim(); ++d) shape.push_back(static_cast<std::int64_t>(array.shape(d)));
-  return View(array.data(), shape);
+  // The shape is copied into the view, so the vector may go.
+  return View(array.data(), dtype_of<std::remove_const_t<T>>(), std::span<const std::int64_t>(shape));
 }
 
 std::string run(ExpertParallelLayer& layer, const nb::dict& arrays, const nb::dict& outputs) {

@@ -82,7 +82,7 @@ def test_bad_arguments_raise_naming_the_argument(tmp_path):
         layer.forward(a[0], a[1], np.asfortranarray(a[2]), *a[3:])
     with pytest.raises(ValueError, match="gate"):
         layer.forward(a[0], a[1][:-1], *a[2:])
-    with pytest.raises(ValueError, match="ranks=4 .*E=6|E=6.*ranks"):
+    with pytest.raises(ValueError, match="ranks=4: must divide num_experts=6"):
         epmoe.MoeLayer(ranks=4, top_k=2).forward(*a)
     bad = a[0].copy()
     bad[3, 7] = np.nan

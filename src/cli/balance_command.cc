@@ -319,7 +319,7 @@ void draw_replay_report(const std::string& replay_json, const std::string& repor
 
 void run_replay(const BalanceArguments& arguments) {
   const ConfigValues values = replay_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
-  const ReplaySettings replay = replay_settings(values, arguments.json);
+  const ReplaySettings replay = replay_settings(values, arguments.json || !arguments.report_file.empty());
   const balance::PolicyReplayOptions& options = replay.options;
   const double expert_weight_bytes = replay.expert_weight_bytes;
   const std::optional<int> layer = layer_to_replay(values);
