@@ -28,7 +28,7 @@ for dims, repeats in shapes:
     with tempfile.TemporaryDirectory() as directory:
         subprocess.run([os.path.join(build, "epmoe"), "gen-inputs", "--out", directory, "with_dy=false",
                         *[f"{k}={v}" for k, v in dims.items()]], check=True, capture_output=True)
-        cpp = float(subprocess.run([os.path.join(build, "bench_api_layer_call"), directory, str(repeats),
+        cpp = float(subprocess.run([os.path.join(build, "bench", "bench_api_layer_call"), directory, str(repeats),
                                     *[f"{k}={v}" for k, v in layer_keys.items()]],
                                    check=True, capture_output=True, text=True).stdout)
         arrays = [np.load(os.path.join(directory, f"{name}.npy")) for name in ("x", "gate", "wi0", "wi1", "wo")]
