@@ -23,15 +23,17 @@
 
 namespace epmoe {
 
-// The full (unsharded) arrays of one layer, float32, C-contiguous.
+// The full (unsharded) arrays of one layer, float32, C-contiguous. Every
+// member has a default (= {}), so designated initialisers may leave the
+// optional ones out without -Wmissing-field-initializers warnings.
 struct LayerArrays {
-  TensorView x;     // [N, H]
-  TensorView gate;  // [H, E], replicated
-  TensorView wi0;   // [E, H, F]
-  TensorView wi1;   // [E, H, F]
-  TensorView wo;    // [E, F, H]
-  TensorView bias;  // [E]; empty: none (only router=sigmoid_grouped uses one)
-  TensorView dy;    // [N, H]; empty: forward only
+  TensorView x = {};     // [N, H]
+  TensorView gate = {};  // [H, E], replicated
+  TensorView wi0 = {};   // [E, H, F]
+  TensorView wi1 = {};   // [E, H, F]
+  TensorView wo = {};    // [E, F, H]
+  TensorView bias = {};  // [E]; empty: none (only router=sigmoid_grouped uses one)
+  TensorView dy = {};    // [N, H]; empty: forward only
 };
 
 // Where run() writes its results: the caller's buffers, C-contiguous, of
@@ -39,14 +41,14 @@ struct LayerArrays {
 // The gradients are required when LayerArrays::dy is given and must be empty
 // otherwise.
 struct LayerOutputs {
-  MutableTensorView y;             // [N, H] f32
-  MutableTensorView topk_ids;      // [N, K] i32
-  MutableTensorView topk_weights;  // [N, K] f32
-  MutableTensorView dx;            // [N, H] f32
-  MutableTensorView dgate;         // [H, E] f32: every rank's part summed in rank order
-  MutableTensorView dwi0;          // [E, H, F] f32
-  MutableTensorView dwi1;          // [E, H, F] f32
-  MutableTensorView dwo;           // [E, F, H] f32
+  MutableTensorView y = {};             // [N, H] f32
+  MutableTensorView topk_ids = {};      // [N, K] i32
+  MutableTensorView topk_weights = {};  // [N, K] f32
+  MutableTensorView dx = {};            // [N, H] f32
+  MutableTensorView dgate = {};         // [H, E] f32: every rank's part summed in rank order
+  MutableTensorView dwi0 = {};          // [E, H, F] f32
+  MutableTensorView dwi1 = {};          // [E, H, F] f32
+  MutableTensorView dwo = {};           // [E, F, H] f32
 };
 
 class ExpertParallelLayer {

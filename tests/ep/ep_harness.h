@@ -18,14 +18,14 @@ namespace epmoe::testing {
 struct EpRunOptions {
   int num_ranks = 1;
   ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
-  ep::EpConfig ep;  // num_experts, top_k, hidden are filled from the problem
+  ep::EpConfig ep = {};  // num_experts, top_k, hidden are filled from the problem
   ComputeDType compute_dtype = ComputeDType::f32;
-  ep::RematPolicy remat;
+  ep::RematPolicy remat = {};
   // Steps of forward + backward on the same problem; with dynamic replicas
   // (ep.balance, ep.redundant_slots), step i passes weight_versions[i] to the
   // layer (empty: one step, the layer's automatic version). Results are the
   // last step's.
-  std::vector<std::uint64_t> weight_versions;
+  std::vector<std::uint64_t> weight_versions = {};
   // Tokens each rank holds, in rank order, summing to N (3 and 5 on two
   // ranks, zeros allowed); empty: rank r holds [r·N/R, (r+1)·N/R).
   std::vector<std::int64_t> tokens_by_rank = {};
