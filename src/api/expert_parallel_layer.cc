@@ -26,12 +26,6 @@ namespace {
 
 constexpr char kOrigin[] = "ExpertParallelLayer";
 
-std::string dims_text(std::span<const std::int64_t> dims) {
-  std::string text = "[";
-  for (std::size_t d = 0; d < dims.size(); ++d) text += (d ? ", " : "") + std::to_string(dims[d]);
-  return text + "]";
-}
-
 // The caller's output buffer must have the shape and dtype of the result:
 // checked before the run (ConfigError naming the output), so a wrong buffer
 // costs no compute.
@@ -42,8 +36,9 @@ void check_output(const MutableTensorView& out, DType dtype, std::initializer_li
     throw ConfigError(what + " is missing: run() writes it into the caller's buffer");
   }
   if (out.dtype() != dtype || !out.has_shape(shape)) {
-    throw ConfigError(what + ": " + std::string(dtype_name(out.dtype())) + " " + dims_text(out.shape()) +
-                      ", expected " + std::string(dtype_name(dtype)) + " " + dims_text({shape.begin(), shape.size()}));
+    throw ConfigError(what + ": " + std::string(dtype_name(out.dtype())) + " " + detail::dims_to_string(out.shape()) +
+                      ", expected " + std::string(dtype_name(dtype)) + " " +
+                      detail::dims_to_string(std::span<const std::int64_t>(shape.begin(), shape.size())));
   }
   out.require_contiguous(what);
 }

@@ -10,12 +10,6 @@
 namespace epmoe::cli {
 namespace {
 
-std::string dims_text(std::span<const std::int64_t> dims) {
-  std::string text = "[";
-  for (std::size_t d = 0; d < dims.size(); ++d) text += (d ? ", " : "") + std::to_string(dims[d]);
-  return text + "]";
-}
-
 void check_finite_inputs(const LayerInputs& in, const LayerArrayNames& names, std::string_view rule) {
   const std::array<const TensorView*, 5> required = {&in.x, &in.gate, &in.wi0, &in.wi1, &in.wo};
   for (std::size_t i = 0; i < required.size(); ++i) check_finite(names[i], *required[i], rule);
@@ -71,14 +65,17 @@ LayerInputs layer_inputs_of(TensorView x, TensorView gate, TensorView wi0, Tenso
       throw ConfigError(name + ": dtype " + std::string(dtype_name(view.dtype())) + ", expected float32");
     }
     if (!view.has_shape(shape)) {
-      throw ConfigError(name + ": shape " + dims_text(view.shape()) + ", expected " +
-                        dims_text({shape.begin(), shape.size()}) + " " + dims + (*source ? " from " : "") + source);
+      throw ConfigError(name + ": shape " + detail::dims_to_string(view.shape()) + ", expected " +
+                        detail::dims_to_string(std::span<const std::int64_t>(shape.begin(), shape.size())) + " " +
+                        dims + (*source ? " from " : "") + source);
     }
     view.require_contiguous(name);
   };
-  if (x.rank() != 2) throw ConfigError(names[0] + ": shape " + dims_text(x.shape()) + ", expected [N, H]");
-  if (gate.rank() != 2) throw ConfigError(names[1] + ": shape " + dims_text(gate.shape()) + ", expected [H, E]");
-  if (wi0.rank() != 3) throw ConfigError(names[2] + ": shape " + dims_text(wi0.shape()) + ", expected [E, H, F]");
+  if (x.rank() != 2) throw ConfigError(names[0] + ": shape " + detail::dims_to_string(x.shape()) + ", expected [N, H]");
+  if (gate.rank() != 2)
+    throw ConfigError(names[1] + ": shape " + detail::dims_to_string(gate.shape()) + ", expected [H, E]");
+  if (wi0.rank() != 3)
+    throw ConfigError(names[2] + ": shape " + detail::dims_to_string(wi0.shape()) + ", expected [E, H, F]");
   LayerInputs in;
   in.num_tokens = x.dim(0);
   in.hidden = x.dim(1);
