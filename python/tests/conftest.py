@@ -56,3 +56,37 @@ def torch_module():
     except Exception as error:  # not installed, or a wheel that cannot load here
         pytest.skip(f"torch is not importable ({error}); the torch-in/torch-out cases need it")
     return torch
+
+
+def assert_releases_the_gil(call, repeats, what):
+    """Runs call() up to `repeats` times on a worker thread and asserts that
+    the main thread ran meanwhile. No timing: with a huge switch interval a
+    thread holding the GIL is never asked to give it up, so the main thread
+    can run during the worker's calls only if a call released the GIL."""
+    import sys
+    import threading
+
+    started, main_ran, done = threading.Event(), threading.Event(), threading.Event()
+    observed = []
+
+    def worker():
+        started.set()
+        for _ in range(repeats):
+            call()
+            if main_ran.is_set():
+                observed.append(True)
+                break
+        done.set()
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        started.wait()
+        main_ran.set()  # runs only once this thread holds the GIL
+        done.wait()
+        thread.join()
+    finally:
+        sys.setswitchinterval(previous)
+    assert observed == [True], f"the main thread never ran while {what} computed: the GIL was held"

@@ -9,11 +9,10 @@
 
 import os
 import subprocess
-import sys
-import threading
 
 import numpy as np
 import pytest
+from conftest import assert_releases_the_gil
 
 import epmoe
 
@@ -93,36 +92,10 @@ def test_bad_arguments_raise_naming_the_argument(tmp_path):
 
 
 def test_the_gil_is_released_while_the_ranks_compute(tmp_path):
-    # As test_gil.py: with a huge switch interval a thread holding the GIL is
-    # never asked to give it up, so the main thread can run during the
-    # worker's layer call only if the call released the GIL. No timing.
     _, arrays = inputs(tmp_path, num_tokens=512, hidden=64, ffn=64, num_experts=4)
     layer = epmoe.MoeLayer(ranks=2, top_k=2)
     call = [arrays[n] for n in ARRAYS] + [arrays["dy"]]
-    started, main_ran, done = threading.Event(), threading.Event(), threading.Event()
-    observed = []
-
-    def worker():
-        started.set()
-        for _ in range(20):
-            layer.forward_backward(*call)
-            if main_ran.is_set():
-                observed.append(True)
-                break
-        done.set()
-
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1000.0)
-    try:
-        thread = threading.Thread(target=worker)
-        thread.start()
-        started.wait()
-        main_ran.set()  # runs only once this thread holds the GIL
-        done.wait()
-        thread.join()
-    finally:
-        sys.setswitchinterval(previous)
-    assert observed == [True], "the main thread never ran while the layer computed: the GIL was held"
+    assert_releases_the_gil(lambda: layer.forward_backward(*call), 20, "the layer")
 
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the torch cases need it")
