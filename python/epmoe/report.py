@@ -147,10 +147,6 @@ class _Page:
         return "\n".join(parts)
 
 
-def _series(records: list[dict], key: str):
-    return [r[key] for r in records if key in r and r[key] is not None]
-
-
 def _draw_loss_and_rate(page: _Page, records: list[dict]) -> None:
     plt = _pyplot()
     steps = [r["step"] for r in records]
@@ -302,11 +298,9 @@ def _draw_trace(page: _Page, trace_path: str) -> None:
     names = sorted({e["name"] for e in shown})
     colours = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}
     figure, ax = plt.subplots(figsize=(11, 0.5 * len(ranks) + 1.5))
-    depth = {}
     for e in sorted(shown, key=lambda e: (e["pid"], e["ts"], -e["dur"])):
         # Nested phases (route inside forward) are drawn thinner, on top.
         level = 0 if e["name"] in ("forward", "backward") else 1
-        depth[e["name"]] = level
         height = 0.8 if level == 0 else 0.45
         ax.broken_barh([(e["ts"], e["dur"])], (e["pid"] - height / 2, height), color=colours[e["name"]],
                        alpha=0.5 if level == 0 else 0.95)
