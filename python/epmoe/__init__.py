@@ -37,6 +37,8 @@ _INT32_MAX = 2**31 - 1
 
 
 def _integer(name, value, minimum=None):
+    if type(value) is int and (minimum is None or value >= minimum) and value <= _INT32_MAX:
+        return value
     if isinstance(value, bool):
         raise TypeError(f"{name}: expected an integer, got bool {value!r}")
     try:
@@ -92,17 +94,33 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
     for a torch weight. GPU g holds physical slots [g*P/G, (g+1)*P/G); no GPU
     holds two copies of one expert.
     """
-    array, torch = _numeric_array("weight", weight, 2, "[layers, experts]")
-    args = [
+    # A rebalance is a few microseconds of C++ (docs/BENCHMARKS.md), so the
+    # common cases skip the general conversion: a C-contiguous float32 numpy
+    # array goes in as it is, a CPU torch tensor through .numpy() (no copy).
+    torch = torch_tensor_module(weight)
+    array = on_cpu = None
+    if torch is None:
+        array = weight
+    else:
+        try:
+            array = on_cpu = weight.numpy()  # raises for a tensor needing grad or not on the CPU
+        except (TypeError, RuntimeError):
+            pass
+    if not (type(array) is np.ndarray and array.dtype == np.float32 and array.ndim == 2 and array.flags.c_contiguous):
+        array, torch = _numeric_array("weight", weight, 2, "[layers, experts]")
+        # EPLB's arithmetic: loads as float32.
+        array = np.ascontiguousarray(array, dtype=np.float32)
+    outputs = _epmoe.rebalance_experts(
+        array,
         _integer("num_replicas", num_replicas, 1),
         _integer("num_groups", num_groups, 1),
         _integer("num_nodes", num_nodes, 1),
         _integer("num_gpus", num_gpus, 1),
-    ]
-    # EPLB's arithmetic: loads as float32.
-    outputs = _epmoe.rebalance_experts(np.ascontiguousarray(array, dtype=np.float32), *args)
+    )
     if torch is None:
         return outputs
+    if on_cpu is not None:
+        return tuple(torch.from_numpy(out) for out in outputs)
     return tuple(torch.from_numpy(out).to(weight.device) for out in outputs)
 
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "balance/rebalance_kernels.h"
 #include "core/error.h"
 
 namespace epmoe::balance {
@@ -43,6 +44,8 @@ struct Candidate {
   int n = 0, copies = 0, gpus = 0, slots = 0;
   const double* w = nullptr;     // [n] expert loads
   std::vector<int> count;        // [n] copies of each expert
+  std::vector<double> per_copy;  // [n] replication: each expert's load / its copies
+  std::vector<double> choice;    // [n] replication: per_copy, or -infinity for an expert at its limit
   std::vector<int> copy_expert;  // [copies] the experts in order, then the extra copies as created
   std::vector<int> order;        // [copies] heaviest first (ties to the lower index), when `sorted`
   bool sorted = false;
@@ -51,19 +54,19 @@ struct Candidate {
   std::vector<int> fill;          // [gpus] used slots
   std::vector<double> load;       // [gpus]
   std::vector<double> key;        // [gpus] packing scratch
-  std::vector<int> holds;         // [gpus * n] copies of each expert on each GPU
+  std::vector<int> holds;         // [n * gpus] copies of each expert on each GPU (an expert's GPUs adjacent)
   bool duplicate = false;         // some GPU holds an expert twice
 
   void resize(int experts, int num_copies, int num_gpus, int num_slots) {
     n = experts, copies = num_copies, gpus = num_gpus, slots = num_slots;
-    count.resize(n), copy_expert.resize(copies), copy_load.resize(copies);
+    count.resize(n), per_copy.resize(n), choice.resize(n), copy_expert.resize(copies), copy_load.resize(copies);
     slot.resize(static_cast<std::size_t>(gpus) * slots), fill.resize(gpus), load.resize(gpus), key.resize(gpus);
     holds.resize(static_cast<std::size_t>(gpus) * n);
   }
-  int& held(int gpu, int expert) { return holds[static_cast<std::size_t>(gpu) * n + expert]; }
-  int held(int gpu, int expert) const { return holds[static_cast<std::size_t>(gpu) * n + expert]; }
+  int& held(int gpu, int expert) { return holds[static_cast<std::size_t>(expert) * gpus + gpu]; }
+  int held(int gpu, int expert) const { return holds[static_cast<std::size_t>(expert) * gpus + gpu]; }
   int at(int gpu, int s) const { return slot[static_cast<std::size_t>(gpu) * slots + s]; }
-  double max_load() const { return *std::max_element(load.begin(), load.end()); }
+  double max_load() const { return load[first_max_index(load.data(), gpus)]; }
   void clear_packing() {
     std::fill(fill.begin(), fill.end(), 0);
     std::fill(load.begin(), load.end(), 0.0);
@@ -88,30 +91,36 @@ struct Candidate {
 };
 
 // Stage 2: one more copy at a time to the largest load per copy (ties to the
-// lower index), at most `cap` each.
-void replicate(const double* expert_loads, int cap, Candidate& c, std::vector<double>& per_copy,
-               const int* limit = nullptr) {
-  per_copy.resize(c.n);
+// lower index), at most `cap` each (or limit[i] for expert i). In three
+// parts so that several nodes can replicate in lockstep (see pack_together).
+constexpr double kNoMoreCopies = -std::numeric_limits<double>::infinity();
+
+void start_replication(const double* expert_loads, int cap, Candidate& c, const int* limit) {
   c.w = expert_loads;
   c.sorted = false;
-  for (int i = 0; i < c.n; ++i) c.count[i] = 1, c.copy_expert[i] = i, per_copy[i] = expert_loads[i];
-  for (int j = c.n; j < c.copies; ++j) {
-    int best = -1;
-    double best_load = 0.0;
-    if (limit == nullptr) {
-      for (int i = 0; i < c.n; ++i) {
-        if (c.count[i] < cap && (best < 0 || per_copy[i] > best_load)) best = i, best_load = per_copy[i];
-      }
-    } else {
-      for (int i = 0; i < c.n; ++i) {
-        if (c.count[i] < limit[i] && (best < 0 || per_copy[i] > best_load)) best = i, best_load = per_copy[i];
-      }
-    }
-    EPMOE_CHECK_GE(best, 0);  // validate: copies_per_node <= experts_per_node * gpus_per_node
-    per_copy[best] = expert_loads[best] / ++c.count[best];
-    c.copy_expert[j] = best;
+  for (int i = 0; i < c.n; ++i) {
+    c.count[i] = 1, c.copy_expert[i] = i, c.per_copy[i] = expert_loads[i];
+    c.choice[i] = 1 < (limit == nullptr ? cap : limit[i]) ? c.per_copy[i] : kNoMoreCopies;
   }
-  for (int j = 0; j < c.copies; ++j) c.copy_load[j] = per_copy[c.copy_expert[j]];
+}
+
+void add_copy(Candidate& c, int j, int cap, const int* limit) {
+  const int best = first_max_index(c.choice.data(), c.n);
+  EPMOE_CHECK(c.choice[best] != kNoMoreCopies);  // validate: copies_per_node <= experts_per_node * gpus_per_node
+  const int copies = ++c.count[best];
+  c.per_copy[best] = c.w[best] / copies;
+  c.choice[best] = copies < (limit == nullptr ? cap : limit[best]) ? c.per_copy[best] : kNoMoreCopies;
+  c.copy_expert[j] = best;
+}
+
+void finish_replication(Candidate& c) {
+  for (int j = 0; j < c.copies; ++j) c.copy_load[j] = c.per_copy[c.copy_expert[j]];
+}
+
+void replicate(const double* expert_loads, int cap, Candidate& c, const int* limit = nullptr) {
+  start_replication(expert_loads, cap, c, limit);
+  for (int j = c.n; j < c.copies; ++j) add_copy(c, j, cap, limit);
+  finish_replication(c);
 }
 
 // Stage 3: copies heaviest first (ties to the lower index), each onto the
@@ -119,66 +128,98 @@ void replicate(const double* expert_loads, int cap, Candidate& c, std::vector<do
 // `avoid_duplicates` only GPUs without the expert, and when every GPU with
 // room holds it, a copy Y on a full GPU p without the expert, Y not held by
 // q = the lightest GPU with room, moves to q and the copy takes Y's slot.
-void pack(Candidate& c, bool avoid_duplicates, std::vector<std::pair<double, int>>& sort_buffer) {
+//
+// key[g]: GPU g's load, infinite once full; the lightest with room is the
+// first minimum of key.
+constexpr double kFull = std::numeric_limits<double>::infinity();
+
+// Empties the placement and, when the copies' loads changed, orders them
+// heaviest first, ties to the lower index: descending_order's counting for a
+// node's few dozen copies (measured ~1.4x faster for a whole E=256 layer on
+// 64 GPUs than std::sort of (load, index) pairs), std::sort from
+// kCountingOrderCopies up (the counting is quadratic).
+constexpr int kCountingOrderCopies = 256;
+
+void start_packing(Candidate& c, std::vector<std::pair<double, int>>& sort_buffer) {
   c.clear_packing();
-  if (c.slots == 1) {  // EPLB's shortcut: copy j on GPU j (no GPU can hold two)
-    for (int j = 0; j < c.copies; ++j) c.put(j, j);
-    return;
-  }
-  std::vector<int>& order = c.order;
-  if (!c.sorted) {  // sorted (load, index) pairs: no indirection in the comparisons
+  std::fill(c.key.begin(), c.key.end(), 0.0);
+  if (c.sorted) return;
+  c.order.resize(c.copies);
+  if (c.copies <= kCountingOrderCopies) {
+    descending_order(c.copy_load.data(), c.copies, c.order.data());
+  } else {
     sort_buffer.resize(c.copies);
     for (int j = 0; j < c.copies; ++j) sort_buffer[j] = {-c.copy_load[j], j};
     std::sort(sort_buffer.begin(), sort_buffer.end());
-    order.resize(c.copies);
-    for (int j = 0; j < c.copies; ++j) order[j] = sort_buffer[j].second;
-    c.sorted = true;
+    for (int j = 0; j < c.copies; ++j) c.order[j] = sort_buffer[j].second;
   }
-  // key[g]: GPU g's load, infinite once full; the lightest with room is the
-  // first minimum of key (branch-free scans).
-  constexpr double kFull = std::numeric_limits<double>::infinity();
-  std::vector<double>& key = c.key;
-  std::fill(key.begin(), key.end(), 0.0);
-  for (const int copy : order) {
-    const int expert = c.copy_expert[copy];
-    int lightest_with_room = 0;
-    double lightest = key[0];
-    for (int g = 1; g < c.gpus; ++g) {
-      const bool lower = key[g] < lightest;
-      lightest_with_room = lower ? g : lightest_with_room;
-      lightest = lower ? key[g] : lightest;
+  c.sorted = true;
+}
+
+// The copy `copy` of `expert` when every GPU with room holds the expert: a
+// copy Y on a full GPU p without the expert, Y not held by q (the lightest
+// GPU with room), moves to q and the copy takes Y's slot.
+[[gnu::noinline]] void place_by_swapping(Candidate& c, int copy, int expert, int q) {
+  int swap_gpu = -1, swap_slot = -1;
+  for (int p = 0; p < c.gpus; ++p) {
+    if (c.held(p, expert)) continue;
+    for (int s = 0; s < c.fill[p]; ++s) {
+      const int other = c.at(p, s);
+      if (c.held(q, c.copy_expert[other])) continue;
+      if (swap_gpu < 0 || c.copy_load[other] < c.copy_load[c.at(swap_gpu, swap_slot)]) swap_gpu = p, swap_slot = s;
     }
-    int best = lightest_with_room;
-    if (avoid_duplicates && c.held(best, expert)) {
-      best = -1;
-      double best_load = kFull;
-      for (int g = 0; g < c.gpus; ++g) {
-        const double k = c.held(g, expert) ? kFull : key[g];
-        if (k < best_load) best = g, best_load = k;
-      }
-    }
-    if (best >= 0) {
-      c.put(best, copy);
-      key[best] = c.fill[best] == c.slots ? kFull : c.load[best];
-      continue;
-    }
-    const int q = lightest_with_room;
-    EPMOE_CHECK_GE(q, 0);
-    int swap_gpu = -1, swap_slot = -1;
-    for (int p = 0; p < c.gpus; ++p) {
-      if (c.held(p, expert)) continue;
-      for (int s = 0; s < c.fill[p]; ++s) {
-        const int other = c.at(p, s);
-        if (c.held(q, c.copy_expert[other])) continue;
-        if (swap_gpu < 0 || c.copy_load[other] < c.copy_load[c.at(swap_gpu, swap_slot)]) swap_gpu = p, swap_slot = s;
-      }
-    }
-    EPMOE_CHECK_GE(swap_gpu, 0);  // a full GPU has an expert q lacks
-    c.put(q, copy);               // then swap it with Y: q gets Y, p gets the copy
-    c.swap(q, c.fill[q] - 1, swap_gpu, swap_slot);
-    c.duplicate = false;
-    key[q] = c.fill[q] == c.slots ? kFull : c.load[q];
   }
+  EPMOE_CHECK_GE(swap_gpu, 0);  // a full GPU has an expert q lacks
+  c.put(q, copy);               // then swap it with Y: q gets Y, p gets the copy
+  c.swap(q, c.fill[q] - 1, swap_gpu, swap_slot);
+  c.duplicate = false;
+  c.key[q] = c.fill[q] == c.slots ? kFull : c.load[q];
+}
+
+// Places the next copy, c.order[k]. `without_expert`: [gpus] scratch.
+inline void place(Candidate& c, int k, bool avoid_duplicates, double* without_expert) {
+  const int copy = c.order[k], expert = c.copy_expert[copy];
+  double* key = c.key.data();
+  const int lightest_with_room = first_min_index(key, c.gpus);
+  int best = lightest_with_room;
+  if (avoid_duplicates && c.held(best, expert)) {  // the lightest with room not holding the expert
+    const int* holders = c.holds.data() + static_cast<std::size_t>(expert) * c.gpus;
+    for (int g = 0; g < c.gpus; ++g) without_expert[g] = holders[g] != 0 ? kFull : key[g];
+    best = first_min_index(without_expert, c.gpus);
+    if (without_expert[best] == kFull) return place_by_swapping(c, copy, expert, lightest_with_room);
+  }
+  c.put(best, copy);
+  key[best] = c.fill[best] == c.slots ? kFull : c.load[best];
+}
+
+// Packs several candidates of one shape (a layer's nodes) in lockstep, copy
+// k of each before copy k + 1 of any. One node's packing is a chain of
+// dependent steps (each scan reads the key the previous step wrote); the
+// chains of different nodes are independent, so interleaved the core
+// overlaps them instead of waiting on each. The placements are each node's
+// own packing, exactly.
+void pack_together(std::span<Candidate* const> candidates, bool avoid_duplicates,
+                   std::vector<std::pair<double, int>>& sort_buffer, std::vector<double>& without_expert) {
+  if (candidates.empty()) return;
+  const int copies = candidates[0]->copies;
+  if (candidates[0]->slots == 1) {  // EPLB's shortcut: copy j on GPU j (no GPU can hold two)
+    for (Candidate* c : candidates) {
+      c->clear_packing();
+      for (int j = 0; j < copies; ++j) c->put(j, j);
+    }
+    return;
+  }
+  for (Candidate* c : candidates) start_packing(*c, sort_buffer);
+  without_expert.resize(candidates[0]->gpus);
+  for (int k = 0; k < copies; ++k) {
+    for (Candidate* c : candidates) place(*c, k, avoid_duplicates, without_expert.data());
+  }
+}
+
+void pack(Candidate& c, bool avoid_duplicates, std::vector<std::pair<double, int>>& sort_buffer,
+          std::vector<double>& without_expert) {
+  Candidate* const one[] = {&c};
+  pack_together(one, avoid_duplicates, sort_buffer, without_expert);
 }
 
 // EPLB's packing made duplicate-free: each second copy of an expert on a GPU
@@ -249,7 +290,7 @@ void retarget(Candidate& c, int h, int s, int to) {
 void lower_max_load(Candidate& c, double floor, bool two_for_two) {
   const double eps = 1e-12;
   for (int iteration = 0; iteration < 16 * c.gpus; ++iteration) {
-    const int m = static_cast<int>(std::max_element(c.load.begin(), c.load.end()) - c.load.begin());
+    const int m = first_max_index(c.load.data(), c.gpus);
     const double lm = c.load[m];
     if (lm <= floor * (1.0 + eps)) return;
     int best_gpu = -1, a1 = -1, b1 = -1, a2 = -1, b2 = -1;
@@ -332,11 +373,13 @@ void lower_max_load(Candidate& c, double floor, bool two_for_two) {
   }
 }
 
-// Per-call scratch: everything one node needs, allocated once.
+// Per-call scratch: everything the nodes need, allocated once.
 struct Workspace {
-  std::vector<Candidate> eplb;  // [nodes]
-  Candidate trial, best;
-  std::vector<double> expert_loads, per_copy, group_loads, pack_loads;
+  std::vector<Candidate> eplb;        // [nodes] EPLB's own replication and packing
+  std::vector<Candidate> candidates;  // [nodes] the duplicate-free placement of a node EPLB duplicates on
+  Candidate trial;
+  std::vector<Candidate*> batch;  // the nodes replicated or packed together
+  std::vector<double> expert_loads, gpu_scratch, group_loads, pack_loads, eplb_max;
   std::vector<std::pair<double, int>> sort_buffer;
   std::vector<int> node_experts, group_order, node_groups, node_fill, filled, limit, caps, node_order;
 };
@@ -393,12 +436,12 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
   pack_groups(w, l.num_nodes, l.groups_per_node);
 
   // EPLB's stages 2 and 3 on every node first (copies uncapped, packing
-  // blind to duplicates): a node where that holds no duplicate keeps it.
+  // blind to duplicates), the nodes in lockstep: a node where that holds no
+  // duplicate keeps it.
   const int n = l.experts_per_node;
   w.node_experts.resize(num_logical_experts);
   w.expert_loads.resize(num_logical_experts);
-  double kept_max = 0.0;  // the max GPU load so far of the nodes decided
-  w.node_order.clear();
+  w.batch.clear();
   for (int node = 0; node < l.num_nodes; ++node) {
     // The node's experts: its groups in arrival order, each group's experts in order.
     int* experts = w.node_experts.data() + node * n;
@@ -407,9 +450,19 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
         experts[r * l.group_size + i] = w.node_groups[node * l.groups_per_node + r] * l.group_size + i;
     }
     for (int i = 0; i < n; ++i) w.expert_loads[node * n + i] = weight[experts[i]];
-    Candidate& eplb = w.eplb[node];
-    replicate(w.expert_loads.data() + node * n, l.copies_per_node, eplb, w.per_copy);
-    pack(eplb, /*avoid_duplicates=*/false, w.sort_buffer);
+    start_replication(w.expert_loads.data() + node * n, l.copies_per_node, w.eplb[node], nullptr);
+    w.batch.push_back(&w.eplb[node]);
+  }
+  for (int j = n; j < l.copies_per_node; ++j) {
+    for (Candidate* c : w.batch) add_copy(*c, j, l.copies_per_node, nullptr);
+  }
+  for (Candidate* c : w.batch) finish_replication(*c);
+  pack_together(w.batch, /*avoid_duplicates=*/false, w.sort_buffer, w.gpu_scratch);
+
+  double kept_max = 0.0;  // the max GPU load so far of the nodes decided
+  w.node_order.clear();
+  for (int node = 0; node < l.num_nodes; ++node) {
+    const Candidate& eplb = w.eplb[node];
     if (eplb.duplicate) {
       w.node_order.push_back(node);
     } else {
@@ -421,83 +474,92 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
   // the layer's max load, searched down as far as the local search goes; the
   // others stop once at most the max so far (lower would not lower the
   // layer's max).
+  w.eplb_max.resize(l.num_nodes);
+  for (const int node : w.node_order) w.eplb_max[node] = w.eplb[node].max_load();
   std::sort(w.node_order.begin(), w.node_order.end(), [&](int a, int b) {
-    const double la = w.eplb[a].max_load(), lb = w.eplb[b].max_load();
+    const double la = w.eplb_max[a], lb = w.eplb_max[b];
     return la > lb || (la == lb && a < b);
   });
+
+  // Duplicate-free candidates, each improved by the local search, until one
+  // is at most the node's EPLB max load (or the max so far, when higher):
+  // (1) copies capped at one per GPU, packed skipping the GPUs that hold the
+  // expert; when no expert has more copies than GPUs, EPLB's copies (2)
+  // packed that way and (3) in EPLB's packing with its duplicates swapped
+  // away; (4) (1)'s copies with one or two fewer for the two heaviest
+  // replicated experts (duplicates let EPLB split an expert unevenly;
+  // without them, fewer copies of the hottest experts can be what leaves one
+  // per GPU). Else the lowest max load of them. (1) does not depend on the
+  // order of the nodes: it is packed for all of them in lockstep.
+  w.batch.clear();
+  for (const int node : w.node_order) {
+    const Candidate& eplb = w.eplb[node];
+    Candidate& first = w.candidates[node];
+    if (*std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node) {
+      // The capped replication is EPLB's.
+      first.w = eplb.w, first.count = eplb.count, first.copy_expert = eplb.copy_expert;
+      first.copy_load = eplb.copy_load, first.order = eplb.order, first.sorted = eplb.sorted;
+    } else {
+      replicate(w.expert_loads.data() + node * n, l.gpus_per_node, first);
+    }
+    w.batch.push_back(&first);
+  }
+  pack_together(w.batch, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
 
   for (const int node : w.node_order) {
     const double* expert_loads = w.expert_loads.data() + node * n;
     const Candidate& eplb = w.eplb[node];
-    {
-      // Duplicate-free candidates, each improved by the local search, until
-      // one is at most this node's EPLB max load (or the max so far, when
-      // higher): (1) copies capped at one per GPU, packed skipping the GPUs
-      // that hold the expert; when no expert has more copies than GPUs,
-      // EPLB's copies (2) packed that way and (3) in EPLB's packing with its
-      // duplicates swapped away; (4) (1)'s copies with one or two fewer for
-      // the two heaviest replicated experts (duplicates let EPLB split an
-      // expert unevenly; without them, fewer copies of the hottest experts
-      // can be what leaves one per GPU). Else the lowest max load of them.
-      double total = 0.0;
-      for (int i = 0; i < n; ++i) total += expert_loads[i];
-      const double floor = std::max(total / l.gpus_per_node, kept_max);
-      const double stop = std::max(floor, eplb.max_load()) * (1.0 + 1e-12);
-      const bool eplb_copies_fit = *std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node;
-      Candidate& best = w.best;
-      if (eplb_copies_fit) {  // the capped replication is EPLB's
-        best.w = eplb.w, best.count = eplb.count, best.copy_expert = eplb.copy_expert, best.copy_load = eplb.copy_load;
-        best.order = eplb.order, best.sorted = eplb.sorted;
-      } else {
-        replicate(expert_loads, l.gpus_per_node, best, w.per_copy);
+    double total = 0.0;
+    for (int i = 0; i < n; ++i) total += expert_loads[i];
+    const double floor = std::max(total / l.gpus_per_node, kept_max);
+    const double stop = std::max(floor, eplb.max_load()) * (1.0 + 1e-12);
+    const bool eplb_copies_fit = *std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node;
+    Candidate& best = w.candidates[node];
+    lower_max_load(best, floor, /*two_for_two=*/false);
+    double best_max = best.max_load();
+    // The two heaviest experts with more than one copy in (1).
+    int hot[2] = {-1, -1};
+    for (int i = 0; i < n; ++i) {
+      if (best.count[i] < 2) continue;
+      if (hot[0] < 0 || expert_loads[i] > expert_loads[hot[0]]) {
+        hot[1] = hot[0], hot[0] = i;
+      } else if (hot[1] < 0 || expert_loads[i] > expert_loads[hot[1]]) {
+        hot[1] = i;
       }
-      pack(best, /*avoid_duplicates=*/true, w.sort_buffer);
-      lower_max_load(best, floor, /*two_for_two=*/false);
-      double best_max = best.max_load();
-      // The two heaviest experts with more than one copy in (1).
-      int hot[2] = {-1, -1};
-      for (int i = 0; i < n; ++i) {
-        if (best.count[i] < 2) continue;
-        if (hot[0] < 0 || expert_loads[i] > expert_loads[hot[0]]) {
-          hot[1] = hot[0], hot[0] = i;
-        } else if (hot[1] < 0 || expert_loads[i] > expert_loads[hot[1]]) {
-          hot[1] = i;
-        }
-      }
-      w.limit.assign(best.count.begin(), best.count.end());
-      static constexpr int kFewer[8][2] = {{1, 1}, {1, 0}, {0, 1}, {2, 1}, {1, 2}, {2, 0}, {0, 2}, {2, 2}};
-      for (int variant = 0; variant < 10 && best_max > stop; ++variant) {
-        Candidate& trial = w.trial;
-        if (variant < 2) {
-          if (!eplb_copies_fit) continue;
-          trial = eplb;
-          if (variant == 0) {
-            pack(trial, /*avoid_duplicates=*/true, w.sort_buffer);
-          } else {
-            remove_duplicates(trial);
-          }
-        } else {
-          const int* fewer = kFewer[variant - 2];
-          bool possible = true;
-          for (int k = 0; k < 2; ++k) {
-            if (fewer[k] > 0 && (hot[k] < 0 || w.limit[hot[k]] - fewer[k] < 1)) possible = false;
-          }
-          if (!possible) continue;
-          std::vector<int>& caps = w.caps;
-          caps.assign(n, l.gpus_per_node);
-          for (int k = 0; k < 2; ++k)
-            if (hot[k] >= 0) caps[hot[k]] = w.limit[hot[k]] - fewer[k];
-          if (std::accumulate(caps.begin(), caps.end(), 0) < l.copies_per_node) continue;
-          replicate(expert_loads, l.gpus_per_node, trial, w.per_copy, caps.data());
-          pack(trial, /*avoid_duplicates=*/true, w.sort_buffer);
-        }
-        lower_max_load(trial, floor, /*two_for_two=*/true);
-        const double trial_max = trial.max_load();
-        if (trial_max < best_max) std::swap(best, trial), best_max = trial_max;
-      }
-      kept_max = std::max(kept_max, best_max);
-      write_node(best, w.node_experts.data() + node * n, node, l, physical_to_logical, logical_count);
     }
+    w.limit.assign(best.count.begin(), best.count.end());
+    static constexpr int kFewer[8][2] = {{1, 1}, {1, 0}, {0, 1}, {2, 1}, {1, 2}, {2, 0}, {0, 2}, {2, 2}};
+    for (int variant = 0; variant < 10 && best_max > stop; ++variant) {
+      Candidate& trial = w.trial;
+      if (variant < 2) {
+        if (!eplb_copies_fit) continue;
+        trial = eplb;
+        if (variant == 0) {
+          pack(trial, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
+        } else {
+          remove_duplicates(trial);
+        }
+      } else {
+        const int* fewer = kFewer[variant - 2];
+        bool possible = true;
+        for (int k = 0; k < 2; ++k) {
+          if (fewer[k] > 0 && (hot[k] < 0 || w.limit[hot[k]] - fewer[k] < 1)) possible = false;
+        }
+        if (!possible) continue;
+        std::vector<int>& caps = w.caps;
+        caps.assign(n, l.gpus_per_node);
+        for (int k = 0; k < 2; ++k)
+          if (hot[k] >= 0) caps[hot[k]] = w.limit[hot[k]] - fewer[k];
+        if (std::accumulate(caps.begin(), caps.end(), 0) < l.copies_per_node) continue;
+        replicate(expert_loads, l.gpus_per_node, trial, caps.data());
+        pack(trial, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
+      }
+      lower_max_load(trial, floor, /*two_for_two=*/true);
+      const double trial_max = trial.max_load();
+      if (trial_max < best_max) std::swap(best, trial), best_max = trial_max;
+    }
+    kept_max = std::max(kept_max, best_max);
+    write_node(best, w.node_experts.data() + node * n, node, l, physical_to_logical, logical_count);
   }
 
   w.filled.assign(num_logical_experts, 0);
@@ -564,9 +626,11 @@ ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers,
   out.logical_count.resize(num_layers * E);
   thread_local Workspace w;  // scratch kept between calls: no allocation once warm
   w.eplb.resize(l.num_nodes);
-  for (Candidate& c : w.eplb) c.resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
-  for (Candidate* c : {&w.trial, &w.best})
-    c->resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
+  w.candidates.resize(l.num_nodes);
+  for (std::vector<Candidate>* nodes : {&w.eplb, &w.candidates}) {
+    for (Candidate& c : *nodes) c.resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
+  }
+  w.trial.resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
   for (int layer = 0; layer < num_layers; ++layer) {
     rebalance_layer(weight.data() + layer * E, num_logical_experts, l, out.max_copies, w,
                     out.physical_to_logical.data() + layer * P,

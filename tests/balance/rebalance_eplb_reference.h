@@ -17,6 +17,8 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -105,6 +107,38 @@ inline EplbLayer eplb_rebalance_layer(const float* weight, int num_experts, int 
     }
   }
   return out;
+}
+
+// The lowest max GPU load of any placement of `replicas` copies on `gpus`
+// GPUs without a duplicate (every expert at least once), by enumerating
+// every GPU's set of experts: for a handful of experts only.
+inline double best_duplicate_free_max_load(const std::vector<float>& w, int replicas, int gpus) {
+  const int experts = static_cast<int>(w.size()), slots = replicas / gpus;
+  std::vector<unsigned> sets;  // the GPU contents: `slots` distinct experts, as bit masks
+  for (unsigned mask = 0; mask < (1u << experts); ++mask)
+    if (std::popcount(mask) == slots) sets.push_back(mask);
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> chosen(gpus, 0);  // non-decreasing indices into `sets`: each multiset of GPUs once
+  while (true) {
+    std::vector<int> count(experts, 0);
+    for (const int s : chosen)
+      for (int e = 0; e < experts; ++e) count[e] += (sets[s] >> e) & 1;
+    if (*std::min_element(count.begin(), count.end()) > 0) {
+      double max_load = 0.0;
+      for (const int s : chosen) {
+        double load = 0.0;
+        for (int e = 0; e < experts; ++e)
+          if ((sets[s] >> e) & 1) load += w[e] / static_cast<double>(count[e]);
+        max_load = std::max(max_load, load);
+      }
+      best = std::min(best, max_load);
+    }
+    int g = gpus - 1;
+    while (g >= 0 && chosen[g] == static_cast<int>(sets.size()) - 1) --g;
+    if (g < 0) return best;
+    ++chosen[g];
+    for (int h = g + 1; h < gpus; ++h) chosen[h] = chosen[g];
+  }
 }
 
 }  // namespace epmoe::balance::reference

@@ -178,6 +178,24 @@ TEST(RebalanceExperts, NeverDuplicatesWhereEplbWouldAndBalancesBetter) {
   EXPECT_DOUBLE_EQ(max_over_mean(r.physical_to_logical, w, r.logical_count, 0, 4, 6, 2), 1.0);
 }
 
+TEST(RebalanceExperts, NoDuplicateFreePlacementCanMatchEplbsDuplicateHere) {
+  // Why "no duplicate" can cost balance (docs/BALANCE.md): loads {3, 4, 1},
+  // 4 slots on 2 GPUs. EPLB gives expert 1 the extra copy (2 + 2) and packs
+  // both copies on GPU 1 (4), expert 0 and 2 on GPU 0 (4): max 4, as if one
+  // slot stood empty. Without a duplicate one expert sits on both GPUs and
+  // every slot carries load: the best is expert 2 twice, {0, 2} = 3.5 and
+  // {1, 2} = 4.5. epmoe finds that best one.
+  const std::vector<float> w = {3, 4, 1};
+  const RebalanceExpertsOptions o{4, 1, 1, 2};
+  const reference::EplbLayer eplb = reference::eplb_rebalance_layer(w.data(), 3, 4, 1, 1, 2);
+  EXPECT_TRUE(eplb.duplicate);
+  EXPECT_DOUBLE_EQ(eplb.max_load(), 4.0);
+  EXPECT_DOUBLE_EQ(reference::best_duplicate_free_max_load(w, 4, 2), 4.5);
+  const ExpertRebalance r = rebalance_experts(w, 1, 3, o);
+  expect_valid(r, w, o, "{3, 4, 1}");
+  EXPECT_DOUBLE_EQ(max_over_mean(r.physical_to_logical, w, r.logical_count, 0, 3, 4, 2) * (8.0 / 2), 4.5);
+}
+
 // Loads of one layer: 0 random integers in [0, 1000); 1 Zipf with exponent
 // `s` over shuffled experts; 2 adversarial: 1-3 experts carry 100000, the rest 0-2.
 std::vector<float> seeded_layer(int kind, double s, int experts, std::mt19937_64& rng) {
