@@ -1,24 +1,33 @@
 #!/usr/bin/env python3
-"""epmoe.rebalance_experts vs EPLB's rebalance_experts as vLLM ships it, in one run.
+"""epmoe.rebalance_experts vs EPLB's rebalance_experts, two Python versions, in one run.
 
-    python bench/peers/eplb_vs_vllm.py [--wheel-dir DIR] [--layers 1,58] [--seeds 200]
+    python bench/peers/eplb_vs_vllm.py [--wheel-dir DIR] [--layers 1,58] [--seeds 100]
+                                       [--peers vllm==0.10.0,vllm]
 
-Fetches vLLM's wheel from PyPI at run time (`pip download vllm --no-deps`,
-into a temporary folder unless --wheel-dir names one that already holds it),
-extracts only its EPLB policy module (vllm/distributed/eplb/: the file that
-defines balanced_packing and rebalance_experts, and the sibling files it
-imports), and loads that alone: no vLLM code is kept in this repository. The
-module imports torch, so torch must be importable (the script says so and
-stops when it is not).
+Each peer is a vLLM wheel fetched from PyPI at run time (`pip download
+<spec> --no-deps`, into a folder per spec under --wheel-dir, a temporary one
+unless given); only its EPLB policy module is extracted (under
+vllm/distributed/eplb/: the file that defines balanced_packing and
+rebalance_experts, and the sibling files it imports) and loaded alone: no
+vLLM code is kept in this repository. The default peers:
+  * vllm==0.10.0: vllm/distributed/eplb/rebalance_algo.py, DeepSeek's EPLB
+    (github.com/deepseek-ai/EPLB, eplb.py) as published: torch tensors and
+    Python loops, the code SGLang and Megatron-Core also carry;
+  * vllm (the newest): vLLM's rewrite of the same algorithm on numpy arrays
+    (vllm/distributed/eplb/policy/default.py in 0.33), the fastest Python
+    EPLB we know of.
+Both modules import torch, so torch must be importable (the script says so
+and stops when it is not).
 
 Prints, for E=256 experts on 64 GPUs (8 nodes x 8, 320 replicas, 8 groups:
 the hierarchical policy) and E=64 on 8 GPUs (one node, 72 replicas, 8 groups),
 the CPU time per call of each (median over repeated calls after a warm-up,
-the calling thread's CPU time; the inputs are the same Zipf loads), the ratio, and each placement's max/mean GPU
-load (a copy carries its expert's load / copies). Then the balance check of
-docs/BALANCE.md: over random, Zipf and adversarial loads, how often epmoe's
-placement has a lower, equal or higher max/mean than EPLB's, and how often
-EPLB's placement puts two copies of one expert on one GPU.
+the calling thread's CPU time; the inputs are the same Zipf loads), the
+ratios, and each placement's max/mean GPU load (a copy carries its expert's
+load / copies). Then the balance check of docs/BALANCE.md against the newest
+peer: over random, Zipf and adversarial loads, how often epmoe's placement
+has a lower, equal or higher max/mean than EPLB's, and how often EPLB's
+placement puts two copies of one expert on one GPU.
 """
 
 import argparse
@@ -36,11 +45,13 @@ import numpy as np
 import epmoe
 
 
-def fetch_eplb_module(wheel_dir):
+def fetch_eplb_module(wheel_root, spec):
+    wheel_dir = os.path.join(wheel_root, spec.replace("=", "_") if "=" in spec else "newest")
+    os.makedirs(wheel_dir, exist_ok=True)
     wheels = sorted(glob.glob(os.path.join(wheel_dir, "vllm-*.whl")))
     if not wheels:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "vllm", "--no-deps", "-q", "-d", wheel_dir], check=True
+            [sys.executable, "-m", "pip", "download", spec, "--no-deps", "-q", "-d", wheel_dir], check=True
         )
         wheels = sorted(glob.glob(os.path.join(wheel_dir, "vllm-*.whl")))
     wheel = wheels[-1]
@@ -56,7 +67,8 @@ def fetch_eplb_module(wheel_dir):
             raise SystemExit(f"{wheel}: no module under vllm/distributed/eplb/ defines balanced_packing")
         # The module's folder as a package of its own (its __init__ imports vLLM; an empty one does not).
         folder = os.path.dirname(module_name)
-        package_dir = os.path.join(wheel_dir, "_vllm_eplb")
+        package = "_eplb_" + "".join(c if c.isalnum() else "_" for c in os.path.basename(wheel_dir))
+        package_dir = os.path.join(wheel_dir, package)
         os.makedirs(package_dir, exist_ok=True)
         for name in names:
             if os.path.dirname(name) == folder and not name.endswith("__init__.py"):
@@ -64,7 +76,7 @@ def fetch_eplb_module(wheel_dir):
                     out.write(archive.read(name))
         open(os.path.join(package_dir, "__init__.py"), "w").close()
     sys.path.insert(0, wheel_dir)
-    module = importlib.import_module("_vllm_eplb." + os.path.basename(module_name)[:-3])
+    module = importlib.import_module(package + "." + os.path.basename(module_name)[:-3])
     function = getattr(module, "rebalance_experts", None)
     if function is None:  # vLLM >= 0.11: a policy class
         policy = next(v for v in vars(module).values() if isinstance(v, type) and hasattr(v, "balanced_packing"))
@@ -122,9 +134,12 @@ def time_call(call, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--wheel-dir", help="folder holding (or to receive) vLLM's wheel; default: a temporary one")
+    parser.add_argument("--wheel-dir", help="folder holding (or to receive) the vLLM wheels; default: a temporary one")
     parser.add_argument("--layers", default="1,58", help="layers per call, comma separated (58: DeepSeek-V3)")
     parser.add_argument("--seeds", type=int, default=100, help="loads per kind and shape for the balance check")
+    parser.add_argument(
+        "--peers", default="vllm==0.10.0,vllm", help="pip specs of the vLLM wheels whose EPLB module to time"
+    )
     args = parser.parse_args()
     try:
         import torch
@@ -133,14 +148,20 @@ def main():
     torch.set_num_threads(1)
 
     with tempfile.TemporaryDirectory() as temporary:
-        wheel_dir = args.wheel_dir or temporary
-        wheel, module_name, eplb = fetch_eplb_module(wheel_dir)
-        print(f"EPLB: {module_name} from {wheel}; epmoe {epmoe.__version__}; torch {torch.__version__}")
+        wheel_root = args.wheel_dir or temporary
+        peers = []
+        for spec in args.peers.split(","):
+            wheel, module_name, function = fetch_eplb_module(wheel_root, spec)
+            peers.append((wheel.split("-")[1], function))
+            print(f"EPLB peer {len(peers)}: {module_name} from {wheel}")
+        print(f"epmoe {epmoe.__version__}; torch {torch.__version__}; numpy {np.__version__}")
+        eplb = peers[-1][1]  # the balance check is against the newest
         shapes = {"E=256, 64 GPUs": (320, 8, 8, 64), "E=64, 8 GPUs": (72, 8, 1, 8)}
         experts_of = {"E=256, 64 GPUs": 256, "E=64, 8 GPUs": 64}
 
-        print("\n| shape | layers | EPLB (vLLM) CPU µs | epmoe CPU µs | ratio | EPLB max/mean | epmoe max/mean |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        peer_columns = "".join(f" vLLM {version} CPU µs | ratio |" for version, _ in peers)
+        print(f"\n| shape | layers | epmoe CPU µs |{peer_columns} EPLB max/mean | epmoe max/mean |")
+        print("|---|---:|---:|" + "---:|---:|" * len(peers) + "---:|---:|")
         rng = np.random.default_rng(0)
         for label, shape in shapes.items():
             for layers in (int(x) for x in args.layers.split(",")):
@@ -148,14 +169,14 @@ def main():
                     100000.0 / (1.0 + np.stack([rng.permutation(experts_of[label]) for _ in range(layers)])) ** 1.2
                 ).astype(np.float32)
                 weight_torch = torch.from_numpy(weight)
-                eplb_us = time_call(lambda: eplb(weight_torch, *shape), 5 if layers > 1 else 20)
                 ours_us = time_call(lambda: epmoe.rebalance_experts(weight_torch, *shape), 200)
+                cells = ""
+                for _, function in peers:
+                    peer_us = time_call(lambda: function(weight_torch, *shape), 5 if layers > 1 else 20)
+                    cells += f" {peer_us:.0f} | {peer_us / ours_us:.0f}x |"
                 theirs = max_over_mean(weight, eplb_phy2log(eplb, weight_torch, shape), shape[3]).mean()
                 ours = max_over_mean(weight, epmoe.rebalance_experts(weight, *shape)[0], shape[3]).mean()
-                print(
-                    f"| {label} | {layers} | {eplb_us:.0f} | {ours_us:.1f} | {eplb_us / ours_us:.0f}x "
-                    f"| {theirs:.4f} | {ours:.4f} |"
-                )
+                print(f"| {label} | {layers} | {ours_us:.1f} |{cells} {theirs:.4f} | {ours:.4f} |")
 
         print(f"\nBalance check: {args.seeds} loads per kind and shape, one layer each; max/mean epmoe vs EPLB")
         print("| shape | loads | lower | equal (1e-9) | higher | worst (epmoe - EPLB) | EPLB layers with a duplicate |")

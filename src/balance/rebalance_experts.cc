@@ -134,11 +134,12 @@ void replicate(const double* expert_loads, int cap, Candidate& c, const int* lim
 constexpr double kFull = std::numeric_limits<double>::infinity();
 
 // Empties the placement and, when the copies' loads changed, orders them
-// heaviest first, ties to the lower index: descending_order's counting for a
-// node's few dozen copies (measured ~1.4x faster for a whole E=256 layer on
-// 64 GPUs than std::sort of (load, index) pairs), std::sort from
-// kCountingOrderCopies up (the counting is quadratic).
-constexpr int kCountingOrderCopies = 256;
+// heaviest first, ties to the lower index: descending_order's counting up to
+// kCountingOrderCopies (40 copies per node at E=256 on 8 nodes of 8 GPUs:
+// the whole layer ~1.4x faster than with std::sort), std::sort of (load,
+// index) pairs beyond (72 copies, E=64 on 8 GPUs: std::sort ~8% faster;
+// the counting is quadratic).
+constexpr int kCountingOrderCopies = 64;
 
 void start_packing(Candidate& c, std::vector<std::pair<double, int>>& sort_buffer) {
   c.clear_packing();
@@ -250,14 +251,29 @@ void remove_duplicates(Candidate& c) {
   c.duplicate = false;
 }
 
+// Each expert's load per copy with its copies as they are, with one more and
+// with one fewer (count >= 2): what the slot re-assignments below compare,
+// computed once per search step instead of in their inner loops.
+struct RecountedLoads {
+  std::vector<double> now, more, fewer;  // [n]
+  void compute(const Candidate& c) {
+    now.resize(c.n), more.resize(c.n), fewer.resize(c.n);
+    for (int i = 0; i < c.n; ++i) {
+      now[i] = c.w[i] / c.count[i];
+      more[i] = c.w[i] / (c.count[i] + 1);
+      fewer[i] = c.count[i] > 1 ? c.w[i] / (c.count[i] - 1) : 0.0;
+    }
+  }
+};
+
 // The node's max load if slot s of GPU h held a copy of `to` instead of its
 // expert `from` (which keeps count - 1 >= 1 copies; every copy of both then
 // carries the new load / copies). Returns early, with a load >= bound, once
 // some GPU reaches `bound`.
-double retarget_max(const Candidate& c, int h, int s, int to, double bound) {
+double retarget_max(const Candidate& c, const RecountedLoads& r, int h, int s, int to, double bound) {
   const int from = c.copy_expert[c.at(h, s)];
-  const double from_old = c.w[from] / c.count[from], from_new = c.w[from] / (c.count[from] - 1);
-  const double to_old = c.w[to] / c.count[to], to_new = c.w[to] / (c.count[to] + 1);
+  const double from_old = r.now[from], from_new = r.fewer[from];
+  const double to_old = r.now[to], to_new = r.more[to];
   double max = 0.0;
   for (int g = 0; g < c.gpus; ++g) {
     const int hf = c.held(g, from) - (g == h), ht = c.held(g, to);
@@ -287,7 +303,7 @@ void retarget(Candidate& c, int h, int s, int to) {
 // be lowered, the exchange of one copy (else two copies) of m with as many of
 // another GPU, no GPU then holding an expert twice, that leaves the lowest
 // larger load of the two. Stops at `floor` (no placement can be lower).
-void lower_max_load(Candidate& c, double floor, bool two_for_two) {
+void lower_max_load(Candidate& c, double floor, bool two_for_two, RecountedLoads& recounted) {
   const double eps = 1e-12;
   for (int iteration = 0; iteration < 16 * c.gpus; ++iteration) {
     const int m = first_max_index(c.load.data(), c.gpus);
@@ -311,25 +327,27 @@ void lower_max_load(Candidate& c, double floor, bool two_for_two) {
     }
     if (best_gpu < 0) {  // one copy given to another expert: (i) on m, (ii) to an expert of m elsewhere
       int rh = -1, rs = -1, rto = -1;
+      RecountedLoads& r = recounted;
+      r.compute(c);
       for (int a = 0; a < c.slots; ++a) {
         const int from = c.copy_expert[c.at(m, a)];
         if (c.count[from] < 2) continue;
-        const double from_old = c.w[from] / c.count[from];
+        const double from_old = r.now[from];
         for (int to = 0; to < c.n; ++to) {
-          if (c.held(m, to) > 0 || lm - from_old + c.w[to] / (c.count[to] + 1) >= best_max) continue;
-          const double new_max = retarget_max(c, m, a, to, best_max);
+          if (c.held(m, to) > 0 || lm - from_old + r.more[to] >= best_max) continue;
+          const double new_max = retarget_max(c, r, m, a, to, best_max);
           if (new_max < best_max) best_max = new_max, rh = m, rs = a, rto = to;
         }
       }
       for (int a = 0; a < c.slots; ++a) {
         const int to = c.copy_expert[c.at(m, a)];
-        if (lm - c.w[to] / c.count[to] + c.w[to] / (c.count[to] + 1) >= best_max) continue;
+        if (lm - r.now[to] + r.more[to] >= best_max) continue;
         for (int h = 0; h < c.gpus; ++h) {
           if (c.held(h, to) > 0) continue;
           for (int b = 0; b < c.slots; ++b) {
             const int from = c.copy_expert[c.at(h, b)];
             if (c.count[from] < 2) continue;
-            const double new_max = retarget_max(c, h, b, to, best_max);
+            const double new_max = retarget_max(c, r, h, b, to, best_max);
             if (new_max < best_max) best_max = new_max, rh = h, rs = b, rto = to;
           }
         }
@@ -378,6 +396,7 @@ struct Workspace {
   std::vector<Candidate> eplb;        // [nodes] EPLB's own replication and packing
   std::vector<Candidate> candidates;  // [nodes] the duplicate-free placement of a node EPLB duplicates on
   Candidate trial;
+  RecountedLoads recounted;
   std::vector<Candidate*> batch;  // the nodes replicated or packed together
   std::vector<double> expert_loads, gpu_scratch, group_loads, pack_loads, eplb_max;
   std::vector<std::pair<double, int>> sort_buffer;
@@ -515,7 +534,7 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
     const double stop = std::max(floor, eplb.max_load()) * (1.0 + 1e-12);
     const bool eplb_copies_fit = *std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node;
     Candidate& best = w.candidates[node];
-    lower_max_load(best, floor, /*two_for_two=*/false);
+    lower_max_load(best, floor, /*two_for_two=*/false, w.recounted);
     double best_max = best.max_load();
     // The two heaviest experts with more than one copy in (1).
     int hot[2] = {-1, -1};
@@ -554,7 +573,7 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
         replicate(expert_loads, l.gpus_per_node, trial, caps.data());
         pack(trial, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
       }
-      lower_max_load(trial, floor, /*two_for_two=*/true);
+      lower_max_load(trial, floor, /*two_for_two=*/true, w.recounted);
       const double trial_max = trial.max_load();
       if (trial_max < best_max) std::swap(best, trial), best_max = trial_max;
     }

@@ -134,7 +134,7 @@ inline int first_max_index(const double* v, int n) {
 // Element j goes to position #{i: v[i] > v[j]} + #{i < j: v[i] == v[j]}:
 // O(n^2) comparisons, but branch-free and 8 at a time, where a comparison
 // sort of a few dozen (value, index) pairs mispredicts about every other
-// branch. For n up to a few hundred (rebalance_experts uses it up to 256).
+// branch. For a few dozen values (rebalance_experts: up to 64).
 inline void descending_order(const double* v, int n, int* order) {
 #if defined(__AVX512F__)
   for (int j = 0; j < n; ++j) {
