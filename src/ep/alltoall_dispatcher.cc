@@ -100,15 +100,17 @@ void AllToAllDispatcher::start_forward(TensorView x, const RoutingView& routing)
   EPMOE_CHECK_EQ(x.dim(1), config_.hidden);
   x_ = x;
   routing_ = routing;
+  stats_.reset(num_local_experts_);
   if (config_.token_format == TokenFormat::fp8_tensor) {
-    // Every chunk's scale in one all-gather, moving while the step plans.
+    // Every chunk's scale in one all-gather, moving while the step plans:
+    // R-1 blocks of num_chunks f32 maxima leave this rank.
     std::vector<std::int64_t> chunk_begin;
     for (int c = 0; c <= config_.num_chunks; ++c) chunk_begin.push_back(routing.num_tokens * c / config_.num_chunks);
     tensor_scales_.start(comm_, x.data<float>(), config_.hidden, std::move(chunk_begin),
                          ep_tag(config_.tag_base, 0, EpOp::forward_scale), config_.timeout);
+    stats_.bytes_sent["forward/ring_all_gather fp8 scale"] += 4 * config_.num_chunks * (comm_.size() - 1);
   }
   y_ = Tensor::zeros(DType::f32, {x.dim(0), x.dim(1)});
-  stats_.reset(num_local_experts_);
   while (static_cast<int>(chunks_.size()) < config_.num_chunks) chunks_.push_back(std::make_unique<Chunk>());
   for (int c = 0; c < config_.num_chunks; ++c)
     chunks_[c]->start_step(chunk_range(routing.num_tokens, config_.num_chunks, c));
@@ -240,8 +242,10 @@ void AllToAllDispatcher::send_tokens(int c, bool remat) {
               row_bytes);
   count_bytes(remat ? "backward/remat all_to_all_v routing" : "forward/all_to_all_v routing", chunk.send_words_per_rank,
               4);
-  // The forward's exchange learns the receive counts; a remat re-send knows
-  // them (the same rows as the forward's, bit for bit).
+  // The forward's exchange learns the receive counts (one i64 to each peer
+  // before the payload); a remat re-send knows them (the same rows as the
+  // forward's, bit for bit).
+  if (!remat) stats_.bytes_sent["forward/all_to_all_v counts"] += 8 * (comm_.size() - 1);
   chunk.message_in_flight =
       comm::all_to_all_v(comm_, {.input = chunk.send_message.data(),
                                  .send_counts = message_counts,

@@ -41,7 +41,11 @@ struct DispatchGradients {
 // What a dispatcher measured over the last forward + backward.
 struct DispatchStats {
   // Bytes this rank sent, by collective ("forward/all_to_all_v tokens", ...;
-  // "backward/remat ..." is what recomputing x_sorted costs). Dynamic
+  // "backward/remat ..." is what recomputing x_sorted costs). Every byte
+  // sent is under some kind, the small control streams too: the count round
+  // ("forward/all_to_all_v counts"), the ring's token counts, the fp8_tensor
+  // scales and the replica planner's counts ("forward/ring_all_gather
+  // token counts", "... fp8 scale", "... replica counts"). Dynamic
   // replicas' weights and gradients are here too ("forward/replica weights",
   // "backward/replica gradients"); their other statistics are the exchange's
   // (ep/replica_stats.h).

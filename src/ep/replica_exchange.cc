@@ -48,6 +48,7 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
                                 .tag = ep_tag(config_.tag_base, 0, EpOp::replica_counts),
                                 .timeout = config_.timeout})
       .wait();
+  (*bytes_sent_)["forward/ring_all_gather replica counts"] += 8 * num_experts_ * (num_ranks_ - 1);  // R-1 rows of E
   std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
   for (int r = 0; r < num_ranks_; ++r)
     for (int e = 0; e < num_experts_; ++e) global[e] += counts_[r * num_experts_ + e];

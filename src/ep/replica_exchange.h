@@ -87,11 +87,12 @@ struct HomeExpertGradients {
 class ReplicaExchange {
  public:
   // `bytes_sent` (not owned) is the dispatcher's DispatchStats::bytes_sent:
-  // the exchange adds its weights' and gradients' bytes there because that
-  // map is the one place every collective's bytes are reported, and because
-  // MoeLayer drives those transfers on the exchange directly, so the
-  // dispatcher never sees their byte counts to add them itself. Everything
-  // else the exchange measures is its own (stats()).
+  // the exchange adds its weights' and gradients' bytes (and its counts'
+  // all-gather's) there because that map is the one place every
+  // collective's bytes are reported, and because MoeLayer drives those
+  // transfers on the exchange directly, so the dispatcher never sees their
+  // byte counts to add them itself. Everything else the exchange measures is
+  // its own (stats()).
   ReplicaExchange(transport::Communicator& comm, const EpConfig& config,
                   std::map<std::string, std::int64_t>* bytes_sent);
 

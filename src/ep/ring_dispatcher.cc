@@ -105,14 +105,16 @@ void RingDispatcher::start_forward(TensorView x, const RoutingView& routing) {
   EPMOE_CHECK_EQ(x.dim(1), config_.hidden);
   x_ = x;
   routing_ = routing;
+  stats_.reset(num_local_experts_);
   if (config_.token_format == TokenFormat::fp8_tensor) {
-    // Every chunk's scale in one all-gather, moving while the step plans.
+    // Every chunk's scale in one all-gather, moving while the step plans:
+    // R-1 blocks of num_chunks f32 maxima leave this rank.
     std::vector<std::int64_t> chunk_begin;
     for (int c = 0; c <= config_.num_chunks; ++c) chunk_begin.push_back(routing.num_tokens * c / config_.num_chunks);
     tensor_scales_.start(comm_, x.data<float>(), config_.hidden, std::move(chunk_begin),
                          ep_tag(config_.tag_base, 0, EpOp::forward_scale), config_.timeout);
+    stats_.bytes_sent["forward/ring_all_gather fp8 scale"] += 4 * config_.num_chunks * (comm_.size() - 1);
   }
-  stats_.reset(num_local_experts_);
   const int num_ranks = comm_.size();
   tokens_by_rank_.assign(static_cast<std::size_t>(num_ranks), routing.num_tokens);
   if (num_ranks > 1) {
@@ -125,6 +127,7 @@ void RingDispatcher::start_forward(TensorView x, const RoutingView& routing) {
                                   .timeout = config_.timeout})
         .wait();
   }
+  stats_.bytes_sent["forward/ring_all_gather token counts"] += 8 * (num_ranks - 1);  // one i64 per other rank
   while (static_cast<int>(chunks_.size()) < config_.num_chunks) chunks_.push_back(std::make_unique<Chunk>());
   for (int c = 0; c < config_.num_chunks; ++c) {
     Chunk& chunk = *chunks_[c];

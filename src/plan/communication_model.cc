@@ -30,6 +30,17 @@ AllToAllTraffic expected_alltoall_traffic(const DispatchShape& s, bool dedup) {
   return t;
 }
 
+namespace {
+
+// The control streams either dispatcher adds when configured, after its own.
+void add_configured_streams(const DispatchShape& s, std::vector<CollectiveBytes>& out) {
+  const double others = double(s.num_ranks - 1);
+  if (s.fp8_tensor_scale) out.push_back({"forward/ring_all_gather fp8 scale", others * double(s.num_chunks) * 4});
+  if (s.replicas) out.push_back({"forward/ring_all_gather replica counts", others * double(s.num_experts) * 8});
+}
+
+}  // namespace
+
 std::vector<CollectiveBytes> ring_collective_bytes(const DispatchShape& s, bool remat_x_sorted) {
   const double others = double(s.num_ranks - 1) * s.tokens_per_rank;  // token rows from the other ranks
   const double h = double(s.hidden), k = double(s.top_k), a = s.activation_bytes;
@@ -45,6 +56,8 @@ std::vector<CollectiveBytes> ring_collective_bytes(const DispatchShape& s, bool 
     out.push_back({"backward/remat ring_all_gather tokens", out[0].bytes});
     out.push_back({"backward/remat ring_all_gather routing", out[1].bytes});
   }
+  out.push_back({"forward/ring_all_gather token counts", double(s.num_ranks - 1) * 8});
+  add_configured_streams(s, out);
   return out;
 }
 
@@ -63,6 +76,8 @@ std::vector<CollectiveBytes> alltoall_collective_bytes(const DispatchShape& s, c
     out.push_back({"backward/remat all_to_all_v tokens", out[0].bytes});
     out.push_back({"backward/remat all_to_all_v routing", out[1].bytes});
   }
+  out.push_back({"forward/all_to_all_v counts", double(s.num_ranks - 1) * 8 * double(s.num_chunks)});
+  add_configured_streams(s, out);
   return out;
 }
 

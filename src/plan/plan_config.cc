@@ -139,7 +139,10 @@ DispatchShape PlanConfig::dispatch_shape() const {
           .top_k = model.top_k,
           .num_experts = model.num_experts,
           .token_row_bytes = token_row_bytes(),
-          .activation_bytes = activation_bytes()};
+          .activation_bytes = activation_bytes(),
+          .num_chunks = token_chunks,
+          .fp8_tensor_scale = token_transfer == TokenTransfer::fp8_tensor,
+          .replicas = redundant_slots > 0};
 }
 
 double PlanConfig::expected_routed_rows() const { return parallel.tokens_per_device() * double(model.top_k); }

@@ -1,14 +1,14 @@
 // The bytes every dispatcher reports (DispatchStats::bytes_sent, summed over
 // its kinds) against what the threads transport itself counted the rank
-// sending to the other ranks (Communicator::sent_bytes, by tag through
-// ThreadsCommunicator::sent_bytes_by_tag: payload bytes at isend; the
+// sending to the other ranks (Communicator::sent_bytes, cross-checked by tag
+// through ThreadsCommunicator::sent_bytes_by_tag: payload bytes at isend; the
 // threads transport's messages have no header of their own, and a send to
 // self is not counted). Not against the dispatchers' formulas: a kind that
-// is miscounted, or a stream no kind reports, fails here.
-// Four small control streams are reported by no kind today and are told
-// apart by their tags (comm/tag.h, ep/collective_tags.h), each named in
-// unreported_stream(); everything else the transport carried must be
-// exactly the sum of the kinds.
+// is miscounted, or a stream no kind reports, fails here. Every stream
+// counts, the small control ones too (the all_to_all_v count round, the
+// fp8_tensor scale all-gather, the replica planner's counts all-gather, the
+// ring's token counts all-gather): the transport's count must be exactly the
+// sum of the kinds.
 // Topology: ranks as threads, threads transport, one compute thread each;
 // R in {1, 2, 3, 4}; experts E = max(4, 2R), rank r homes [E·r/R, E·(r+1)/R);
 // 6 tokens per rank or tokens_by_rank with a rank holding none; every step of
@@ -23,8 +23,6 @@
 #include <vector>
 
 #include "balance/routing_skew.h"
-#include "comm/tag.h"
-#include "ep/collective_tags.h"
 #include "ep_harness.h"
 
 namespace epmoe {
@@ -146,33 +144,8 @@ std::string kinds_of(const ep::DispatchStats& stats) {
   return out;
 }
 
-// The control streams no DispatchStats kind reports, by tag (the harness's
-// tag_base is 0): "" for every other message.
-//  * the count round of an all_to_all_v that learns its receive counts (one
-//    int64 per peer, per forward chunk of the all-to-all dispatcher);
-//  * the all-gather of the fp8_tensor chunk maxima (ep/token_codec.h);
-//  * the all-gather of the replica planner's [R, E] expert counts;
-//  * the ring dispatcher's all-gather of each rank's token count.
-std::string unreported_stream(transport::Tag tag) {
-  using comm::CollectiveKind;
-  const auto collective = [](CollectiveKind kind, std::uint32_t collective_tag) {
-    return comm::make_tag(kind, collective_tag, comm::Slot{0}) >> comm::kSlotBits;
-  };
-  const auto slot = static_cast<comm::Slot>(tag & ((1u << comm::kSlotBits) - 1));
-  const auto kind = static_cast<CollectiveKind>(tag >> (comm::kSlotBits + comm::kCollectiveTagBits));
-  if (kind == CollectiveKind::all_to_all_v && slot == comm::Slot::counts) return "all_to_all_v count round";
-  const transport::Tag stream = tag >> comm::kSlotBits;
-  if (stream == collective(CollectiveKind::all_gather, ep::ep_tag(0, 0, ep::EpOp::forward_scale)))
-    return "fp8_tensor scale all-gather";
-  if (stream == collective(CollectiveKind::all_gather, ep::ep_tag(0, 0, ep::EpOp::replica_counts)))
-    return "replica counts all-gather";
-  if (stream == collective(CollectiveKind::all_gather, ep::ep_tag(0, 1, ep::EpOp::ring_token_counts)))
-    return "ring token counts all-gather";
-  return "";
-}
-
 TEST(TransportBytes, DispatcherKindsSumToWhatTheTransportCarried) {
-  std::map<std::string, std::int64_t> unreported_total;
+  std::map<std::string, std::int64_t> kind_total;  // over every case, step and rank
   for (const BytesCase& c : cases()) {
     const MoeProblem p = problem_for(c);
     const testing::EpRunResult run = testing::run_ep_layer(p, c.options);
@@ -182,23 +155,13 @@ TEST(TransportBytes, DispatcherKindsSumToWhatTheTransportCarried) {
       for (int r = 0; r < c.num_ranks; ++r) {
         const transport::SentBytes& sent = run.step_transport_sent[step][r];
         const ep::DispatchStats& stats = run.step_stats[step][r];
-        std::int64_t by_tag_total = 0, reportable = 0;
-        std::string unreported;
-        for (const auto& [tag, bytes] : run.step_transport_sent_by_tag[step][r]) {
-          by_tag_total += bytes;
-          const std::string stream = unreported_stream(tag);
-          if (stream.empty()) {
-            reportable += bytes;
-          } else {
-            unreported_total[stream] += bytes;
-            unreported += "  " + stream + ": " + std::to_string(bytes) + "\n";
-          }
-        }
+        std::int64_t by_tag_total = 0;
+        for (const auto& [tag, bytes] : run.step_transport_sent_by_tag[step][r]) by_tag_total += bytes;
         EXPECT_EQ(by_tag_total, sent.total) << c.name << ": the transport's two counts of one rank";
-        EXPECT_EQ(sum_of_kinds(stats), reportable)
+        EXPECT_EQ(sum_of_kinds(stats), sent.total)
             << c.name << ", step " << step << ", rank " << r << ": the dispatcher reported\n"
-            << kinds_of(stats) << "besides the unreported streams\n"
-            << unreported;
+            << kinds_of(stats);
+        for (const auto& [kind, bytes] : stats.bytes_sent) kind_total[kind] += bytes;
         EXPECT_EQ(sent.to_peer[r], 0) << c.name << ": a send to self is not a transfer";
         carried += sent.total;
       }
@@ -208,11 +171,10 @@ TEST(TransportBytes, DispatcherKindsSumToWhatTheTransportCarried) {
       EXPECT_GT(carried, 0) << c.name << ": tokens must have travelled";
     }
   }
-  // Each exclusion above is needed by some case (none is dead code hiding
-  // nothing), and they stay small next to the payload.
-  for (const char* stream : {"all_to_all_v count round", "fp8_tensor scale all-gather", "replica counts all-gather",
-                             "ring token counts all-gather"})
-    EXPECT_GT(unreported_total[stream], 0) << stream;
+  // The cases send every control stream, so the sums above hold them too.
+  for (const char* kind : {"forward/all_to_all_v counts", "forward/ring_all_gather fp8 scale",
+                           "forward/ring_all_gather replica counts", "forward/ring_all_gather token counts"})
+    EXPECT_GT(kind_total[kind], 0) << kind;
 }
 
 }  // namespace

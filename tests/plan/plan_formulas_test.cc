@@ -1,7 +1,9 @@
 // plan/ formulas against hand-computed cases and published numbers:
 //  * parameter counts of the presets against the models' published totals;
 //  * P(hit) = 1 - C(E-E_l,K)/C(E,K) against enumeration of every K-subset;
-//  * ring / all-to-all bytes for R=4, N_l=5, H=8, K=2 worked by hand;
+//  * ring / all-to-all bytes for R=4, N_l=5, H=8, K=2 worked by hand, the
+//    control streams (count round, token counts, fp8 scales, replica
+//    counts) too;
 //  * the ring-vs-all-to-all crossover at R = K;
 //  * the seed's finding: DeepSeek-V3 on v7x (fsdp 64 x ep 8) with x_sorted
 //    saved FITS at per_device_batch_size=1, EXCEEDS at 4, and fits at 4 when
@@ -15,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 
 #include "core/error.h"
 #include "plan/activation_sizes.h"
@@ -75,8 +78,10 @@ TEST(Communication, RingAndAllToAllBytesByHand) {
   EXPECT_EQ(ring[1].bytes, 15 * 2 * 2 * 4);  // routing: ids + weights
   EXPECT_EQ(ring[2].bytes, 15 * 8 * 4);      // combine
   EXPECT_EQ(ring[5].bytes, 15 * 2 * 4);      // dweights
-  ASSERT_EQ(ring.size(), 8u);
+  ASSERT_EQ(ring.size(), 9u);
   EXPECT_EQ(ring[6].bytes, ring[0].bytes);  // remat repeats the gather
+  EXPECT_EQ(ring[8].name, "forward/ring_all_gather token counts");
+  EXPECT_EQ(ring[8].bytes, 3 * 8);  // this rank's N_l, one i64 to each of the 3 others
   // Uniform routing, no dedup: N_l·K·(R-1)/R = 7.5 pairs leave the rank.
   const AllToAllTraffic t = expected_alltoall_traffic(s, false);
   EXPECT_DOUBLE_EQ(t.pairs_sent, 7.5);
@@ -88,6 +93,41 @@ TEST(Communication, RingAndAllToAllBytesByHand) {
   const AllToAllTraffic d = expected_alltoall_traffic(s, true);
   EXPECT_DOUBLE_EQ(d.rows_sent, 5 * 3 * 13.0 / 28.0);
   EXPECT_DOUBLE_EQ(d.pairs_sent, 7.5);
+}
+
+// The small streams that say how much payload comes and how to decode it,
+// R=4, E=8, 3 token chunks; fp8 scales and replica counts only when
+// configured, and under the same names for both dispatchers.
+TEST(Communication, ControlStreamsByHand) {
+  DispatchShape s{.num_ranks = 4,
+                  .tokens_per_rank = 5,
+                  .hidden = 8,
+                  .top_k = 2,
+                  .num_experts = 8,
+                  .token_row_bytes = 8,
+                  .activation_bytes = 4,
+                  .num_chunks = 3};
+  const auto by_name = [](const std::vector<CollectiveBytes>& collectives) {
+    std::map<std::string, double> out;
+    for (const CollectiveBytes& c : collectives) out[c.name] = c.bytes;
+    return out;
+  };
+  const AllToAllTraffic t = expected_alltoall_traffic(s, false);
+  for (bool configured : {false, true}) {
+    s.fp8_tensor_scale = s.replicas = configured;
+    auto ring = by_name(ring_collective_bytes(s, false));
+    auto a2a = by_name(alltoall_collective_bytes(s, t, false));
+    EXPECT_EQ(ring.at("forward/ring_all_gather token counts"), 3 * 8);  // one i64 to each other rank, once a step
+    EXPECT_EQ(a2a.at("forward/all_to_all_v counts"), 3 * 8 * 3);        // one i64 to each other rank, per chunk
+    EXPECT_EQ(ring.count("forward/all_to_all_v counts") + a2a.count("forward/ring_all_gather token counts"), 0u);
+    for (auto* bytes : {&ring, &a2a}) {
+      EXPECT_EQ(bytes->count("forward/ring_all_gather fp8 scale"), configured ? 1u : 0u);
+      EXPECT_EQ(bytes->count("forward/ring_all_gather replica counts"), configured ? 1u : 0u);
+      if (!configured) continue;
+      EXPECT_EQ(bytes->at("forward/ring_all_gather fp8 scale"), 3 * 3 * 4);       // 3 chunks' f32 maxima
+      EXPECT_EQ(bytes->at("forward/ring_all_gather replica counts"), 3 * 8 * 8);  // E i64 pair counts
+    }
+  }
 }
 
 TEST(Communication, RingMovesFewerTokenRowsExactlyWhenRanksBelowTopK) {

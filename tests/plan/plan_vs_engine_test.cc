@@ -1,10 +1,13 @@
 // plan/ against the engine (ranks as threads, tests/ep/ep_harness.h):
-//  * bytes: for R = 2, 3, 4, both dispatchers, fp8 tokens off / per token,
-//    token chunks 1 / 2, x_sorted saved / recomputed, every collective the
-//    engine measured equals the plan's prediction exactly, and the plan
-//    predicts no collective the engine did not run. The ring depends on N_l
-//    only; the all-to-all on the routing, so its plan is fed the counts
-//    (rows, pairs, each way) taken from the engine's own topk_ids.
+//  * bytes: for R = 2, 3, 4, both dispatchers, fp8 tokens off / per tensor /
+//    per token, token chunks 1 / 2, x_sorted saved / recomputed, every
+//    collective the engine measured (count rounds, scale and count
+//    all-gathers included) equals the plan's prediction exactly, and the
+//    plan predicts no collective the engine did not run. The ring depends on
+//    N_l only; the all-to-all on the routing, so its plan is fed the counts
+//    (rows, pairs, each way) taken from the engine's own topk_ids. With
+//    dynamic replicas (ring, R = 2, 3), the same besides the replica weights
+//    and gradients, which the plan does not predict.
 //  * memory: the ledger peaks of x_sorted, mlpwi_0, mlpwi_1, mlpwo equal the
 //    plan's formulas at the measured row counts exactly, and the plan's
 //    uniform-routing expectation within 5% for random routing over
@@ -80,7 +83,7 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
   for (int num_ranks : {2, 3, 4})
     for (auto dispatch : {ep::DispatchKind::ring, ep::DispatchKind::alltoall})
       for (bool dedup : {false, true})
-        for (auto format : {ep::TokenFormat::f32, ep::TokenFormat::fp8_token})
+        for (auto format : {ep::TokenFormat::f32, ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token})
           for (int chunks : {1, 2})
             for (bool save_x_sorted : {true, false}) {
               if (dispatch == ep::DispatchKind::ring && dedup) continue;
@@ -101,7 +104,9 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
                                               .top_k = top_k,
                                               .num_experts = num_experts,
                                               .token_row_bytes = row_bytes(format, hidden),
-                                              .activation_bytes = 4};
+                                              .activation_bytes = 4,
+                                              .num_chunks = chunks,
+                                              .fp8_tensor_scale = format == ep::TokenFormat::fp8_tensor};
               for (int r = 0; r < num_ranks; ++r) {
                 const std::string what = "R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch) +
                                          (dedup ? " dedup" : "") + " " + ep::to_string(format) + " chunks " +
@@ -117,6 +122,36 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
                 expect_same_bytes(run.stats[r].bytes_sent, as_map(predicted), what);
               }
             }
+}
+
+// The ring moves every token whatever the replicas do, so the plan (told
+// there are replicas) predicts every collective but the replicas' weights
+// and gradients, which depend on where the planner puts them.
+TEST(PlanVsEngine, RingBytesWithReplicasAreExactBesidesTheReplicaTransfers) {
+  const int num_experts = 12, top_k = 2;
+  const std::int64_t hidden = 10, tokens_per_rank = 6;
+  for (int num_ranks : {2, 3}) {
+    RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
+    const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, 4, router, 60 + num_ranks);
+    EpRunOptions options{.num_ranks = num_ranks, .dispatch = ep::DispatchKind::ring};
+    options.ep.balance = ep::BalanceMode::dynamic;
+    options.ep.redundant_slots = 1;
+    const EpRunResult run = testing::run_ep_layer(p, options);
+    const plan::DispatchShape shape{.num_ranks = num_ranks,
+                                    .tokens_per_rank = double(tokens_per_rank),
+                                    .hidden = hidden,
+                                    .top_k = top_k,
+                                    .num_experts = num_experts,
+                                    .token_row_bytes = 4.0 * hidden,
+                                    .activation_bytes = 4,
+                                    .replicas = true};
+    for (int r = 0; r < num_ranks; ++r) {
+      std::map<std::string, std::int64_t> engine = run.stats[r].bytes_sent;
+      EXPECT_EQ(engine.erase("forward/replica weights") + engine.erase("backward/replica gradients"), 2u);
+      expect_same_bytes(engine, as_map(plan::ring_collective_bytes(shape, false)),
+                        "ring replicas R" + std::to_string(num_ranks) + " rank " + std::to_string(r));
+    }
+  }
 }
 
 plan::PlanConfig one_layer_config(int num_ranks, std::int64_t tokens_per_rank, std::int64_t hidden, std::int64_t ffn,
