@@ -45,6 +45,7 @@
 #include "core/timer.h"
 #include "core/trace_recorder.h"
 #include "ep/ep_config.h"
+#include "layer_shape.h"
 #include "modelled_hardware.h"
 #include "moe/moe_layer.h"
 #include "transport/threads/launcher.h"
@@ -75,35 +76,6 @@ struct Result {
   std::map<std::string, std::int64_t> bytes_sent;  // rank 0
   std::vector<float> y_sample;                     // rank 0's y, for cross-variant verification
 };
-
-Tensor random_tensor(Shape shape, Rng& rng, double scale) {
-  Tensor t(DType::f32, std::move(shape));
-  for (float& v : t.span<float>()) v = static_cast<float>(rng.normal() * scale);
-  return t;
-}
-
-// Probability that a token with K distinct uniform experts out of E hits at
-// least one of a rank's E_l experts: 1 - C(E - E_l, K) / C(E, K).
-double hit_probability(int num_experts, int experts_per_rank, int top_k) {
-  double miss = 1.0;
-  for (int i = 0; i < top_k; ++i) miss *= double(num_experts - experts_per_rank - i) / (num_experts - i);
-  return 1.0 - miss;
-}
-
-struct LayerShape {
-  int num_ranks;
-  std::int64_t tokens, hidden, ffn;
-  int num_experts, top_k;
-};
-
-LayerShape shape_from(const BenchArgs& args) {
-  return {static_cast<int>(args.number("ranks", 4)),
-          static_cast<std::int64_t>(args.number("tokens_per_rank", 256)),
-          static_cast<std::int64_t>(args.number("hidden", 256)),
-          static_cast<std::int64_t>(args.number("ffn", 128)),
-          static_cast<int>(args.number("experts", 64)),
-          static_cast<int>(args.number("top_k", 8))};
-}
 
 transport::threads::ThreadsOptions links_from(const BenchArgs& args) {
   transport::threads::ThreadsOptions threads;
@@ -172,7 +144,7 @@ void trace_first_configuration(const BenchArgs& args, const LayerShape& shape,
 // The remat trade: per policy and batch size, what backward keeps, how long
 // it takes and what it sends.
 int run_remat_bench(const BenchArgs& args) {
-  const LayerShape base = shape_from(args);
+  const LayerShape base = shape_from(args, 4);
   const transport::threads::ThreadsOptions threads = links_from(args);
   const bool ring = !args.values.count("dispatch") || args.values.at("dispatch") == "ring";
   const int repetitions = static_cast<int>(args.number("repetitions", 5));
@@ -237,7 +209,7 @@ int run_remat_bench(const BenchArgs& args) {
 
 // Dynamic replicas under Zipf skew: time and weight bytes moved, B = 0 vs B > 0.
 int run_replicas_bench(const BenchArgs& args) {
-  const LayerShape shape = shape_from(args);
+  const LayerShape shape = shape_from(args, 4);
   const transport::threads::ThreadsOptions threads = links_from(args);
   TimingOptions timing = args.timing();
   timing.min_seconds = args.number("min_seconds", 1.0);
@@ -384,7 +356,7 @@ int run_ep_layer_bench(int argc, char** argv) {
   if (modelled_clock(args)) return run_modelled_layer_bench(args);
   if (args.part == "remat") return run_remat_bench(args);
   if (args.part == "replicas") return run_replicas_bench(args);
-  const LayerShape shape = shape_from(args);
+  const LayerShape shape = shape_from(args, 4);
   const int num_ranks = shape.num_ranks, num_experts = shape.num_experts, top_k = shape.top_k;
   const std::int64_t tokens = shape.tokens, hidden = shape.hidden, ffn = shape.ffn;
   const transport::threads::ThreadsOptions threads = links_from(args);

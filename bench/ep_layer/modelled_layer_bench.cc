@@ -49,6 +49,7 @@
 #include "core/trace_recorder.h"
 #include "ep/collective_tags.h"
 #include "ep/ep_config.h"
+#include "layer_shape.h"
 #include "modelled_hardware.h"
 #include "moe/moe_layer.h"
 
@@ -66,21 +67,6 @@ using ep::EpOp;
 using ep::TokenFormat;
 
 constexpr std::uint32_t kTagBase = 1 << 20;
-
-struct LayerShape {
-  int num_ranks;
-  std::int64_t tokens, hidden, ffn;
-  int num_experts, top_k;
-};
-
-LayerShape shape_from(const BenchArgs& args) {
-  return {static_cast<int>(args.number("ranks", 8)),
-          static_cast<std::int64_t>(args.number("tokens_per_rank", 256)),
-          static_cast<std::int64_t>(args.number("hidden", 256)),
-          static_cast<std::int64_t>(args.number("ffn", 128)),
-          static_cast<int>(args.number("experts", 64)),
-          static_cast<int>(args.number("top_k", 8))};
-}
 
 struct Case {
   DispatchKind dispatch = DispatchKind::ring;
@@ -195,12 +181,6 @@ double max_over_mean(const std::vector<std::int64_t>& loads) {
   }
   return total > 0 ? static_cast<double>(max_load) * static_cast<double>(loads.size()) / static_cast<double>(total)
                    : 1.0;
-}
-
-Tensor random_tensor(epmoe::Shape shape, Rng& rng, double scale) {
-  Tensor t(DType::f32, std::move(shape));
-  for (float& v : t.span<float>()) v = static_cast<float>(rng.normal() * scale);
-  return t;
 }
 
 class Runner {
@@ -435,13 +415,6 @@ void remat_table(const BenchArgs& args, const Runner& runner) {
   }
 }
 
-// P(a token with K distinct uniform experts of E hits one of a rank's E_l).
-double hit_probability(int num_experts, int experts_per_rank, int top_k) {
-  double miss = 1.0;
-  for (int i = 0; i < top_k; ++i) miss *= double(num_experts - experts_per_rank - i) / (num_experts - i);
-  return 1.0 - miss;
-}
-
 void dedup_table(const BenchArgs& args, const Runner& runner, const LayerShape& s) {
   const double row = double(s.hidden) * 4;
   const int el = s.num_experts / s.num_ranks;
@@ -549,7 +522,7 @@ const std::vector<std::string>& table_names() {
 }  // namespace
 
 int run_modelled_layer_bench(const BenchArgs& args) {
-  const LayerShape shape = shape_from(args);
+  const LayerShape shape = shape_from(args, 8);
   std::set<std::string> tables;
   if (args.part == "remat" || args.part == "replicas") {
     tables.insert(args.part);

@@ -44,7 +44,7 @@
 namespace epmoe::cli {
 namespace {
 
-constexpr char kCommand[] = "balance";
+constexpr char kBalanceCommand[] = "balance";
 
 // What --json prints, under "policies" (an .npy) or "layers"[i]."policies"
 // (a metrics.jsonl), kept next to the keys so --help shows it.
@@ -119,7 +119,7 @@ KeyGroup generate_keys() {
 }
 
 const KeyRegistry& generate_key_registry() {
-  static const KeyRegistry registry(std::string(kCommand) + " --generate", {generate_keys()});
+  static const KeyRegistry registry(std::string(kBalanceCommand) + " --generate", {generate_keys()});
   return registry;
 }
 
@@ -155,7 +155,7 @@ void check_generate_target(const std::filesystem::path& file) {
 }
 
 void run_generate(const BalanceArguments& arguments) {
-  const ConfigValues values = generate_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  const ConfigValues values = generate_key_registry().parse(parse_assignments(arguments.assignments, kBalanceCommand));
   check_generate_target(arguments.generate_file);
   balance::LoadGeneratorOptions options;
   options.num_experts = values.get_int32("experts");
@@ -183,7 +183,7 @@ void run_generate(const BalanceArguments& arguments) {
   write_npy(arguments.generate_file, loads);
 
   if (arguments.json) {
-    const nlohmann::json summary = {{"command", kCommand},
+    const nlohmann::json summary = {{"command", kBalanceCommand},
                                     {"generated", arguments.generate_file},
                                     {"shape", shape_to_json(loads.shape())},
                                     {"config", config_to_json(values)}};
@@ -318,7 +318,7 @@ void draw_replay_report(const std::string& replay_json, const std::string& repor
 }
 
 void run_replay(const BalanceArguments& arguments) {
-  const ConfigValues values = replay_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  const ConfigValues values = replay_key_registry().parse(parse_assignments(arguments.assignments, kBalanceCommand));
   const ReplaySettings replay = replay_settings(values, arguments.json || !arguments.report_file.empty());
   const balance::PolicyReplayOptions& options = replay.options;
   const double expert_weight_bytes = replay.expert_weight_bytes;
@@ -351,7 +351,7 @@ void run_replay(const BalanceArguments& arguments) {
   }
 
   if (arguments.json || !arguments.report_file.empty()) {
-    nlohmann::json report = {{"command", kCommand},
+    nlohmann::json report = {{"command", kBalanceCommand},
                              {"loads", arguments.loads_file},
                              {"source", from_metrics ? "metrics" : "npy"},
                              {"num_steps", num_steps},
@@ -413,7 +413,7 @@ void run_balance_command(const BalanceArguments& arguments) {
 void add_balance_command(CLI::App& app) {
   auto arguments = std::make_shared<BalanceArguments>();
   CLI::App* command =
-      app.add_subcommand(kCommand,
+      app.add_subcommand(kBalanceCommand,
                          "Replay expert-balancing policies (none, eplb, dynamic, hybrid) on per-step expert loads, "
                          "or generate such loads");
   command->add_option("--loads", arguments->loads_file,

@@ -23,7 +23,7 @@
 namespace epmoe::cli {
 namespace {
 
-constexpr char kCommand[] = "gen-inputs";
+constexpr char kGenInputsCommand[] = "gen-inputs";
 constexpr char kManifestFile[] = "inputs.json";
 // Selection bias of the sigmoid_grouped router: small next to the sigmoid
 // scores in (0, 1), as an aux-loss-free balancer leaves it.
@@ -73,7 +73,7 @@ KeyGroup gen_inputs_keys() {
 }
 
 const KeyRegistry& gen_inputs_key_registry() {
-  static const KeyRegistry registry(kCommand, {gen_inputs_keys()});
+  static const KeyRegistry registry(kGenInputsCommand, {gen_inputs_keys()});
   return registry;
 }
 
@@ -118,7 +118,8 @@ void check_input_sizes(const ConfigValues& values) {
 }
 
 void run_gen_inputs_command(const GenInputsArguments& arguments) {
-  const ConfigValues values = gen_inputs_key_registry().parse(parse_assignments(arguments.assignments, kCommand));
+  const ConfigValues values =
+      gen_inputs_key_registry().parse(parse_assignments(arguments.assignments, kGenInputsCommand));
   check_input_sizes(values);
   // Claimed (locked) before the arrays are made: a second gen-inputs into the
   // same --out is refused before any work.
@@ -160,7 +161,8 @@ void run_gen_inputs_command(const GenInputsArguments& arguments) {
     shapes[std::filesystem::path(input.file_name).stem().string()] = shape_to_json(input.tensor.shape());
   }
   // The manifest records how the files were made and marks the set complete.
-  const nlohmann::json manifest = {{"command", kCommand}, {"config", config_to_json(values)}, {"shapes", shapes}};
+  const nlohmann::json manifest = {
+      {"command", kGenInputsCommand}, {"config", config_to_json(values)}, {"shapes", shapes}};
   write_json_file(staged.staged_path(kManifestFile), manifest);
   staged.commit(file_names, kManifestFile, obsolete_files);
 }
@@ -170,7 +172,7 @@ void run_gen_inputs_command(const GenInputsArguments& arguments) {
 void add_gen_inputs_command(CLI::App& app) {
   auto arguments = std::make_shared<GenInputsArguments>();
   CLI::App* command = app.add_subcommand(
-      kCommand, "Write seeded random inputs (x, gate, wi0, wi1, wo, dy, bias .npy) for `epmoe layer`");
+      kGenInputsCommand, "Write seeded random inputs (x, gate, wi0, wi1, wo, dy, bias .npy) for `epmoe layer`");
   command
       ->add_option("--out", arguments->out_dir,
                    "Directory for the .npy files and inputs.json (written last); created if missing")

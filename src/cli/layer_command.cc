@@ -28,7 +28,7 @@
 namespace epmoe::cli {
 namespace {
 
-constexpr char kCommand[] = "layer";
+constexpr char kLayerCommand[] = "layer";
 constexpr char kMetricsFile[] = "metrics.json";
 
 struct LayerArguments {
@@ -67,7 +67,7 @@ void run_layer_command(const LayerArguments& arguments) {
   // rules that need the files' dimensions. Nothing has been computed or
   // written when one of these throws.
   const ConfigValues values =
-      layer_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kCommand));
+      layer_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kLayerCommand));
   StagedOutputDir::check_usable(arguments.out_dir);
   const LayerInputFiles files = read_layer_inputs(arguments.in_dir);
   const LayerInputs& inputs = files.inputs;
@@ -130,7 +130,7 @@ void run_layer_command(const LayerArguments& arguments) {
 void add_layer_command(CLI::App& app) {
   auto arguments = std::make_shared<LayerArguments>();
   CLI::App* command =
-      app.add_subcommand(kCommand,
+      app.add_subcommand(kLayerCommand,
                          "Run one MoE layer forward (and backward when dy.npy is given) on .npy arrays, on one "
                          "rank or expert-parallel (ranks=R threads, or transport=mpi under mpirun)");
   command

@@ -14,13 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_error.h"
 
 namespace epmoe::cli {
 namespace {
-
-[[noreturn]] void fail(const std::filesystem::path& file, const std::string& what) {
-  throw FileError(file.string() + ": " + what);
-}
 
 [[noreturn]] void fail_at(const std::filesystem::path& file, std::int64_t line, const std::string& what) {
   throw FileError(file.string() + ":" + std::to_string(line) + ": " + what);
@@ -94,10 +91,10 @@ std::vector<std::int64_t> counts_of_line(const std::filesystem::path& file, std:
 void check_regular_file(const std::filesystem::path& file) {
   std::error_code error;
   const auto status = std::filesystem::status(file, error);
-  if (!std::filesystem::exists(status)) fail(file, "no such file");
-  if (std::filesystem::is_directory(status)) fail(file, "is a directory, not a metrics file");
+  if (!std::filesystem::exists(status)) throw_file_error(file, "no such file");
+  if (std::filesystem::is_directory(status)) throw_file_error(file, "is a directory, not a metrics file");
   if (!std::filesystem::is_regular_file(status)) {
-    fail(file, "not a regular file (a FIFO, socket or device); a metrics file must be a file");
+    throw_file_error(file, "not a regular file (a FIFO, socket or device); a metrics file must be a file");
   }
 }
 
@@ -124,7 +121,7 @@ bool is_metrics_file(const std::filesystem::path& file) {
 MetricsLoads read_metrics_loads(const std::filesystem::path& file, std::optional<int> layer) {
   check_regular_file(file);
   std::ifstream in(file, std::ios::binary);
-  if (!in) fail(file, std::string("cannot open: ") + std::strerror(errno));
+  if (!in) throw_file_error(file, std::string("cannot open: ") + std::strerror(errno));
 
   MetricsLoads loads;
   std::map<std::int64_t, std::vector<std::int64_t>> rows;  // step -> the kept layers' counts, [layers * E]
@@ -188,12 +185,14 @@ MetricsLoads read_metrics_loads(const std::filesystem::path& file, std::optional
     }
     if (!rows.insert_or_assign(step->get<std::int64_t>(), std::move(kept)).second) ++loads.superseded_lines;
   }
-  if (in.bad()) fail(file, std::string("read failed: ") + std::strerror(errno));
+  if (in.bad()) throw_file_error(file, std::string("read failed: ") + std::strerror(errno));
   if (rows.empty()) {
-    fail(file, line_number == 0 ? "empty (no lines); a metrics file has one JSON line per training step"
-                                : "holds only blank lines; a metrics file has one JSON line per training step");
+    throw_file_error(file, line_number == 0
+                               ? "empty (no lines); a metrics file has one JSON line per training step"
+                               : "holds only blank lines; a metrics file has one JSON line per training step");
   }
-  if (rows.size() > static_cast<std::size_t>(std::numeric_limits<int>::max())) fail(file, "more than 2^31-1 steps");
+  if (rows.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    throw_file_error(file, "more than 2^31-1 steps");
 
   const int num_steps = static_cast<int>(rows.size());
   const std::size_t num_experts = static_cast<std::size_t>(loads.num_experts);

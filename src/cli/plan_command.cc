@@ -20,7 +20,7 @@
 namespace epmoe::cli {
 namespace {
 
-constexpr char kCommand[] = "plan";
+constexpr char kPlanCommand[] = "plan";
 
 struct PlanArguments {
   std::string config_file;
@@ -29,7 +29,7 @@ struct PlanArguments {
 };
 
 void run_plan_command(const PlanArguments& arguments) {
-  const PlanRun run = run_plan(command_assignments(arguments.config_file, arguments.assignments, kCommand));
+  const PlanRun run = run_plan(command_assignments(arguments.config_file, arguments.assignments, kPlanCommand));
   if (arguments.json) {
     std::cout << plan_run_to_json(run).dump(2) << "\n";
   } else if (run.sweep_key.empty()) {
@@ -44,7 +44,7 @@ void run_plan_command(const PlanArguments& arguments) {
 void add_plan_command(CLI::App& app) {
   auto arguments = std::make_shared<PlanArguments>();
   CLI::App* command = app.add_subcommand(
-      kCommand,
+      kPlanCommand,
       "Project memory per device (FITS / EXCEEDS), bytes per collective and step time of MoE training "
       "for a model on a cluster (formulas; nothing runs)");
   command->add_option("--config", arguments->config_file, "YAML file of keys; key=value arguments override it")

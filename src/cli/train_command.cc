@@ -28,7 +28,7 @@
 namespace epmoe::cli {
 namespace {
 
-constexpr char kCommand[] = "train";
+constexpr char kTrainCommand[] = "train";
 
 // The default run is the README's main command: four ranks on threads.
 KeyGroup train_expert_parallel_keys() {
@@ -40,7 +40,7 @@ KeyGroup train_expert_parallel_keys() {
 }
 
 const KeyRegistry& train_key_registry() {
-  static const KeyRegistry registry(kCommand,
+  static const KeyRegistry registry(kTrainCommand,
                                     {model_keys(), training_keys(), data_keys(), train_output_keys(), moe_layer_keys(),
                                      train_expert_parallel_keys(), modelled_time_keys(), runtime_keys()});
   return registry;
@@ -84,7 +84,7 @@ ProgressMode progress_mode(const std::string& value) {
 
 void run_train_command(const TrainArguments& arguments) {
   const ConfigValues values =
-      train_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kCommand));
+      train_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kTrainCommand));
   const MoeLmConfig model = moe_lm_config_from(values);
   // The rank count first (ranks= or the mpirun world), then every rule that
   // involves it: batch_size, then num_experts (in the EP settings).
@@ -205,7 +205,7 @@ void run_train_command(const TrainArguments& arguments) {
 void add_train_command(CLI::App& app) {
   auto arguments = std::make_shared<TrainArguments>();
   CLI::App* command = app.add_subcommand(
-      kCommand,
+      kTrainCommand,
       "Train a tiny MoE language model on synthetic uniform or Zipf tokens, expert-parallel over "
       "ranks=R threads or mpirun processes (transport=mpi), with checkpoints and JSON-lines metrics");
   command

@@ -12,12 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_error.h"
 #include "data/atomic_file.h"
 
 namespace epmoe::cli {
 namespace {
-
-std::string system_reason() { return std::strerror(errno); }
 
 std::string format_duration(double seconds) {
   const auto total = static_cast<long long>(seconds + 0.5);
@@ -43,7 +42,7 @@ void MetricsFile::check_writable(const std::filesystem::path& path) {
   }
   // Opening for append creates the file if needed and changes no byte of an existing one.
   std::ofstream probe(path, std::ios::app);
-  if (!probe) throw FileError("metrics_file=" + path.string() + ": cannot be written: " + system_reason());
+  if (!probe) throw FileError("metrics_file=" + path.string() + ": cannot be written: " + errno_text());
 }
 
 MetricsFile::MetricsFile(std::filesystem::path path, std::optional<std::int64_t> resumed_from)
@@ -79,7 +78,7 @@ MetricsFile::MetricsFile(std::filesystem::path path, std::optional<std::int64_t>
   }
   write_file_atomically(path_, {kept});
   out_.open(path_, std::ios::app);
-  if (!out_) throw FileError("metrics_file=" + path_.string() + ": cannot be opened: " + system_reason());
+  if (!out_) throw FileError("metrics_file=" + path_.string() + ": cannot be opened: " + errno_text());
 }
 
 void MetricsFile::append(const StepRecord& record) {
@@ -87,7 +86,7 @@ void MetricsFile::append(const StepRecord& record) {
   out_.flush();
   if (!out_)
     throw FileError(path_.string() + ": writing the metrics of step " + std::to_string(record.step) +
-                    " failed: " + system_reason());
+                    " failed: " + errno_text());
   // A checkpoint of this step is committed next: the line must be on disk
   // first, or a crash could leave checkpoint N with no line N (a resume
   // keeps lines <= N and cannot recompute a lost one). fsync through a
@@ -95,7 +94,7 @@ void MetricsFile::append(const StepRecord& record) {
   if (record.checkpoint_step) {
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0 || (::fsync(fd) != 0 && errno != EINVAL)) {
-      const std::string reason = system_reason();
+      const std::string reason = errno_text();
       if (fd >= 0) ::close(fd);
       throw FileError(path_.string() + ": flushing the metrics of step " + std::to_string(record.step) +
                       " to disk failed: " + reason);

@@ -22,4 +22,9 @@ int compute_threads();                      // the calling thread's budget
 // parallel on the calling thread's budget. Slices are at least min_grain long.
 void parallel_for(std::int64_t n, std::int64_t min_grain, const std::function<void(std::int64_t, std::int64_t)>& body);
 
+// The min_grain of elementwise, memory-bound loops (SwiGLU, AdamW, norms,
+// embeddings, cross entropy): a second thread pays off above ~32K elements,
+// the OpenMP wake-up costing a few microseconds.
+constexpr std::int64_t kElementwiseGrain = 1 << 15;
+
 }  // namespace epmoe

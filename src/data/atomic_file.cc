@@ -9,11 +9,10 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/file_error.h"
 
 namespace epmoe {
 namespace {
-
-std::string system_reason() { return std::strerror(errno); }
 
 // Unique among threads of this process (counter) and among processes (pid),
 // and hidden (leading dot) so that directory listings do not show it.
@@ -77,15 +76,15 @@ void write_file_atomically(const std::filesystem::path& path, const std::vector<
   TemporaryFile temporary(temporary_path_beside(path));
   if (!temporary.is_open()) {
     const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
-    throw FileError(path.string() + ": cannot create a file in '" + directory.string() + "': " + system_reason());
+    throw FileError(path.string() + ": cannot create a file in '" + directory.string() + "': " + errno_text());
   }
   for (std::string_view piece : pieces) {
     if (!temporary.write_all(piece)) {
-      throw FileError(path.string() + ": write failed: " + system_reason());
+      throw FileError(path.string() + ": write failed: " + errno_text());
     }
   }
   if (!temporary.commit(path)) {
-    throw FileError(path.string() + ": write failed: " + system_reason());
+    throw FileError(path.string() + ": write failed: " + errno_text());
   }
 }
 

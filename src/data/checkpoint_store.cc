@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/file_error.h"
 #include "data/atomic_file.h"
 #include "data/npy.h"
 
@@ -30,10 +31,6 @@ constexpr std::string_view kStepPrefix = "step_";
 constexpr std::string_view kStagingPrefix = ".staging_step_";
 // A checkpoint being deleted is renamed to this first (see remove_all_but_latest).
 constexpr std::string_view kRemovingPrefix = ".removing_step_";
-
-std::string system_reason() { return std::strerror(errno); }
-
-[[noreturn]] void fail(const fs::path& path, const std::string& rule) { throw FileError(path.string() + ": " + rule); }
 
 std::string hex32(std::uint32_t value) {
   char text[16];
@@ -93,7 +90,7 @@ void check_step(std::int64_t step) {
 // Makes a directory's entries (files created or renamed in it) durable.
 void fsync_directory(const fs::path& directory) {
   const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail(directory, "cannot open the directory to flush it: " + system_reason());
+  if (fd < 0) throw_file_error(directory, "cannot open the directory to flush it: " + errno_text());
   const int result = ::fsync(fd);
   const int saved_errno = errno;
   ::close(fd);
@@ -101,7 +98,7 @@ void fsync_directory(const fs::path& directory) {
   // systems); their metadata is then as durable as that system makes it.
   if (result != 0 && saved_errno != EINVAL) {
     errno = saved_errno;
-    fail(directory, "cannot flush the directory to disk: " + system_reason());
+    throw_file_error(directory, "cannot flush the directory to disk: " + errno_text());
   }
 }
 
@@ -118,7 +115,7 @@ std::optional<FileDigest> digest_file(const fs::path& path, bool flush_to_disk) 
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return {};
-    fail(path, "cannot open: " + system_reason());
+    throw_file_error(path, "cannot open: " + errno_text());
   }
   struct Closer {
     int fd;
@@ -131,14 +128,14 @@ std::optional<FileDigest> digest_file(const fs::path& path, bool flush_to_disk) 
     const ssize_t num_read = ::read(fd, block.data(), block.size());
     if (num_read < 0) {
       if (errno == EINTR) continue;
-      fail(path, "read failed: " + system_reason());
+      throw_file_error(path, "read failed: " + errno_text());
     }
     if (num_read == 0) break;
     crc = ::crc32(crc, block.data(), static_cast<uInt>(num_read));
     digest.num_bytes += static_cast<std::uint64_t>(num_read);
   }
   if (flush_to_disk && ::fsync(fd) != 0 && errno != EINVAL) {
-    fail(path, "cannot flush to disk: " + system_reason());
+    throw_file_error(path, "cannot flush to disk: " + errno_text());
   }
   digest.crc32 = static_cast<std::uint32_t>(crc);
   return digest;
@@ -159,8 +156,8 @@ bool rename_without_replacing(const fs::path& source, const fs::path& target) {
 }
 
 [[noreturn]] void refuse_overwrite(const fs::path& step_dir) {
-  fail(step_dir, "refusing to overwrite checkpoint " + step_dir.string() +
-                     ": it already exists (remove it first to save this step again)");
+  throw_file_error(step_dir, "refusing to overwrite checkpoint " + step_dir.string() +
+                                 ": it already exists (remove it first to save this step again)");
 }
 
 // One entry of the manifest's "files".
@@ -180,18 +177,19 @@ void check_against_manifest(const fs::path& step_dir, const fs::path& manifest_p
   std::error_code error;
   const auto status = fs::status(full, error);
   if (!fs::exists(status)) {
-    fail(full, "listed in " + manifest_path.string() + " but missing; the checkpoint is incomplete");
+    throw_file_error(full, "listed in " + manifest_path.string() + " but missing; the checkpoint is incomplete");
   }
-  if (!fs::is_regular_file(status)) fail(full, "not a regular file; the checkpoint is corrupt");
+  if (!fs::is_regular_file(status)) throw_file_error(full, "not a regular file; the checkpoint is corrupt");
   const std::optional<FileDigest> digest = digest_file(full, false);
-  if (!digest) fail(full, "vanished while being verified");
+  if (!digest) throw_file_error(full, "vanished while being verified");
   if (digest->num_bytes != file.num_bytes) {
-    fail(full, std::to_string(digest->num_bytes) + " bytes, the manifest records " + std::to_string(file.num_bytes) +
-                   "; the checkpoint is corrupt (truncated or overwritten)");
+    throw_file_error(full, std::to_string(digest->num_bytes) + " bytes, the manifest records " +
+                               std::to_string(file.num_bytes) +
+                               "; the checkpoint is corrupt (truncated or overwritten)");
   }
   if (digest->crc32 != file.crc32) {
-    fail(full, "CRC-32 " + hex32(digest->crc32) + " does not match the manifest's " + hex32(file.crc32) +
-                   "; the checkpoint is corrupt");
+    throw_file_error(full, "CRC-32 " + hex32(digest->crc32) + " does not match the manifest's " + hex32(file.crc32) +
+                               "; the checkpoint is corrupt");
   }
 }
 
@@ -200,22 +198,22 @@ Manifest load_manifest(const fs::path& step_dir, std::int64_t step) {
   const fs::path path = step_dir / CheckpointStore::kManifestName;
   std::error_code error;
   if (!fs::is_regular_file(fs::status(path, error))) {
-    fail(path, "no such file (no committed checkpoint of step " + std::to_string(step) + ")");
+    throw_file_error(path, "no such file (no committed checkpoint of step " + std::to_string(step) + ")");
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open: " + system_reason());
+  if (!in) throw_file_error(path, "cannot open: " + errno_text());
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) fail(path, "read failed");
+  if (in.bad()) throw_file_error(path, "read failed");
 
   Manifest manifest;
   try {
     manifest.json = nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("not valid JSON (") + e.what() + "); the checkpoint is corrupt");
+    throw_file_error(path, std::string("not valid JSON (") + e.what() + "); the checkpoint is corrupt");
   }
   const nlohmann::json& json = manifest.json;
-  const auto bad = [&](const std::string& rule) { fail(path, rule + "; the checkpoint is corrupt"); };
+  const auto bad = [&](const std::string& rule) { throw_file_error(path, rule + "; the checkpoint is corrupt"); };
   if (!json.is_object()) bad("not a JSON object");
   if (!json.contains("format") || json["format"] != CheckpointStore::kFormat) {
     bad("'format' is " + (json.contains("format") ? json["format"].dump() : std::string("missing")) + ", expected \"" +
@@ -223,8 +221,8 @@ Manifest load_manifest(const fs::path& step_dir, std::int64_t step) {
   }
   if (!json.contains("version") || !json["version"].is_number_integer()) bad("'version' is missing or not an integer");
   if (json["version"].get<std::int64_t>() != CheckpointStore::kVersion) {
-    fail(path, "checkpoint format version " + json["version"].dump() + "; this epmoe reads version " +
-                   std::to_string(CheckpointStore::kVersion));
+    throw_file_error(path, "checkpoint format version " + json["version"].dump() + "; this epmoe reads version " +
+                               std::to_string(CheckpointStore::kVersion));
   }
   if (!json.contains("step") || !json["step"].is_number_integer()) bad("'step' is missing or not an integer");
   if (json["step"].get<std::int64_t>() != step) {
@@ -281,12 +279,12 @@ std::filesystem::path CheckpointStore::begin_staging(std::int64_t step) const {
   const fs::path staging = staging_dir(step);
   std::error_code error;
   fs::create_directories(root_, error);
-  if (error) fail(root_, "cannot create the checkpoint directory: " + error.message());
+  if (error) throw_file_error(root_, "cannot create the checkpoint directory: " + error.message());
   if (fs::exists(fs::symlink_status(final_dir, error))) refuse_overwrite(final_dir);
   fs::remove_all(staging, error);  // left by a run killed while writing this step
-  if (error) fail(staging, "cannot remove the stale staging directory: " + error.message());
+  if (error) throw_file_error(staging, "cannot remove the stale staging directory: " + error.message());
   fs::create_directory(staging, error);
-  if (error) fail(staging, "cannot create the staging directory: " + error.message());
+  if (error) throw_file_error(staging, "cannot create the staging directory: " + error.message());
   return staging;
 }
 
@@ -295,14 +293,14 @@ void CheckpointStore::write_tensor(std::int64_t step, const std::string& relativ
   const fs::path staging = staging_dir(step);
   std::error_code error;
   if (!fs::is_directory(fs::status(staging, error))) {
-    fail(staging, "no staging directory for checkpoint step " + std::to_string(step) +
-                      " (begin_staging must run, and finish, before the ranks write)");
+    throw_file_error(staging, "no staging directory for checkpoint step " + std::to_string(step) +
+                                  " (begin_staging must run, and finish, before the ranks write)");
   }
   const fs::path path = staging / relative_path;
   fs::create_directories(path.parent_path(), error);
   // Another rank may create the same sub-directory at the same moment.
   if (error && !fs::is_directory(fs::status(path.parent_path(), error))) {
-    fail(path.parent_path(), "cannot create directory: " + error.message());
+    throw_file_error(path.parent_path(), "cannot create directory: " + error.message());
   }
   write_npy(path, tensor);
 }
@@ -317,8 +315,8 @@ void CheckpointStore::commit(std::int64_t step, const std::vector<std::string>& 
   std::error_code error;
   if (fs::exists(fs::symlink_status(final_dir, error))) refuse_overwrite(final_dir);
   if (!fs::is_directory(fs::status(staging, error))) {
-    fail(staging, "no staging directory for checkpoint step " + std::to_string(step) +
-                      " (begin_staging was not called, or the directory was removed)");
+    throw_file_error(staging, "no staging directory for checkpoint step " + std::to_string(step) +
+                                  " (begin_staging was not called, or the directory was removed)");
   }
 
   nlohmann::json files = nlohmann::json::array();
@@ -331,8 +329,8 @@ void CheckpointStore::commit(std::int64_t step, const std::vector<std::string>& 
     const fs::path path = staging / relative_path;
     const std::optional<FileDigest> digest = digest_file(path, true);
     if (!digest) {
-      fail(path, "listed for checkpoint step " + std::to_string(step) +
-                     " but missing from the staging directory (did every rank write its files?)");
+      throw_file_error(path, "listed for checkpoint step " + std::to_string(step) +
+                                 " but missing from the staging directory (did every rank write its files?)");
     }
     files.push_back({{"path", relative_path}, {"bytes", digest->num_bytes}, {"crc32", digest->crc32}});
   }
@@ -351,13 +349,14 @@ void CheckpointStore::commit(std::int64_t step, const std::vector<std::string>& 
   for (fs::recursive_directory_iterator it(staging, error), end; !error && it != end; it.increment(error)) {
     if (it->is_directory(error)) directories.push_back(it->path());
   }
-  if (error) fail(staging, "cannot list the staging directory: " + error.message());
+  if (error) throw_file_error(staging, "cannot list the staging directory: " + error.message());
   for (const fs::path& directory : directories) fsync_directory(directory);
   fsync_directory(staging);
 
   if (!rename_without_replacing(staging, final_dir)) {
     if (errno == EEXIST || errno == ENOTEMPTY) refuse_overwrite(final_dir);
-    fail(final_dir, "cannot move the staging directory " + staging.string() + " into place: " + system_reason());
+    throw_file_error(final_dir,
+                     "cannot move the staging directory " + staging.string() + " into place: " + errno_text());
   }
   fsync_directory(root_);
 }
@@ -376,7 +375,7 @@ std::vector<StepEntry> step_entries(const fs::path& root) {
   std::error_code error;
   if (!fs::exists(fs::status(root, error))) return entries;
   fs::directory_iterator it(root, error);
-  if (error) fail(root, "cannot list the checkpoint directory: " + error.message());
+  if (error) throw_file_error(root, "cannot list the checkpoint directory: " + error.message());
   for (const fs::directory_iterator end; it != end; it.increment(error)) {
     const std::optional<std::int64_t> step = parse_step_name(kStepPrefix, it->path().filename().string());
     if (!step) continue;
@@ -385,7 +384,7 @@ std::vector<StepEntry> step_entries(const fs::path& root) {
                            fs::is_regular_file(fs::status(it->path() / CheckpointStore::kManifestName, entry_error));
     entries.push_back({*step, committed});
   }
-  if (error) fail(root, "cannot list the checkpoint directory: " + error.message());
+  if (error) throw_file_error(root, "cannot list the checkpoint directory: " + error.message());
   std::sort(entries.begin(), entries.end(), [](const StepEntry& a, const StepEntry& b) { return a.step < b.step; });
   return entries;
 }
@@ -418,11 +417,11 @@ std::vector<std::filesystem::path> CheckpointStore::remove_stale_leftovers() con
     const std::string name = it->path().filename().string();
     if (parse_step_name(kStagingPrefix, name) || parse_step_name(kRemovingPrefix, name)) stale.push_back(it->path());
   }
-  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
+  if (error) throw_file_error(root_, "cannot list the checkpoint directory: " + error.message());
   std::sort(stale.begin(), stale.end());
   for (const fs::path& path : stale) {
     fs::remove_all(path, error);
-    if (error) fail(path, "cannot remove this leftover of a killed run: " + error.message());
+    if (error) throw_file_error(path, "cannot remove this leftover of a killed run: " + error.message());
   }
   return stale;
 }
@@ -447,7 +446,7 @@ Tensor CheckpointStore::read_tensor(std::int64_t step, const std::string& relati
   const auto file = std::find_if(manifest.files.begin(), manifest.files.end(),
                                  [&](const ManifestFile& f) { return f.path == relative_path; });
   const fs::path path = dir / relative_path;
-  if (file == manifest.files.end()) fail(path, "not listed in " + (dir / kManifestName).string());
+  if (file == manifest.files.end()) throw_file_error(path, "not listed in " + (dir / kManifestName).string());
   check_against_manifest(dir, dir / kManifestName, *file);
   return read_npy(path, dtype_of_npy(path));
 }
@@ -461,7 +460,7 @@ void CheckpointStore::remove_all_but_latest(int keep) const {
   for (fs::directory_iterator it(root_, error), end; !error && it != end; it.increment(error)) {
     if (parse_step_name(kRemovingPrefix, it->path().filename().string())) leftovers.push_back(it->path());
   }
-  if (error) fail(root_, "cannot list the checkpoint directory: " + error.message());
+  if (error) throw_file_error(root_, "cannot list the checkpoint directory: " + error.message());
 
   const std::vector<std::int64_t> steps = committed_steps();
   const std::size_t num_removed = steps.size() > static_cast<std::size_t>(keep) ? steps.size() - keep : 0;
@@ -470,15 +469,15 @@ void CheckpointStore::remove_all_but_latest(int keep) const {
   for (std::size_t i = 0; i < num_removed; ++i) {
     const fs::path doomed = root_ / step_name(kRemovingPrefix, steps[i]);
     fs::remove_all(doomed, error);
-    if (error) fail(doomed, "cannot remove: " + error.message());
+    if (error) throw_file_error(doomed, "cannot remove: " + error.message());
     fs::rename(step_dir(steps[i]), doomed, error);
-    if (error) fail(step_dir(steps[i]), "cannot move aside for removal: " + error.message());
+    if (error) throw_file_error(step_dir(steps[i]), "cannot move aside for removal: " + error.message());
     leftovers.push_back(doomed);
   }
   if (num_removed > 0) fsync_directory(root_);
   for (const fs::path& path : leftovers) {
     fs::remove_all(path, error);
-    if (error) fail(path, "cannot remove: " + error.message());
+    if (error) throw_file_error(path, "cannot remove: " + error.message());
   }
 }
 
@@ -488,7 +487,8 @@ CheckpointDirLock::CheckpointDirLock(const std::filesystem::path& root) {
   if (error) throw FileError("checkpoint_dir=" + root.string() + ": cannot be created: " + error.message());
   const fs::path path = root / kLockName;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail(path, "cannot create the lock file of checkpoint_dir=" + root.string() + ": " + system_reason());
+  if (fd_ < 0)
+    throw_file_error(path, "cannot create the lock file of checkpoint_dir=" + root.string() + ": " + errno_text());
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int saved_errno = errno;
     // The holder writes its pid right after locking; read what is there.
@@ -505,14 +505,14 @@ CheckpointDirLock::CheckpointDirLock(const std::filesystem::path& root) {
                       "choose another checkpoint_dir");
     }
     errno = saved_errno;
-    fail(path, "cannot lock: " + system_reason());
+    throw_file_error(path, "cannot lock: " + errno_text());
   }
   const std::string pid = std::to_string(::getpid()) + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
-    const std::string reason = system_reason();
+    const std::string reason = errno_text();
     ::close(fd_);
     fd_ = -1;
-    fail(path, "cannot write the lock file: " + reason);
+    throw_file_error(path, "cannot write the lock file: " + reason);
   }
 }
 

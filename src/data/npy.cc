@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/file_error.h"
 #include "data/atomic_file.h"
 
 namespace epmoe {
@@ -28,10 +29,6 @@ constexpr std::string_view kMagic = "\x93NUMPY";
 constexpr std::size_t kPrefixBytesV1 = 10;    // magic + version + uint16 length
 constexpr std::size_t kPrefixBytesV2 = 12;    // magic + version + uint32 length
 constexpr std::size_t kHeaderAlignment = 64;  // numpy's ARRAY_ALIGN
-
-[[noreturn]] void fail(const std::filesystem::path& path, const std::string& rule) {
-  throw FileError(path.string() + ": " + rule);
-}
 
 // numpy's names for the type codes of a descr such as '<f8', for messages.
 std::string numpy_type_name(std::string_view type_code) {
@@ -109,7 +106,9 @@ class HeaderDictParser {
   }
 
  private:
-  [[noreturn]] void malformed(const std::string& why) { fail(path_, "malformed .npy header (" + why + ")"); }
+  [[noreturn]] void malformed(const std::string& why) {
+    throw_file_error(path_, "malformed .npy header (" + why + ")");
+  }
 
   void skip_space() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
@@ -203,28 +202,28 @@ std::uint32_t read_little_endian(const unsigned char* bytes, int num_bytes) {
 OpenedNpy open_npy(const std::filesystem::path& path) {
   std::error_code status_error;
   const auto status = std::filesystem::status(path, status_error);
-  if (!std::filesystem::exists(status)) fail(path, "no such file");
-  if (std::filesystem::is_directory(status)) fail(path, "is a directory, not an .npy file");
+  if (!std::filesystem::exists(status)) throw_file_error(path, "no such file");
+  if (std::filesystem::is_directory(status)) throw_file_error(path, "is a directory, not an .npy file");
   // Only regular files: opening a FIFO blocks until a writer comes (forever),
   // a device such as /dev/zero has no size to check the data against.
   if (!std::filesystem::is_regular_file(status)) {
-    fail(path, "not a regular file (a FIFO, socket or device); an .npy input must be a file");
+    throw_file_error(path, "not a regular file (a FIFO, socket or device); an .npy input must be a file");
   }
 
   OpenedNpy opened;
   // O_NONBLOCK: should a FIFO replace the file between the check and the
   // open, the open returns at once and fstat below refuses it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  if (fd < 0) throw_file_error(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat opened_status {};
   if (::fstat(fd, &opened_status) != 0 || !S_ISREG(opened_status.st_mode)) {
     ::close(fd);
-    fail(path, "not a regular file; an .npy input must be a file");
+    throw_file_error(path, "not a regular file; an .npy input must be a file");
   }
   opened.file.reset(::fdopen(fd, "rb"));
   if (!opened.file) {
     ::close(fd);
-    fail(path, std::string("cannot open: ") + std::strerror(errno));
+    throw_file_error(path, std::string("cannot open: ") + std::strerror(errno));
   }
   opened.file_size_bytes = static_cast<std::int64_t>(opened_status.st_size);
 
@@ -232,9 +231,9 @@ OpenedNpy open_npy(const std::filesystem::path& path) {
   const std::size_t prefix_read = std::fread(prefix, 1, sizeof(prefix), opened.file.get());
   const std::size_t magic_compared = std::min(prefix_read, kMagic.size());
   if (magic_compared < kMagic.size() || std::memcmp(prefix, kMagic.data(), kMagic.size()) != 0) {
-    fail(path, "not an .npy file (bad magic: it must start with \\x93NUMPY)");
+    throw_file_error(path, "not an .npy file (bad magic: it must start with \\x93NUMPY)");
   }
-  if (prefix_read < kPrefixBytesV1) fail(path, "truncated header (the file ends inside the prefix)");
+  if (prefix_read < kPrefixBytesV1) throw_file_error(path, "truncated header (the file ends inside the prefix)");
 
   NpyHeader& header = opened.header;
   header.major_version = prefix[6];
@@ -244,24 +243,24 @@ OpenedNpy open_npy(const std::filesystem::path& path) {
     prefix_bytes = kPrefixBytesV1;
     header_bytes = read_little_endian(prefix + 8, 2);
   } else if (header.major_version == 2 || header.major_version == 3) {
-    if (prefix_read < kPrefixBytesV2) fail(path, "truncated header (the file ends inside the prefix)");
+    if (prefix_read < kPrefixBytesV2) throw_file_error(path, "truncated header (the file ends inside the prefix)");
     prefix_bytes = kPrefixBytesV2;
     header_bytes = read_little_endian(prefix + 8, 4);
   } else {
-    fail(path, ".npy format version " + std::to_string(prefix[6]) + "." + std::to_string(prefix[7]) +
-                   "; epmoe reads versions 1.0, 2.0 and 3.0");
+    throw_file_error(path, ".npy format version " + std::to_string(prefix[6]) + "." + std::to_string(prefix[7]) +
+                               "; epmoe reads versions 1.0, 2.0 and 3.0");
   }
   header.data_offset_bytes = static_cast<std::int64_t>(prefix_bytes) + header_bytes;
   if (header.data_offset_bytes > opened.file_size_bytes) {
-    fail(path, "truncated header: it declares " + std::to_string(header_bytes) + " bytes, the file holds " +
-                   std::to_string(opened.file_size_bytes - static_cast<std::int64_t>(prefix_bytes)) +
-                   " after the prefix");
+    throw_file_error(path, "truncated header: it declares " + std::to_string(header_bytes) + " bytes, the file holds " +
+                               std::to_string(opened.file_size_bytes - static_cast<std::int64_t>(prefix_bytes)) +
+                               " after the prefix");
   }
 
   std::string header_text(header_bytes, '\0');
   std::fseek(opened.file.get(), static_cast<long>(prefix_bytes), SEEK_SET);
   if (std::fread(header_text.data(), 1, header_bytes, opened.file.get()) != header_bytes) {
-    fail(path, std::string("read failed: ") + std::strerror(errno));
+    throw_file_error(path, std::string("read failed: ") + std::strerror(errno));
   }
   HeaderDictParser(header_text, path).parse_into(header);
   return opened;
@@ -279,13 +278,13 @@ void check_descr(const std::filesystem::path& path, const std::string& descr, DT
   const std::string expected_name = numpy_type_name(expected);
   const std::string variable = python_variable_for(path);
   if (!descr.empty() && descr[0] == '>' && type_code == expected_code) {
-    fail(path, "dtype '" + descr + "' is big-endian; epmoe reads little-endian " + expected_name + " '" +
-                   expected_descr + "'; convert with " + variable + ".astype('" + expected_descr + "')");
+    throw_file_error(path, "dtype '" + descr + "' is big-endian; epmoe reads little-endian " + expected_name + " '" +
+                               expected_descr + "'; convert with " + variable + ".astype('" + expected_descr + "')");
   }
   const std::string got_name = numpy_type_name(type_code);
-  fail(path, "dtype '" + descr + "'" + (got_name.empty() ? "" : " (" + got_name + ")") + "; epmoe reads " +
-                 expected_name + " '" + expected_descr + "'; convert with " + variable + ".astype(np." + expected_name +
-                 ")");
+  throw_file_error(path, "dtype '" + descr + "'" + (got_name.empty() ? "" : " (" + got_name + ")") + "; epmoe reads " +
+                             expected_name + " '" + expected_descr + "'; convert with " + variable + ".astype(np." +
+                             expected_name + ")");
 }
 
 std::string shape_tuple_text(const Shape& shape) {
@@ -304,33 +303,34 @@ Tensor read_checked_npy(const std::filesystem::path& path, DType expected_dtype,
   const NpyHeader& header = opened.header;
   check_descr(path, header.descr, expected_dtype);
   if (expected_shape != nullptr && !expected_shape->matches(header.shape)) {
-    fail(path, "shape " + shape_to_string(header.shape) + ", expected " + expected_shape->to_string());
+    throw_file_error(path, "shape " + shape_to_string(header.shape) + ", expected " + expected_shape->to_string());
   }
   // A 0-d or 1-d array is laid out the same in C and Fortran order.
   if (header.fortran_order && header.shape.size() > 1) {
-    fail(path, "fortran_order is True; epmoe reads C-order arrays; save with np.ascontiguousarray(" +
-                   python_variable_for(path) + ")");
+    throw_file_error(path, "fortran_order is True; epmoe reads C-order arrays; save with np.ascontiguousarray(" +
+                               python_variable_for(path) + ")");
   }
 
   const std::int64_t item_bytes = static_cast<std::int64_t>(dtype_size_bytes(expected_dtype));
   std::int64_t needed_bytes = item_bytes;
   for (std::int64_t dim : header.shape) {
     if (__builtin_mul_overflow(needed_bytes, dim, &needed_bytes)) {
-      fail(path, "shape " + shape_to_string(header.shape) + " overflows a 64-bit byte count");
+      throw_file_error(path, "shape " + shape_to_string(header.shape) + " overflows a 64-bit byte count");
     }
   }
   const std::int64_t held_bytes = opened.file_size_bytes - header.data_offset_bytes;
   if (held_bytes != needed_bytes) {
-    fail(path, "data holds " + std::to_string(held_bytes) + " bytes, shape " + shape_to_string(header.shape) + " " +
-                   numpy_type_name(expected_dtype) + " needs " + std::to_string(needed_bytes) +
-                   (held_bytes < needed_bytes ? " (truncated file)" : " (trailing bytes)"));
+    throw_file_error(path, "data holds " + std::to_string(held_bytes) + " bytes, shape " +
+                               shape_to_string(header.shape) + " " + numpy_type_name(expected_dtype) + " needs " +
+                               std::to_string(needed_bytes) +
+                               (held_bytes < needed_bytes ? " (truncated file)" : " (trailing bytes)"));
   }
 
   Tensor tensor(expected_dtype, header.shape);
   std::fseek(opened.file.get(), static_cast<long>(header.data_offset_bytes), SEEK_SET);
   const auto bytes = static_cast<std::size_t>(needed_bytes);
   if (bytes > 0 && std::fread(tensor.raw(), 1, bytes, opened.file.get()) != bytes) {
-    fail(path, std::string("read failed: ") + std::strerror(errno));
+    throw_file_error(path, std::string("read failed: ") + std::strerror(errno));
   }
   return tensor;
 }
@@ -395,9 +395,10 @@ Tensor read_npy(const std::filesystem::path& path, DType expected_dtype, const E
 
 void write_npy(const std::filesystem::path& path, TensorView array) {
   if (array.dtype() != DType::f32 && array.dtype() != DType::i32 && array.dtype() != DType::i64) {
-    fail(path, "epmoe writes float32, int32 and int64 .npy files, not " + std::string(dtype_name(array.dtype())));
+    throw_file_error(path,
+                     "epmoe writes float32, int32 and int64 .npy files, not " + std::string(dtype_name(array.dtype())));
   }
-  if (!array.is_contiguous()) fail(path, "the array to write is not C-contiguous");
+  if (!array.is_contiguous()) throw_file_error(path, "the array to write is not C-contiguous");
   std::string header = "{'descr': '" + npy_descr(array.dtype()) + "', 'fortran_order': False, 'shape': " +
                        shape_tuple_text(Shape(array.shape().begin(), array.shape().end())) + ", }";
   // As numpy does: version 1.0 unless the header needs a 4-byte length; pad

@@ -21,7 +21,7 @@ constexpr std::uint8_t kFp8MaxCode = 0x7e;  // S.1111.110 = 448
 constexpr int kFp8MinNormalExponent = -6;
 // A slice of this many elements takes 8-30 us on one core (bf16 / fp8), well
 // above the few microseconds it costs to wake a second OpenMP thread.
-constexpr std::int64_t kParallelGrain = 1 << 16;
+constexpr std::int64_t kConvertGrain = 1 << 16;
 
 // value >> shift, rounded to nearest, ties to even. shift in [1, 31].
 std::uint32_t shift_right_round_even(std::uint32_t value, int shift) {
@@ -38,7 +38,7 @@ void convert_array(std::span<const Src> src, std::span<Dst> dst, Fn convert_one)
   const ComputeScope charge("convert", {.bytes = static_cast<double>(src.size()) * (sizeof(Src) + sizeof(Dst))});
   const Src* in = src.data();
   Dst* out = dst.data();
-  parallel_for(static_cast<std::int64_t>(src.size()), kParallelGrain, [=](std::int64_t begin, std::int64_t end) {
+  parallel_for(static_cast<std::int64_t>(src.size()), kConvertGrain, [=](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) out[i] = convert_one(in[i]);
   });
 }

@@ -14,10 +14,6 @@
 namespace epmoe {
 namespace {
 
-// Elementwise work is memory-bound; a second thread pays off above ~32K
-// elements (the OpenMP wake-up is a few microseconds).
-constexpr std::int64_t kParallelGrain = 1 << 15;
-
 // exp(x) for x <= 0, relative error ~2 ulp. Cody-Waite reduction
 // x = n ln2 + r, |r| <= ln2/2, then a degree-6 Taylor polynomial (truncation
 // error r^7/7! < 2e-9 relative) and 2^n assembled in the exponent bits.
@@ -56,7 +52,7 @@ inline float sigmoid(float z) {
 
 void swiglu_forward(const float* h0, const float* h1, float* act, std::int64_t n) {
   const ComputeScope charge("swiglu forward", {.flops = 6.0 * n, .bytes = 12.0 * n});
-  parallel_for(n, kParallelGrain, [=](std::int64_t begin, std::int64_t end) {
+  parallel_for(n, kElementwiseGrain, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) act[i] = h0[i] * sigmoid(h0[i]) * h1[i];
   });
@@ -65,7 +61,7 @@ void swiglu_forward(const float* h0, const float* h1, float* act, std::int64_t n
 // silu'(z) = s + z s (1 - s) = s (1 + z (1 - s)), s = sigmoid(z).
 void swiglu_backward(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1, std::int64_t n) {
   const ComputeScope charge("swiglu backward", {.flops = 12.0 * n, .bytes = 20.0 * n});
-  parallel_for(n, kParallelGrain, [=](std::int64_t begin, std::int64_t end) {
+  parallel_for(n, kElementwiseGrain, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) {
       const float z = h0[i];

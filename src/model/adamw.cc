@@ -13,10 +13,6 @@
 namespace epmoe {
 namespace {
 
-// Elementwise and memory-bound over four arrays; a second thread pays off
-// above ~32K elements (the same threshold as kernels/swiglu.cc).
-constexpr std::int64_t kParallelElements = 1 << 15;
-
 // Threads take whole blocks at fixed offsets, so an element always sits at
 // the same place in the vectorised loop (vector body or remainder, which may
 // round differently once the compiler fuses multiply-adds) for any thread
@@ -67,7 +63,7 @@ void adamw_update(const AdamWConfig& config, std::int64_t step_number, double le
   float* vp = v.data();
   const auto size = static_cast<std::int64_t>(param.size());
   const std::int64_t num_blocks = (size + kBlock - 1) / kBlock;
-  parallel_for(num_blocks, kParallelElements / kBlock, [=](std::int64_t first, std::int64_t last) {
+  parallel_for(num_blocks, kElementwiseGrain / kBlock, [=](std::int64_t first, std::int64_t last) {
     for (std::int64_t block = first; block < last; ++block) {
       const std::int64_t begin = block * kBlock;
       const std::int64_t end = std::min(size, begin + kBlock);

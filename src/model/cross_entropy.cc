@@ -13,13 +13,7 @@
 #include "core/threading.h"
 
 namespace epmoe {
-namespace {
-
-// A second thread pays off above ~32K elements (the OpenMP wake-up costs a
-// few microseconds; the same threshold as kernels/swiglu.cc).
-constexpr std::int64_t kParallelElements = 1 << 15;
-
-}  // namespace
+namespace {}  // namespace
 
 CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale) {
   EPMOE_CHECK(logits.dtype() == DType::f32);
@@ -44,7 +38,7 @@ CrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& targets, 
   const float* lp = logits.data<float>();
   float* dp = result.d_logits.data<float>();
   std::vector<double> row_loss(static_cast<std::size_t>(num_tokens));
-  const std::int64_t grain = std::max<std::int64_t>(1, kParallelElements / vocab);
+  const std::int64_t grain = std::max<std::int64_t>(1, kElementwiseGrain / vocab);
   parallel_for(num_tokens, grain, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t n = begin; n < end; ++n) {
       const float* row = lp + n * vocab;

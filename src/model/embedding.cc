@@ -11,12 +11,8 @@
 namespace epmoe {
 namespace {
 
-// A second thread pays off above ~32K elements moved (OpenMP wake-up costs a
-// few microseconds; the same threshold as kernels/swiglu.cc).
-constexpr std::int64_t kParallelElements = 1 << 15;
-
 // Backward's unit of parallel work: 64 columns, a 256-byte run of a row.
-constexpr std::int64_t kColumnBlock = 64;
+constexpr std::int64_t kEmbeddingColumnBlock = 64;
 
 // Checked serially, before any parallel region: an exception must not leave
 // an OpenMP worker, and nothing is written when an id is bad.
@@ -45,14 +41,14 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
   const float* tp = table.data<float>();
   const std::int32_t* id = ids.data<std::int32_t>();
   float* op = out.data<float>();
-  const std::int64_t grain = std::max<std::int64_t>(1, kParallelElements / hidden);
+  const std::int64_t grain = std::max<std::int64_t>(1, kElementwiseGrain / hidden);
   parallel_for(num_tokens, grain, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t n = begin; n < end; ++n)
       std::memcpy(op + n * hidden, tp + std::int64_t{id[n]} * hidden, sizeof(float) * hidden);
   });
 }
 
-// After zeroing, the table's columns are cut into blocks of kColumnBlock at
+// After zeroing, the table's columns are cut into blocks of kEmbeddingColumnBlock at
 // fixed offsets; a thread takes whole blocks and walks all tokens in order,
 // adding their part of the block. No two threads touch the same element, and
 // each element's sum runs in token order whatever the thread count.
@@ -70,12 +66,12 @@ void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table)
   const float* gp = d_out.data<float>();
   const std::int32_t* id = ids.data<std::int32_t>();
   float* dp = d_table.data<float>();
-  const std::int64_t num_blocks = (hidden + kColumnBlock - 1) / kColumnBlock;
+  const std::int64_t num_blocks = (hidden + kEmbeddingColumnBlock - 1) / kEmbeddingColumnBlock;
   // A block costs one add per token and column.
-  const std::int64_t grain = std::max<std::int64_t>(1, kParallelElements / (num_tokens * kColumnBlock));
+  const std::int64_t grain = std::max<std::int64_t>(1, kElementwiseGrain / (num_tokens * kEmbeddingColumnBlock));
   parallel_for(num_blocks, grain, [&](std::int64_t first, std::int64_t last) {
-    const std::int64_t begin = first * kColumnBlock;
-    const std::int64_t end = std::min(hidden, last * kColumnBlock);
+    const std::int64_t begin = first * kEmbeddingColumnBlock;
+    const std::int64_t end = std::min(hidden, last * kEmbeddingColumnBlock);
     for (std::int64_t n = 0; n < num_tokens; ++n) {
       const float* src = gp + n * hidden;
       float* dst = dp + std::int64_t{id[n]} * hidden;

@@ -14,18 +14,14 @@
 namespace epmoe {
 namespace {
 
-// A second thread pays off above ~32K elements (the OpenMP wake-up costs a
-// few microseconds; the same threshold as kernels/swiglu.cc).
-constexpr std::int64_t kParallelElements = 1 << 15;
-
 // dscale's unit of parallel work: 64 doubles of accumulator (one KiB of
 // stack) and a 256-byte run of each row.
-constexpr std::int64_t kColumnBlock = 64;
+constexpr std::int64_t kDscaleColumnBlock = 64;
 
 // The smallest number of work units, of `unit_elements` elements each, worth
 // giving to one thread.
 std::int64_t grain_for(std::int64_t unit_elements) {
-  return std::max<std::int64_t>(1, kParallelElements / std::max<std::int64_t>(1, unit_elements));
+  return std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(1, unit_elements));
 }
 
 void check_rows(const Tensor& t, std::int64_t rows, std::int64_t hidden) {
@@ -75,7 +71,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& scale, float eps, Tensor& y
 //   dx[j]     += r s[j] dy[j] - r^3 / H * x[j] * sum_k dy[k] s[k] x[k]
 //   dscale[j]  = sum_n dy[n, j] x[n, j] r[n]
 // dx is row-parallel (rows are independent). dscale is parallel over blocks
-// of kColumnBlock columns at fixed offsets, with the rows looped in order
+// of kDscaleColumnBlock columns at fixed offsets, with the rows looped in order
 // inside each block, so every column's sum has the same order for any thread
 // count (a row-parallel reduction would not). The blocks are fixed rather
 // than the thread's slice so that a column always sits at the same place in
@@ -113,12 +109,12 @@ void rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_r
     }
   });
 
-  const std::int64_t num_blocks = (hidden + kColumnBlock - 1) / kColumnBlock;
-  parallel_for(num_blocks, grain_for(num_tokens * kColumnBlock), [&](std::int64_t first, std::int64_t last) {
+  const std::int64_t num_blocks = (hidden + kDscaleColumnBlock - 1) / kDscaleColumnBlock;
+  parallel_for(num_blocks, grain_for(num_tokens * kDscaleColumnBlock), [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t block = first; block < last; ++block) {
-      const std::int64_t begin = block * kColumnBlock;
-      const std::int64_t width = std::min(kColumnBlock, hidden - begin);
-      double sums[kColumnBlock] = {};
+      const std::int64_t begin = block * kDscaleColumnBlock;
+      const std::int64_t width = std::min(kDscaleColumnBlock, hidden - begin);
+      double sums[kDscaleColumnBlock] = {};
       for (std::int64_t n = 0; n < num_tokens; ++n) {
         const float* xr = xp + n * hidden + begin;
         const float* dyr = dyp + n * hidden + begin;

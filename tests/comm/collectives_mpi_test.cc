@@ -105,10 +105,12 @@ TEST(CollectivesMpi, TimeoutNamesPeerAndTag) {
       // Rank 1 is alive (its liveness helper answers): nobody is named late.
       EXPECT_EQ(message.find("liveness probe"), std::string::npos) << message;
     }
-    // Waiting backs off to 1 ms sleeps: a waiting rank costs ~1% of a core,
-    // not the ~40% that 20 us polling cost.
+    // Waiting backs off to 1 ms sleeps: a waiting rank costs ~1% of a core
+    // on an idle machine, not the ~40% that 20 us polling cost (nor the 100%
+    // of a spin). With builds on both cores each wake-up costs more: 6.4% was
+    // seen (2026-12-02), so the bound sits between that and 20 us polling.
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_before).count();
-    EXPECT_LT(thread_cpu_seconds() - cpu_before, 0.05 * wall) << "the wait spins";
+    EXPECT_LT(thread_cpu_seconds() - cpu_before, 0.2 * wall) << "the wait spins";
   }
   barrier(comm, BarrierOptions{.tag = 77}).wait();
 }

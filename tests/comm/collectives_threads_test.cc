@@ -22,6 +22,7 @@
 #include "comm/reduce_scatter.h"
 #include "comm/tag.h"
 #include "core/error.h"
+#include "one_thread_per_rank.h"
 #include "transport/threads/launcher.h"
 
 namespace epmoe::comm {
@@ -31,11 +32,7 @@ using transport::Communicator;
 using transport::threads::run_ranks;
 using transport::threads::ThreadsOptions;
 
-ThreadsOptions one_thread_per_rank() {
-  ThreadsOptions options;
-  options.compute_threads_per_rank = 1;
-  return options;
-}
+using testing::one_thread_per_rank;
 
 class CollectivesThreads : public ::testing::TestWithParam<int> {};
 

@@ -29,6 +29,7 @@
 #include "comm/all_gather.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
+#include "one_thread_per_rank.h"
 #include "transport/threads/launcher.h"
 
 namespace epmoe::comm {
@@ -38,11 +39,7 @@ using transport::Communicator;
 using transport::threads::run_ranks;
 using transport::threads::ThreadsOptions;
 
-ThreadsOptions one_thread_per_rank() {
-  ThreadsOptions options;
-  options.compute_threads_per_rank = 1;
-  return options;
-}
+using testing::one_thread_per_rank;
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -101,12 +101,6 @@ std::string file_error_message(Action action) {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-std::set<std::string> entries(const fs::path& dir) {
-  std::set<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename().string());
-  return names;
-}
-
 TEST(CheckpointStore, ReferenceCrcIsTheStandardOne) {
   EXPECT_EQ(reference_crc32("123456789"), 0xcbf43926u);  // the CRC-32 check value
 }
@@ -119,7 +113,8 @@ TEST(CheckpointStore, RoundTripOfTensorsAndMetadata) {
 
   const fs::path dir = scratch / "ckpt" / "step_00000120";
   EXPECT_EQ(store.step_dir(120), dir);
-  EXPECT_EQ(entries(scratch / "ckpt"), (std::set<std::string>{"step_00000120"})) << "staging left behind";
+  EXPECT_EQ(testing::directory_entries(scratch / "ckpt"), (std::set<std::string>{"step_00000120"}))
+      << "staging left behind";
   EXPECT_EQ(store.committed_steps(), (std::vector<std::int64_t>{120}));
   EXPECT_EQ(store.latest_step(), 120);
 
@@ -392,7 +387,7 @@ TEST(CheckpointStore, RemoveAllButLatestKeepsTheNewest) {
 
   store.remove_all_but_latest(2);
   EXPECT_EQ(store.committed_steps(), (std::vector<std::int64_t>{4, 5}));
-  EXPECT_EQ(entries(scratch.path()),
+  EXPECT_EQ(testing::directory_entries(scratch.path()),
             (std::set<std::string>{"step_00000004", "step_00000005", ".staging_step_00000006"}));
   store.remove_all_but_latest(5);  // fewer than 5: nothing to do
   EXPECT_EQ(store.committed_steps(), (std::vector<std::int64_t>{4, 5}));

@@ -28,14 +28,6 @@ using testing::read_bytes;
 using testing::ScratchDir;
 using testing::write_bytes;
 
-std::set<std::string> entries(const std::filesystem::path& dir) {
-  std::set<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    names.insert(entry.path().filename().string());
-  }
-  return names;
-}
-
 TEST(StagedOutputDir, NothingAppearsBeforeCommit) {
   ScratchDir scratch;
   const auto out = scratch / "out";
@@ -45,7 +37,7 @@ TEST(StagedOutputDir, NothingAppearsBeforeCommit) {
     EXPECT_FALSE(std::filesystem::exists(out));
   }  // abandoned: as if the command failed
   EXPECT_FALSE(std::filesystem::exists(out));
-  EXPECT_TRUE(entries(scratch.path()).empty()) << "staging directory left behind";
+  EXPECT_TRUE(testing::directory_entries(scratch.path()).empty()) << "staging directory left behind";
 }
 
 TEST(StagedOutputDir, CommitMovesFilesAndMarkerAndRemovesObsoleteOnes) {
@@ -62,10 +54,10 @@ TEST(StagedOutputDir, CommitMovesFilesAndMarkerAndRemovesObsoleteOnes) {
   write_bytes(staged.staged_path("metrics.json"), "new metrics");
   staged.commit({"y.npy"}, "metrics.json", {"dx.npy"});
 
-  EXPECT_EQ(entries(out), (std::set<std::string>{"y.npy", "metrics.json", "notes.txt"}));
+  EXPECT_EQ(testing::directory_entries(out), (std::set<std::string>{"y.npy", "metrics.json", "notes.txt"}));
   EXPECT_EQ(read_bytes(out / "y.npy"), "new");
   EXPECT_EQ(read_bytes(out / "metrics.json"), "new metrics");
-  EXPECT_EQ(entries(scratch.path()), (std::set<std::string>{"out"}));
+  EXPECT_EQ(testing::directory_entries(scratch.path()), (std::set<std::string>{"out"}));
 }
 
 TEST(StagedOutputDir, MissingStagedFileFailsAfterTheOldMarkerIsGone) {
@@ -121,7 +113,7 @@ TEST(StagedOutputDir, LockIsReleasedAndItsFileRemovedAtDestruction) {
   ScratchDir scratch;
   const auto out = scratch / "out";
   { StagedOutputDir first(out); }
-  EXPECT_TRUE(entries(scratch.path()).empty()) << "lock file or staging directory left behind";
+  EXPECT_TRUE(testing::directory_entries(scratch.path()).empty()) << "lock file or staging directory left behind";
   StagedOutputDir second(out);  // not refused
   write_bytes(second.staged_path("y.npy"), "second");
   second.commit({"y.npy"}, "");
@@ -175,7 +167,7 @@ TEST(StagedOutputDir, ConcurrentWritersLeaveOneWritersSet) {
     }
   }
   std::printf("concurrent writers: %d of %d rounds had a writer refused\n", refused_total, kRounds);
-  EXPECT_EQ(entries(scratch.path()), (std::set<std::string>{"out"}));
+  EXPECT_EQ(testing::directory_entries(scratch.path()), (std::set<std::string>{"out"}));
 }
 
 TEST(StagedOutputDir, StagingDirectoriesOfDeadProcessesAreRemoved) {
@@ -208,13 +200,14 @@ TEST(StagedOutputDir, RefusesUnusablePathsBeforeAnyWork) {
   EXPECT_NE(error_of([] { StagedOutputDir staged("/proc/epmoe-no-such/out"); }).find("cannot create files"),
             std::string::npos);
   StagedOutputDir::check_usable(scratch / "a" / "b" / "out");  // missing parents are fine: they get created
-  EXPECT_EQ(entries(scratch.path()), (std::set<std::string>{"file"})) << "the check left something behind";
+  EXPECT_EQ(testing::directory_entries(scratch.path()), (std::set<std::string>{"file"}))
+      << "the check left something behind";
 }
 
 TEST(StagedOutputDir, AnAbandonedRunRemovesTheParentsItCreated) {
   ScratchDir scratch;
   { StagedOutputDir staged(scratch / "a" / "b" / "out"); }
-  EXPECT_TRUE(entries(scratch.path()).empty());
+  EXPECT_TRUE(testing::directory_entries(scratch.path()).empty());
 }
 
 }  // namespace

@@ -8,10 +8,18 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <system_error>
 
 namespace epmoe::testing {
+
+// The names in a directory (not recursive).
+inline std::set<std::string> directory_entries(const std::filesystem::path& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.insert(entry.path().filename().string());
+  return names;
+}
 
 // A fresh, empty directory under the system temp dir, removed with everything
 // in it when the test ends.

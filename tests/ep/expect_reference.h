@@ -23,11 +23,6 @@ inline void expect_matches_reference(const EpRunResult& run, const ReferenceResu
   EXPECT_LE(relative_error(run.grads.dwo, ref.dwo), 1e-5) << what << " dwo";
 }
 
-inline bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.size_bytes() == b.size_bytes() &&
-         std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.size_bytes())) == 0;
-}
-
 // y, the expert ids and every gradient with the same bits.
 inline void expect_same_bits(const EpRunResult& a, const EpRunResult& b, const std::string& what) {
   EXPECT_TRUE(same_bits(a.y, b.y)) << what << " y";

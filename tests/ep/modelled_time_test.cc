@@ -25,7 +25,7 @@ using testing::expect_same_bits;
 using testing::MoeProblem;
 using transport::threads::LinkTopology;
 
-struct Variant {
+struct ModelledVariant {
   std::string name;
   ep::DispatchKind dispatch;
   bool dedup = false;
@@ -47,14 +47,14 @@ TEST_P(ModelledLayer, EveryDispatcherGivesTheSameBitsOnBothClocks) {
                                                                 .placement = balance::HotExpertPlacement::packed,
                                                                 .scale = 1.0});
   for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
-  const std::vector<Variant> variants = {
+  const std::vector<ModelledVariant> variants = {
       {"alltoall", ep::DispatchKind::alltoall},
       {"alltoall dedup chunks=2", ep::DispatchKind::alltoall, true, 2},
       {"ring fp8 chunks=2", ep::DispatchKind::ring, false, 2, ep::TokenFormat::fp8_token},
       {"alltoall dedup replicas", ep::DispatchKind::alltoall, true, 1, ep::TokenFormat::f32, 1},
       {"ring replicas", ep::DispatchKind::ring, false, 1, ep::TokenFormat::f32, 1},
   };
-  for (const Variant& v : variants) {
+  for (const ModelledVariant& v : variants) {
     EpRunOptions options{.num_ranks = num_ranks, .dispatch = v.dispatch};
     options.ep.dedup = v.dedup;
     options.ep.num_chunks = v.chunks;

@@ -40,7 +40,7 @@ using testing::MoeProblem;
 
 constexpr std::int64_t kHidden = 8, kFfn = 6;
 
-std::vector<double> as_double(const Tensor& t) { return {t.span<float>().begin(), t.span<float>().end()}; }
+using testing::as_double;
 
 // sigmoid_grouped routing, E = 2R experts, K = 2, hot experts packed on rank 0.
 MoeProblem skewed_problem(int num_ranks, balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
@@ -111,12 +111,12 @@ std::int64_t total_bytes(const std::vector<ep::DispatchStats>& stats, const std:
   return sum;
 }
 
-struct Variant {
+struct ReplicaVariant {
   ep::DispatchKind dispatch;
   bool dedup;
 };
 
-class ReplicaEquivalence : public ::testing::TestWithParam<std::tuple<int, Variant, int>> {};
+class ReplicaEquivalence : public ::testing::TestWithParam<std::tuple<int, ReplicaVariant, int>> {};
 
 TEST_P(ReplicaEquivalence, ReplicasOnEqualsOff) {
   const auto [num_ranks, variant, slots] = GetParam();
@@ -145,7 +145,7 @@ TEST_P(ReplicaEquivalence, ReplicasOnEqualsOff) {
   }
 }
 
-std::string variant_name(const ::testing::TestParamInfo<ReplicaEquivalence::ParamType>& info) {
+std::string replica_variant_name(const ::testing::TestParamInfo<ReplicaEquivalence::ParamType>& info) {
   const auto [num_ranks, variant, slots] = info.param;
   return "R" + std::to_string(num_ranks) + "_" + ep::to_string(variant.dispatch) + (variant.dedup ? "_dedup" : "") +
          "_B" + std::to_string(slots);
@@ -153,11 +153,11 @@ std::string variant_name(const ::testing::TestParamInfo<ReplicaEquivalence::Para
 
 INSTANTIATE_TEST_SUITE_P(Sweep, ReplicaEquivalence,
                          ::testing::Combine(::testing::Values(2, 3, 4, 8),
-                                            ::testing::Values(Variant{ep::DispatchKind::alltoall, false},
-                                                              Variant{ep::DispatchKind::alltoall, true},
-                                                              Variant{ep::DispatchKind::ring, false}),
+                                            ::testing::Values(ReplicaVariant{ep::DispatchKind::alltoall, false},
+                                                              ReplicaVariant{ep::DispatchKind::alltoall, true},
+                                                              ReplicaVariant{ep::DispatchKind::ring, false}),
                                             ::testing::Values(1, 2)),
-                         variant_name);
+                         replica_variant_name);
 
 // The home gradient holds the replicas' contributions exactly once: the hot
 // expert's tokens are split between home and replicas, yet its dW equals the

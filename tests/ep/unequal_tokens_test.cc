@@ -45,10 +45,7 @@ std::string describe(const std::vector<std::int64_t>& split) {
   return text;
 }
 
-std::vector<double> as_double(const Tensor& t) {
-  const auto values = t.span<float>();
-  return {values.begin(), values.end()};
-}
+using testing::as_double;
 
 TEST(UnequalTokens, RingMatchesTheDoubleReferenceForEveryVariant) {
   for (const auto& split : token_splits()) {

@@ -26,10 +26,7 @@ namespace {
 
 using testing::MoeProblem;
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.size_bytes() == b.size_bytes() &&
-         (a.size_bytes() == 0 || std::memcmp(a.raw(), b.raw(), a.size_bytes()) == 0);
-}
+using testing::same_bits;
 
 struct StepResult {
   MoeForwardOutput out;

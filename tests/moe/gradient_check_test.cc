@@ -49,7 +49,7 @@ const std::vector<Param>& params() {
   return list;
 }
 
-std::vector<RouterConfig> routers() {
+std::vector<RouterConfig> checked_routers() {
   return {{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = true},
           {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = false},
           {.kind = RouterKind::sigmoid_grouped,
@@ -77,7 +77,7 @@ std::vector<RouterConfig> routers() {
 }
 
 TEST(GradientCheck, ReferenceBackwardMatchesFiniteDifferences) {
-  for (const RouterConfig& router : routers()) {
+  for (const RouterConfig& router : checked_routers()) {
     MoeProblem p = testing::make_problem(5, 6, 5, router, 31);
     const testing::ReferenceResult base = testing::reference_moe(p);
     for (const Param& param : params()) {
@@ -110,7 +110,7 @@ TEST(GradientCheck, ReferenceBackwardMatchesFiniteDifferences) {
 }
 
 TEST(GradientCheck, FloatLayerMatchesFiniteDifferencesOfItsOwnLoss) {
-  for (const RouterConfig& router : routers()) {
+  for (const RouterConfig& router : checked_routers()) {
     MoeProblem p = testing::make_problem(5, 6, 5, router, 32);
     auto layer_loss = [&p](MoeGradients* grads, std::vector<std::int32_t>* ids) {
       MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});

@@ -57,7 +57,7 @@ std::string step_error(MoeLayer& layer, const MoeProblem& p, TensorView extra_d_
   return "";
 }
 
-std::vector<RouterConfig> routers() {
+std::vector<RouterConfig> some_routers() {
   return {{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2},
           {.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2, .norm_topk_prob = false},
           {.kind = RouterKind::sigmoid_grouped,
@@ -82,7 +82,7 @@ TEST(NonFiniteInputs, RefusedWithTensorNameAndFirstBadIndex) {
       {"bias", [](MoeProblem& p) -> Tensor& { return p.bias; }},
       {"dy", [](MoeProblem& p) -> Tensor& { return p.dy; }},
   };
-  for (const RouterConfig& router : routers()) {
+  for (const RouterConfig& router : some_routers()) {
     MoeProblem p = testing::make_problem(6, 8, 8, router, 41);
     MoeLayer layer(layer_config(p));
     ASSERT_EQ(step_error(layer, p), "") << "the clean problem must pass";
@@ -107,14 +107,14 @@ TEST(NonFiniteInputs, RefusedWithTensorNameAndFirstBadIndex) {
 }
 
 TEST(NonFiniteInputs, UnlabelledLayerSaysMoeLayer) {
-  MoeProblem p = testing::make_problem(3, 8, 8, routers()[0], 42);
+  MoeProblem p = testing::make_problem(3, 8, 8, some_routers()[0], 42);
   p.x.data<float>()[8 * 2 + 7] = kBadValues[1];
   MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
   EXPECT_EQ(step_error(layer, p), "moe layer: x[2, 7] = inf: inputs must be finite");
 }
 
 TEST(NonFiniteInputs, RefusalLeavesTheLayerUsable) {
-  MoeProblem p = testing::make_problem(6, 8, 8, routers()[0], 43);
+  MoeProblem p = testing::make_problem(6, 8, 8, some_routers()[0], 43);
   MoeLayer layer(layer_config(p)), fresh(layer_config(p));
   const float saved = p.wo.data<float>()[5];
   p.wo.data<float>()[5] = kBadValues[0];
@@ -143,7 +143,7 @@ TEST(NonFiniteInputs, RefusalLeavesTheLayerUsable) {
 // are those of a forward that found them finite (the version's contract:
 // same version, same values).
 TEST(NonFiniteInputs, ExpertWeightsRecheckedOnANewVersion) {
-  MoeProblem p = testing::make_problem(6, 8, 8, routers()[0], 47);
+  MoeProblem p = testing::make_problem(6, 8, 8, some_routers()[0], 47);
   MoeLayer layer(layer_config(p));
   auto forward_error = [&](std::optional<std::uint64_t> version) -> std::string {
     try {
@@ -162,7 +162,7 @@ TEST(NonFiniteInputs, ExpertWeightsRecheckedOnANewVersion) {
 }
 
 TEST(NonFiniteInsideStep, RouterLogitOverflowNamesForwardRoute) {
-  MoeProblem p = testing::make_problem(6, 8, 8, routers()[0], 44);
+  MoeProblem p = testing::make_problem(6, 8, 8, some_routers()[0], 44);
   // Token 2's logit for expert 0: 8 terms of 3e38 * 1 overflow to inf (the
   // other tokens' logits stay O(1)).
   for (std::int64_t h = 0; h < 8; ++h) {
@@ -174,7 +174,7 @@ TEST(NonFiniteInsideStep, RouterLogitOverflowNamesForwardRoute) {
 }
 
 TEST(NonFiniteInsideStep, ExpertOverflowNamesForwardExpertsRowAndExpert) {
-  MoeProblem p = testing::make_problem(6, 8, 8, routers()[0], 45);
+  MoeProblem p = testing::make_problem(6, 8, 8, some_routers()[0], 45);
   // Token 4 at 1e20: its logits and routing stay finite, but silu(x wi0) *
   // (x wi1) ~ 1e40 overflows in the experts.
   for (std::int64_t h = 0; h < 8; ++h) p.x.data<float>()[4 * 8 + h] *= 1e20f;
@@ -193,7 +193,7 @@ TEST(NonFiniteInsideStep, ExpertOverflowNamesForwardExpertsRowAndExpert) {
 }
 
 TEST(NonFiniteInsideStep, GradientOverflowNamesABackwardPhase) {
-  MoeProblem p = testing::make_problem(6, 8, 8, routers()[0], 46);
+  MoeProblem p = testing::make_problem(6, 8, 8, some_routers()[0], 46);
   MoeLayer layer(layer_config(p));
   // dy at the largest float: the forward is untouched, the backward's
   // products with wo overflow.

@@ -336,4 +336,14 @@ double reference_loss(const MoeProblem& problem) {
   return loss;
 }
 
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.size_bytes() == b.size_bytes() &&
+         (a.size_bytes() == 0 || std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.size_bytes())) == 0);
+}
+
+std::vector<double> as_double(const Tensor& t) {
+  const auto values = t.span<float>();
+  return {values.begin(), values.end()};
+}
+
 }  // namespace epmoe::testing

@@ -71,6 +71,12 @@ ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem, const std
 // max|got - ref| / max|ref| (0 when both are all zero).
 double relative_error(const Tensor& got, const std::vector<double>& ref);
 
+// The same shape and the same bytes: two runs that must agree bit for bit.
+bool same_bits(const Tensor& a, const Tensor& b);
+
+// An f32 tensor's values in double, to compare with a reference.
+std::vector<double> as_double(const Tensor& t);
+
 // Loss sum(dy * y) in double for the given problem (used by finite differences).
 double reference_loss(const MoeProblem& problem);
 

@@ -13,9 +13,7 @@
 namespace epmoe {
 namespace {
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::equal(a.span<float>().begin(), a.span<float>().end(), b.span<float>().begin());
-}
+using testing::same_bits;
 
 struct Fixture {
   testing::MoeProblem p = testing::make_problem(

@@ -9,8 +9,8 @@ namespace {
 
 constexpr int kPingTag = 1;
 constexpr int kAnswerTag = 2;
-constexpr auto kFirstSleep = std::chrono::microseconds(50);
-constexpr auto kMaxSleep = std::chrono::microseconds(2000);
+constexpr auto kLivenessFirstSleep = std::chrono::microseconds(50);
+constexpr auto kLivenessMaxSleep = std::chrono::microseconds(2000);
 
 void cancel_and_complete(MPI_Request& request) {
   if (request == MPI_REQUEST_NULL) return;
@@ -34,7 +34,7 @@ void LivenessProbe::serve() {
   MPI_Irecv(&ping, 1, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
   std::deque<std::int64_t> answers;  // stable addresses, kept until their sends complete
   std::vector<MPI_Request> answer_requests;
-  auto sleep = kFirstSleep;
+  auto sleep = kLivenessFirstSleep;
   while (!stopping_.load(std::memory_order_acquire)) {
     int flag = 0;
     MPI_Status status;
@@ -44,7 +44,7 @@ void LivenessProbe::serve() {
       answer_requests.push_back(MPI_REQUEST_NULL);
       MPI_Isend(&answers.back(), 1, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, control_, &answer_requests.back());
       MPI_Irecv(&ping, 1, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
-      sleep = kFirstSleep;
+      sleep = kLivenessFirstSleep;
       continue;
     }
     if (!answer_requests.empty()) {  // 8-byte sends complete at once (eager); reclaim them
@@ -56,7 +56,7 @@ void LivenessProbe::serve() {
       }
     }
     std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, kMaxSleep);
+    sleep = std::min(sleep * 2, kLivenessMaxSleep);
   }
   cancel_and_complete(recv);
   for (MPI_Request& request : answer_requests) {
@@ -79,7 +79,7 @@ std::vector<int> LivenessProbe::unresponsive(std::chrono::milliseconds window) {
     MPI_Isend(&ping_buffers_.emplace_back(sequence), 1, MPI_INT64_T, r, kPingTag, control_, &pings[r]);
   }
   const auto give_up = std::chrono::steady_clock::now() + window;
-  auto sleep = kFirstSleep;
+  auto sleep = kLivenessFirstSleep;
   while (std::chrono::steady_clock::now() < give_up) {
     bool all = true;
     for (int r = 0; r < size_; ++r) {
@@ -95,7 +95,7 @@ std::vector<int> LivenessProbe::unresponsive(std::chrono::milliseconds window) {
     }
     if (all) break;
     std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, kMaxSleep);
+    sleep = std::min(sleep * 2, kLivenessMaxSleep);
   }
   std::vector<int> late;
   for (int r = 0; r < size_; ++r) {
