@@ -24,6 +24,7 @@ packages=(
   libcli11-dev                     # command line
   libgtest-dev                     # tests
   libbenchmark-dev                 # micro-benchmarks
+  ccache                           # the Python package's build reuses the Release build's objects (scripts/test_python.sh)
   clang-format                     # the formatting check of the test command (scripts/check_format.sh)
   libopenblas-dev libopenblas0-openmp  # opt-in f32 GEMM backend EPMOE_F32_GEMM=openblas (and its tests)
 )

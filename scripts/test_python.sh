@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python package's tests: `pip install .` into a virtual environment
 # (build-python/venv; scikit-build-core and nanobind come from PyPI, the CMake
-# build lives in build-python/<wheel tag>/ and reuses ccache), then pytest
-# python/tests. Needs ./build/epmoe (the tests compare with the tool).
+# build lives in build-python/<wheel tag>/ and reuses ./build's objects
+# through ccache), then pytest python/tests. Needs ./build/epmoe (the tests
+# compare with the tool).
 # torch is Debian's python3-torch, seen by the venv through
 # --system-site-packages: a CPU build of ~300 MB, where PyPI's default wheel
 # brings ~4 GB of CUDA libraries (PyTorch's CPU-only index is not reachable
@@ -29,7 +30,13 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # numpy < 2: Debian's torch 1.13 is built against the numpy 1 ABI.
 "$venv/bin/pip" install -q pytest matplotlib "numpy<2"
-"$venv/bin/pip" install -q .
+# The module's layer libraries are the Release build's objects, found in
+# ccache (CMakeLists.txt): a cache hit needs the same compiler command, so
+# the same compiler and generator as ./build (CMake's Makefiles; pip would
+# pick Ninja, whose object paths differ).
+CXX=$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' build/CMakeCache.txt) \
+  CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+  "$venv/bin/pip" install -q .
 # epmoe.plan() is compared with `epmoe plan --json`, and the layer with `epmoe layer`.
 export PATH="$PWD/build:$PATH"
 export EPMOE_BINARY="$PWD/build/epmoe"
