@@ -12,8 +12,8 @@
 #                the mpirun tests included.
 # Usage: scripts/test_sanitizers.sh [jobs]      (default: 2)
 # It prints a "took" line per sanitizer. Measured 2026-12-02 (AMD EPYC,
-# 2 cores, cold build directories): TSan part ~145 s, ASan part ~330 s
-# (build 180 s, tests 148 s).
+# 2 cores, cold build directories, a fresh clone's test command): TSan part
+# 170 s, ASan part 413 s (docs/BENCHMARKS.md, "The test command's own time").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${1:-2}
@@ -70,7 +70,7 @@ cmake --build build-tsan -j "$jobs" --target transport_threads_test transport_pr
 #    the cost, not a hang. The 2-thread regions of the other moe tests are
 #    small enough to finish. ASan and Release run it.
 # Measured 2026-12-02 (AMD EPYC, 2 cores): cold TSan build (unity batches,
-# -Og) 65 s, then the 217 TSan tests 80 s.
+# -Og) 65 s, then the 345 TSan tests 80-91 s.
 tsan_exclude='^moe_test\.(GradientCheck|Bf16Compute)\.|^ep_test\.ShapeSweep\.'
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan_suppressions.txt" \
   ctest --test-dir build-tsan --no-tests=error --output-on-failure -j "$jobs" -E "$tsan_exclude"

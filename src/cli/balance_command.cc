@@ -37,6 +37,7 @@
 #include "cli/memory_budget.h"
 #include "cli/metrics_loads.h"
 #include "core/error.h"
+#include "core/file_error.h"
 #include "core/tensor.h"
 #include "data/atomic_file.h"
 #include "data/npy.h"
@@ -149,7 +150,7 @@ void check_generate_target(const std::filesystem::path& file) {
   }
   const std::filesystem::path probe = dir / (".epmoe-probe-" + std::to_string(::getpid()));
   if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw FileError(file.string() + ": cannot create files in " + dir.string() + ": " + std::strerror(errno));
+    throw_file_error(file, "cannot create files in " + dir.string() + ": " + errno_text());
   }
   ::rmdir(probe.c_str());
 }

@@ -121,7 +121,7 @@ bool is_metrics_file(const std::filesystem::path& file) {
 MetricsLoads read_metrics_loads(const std::filesystem::path& file, std::optional<int> layer) {
   check_regular_file(file);
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw_file_error(file, std::string("cannot open: ") + std::strerror(errno));
+  if (!in) throw_file_error(file, "cannot open: " + errno_text());
 
   MetricsLoads loads;
   std::map<std::int64_t, std::vector<std::int64_t>> rows;  // step -> the kept layers' counts, [layers * E]
@@ -185,7 +185,7 @@ MetricsLoads read_metrics_loads(const std::filesystem::path& file, std::optional
     }
     if (!rows.insert_or_assign(step->get<std::int64_t>(), std::move(kept)).second) ++loads.superseded_lines;
   }
-  if (in.bad()) throw_file_error(file, std::string("read failed: ") + std::strerror(errno));
+  if (in.bad()) throw_file_error(file, "read failed: " + errno_text());
   if (rows.empty()) {
     throw_file_error(file, line_number == 0
                                ? "empty (no lines); a metrics file has one JSON line per training step"

@@ -76,15 +76,15 @@ void write_file_atomically(const std::filesystem::path& path, const std::vector<
   TemporaryFile temporary(temporary_path_beside(path));
   if (!temporary.is_open()) {
     const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
-    throw FileError(path.string() + ": cannot create a file in '" + directory.string() + "': " + errno_text());
+    throw_file_error(path, "cannot create a file in '" + directory.string() + "': " + errno_text());
   }
   for (std::string_view piece : pieces) {
     if (!temporary.write_all(piece)) {
-      throw FileError(path.string() + ": write failed: " + errno_text());
+      throw_file_error(path, "write failed: " + errno_text());
     }
   }
   if (!temporary.commit(path)) {
-    throw FileError(path.string() + ": write failed: " + errno_text());
+    throw_file_error(path, "write failed: " + errno_text());
   }
 }
 
