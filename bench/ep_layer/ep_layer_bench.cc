@@ -65,10 +65,10 @@ namespace {
 
 struct Variant {
   std::string name;
-  ep::DispatchKind dispatch;
+  DispatchKind dispatch;
   bool dedup = false;
   int chunks = 1;
-  ep::TokenFormat tokens = ep::TokenFormat::f32;
+  TokenFormat tokens = TokenFormat::f32;
 };
 
 struct Result {
@@ -98,9 +98,9 @@ std::string trace_file(const BenchArgs& args) {
 // The bench's first configuration, for trace_file= on the wall clock.
 struct TracedConfig {
   std::string name;
-  ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
+  DispatchKind dispatch = DispatchKind::alltoall;
   std::int64_t tokens = 0;                   // per rank
-  ep::RematPolicy remat = {};                // remat_policy=minimal
+  RematPolicy remat = {};                    // remat_policy=minimal
   const std::vector<float>* bias = nullptr;  // sigmoid_grouped routing with this selection bias
 };
 
@@ -126,7 +126,7 @@ void trace_first_configuration(const BenchArgs& args, const LayerShape& shape,
     Tensor bias(DType::f32, {shape.num_experts});
     if (config.bias)
       for (int e = 0; e < shape.num_experts; ++e) bias.data<float>()[e] = (*config.bias)[static_cast<std::size_t>(e)];
-    ep::EpConfig ep_config{
+    EpConfig ep_config{
         .num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden, .tag_base = 1 << 20};
     MoeLayer layer({.hidden = shape.hidden,
                     .ffn = shape.ffn,
@@ -155,9 +155,9 @@ int run_remat_bench(const BenchArgs& args) {
       base.top_k, threads.links.enabled ? threads.links.bandwidth_gb_per_s : 0.0, repetitions);
   trace_first_configuration(args, base, threads,
                             {.name = std::string(ring ? "ring" : "alltoall") + " remat_policy=minimal",
-                             .dispatch = ring ? ep::DispatchKind::ring : ep::DispatchKind::alltoall,
+                             .dispatch = ring ? DispatchKind::ring : DispatchKind::alltoall,
                              .tokens = base.tokens,
-                             .remat = ep::RematPolicy::preset("remat_policy", "minimal")});
+                             .remat = RematPolicy::preset("remat_policy", "minimal")});
   std::printf("%-8s %-14s %16s %14s %16s %18s\n", "N_l", "policy", "saved peak MB", "backward ms", "backward MB sent",
               "recomputed MB");
   for (const std::int64_t tokens : {base.tokens, 4 * base.tokens}) {
@@ -172,15 +172,14 @@ int run_remat_bench(const BenchArgs& args) {
         Tensor wi0 = random_tensor({el, base.hidden, base.ffn}, rng, 1.0 / std::sqrt(double(base.hidden)));
         Tensor wi1 = random_tensor({el, base.hidden, base.ffn}, rng, 1.0 / std::sqrt(double(base.hidden)));
         Tensor wo = random_tensor({el, base.ffn, base.hidden}, rng, 1.0 / std::sqrt(double(base.ffn)));
-        ep::EpConfig config{
+        EpConfig config{
             .num_experts = base.num_experts, .top_k = base.top_k, .hidden = base.hidden, .tag_base = 1 << 20};
         MemoryLedger ledger;
         MoeLayer layer({.hidden = base.hidden,
                         .ffn = base.ffn,
                         .router = {.num_experts = base.num_experts, .top_k = base.top_k},
-                        .remat = ep::RematPolicy::preset("remat_policy", policy)},
-                       ep::make_dispatcher(ring ? ep::DispatchKind::ring : ep::DispatchKind::alltoall, comm, config),
-                       &ledger);
+                        .remat = RematPolicy::preset("remat_policy", policy)},
+                       ep::make_dispatcher(ring ? DispatchKind::ring : DispatchKind::alltoall, comm, config), &ledger);
         const MoeWeights weights{gate, wi0, wi1, wo, {}};
         std::vector<double> seconds;
         for (int i = 0; i <= repetitions; ++i) {  // i = 0 warms up
@@ -238,11 +237,9 @@ int run_replicas_bench(const BenchArgs& args) {
                                                                     .zipf_exponent = zipf,
                                                                     .placement = balance::HotExpertPlacement::spread,
                                                                     .scale = skew_scale});
-    trace_first_configuration(args, shape, threads,
-                              {.name = "spread alltoall B=0",
-                               .dispatch = ep::DispatchKind::alltoall,
-                               .tokens = shape.tokens,
-                               .bias = &spread});
+    trace_first_configuration(
+        args, shape, threads,
+        {.name = "spread alltoall B=0", .dispatch = DispatchKind::alltoall, .tokens = shape.tokens, .bias = &spread});
   }
   std::printf("%-8s %-9s %3s %10s %8s %9s %9s %9s %14s %14s %9s\n", "hot", "dispatch", "B", "median ms", "speedup",
               "max/mean", "after", "replicas", "weights MB/st", "grads MB/step", "plan us");
@@ -252,7 +249,7 @@ int run_replicas_bench(const BenchArgs& args) {
                                                                          .zipf_exponent = zipf,
                                                                          .placement = placement,
                                                                          .scale = skew_scale});
-    for (const auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    for (const auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
       double off_median = 0;
       std::vector<float> y_off;
       for (const int slots : slot_counts) {
@@ -272,9 +269,9 @@ int run_replicas_bench(const BenchArgs& args) {
           Tensor wi0 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
           Tensor wi1 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
           Tensor wo = random_tensor({el, shape.ffn, shape.hidden}, rng, 1.0 / std::sqrt(double(shape.ffn)));
-          ep::EpConfig config{
+          EpConfig config{
               .num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden, .tag_base = 1 << 20};
-          config.balance = slots > 0 ? ep::BalanceMode::dynamic : ep::BalanceMode::off;
+          config.balance = slots > 0 ? BalanceMode::dynamic : BalanceMode::off;
           config.redundant_slots = slots;
           config.rebalance_threshold = args.number("rebalance_threshold", 1.05);
           MoeLayer layer(
@@ -336,10 +333,9 @@ int run_replicas_bench(const BenchArgs& args) {
           before = after = total > 0 ? double(max_load) * loads.size() / double(total) : 1.0;
         }
         std::printf("%-8s %-9s %3d %10.2f %7.2fx %9.3f %9.3f %9d %14.2f %14.2f %9.1f\n",
-                    placement == balance::HotExpertPlacement::packed ? "packed" : "spread",
-                    ep::to_string(dispatch).c_str(), slots, result_timing.median_s * 1e3,
-                    off_median / result_timing.median_s, before, after, replica_stats[0].num_replicas,
-                    weight_bytes / 1e6, gradient_bytes / 1e6, planner_us);
+                    placement == balance::HotExpertPlacement::packed ? "packed" : "spread", to_string(dispatch).c_str(),
+                    slots, result_timing.median_s * 1e3, off_median / result_timing.median_s, before, after,
+                    replica_stats[0].num_replicas, weight_bytes / 1e6, gradient_bytes / 1e6, planner_us);
       }
     }
   }
@@ -364,13 +360,13 @@ int run_ep_layer_bench(int argc, char** argv) {
   timing.min_seconds = args.number("min_seconds", 1.0);
 
   const std::vector<Variant> variants = {
-      {"alltoall", ep::DispatchKind::alltoall},
-      {"alltoall dedup", ep::DispatchKind::alltoall, true},
-      {"ring", ep::DispatchKind::ring},
-      {"ring chunks=4", ep::DispatchKind::ring, false, 4},
-      {"ring fp8=tensor", ep::DispatchKind::ring, false, 1, ep::TokenFormat::fp8_tensor},
-      {"ring chunks=4 fp8", ep::DispatchKind::ring, false, 4, ep::TokenFormat::fp8_tensor},
-      {"alltoall dedup fp8", ep::DispatchKind::alltoall, true, 1, ep::TokenFormat::fp8_token},
+      {"alltoall", DispatchKind::alltoall},
+      {"alltoall dedup", DispatchKind::alltoall, true},
+      {"ring", DispatchKind::ring},
+      {"ring chunks=4", DispatchKind::ring, false, 4},
+      {"ring fp8=tensor", DispatchKind::ring, false, 1, TokenFormat::fp8_tensor},
+      {"ring chunks=4 fp8", DispatchKind::ring, false, 4, TokenFormat::fp8_tensor},
+      {"alltoall dedup fp8", DispatchKind::alltoall, true, 1, TokenFormat::fp8_token},
   };
   std::printf("EP layer fwd+bwd: R=%d ranks as threads, N_l=%lld H=%lld F=%lld E=%d K=%d; links %s\n", num_ranks,
               (long long)tokens, (long long)hidden, (long long)ffn, num_experts, top_k,
@@ -393,13 +389,13 @@ int run_ep_layer_bench(int argc, char** argv) {
       Tensor wi0 = random_tensor({el, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
       Tensor wi1 = random_tensor({el, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
       Tensor wo = random_tensor({el, ffn, hidden}, rng, 1.0 / std::sqrt(double(ffn)));
-      ep::EpConfig config{.num_experts = num_experts,
-                          .top_k = top_k,
-                          .hidden = hidden,
-                          .num_chunks = v.chunks,
-                          .dedup = v.dedup,
-                          .token_format = v.tokens,
-                          .tag_base = 1 << 20};
+      EpConfig config{.num_experts = num_experts,
+                      .top_k = top_k,
+                      .hidden = hidden,
+                      .num_chunks = v.chunks,
+                      .dedup = v.dedup,
+                      .token_format = v.tokens,
+                      .tag_base = 1 << 20};
       MoeLayer layer({.hidden = hidden, .ffn = ffn, .router = {.num_experts = num_experts, .top_k = top_k}},
                      ep::make_dispatcher(v.dispatch, comm, config));
       const MoeWeights weights{gate, wi0, wi1, wo, {}};
@@ -420,7 +416,7 @@ int run_ep_layer_bench(int argc, char** argv) {
   if (args.verify()) {
     const std::vector<float>& reference = results["alltoall"].y_sample;
     for (const Variant& v : variants) {
-      if (v.tokens != ep::TokenFormat::f32) continue;
+      if (v.tokens != TokenFormat::f32) continue;
       double max_diff = 0, max_ref = 0;
       for (std::size_t i = 0; i < reference.size(); ++i) {
         max_diff = std::max(max_diff, double(std::abs(results[v.name].y_sample[i] - reference[i])));
@@ -441,12 +437,12 @@ int run_ep_layer_bench(int argc, char** argv) {
   const double base = results["ring"].timing.median_s;
   for (const Variant& v : variants) {
     const Result& r = results[v.name];
-    const bool ring = v.dispatch == ep::DispatchKind::ring;
+    const bool ring = v.dispatch == DispatchKind::ring;
     const std::string key = ring ? "forward/ring_all_gather tokens" : "forward/all_to_all_v tokens";
     const double sent = double(r.bytes_sent.count(key) ? r.bytes_sent.at(key) : 0);
     double analytic = ring ? analytic_ring : (v.dedup ? analytic_dedup : analytic_alltoall);
-    if (v.tokens == ep::TokenFormat::fp8_tensor) analytic /= 4;
-    if (v.tokens == ep::TokenFormat::fp8_token) analytic *= (hidden + 4.0) / (4.0 * hidden);
+    if (v.tokens == TokenFormat::fp8_tensor) analytic /= 4;
+    if (v.tokens == TokenFormat::fp8_token) analytic *= (hidden + 4.0) / (4.0 * hidden);
     std::printf("%-20s %10.2f %7.0f%% %11.2f MB %11.2f MB %9.3f   (x%.2f vs ring)\n", v.name.c_str(),
                 r.timing.median_s * 1e3, 100 * (r.timing.max_s - r.timing.min_s) / r.timing.median_s, sent / 1e6,
                 analytic / 1e6, sent / analytic, base / r.timing.median_s);

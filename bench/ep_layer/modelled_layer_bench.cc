@@ -61,10 +61,7 @@ void write_layer_trace(const TraceRecorder& trace, const std::string& path,
 
 namespace {
 
-using ep::CotangentAllGather;
-using ep::DispatchKind;
 using ep::EpOp;
-using ep::TokenFormat;
 
 constexpr std::uint32_t kTagBase = 1 << 20;
 
@@ -74,9 +71,9 @@ struct Case {
   int chunks = 1;
   TokenFormat tokens = TokenFormat::f32;
   CotangentAllGather cotangent = CotangentAllGather::ring;
-  ep::RematPolicy remat = {};  // save everything (remat_policy=minimal)
-  int slots = 0;               // balance=dynamic redundant_slots
-  bool skewed = false;         // packed Zipf routing
+  RematPolicy remat = {};  // save everything (remat_policy=minimal)
+  int slots = 0;           // balance=dynamic redundant_slots
+  bool skewed = false;     // packed Zipf routing
 };
 
 struct RankOutcome {
@@ -224,15 +221,15 @@ class Runner {
       Tensor wo = random_tensor({el, s.ffn, s.hidden}, rng, 1.0 / std::sqrt(double(s.ffn)));
       Tensor bias(DType::f32, {s.num_experts});
       for (int e = 0; e < s.num_experts; ++e) bias.data<float>()[e] = bias_[static_cast<std::size_t>(e)];
-      ep::EpConfig config{.num_experts = s.num_experts,
-                          .top_k = s.top_k,
-                          .hidden = s.hidden,
-                          .num_chunks = c.chunks,
-                          .dedup = c.dedup,
-                          .token_format = c.tokens,
-                          .cotangent_all_gather = c.cotangent,
-                          .tag_base = kTagBase};
-      config.balance = c.slots > 0 ? ep::BalanceMode::dynamic : ep::BalanceMode::off;
+      EpConfig config{.num_experts = s.num_experts,
+                      .top_k = s.top_k,
+                      .hidden = s.hidden,
+                      .num_chunks = c.chunks,
+                      .dedup = c.dedup,
+                      .token_format = c.tokens,
+                      .cotangent_all_gather = c.cotangent,
+                      .tag_base = kTagBase};
+      config.balance = c.slots > 0 ? BalanceMode::dynamic : BalanceMode::off;
       config.redundant_slots = c.slots;
       config.rebalance_threshold = args_.number("rebalance_threshold", 1.05);
       MemoryLedger ledger;
@@ -269,8 +266,8 @@ class Runner {
 
  private:
   static std::string describe(const Case& c) {
-    return ep::to_string(c.dispatch) + (c.dedup ? " dedup" : "") + " chunks=" + std::to_string(c.chunks) + " " +
-           ep::to_string(c.tokens) + (c.cotangent == CotangentAllGather::plain ? " plain" : " ring") + " " +
+    return to_string(c.dispatch) + (c.dedup ? " dedup" : "") + " chunks=" + std::to_string(c.chunks) + " " +
+           to_string(c.tokens) + (c.cotangent == CotangentAllGather::plain ? " plain" : " ring") + " " +
            c.remat.describe() + " slots=" + std::to_string(c.slots) + (c.skewed ? " skewed" : "");
   }
 
@@ -301,7 +298,7 @@ void verify_same(const BenchArgs& args, const std::string& what, const Outcome& 
 double us(Picoseconds t) { return to_us(t); }
 double mb(double bytes) { return bytes / 1e6; }
 
-ep::RematPolicy remat(bool x_sorted, bool mlpwi_0, bool mlpwi_1, bool mlpwo) {
+RematPolicy remat(bool x_sorted, bool mlpwi_0, bool mlpwi_1, bool mlpwo) {
   return {.save_x_sorted = x_sorted, .save_mlpwi_0 = mlpwi_0, .save_mlpwi_1 = mlpwi_1, .save_mlpwo = mlpwo};
 }
 
@@ -322,7 +319,7 @@ void cotangent_table(const BenchArgs& args, const Runner& runner) {
     for (int i = 0; i < 2; ++i) {
       Case c{.chunks = row.chunks,
              .cotangent = i == 0 ? CotangentAllGather::plain : CotangentAllGather::ring,
-             .remat = ep::RematPolicy::preset("remat_policy", row.policy)};
+             .remat = RematPolicy::preset("remat_policy", row.policy)};
       outcomes[i] = runner.run(c);
     }
     verify_same(args, "cotangent_all_gather=ring", outcomes[0], outcomes[1]);
@@ -375,8 +372,8 @@ void chunks_table(const BenchArgs& args, const Runner& runner) {
       const double pf = tf - lf - xf + std::max(lf, xf) + std::min(lf, xf) / n;
       const double pb = tb - lb - xb + std::max(lb, xb) + std::min(lb, xb) / n;
       std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-                  ep::to_string(dispatch).c_str(), n, us(o.forward()), pf * 1e6, us(o.backward()), pb * 1e6,
-                  us(o.step()), (pf + pb) * 1e6, (tf + tb) / to_seconds(o.step()), lf * 1e6, xf * 1e6);
+                  to_string(dispatch).c_str(), n, us(o.forward()), pf * 1e6, us(o.backward()), pb * 1e6, us(o.step()),
+                  (pf + pb) * 1e6, (tf + tb) / to_seconds(o.step()), lf * 1e6, xf * 1e6);
     }
   }
 }
@@ -390,7 +387,7 @@ void remat_table(const BenchArgs& args, const Runner& runner) {
       "backward MB sent | recomputed MB |\n|---|---|---|---|---|---|---|---|\n");
   struct Policy {
     const char* name;
-    ep::RematPolicy policy;
+    RematPolicy policy;
   };
   const std::vector<Policy> policies = {
       {"x_sorted=save (minimal)", remat(true, true, true, true)},
@@ -406,7 +403,7 @@ void remat_table(const BenchArgs& args, const Runner& runner) {
         base = o;
       else
         verify_same(args, policies[i].name, base, o);
-      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", ep::to_string(dispatch).c_str(),
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", to_string(dispatch).c_str(),
                   policies[i].name, mb(double(o.max_saved_bytes())),
                   double(o.max_saved_bytes()) / double(base.max_saved_bytes()), us(o.backward()),
                   double(o.backward()) / double(base.backward()), mb(o.mean_bytes("backward")),
@@ -473,7 +470,7 @@ void replicas_table(const BenchArgs& args, const Runner& runner, const LayerShap
         base = o;
       else
         verify_same(args, "redundant_slots=" + std::to_string(b), base, o);
-      std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %d | %.2f |\n", ep::to_string(dispatch).c_str(), b,
+      std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %d | %.2f |\n", to_string(dispatch).c_str(), b,
                   us(o.step()), double(base.step()) / double(o.step()), us(o.max_compute()), o.mean_compute() * 1e-6,
                   max_over_mean(o.rank_rows()), o.ranks[0].replicas.num_replicas,
                   mb(o.total_bytes("forward/replica weights") + o.total_bytes("backward/replica gradients")));
@@ -508,8 +505,8 @@ void fp8_table(const BenchArgs& args, const Runner& runner) {
         base_bytes = bytes;
       }
       std::printf("| %s | %s | %.3f | %.3f | %.2f | %.2f | %.2f |\n", row.name,
-                  format == TokenFormat::f32 ? "off (f32)" : ep::to_string(format).c_str(), mb(bytes),
-                  bytes / base_bytes, us(o.forward()), us(o.step()), double(base.step()) / double(o.step()));
+                  format == TokenFormat::f32 ? "off (f32)" : to_string(format).c_str(), mb(bytes), bytes / base_bytes,
+                  us(o.forward()), us(o.step()), double(base.step()) / double(o.step()));
     }
   }
 }

@@ -22,8 +22,8 @@ std::string to_string(TransportKind kind);
 struct ExpertParallelSettings {
   int num_ranks = 1;
   TransportKind transport = TransportKind::threads;
-  ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
-  ep::EpConfig ep;                                   // validated for num_ranks
+  DispatchKind dispatch = DispatchKind::alltoall;
+  EpConfig ep;                                       // validated for num_ranks
   std::string cotangent_all_gather = "ring";         // as given, for the metrics echo
   transport::threads::EmulatedLinkOptions links;     // threads only; enabled = emulate
   transport::threads::ModelledTimeOptions modelled;  // clock=modelled (cli/modelled_time_settings.h)

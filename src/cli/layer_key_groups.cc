@@ -135,10 +135,10 @@ KeyGroup expert_parallel_keys() {
            .choices = {"threads", "mpi"}},
           {.name = "dispatch",
            .type = KeyType::choice,
-           .default_value = ep::to_string(ep::DispatchKind::alltoall),
+           .default_value = to_string(DispatchKind::alltoall),
            .help = "alltoall: ragged all-to-all of (token, expert) rows; ring: all-gather tokens, "
                    "reduce-scatter outputs (ring of experts; wins when R < top_k)",
-           .choices = {ep::to_string(ep::DispatchKind::alltoall), ep::to_string(ep::DispatchKind::ring)}},
+           .choices = {to_string(DispatchKind::alltoall), to_string(DispatchKind::ring)}},
           {.name = "dedup",
            .type = KeyType::boolean,
            .default_value = "false",
@@ -220,12 +220,12 @@ KeyGroup expert_parallel_keys() {
            .min_value = 1},
           {.name = "replica_choice",
            .type = KeyType::choice,
-           .default_value = ep::to_string(ep::ReplicaChoice::dedup),
+           .default_value = to_string(ReplicaChoice::dedup),
            .help = "balance on, dispatch=alltoall dedup=true: which copy of a replicated expert a (token, expert) "
                    "pair goes to; dedup = prefer a copy on a rank that already receives the token (fewer rows, "
                    "same rows per copy), position = by position among the source's pairs; both within the "
                    "locality-first per-(source, copy) sub-quotas (balance/replica_plan.h)",
-           .choices = {ep::to_string(ep::ReplicaChoice::dedup), ep::to_string(ep::ReplicaChoice::position)}},
+           .choices = {to_string(ReplicaChoice::dedup), to_string(ReplicaChoice::position)}},
           {.name = "comm_timeout_ms",
            .type = KeyType::integer,
            .default_value = "60000",
@@ -268,16 +268,16 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
   router.routed_scaling_factor = static_cast<float>(values.get_float("routed_scaling_factor"));
   router.seed = static_cast<std::uint64_t>(values.get_int("seed"));  // >= 0 by its declaration
   const std::string policy = values.get_string("remat_policy");
-  config.remat = ep::RematPolicy::preset("remat_policy", policy);
+  config.remat = RematPolicy::preset("remat_policy", policy);
   for (const char* key : {"remat.x_sorted", "remat.mlpwi_0", "remat.mlpwi_1", "remat.mlpwo"}) {
     if (policy != "custom" && values.is_set(key))
       throw ConfigError(std::string(key) + " is only read with remat_policy=custom (it is " + policy + ")");
   }
   if (policy == "custom") {
-    config.remat.save_x_sorted = ep::RematPolicy::parse_choice("remat.x_sorted", values.get_string("remat.x_sorted"));
-    config.remat.save_mlpwi_0 = ep::RematPolicy::parse_choice("remat.mlpwi_0", values.get_string("remat.mlpwi_0"));
-    config.remat.save_mlpwi_1 = ep::RematPolicy::parse_choice("remat.mlpwi_1", values.get_string("remat.mlpwi_1"));
-    config.remat.save_mlpwo = ep::RematPolicy::parse_choice("remat.mlpwo", values.get_string("remat.mlpwo"));
+    config.remat.save_x_sorted = RematPolicy::parse_choice("remat.x_sorted", values.get_string("remat.x_sorted"));
+    config.remat.save_mlpwi_0 = RematPolicy::parse_choice("remat.mlpwi_0", values.get_string("remat.mlpwi_0"));
+    config.remat.save_mlpwi_1 = RematPolicy::parse_choice("remat.mlpwi_1", values.get_string("remat.mlpwi_1"));
+    config.remat.save_mlpwo = RematPolicy::parse_choice("remat.mlpwo", values.get_string("remat.mlpwo"));
   }
   config.validate();  // validates the router config too
   return config;
@@ -314,7 +314,7 @@ int rank_count(const ConfigValues& values, TransportKind transport) {
 // A key that only one dispatcher reads, set away from its default with the
 // other one, would be silently ignored: the user believes the run used it.
 void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertParallelSettings& settings) {
-  if (settings.dispatch == ep::DispatchKind::ring) {
+  if (settings.dispatch == DispatchKind::ring) {
     if (settings.ep.capacity_factor > 0) {
       throw ConfigError(values.setting("capacity_factor") +
                         ": applies to dispatch=alltoall only; "
@@ -325,7 +325,7 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertPara
           "dedup=true: applies to dispatch=alltoall only; dispatch=ring already sends each "
           "token once to every rank");
     }
-  } else if (settings.ep.cotangent_all_gather != ep::CotangentAllGather::ring) {
+  } else if (settings.ep.cotangent_all_gather != CotangentAllGather::ring) {
     throw ConfigError(values.setting("cotangent_all_gather") +
                       ": applies to dispatch=ring only (the "
                       "all-to-all backward sends dy rows point to point, it has no cotangent all-gather)");
@@ -333,7 +333,7 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertPara
   // Only the all-to-all with dedup chooses among copies; elsewhere the
   // positional rule holds whatever the key says.
   if (values.is_set("replica_choice") &&
-      !(settings.dispatch == ep::DispatchKind::alltoall && settings.ep.dedup && settings.ep.replicas_enabled())) {
+      !(settings.dispatch == DispatchKind::alltoall && settings.ep.dedup && settings.ep.replicas_enabled())) {
     throw ConfigError(values.setting("replica_choice") +
                       ": applies to dispatch=alltoall dedup=true with replicas "
                       "(balance=dynamic|periodic, redundant_slots > 0) only; elsewhere pairs go to copies by "
@@ -371,7 +371,7 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   settings.num_ranks = rank_count(values, settings.transport);
   const int num_ranks = settings.num_ranks;
   settings.dispatch = ep::parse_dispatch_kind("dispatch", values.get_string("dispatch"));
-  ep::EpConfig& ep = settings.ep;
+  EpConfig& ep = settings.ep;
   ep.num_experts = layer.router.num_experts;
   ep.top_k = layer.router.top_k;
   ep.hidden = layer.hidden;

@@ -39,27 +39,27 @@ nlohmann::json rank_entry(const RankReport& report) {
 // The run's dispatcher configuration as it was resolved (ranks from mpirun,
 // threads split over ranks), beside the raw keys of "config".
 nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
-  const ep::EpConfig& ep = settings.ep;
+  const EpConfig& ep = settings.ep;
   nlohmann::json links = {{"enabled", settings.links.enabled}};
   if (settings.links.enabled) {
     links["bandwidth_gb_per_s"] = settings.links.bandwidth_gb_per_s;
     links["latency_us"] = settings.links.latency_us;
     links["topology"] = transport::threads::link_topology_name(settings.links.topology);
   }
-  return {{"dispatch", ep::to_string(settings.dispatch)},
+  return {{"dispatch", to_string(settings.dispatch)},
           {"dedup", ep.dedup},
           {"capacity_factor", ep.capacity_factor},
           {"token_chunks", ep.num_chunks},
-          {"fp8_tokens", ep::to_string(ep.token_format)},
+          {"fp8_tokens", to_string(ep.token_format)},
           {"backward_gradient_dtype", "f32"},
           {"cotangent_all_gather", settings.cotangent_all_gather},
           {"comm_timeout_ms", ep.timeout.count()},
-          {"balance", ep::to_string(ep.balance)},
+          {"balance", to_string(ep.balance)},
           {"redundant_slots", ep.redundant_slots},
           {"rebalance_threshold", ep.rebalance_threshold},
           {"balance_window", ep.balance_window},
           {"balance_period", ep.balance_period},
-          {"replica_choice", ep::to_string(ep.replica_choice)},
+          {"replica_choice", to_string(ep.replica_choice)},
           {"compute_threads_per_rank", settings.compute_threads_per_rank},
           {"emulated_links", links}};
 }
@@ -67,8 +67,8 @@ nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
 // Dynamic replicas (DESIGN.md 4.8): rank loads (rows) before and after the
 // plan, max/mean both, weight bytes moved each way, planner time.
 nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const LayerRunResult& run) {
-  const ep::EpConfig& ep = settings.ep;
-  nlohmann::json out = {{"mode", ep::to_string(ep.balance)},
+  const EpConfig& ep = settings.ep;
+  nlohmann::json out = {{"mode", to_string(ep.balance)},
                         {"redundant_slots", ep.redundant_slots},
                         {"rebalance_threshold", ep.rebalance_threshold},
                         {"balance_window", ep.balance_window},

@@ -58,7 +58,7 @@ DispatcherFactory dispatcher_factory(const ExpertParallelSettings& settings, tra
     if (settings.single_rank_local()) {
       return std::make_unique<ep::LocalDispatcher>(settings.ep.num_experts, settings.ep.num_chunks);
     }
-    ep::EpConfig config = settings.ep;
+    EpConfig config = settings.ep;
     config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
     return ep::make_dispatcher(settings.dispatch, comm, config);
   };
@@ -166,8 +166,8 @@ void run_train_command(const TrainArguments& arguments) {
       "epmoe train: %lld steps on %d rank(s) (%s, dispatch=%s) in %.1f s, %.1fk tok/s; loss %.4f -> %.4f "
       "(floor: the data's entropy rate %.4f)",
       static_cast<long long>(summary->steps_run), settings.num_ranks, to_string(settings.transport).c_str(),
-      ep::to_string(settings.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3,
-      summary->losses.front(), summary->losses.back(), SyntheticTokens(trainer.data).entropy_rate_nats());
+      to_string(settings.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3, summary->losses.front(),
+      summary->losses.back(), SyntheticTokens(trainer.data).entropy_rate_nats());
   std::printf("; dropped %lld of %lld (token, expert) pairs", static_cast<long long>(summary->dropped_pairs),
               static_cast<long long>(summary->routed_pairs));
   if (summary->dropped_pairs > 0) {

@@ -46,6 +46,16 @@ ReplicaChoice parse_replica_choice(std::string_view key, std::string_view value)
   bad_choice(key, value, "dedup, position");
 }
 
+std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm, const EpConfig& config) {
+  config.validate(comm.size());
+  if (kind == DispatchKind::ring) return std::make_unique<RingDispatcher>(comm, config);
+  return std::make_unique<AllToAllDispatcher>(comm, config);
+}
+
+}  // namespace epmoe::ep
+
+namespace epmoe {
+
 std::string to_string(ReplicaChoice choice) { return choice == ReplicaChoice::dedup ? "dedup" : "position"; }
 
 std::string to_string(BalanceMode mode) {
@@ -102,10 +112,4 @@ void EpConfig::validate(int num_ranks) const {
   if (tag_base % 1024 != 0) throw ConfigError("tag_base must be a multiple of 1024");
 }
 
-std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm, const EpConfig& config) {
-  config.validate(comm.size());
-  if (kind == DispatchKind::ring) return std::make_unique<RingDispatcher>(comm, config);
-  return std::make_unique<AllToAllDispatcher>(comm, config);
-}
-
-}  // namespace epmoe::ep
+}  // namespace epmoe

@@ -15,8 +15,8 @@
 
 #include <span>
 
+#include <epmoe/config.h>
 #include "core/tensor.h"
-#include "ep/token_format.h"
 
 namespace epmoe::ep {
 

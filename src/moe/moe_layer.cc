@@ -261,7 +261,7 @@ MoeForwardOutput MoeLayer::finish_forward() {
                           .ffn = config_.ffn,
                           .compute_dtype = config_.compute_dtype,
                           .fuse_up_projection = config_.fuse_up_projection};
-  const ep::RematPolicy& remat = config_.remat;
+  const RematPolicy& remat = config_.remat;
   const int num_chunks = dispatcher_->num_chunks();
   if (ep::ReplicaExchange* replicas = dispatcher_->replicas()) {
     ScopedPhase phase(times, "replica_weights");

@@ -29,32 +29,17 @@
 #include <string>
 #include <vector>
 
+#include <epmoe/config.h>
+
 #include "core/memory_ledger.h"
 #include "core/tensor.h"
 #include "core/timer.h"
 #include "ep/dispatcher.h"
-#include "ep/remat_policy.h"
 #include "ep/replica_stats.h"
 #include "kernels/compute_dtype.h"
 #include "moe/router.h"
 
 namespace epmoe {
-
-struct MoeLayerConfig {
-  std::int64_t hidden = 0;  // H
-  std::int64_t ffn = 0;     // F
-  RouterConfig router;      // router.num_experts is E
-  ComputeDType compute_dtype = ComputeDType::f32;
-  // Opt-in: one product with [wi0 | wi1] per expert, the SwiGLU on it from
-  // cache (ExpertShape::fuse_up_projection, which says why it is opt-in).
-  bool fuse_up_projection = false;
-  ep::RematPolicy remat = {};  // what backward finds saved (default: everything)
-  // Names the layer in error messages ("moe layer 1: ..."); empty means
-  // "moe layer". A trainer sets it to the layer's index.
-  std::string label = {};  // "= {}" (also on remat): designated initialisers may skip both without -Wextra warnings
-
-  void validate() const;  // ConfigError naming the key
-};
 
 // Views of the layer's parameters, wherever the caller keeps them (an epmoe
 // Tensor converts; so does any f32 C-contiguous memory, e.g. a framework's

@@ -43,32 +43,15 @@
 #include <string>
 #include <string_view>
 
+#include <epmoe/config.h>
+
 #include "core/rng.h"
 #include "core/tensor.h"
 
 namespace epmoe {
 
-enum class RouterKind { softmax_topk, sigmoid_grouped, random };
-
+// RouterKind and RouterConfig: <epmoe/config.h>.
 RouterKind parse_router_kind(std::string_view key, std::string_view value);  // ConfigError
-std::string to_string(RouterKind kind);
-
-struct RouterConfig {
-  RouterKind kind = RouterKind::softmax_topk;
-  int num_experts = 0;
-  int top_k = 2;
-  bool norm_topk_prob = true;
-  int n_groups = 1;                    // every router: expert groups for group-limited routing
-  int topk_groups = 1;                 // groups kept per token
-  float routed_scaling_factor = 1.0f;  // multiplies every routing weight
-  std::uint64_t seed = 0;              // random only
-
-  // Throws ConfigError naming the key and the rule: top_k in [1, E],
-  // n_groups divides E, topk_groups in [1, n_groups], K <= topk_groups * E/n_groups,
-  // at least 2 experts per group when group scores are top-2 sums
-  // (sigmoid_grouped, n_groups > 1), routed_scaling_factor finite and > 0.
-  void validate() const;
-};
 
 struct RouterOutput {
   Tensor logits;        // [N, E] f32, pre-activation scores

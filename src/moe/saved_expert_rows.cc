@@ -9,8 +9,8 @@
 namespace epmoe {
 
 SavedRowForm SavedExpertRows::form_of(const ep::ExpertRows& rows, ComputeDType compute_dtype) {
-  if (rows.transfer.format == ep::TokenFormat::fp8_tensor) return SavedRowForm::fp8_tensor;
-  if (rows.transfer.format == ep::TokenFormat::fp8_token) return SavedRowForm::fp8_token;
+  if (rows.transfer.format == TokenFormat::fp8_tensor) return SavedRowForm::fp8_tensor;
+  if (rows.transfer.format == TokenFormat::fp8_token) return SavedRowForm::fp8_token;
   return compute_dtype == ComputeDType::bf16 ? SavedRowForm::bf16 : SavedRowForm::f32;
 }
 

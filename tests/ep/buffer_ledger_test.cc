@@ -32,21 +32,21 @@ TEST(DispatcherBuffers, AreChargedToTheLedgerOutsideTheSavedGroup) {
   const std::int64_t hidden = 16, ffn = 12;
   const RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 6, .top_k = 2};
   const MoeProblem p = testing::make_problem(30, hidden, ffn, router, 5);
-  for (const ep::DispatchKind dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     for (const int num_ranks : {1, 2, 3}) {
       for (const int slots : {0, 1}) {
         if (slots > 0 && num_ranks == 1) continue;  // replicas need another rank's experts
         EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
         if (num_ranks == 3) options.tokens_by_rank = {0, 18, 12};  // rank 0 holds no tokens
         if (slots > 0) {
-          options.ep.balance = ep::BalanceMode::dynamic;
+          options.ep.balance = BalanceMode::dynamic;
           options.ep.redundant_slots = slots;
         }
         const EpRunResult run = testing::run_ep_layer(p, options);
         const std::string prefix =
-            dispatch == ep::DispatchKind::ring ? "forward/ring_all_gather " : "forward/all_to_all_v ";
+            dispatch == DispatchKind::ring ? "forward/ring_all_gather " : "forward/all_to_all_v ";
         for (int r = 0; r < num_ranks; ++r) {
-          SCOPED_TRACE(ep::to_string(dispatch) + " R=" + std::to_string(num_ranks) + " slots=" + std::to_string(slots) +
+          SCOPED_TRACE(to_string(dispatch) + " R=" + std::to_string(num_ranks) + " slots=" + std::to_string(slots) +
                        " rank " + std::to_string(r));
           const testing::RankMemory& memory = run.memory[r];
           // The buffers hold at least the tokens and routing words this rank

@@ -138,10 +138,10 @@ ViewRun run_on_views(const MoeProblem& p, const CallerArrays& arrays, const Case
     gather(0, 0, out, grads);
     return run;
   }
-  ep::EpConfig config{.num_experts = kExperts, .top_k = kTopK, .hidden = kHidden};
+  EpConfig config{.num_experts = kExperts, .top_k = kTopK, .hidden = kHidden};
   transport::threads::ThreadsOptions threads;
   threads.compute_threads_per_rank = 1;
-  const auto dispatch = c.dispatch == Dispatch::alltoall ? ep::DispatchKind::alltoall : ep::DispatchKind::ring;
+  const auto dispatch = c.dispatch == Dispatch::alltoall ? DispatchKind::alltoall : DispatchKind::ring;
   transport::threads::run_ranks(num_ranks, threads, [&](transport::Communicator& comm) {
     const int r = comm.rank();
     const std::int64_t t0 = kTokens * r / num_ranks, t1 = kTokens * (r + 1) / num_ranks;

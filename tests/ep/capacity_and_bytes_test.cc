@@ -31,7 +31,7 @@ TEST(Capacity, DroppedPairsAreCountedAndContributeExactlyZero) {
   p.bias.data<float>()[1] = 0.5f;
   for (bool dedup : {false, true}) {
     for (int chunks : {1, 2}) {
-      EpRunOptions options{.num_ranks = num_ranks, .dispatch = ep::DispatchKind::alltoall};
+      EpRunOptions options{.num_ranks = num_ranks, .dispatch = DispatchKind::alltoall};
       options.ep.capacity_factor = 1.0;
       options.ep.dedup = dedup;
       options.ep.num_chunks = chunks;
@@ -77,7 +77,7 @@ TEST(Bytes, TokensSentMatchPairsOrDistinctDestinations) {
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
   const MoeProblem p = testing::make_problem(7 * num_ranks, hidden, 6, router, 22);
   for (bool dedup : {false, true}) {
-    EpRunOptions options{.num_ranks = num_ranks, .dispatch = ep::DispatchKind::alltoall};
+    EpRunOptions options{.num_ranks = num_ranks, .dispatch = DispatchKind::alltoall};
     options.ep.dedup = dedup;
     const testing::EpRunResult run = testing::run_ep_layer(p, options);
     const std::vector<std::int32_t> ids = ids_of(run.topk_ids);
@@ -108,7 +108,7 @@ TEST(Bytes, RingSendsEveryTokenToEveryOtherRank) {
   const std::int64_t hidden = 8, tokens_per_rank = 5;
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 8, .top_k = 2};
   const MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, 6, router, 23);
-  EpRunOptions options{.num_ranks = num_ranks, .dispatch = ep::DispatchKind::ring};
+  EpRunOptions options{.num_ranks = num_ranks, .dispatch = DispatchKind::ring};
   const testing::EpRunResult run = testing::run_ep_layer(p, options);
   for (const auto& stats : run.stats) {
     // ·N_l·H·4 bytes each way, whatever the routing.

@@ -19,7 +19,7 @@
 namespace epmoe {
 namespace {
 
-class DispatchFault : public ::testing::TestWithParam<std::tuple<int, ep::DispatchKind, const char*>> {
+class DispatchFault : public ::testing::TestWithParam<std::tuple<int, DispatchKind, const char*>> {
  protected:
   void TearDown() override { configure_fault_injection(""); }
 };
@@ -50,11 +50,11 @@ TEST_P(DispatchFault, EveryRankStopsAtOnceWithTheFirstError) {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, DispatchFault,
                          ::testing::Combine(::testing::Values(3, 4),
-                                            ::testing::Values(ep::DispatchKind::alltoall, ep::DispatchKind::ring),
+                                            ::testing::Values(DispatchKind::alltoall, DispatchKind::ring),
                                             ::testing::Values("dispatch", "collective")),
                          [](const auto& info) {
                            return "R" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  ep::to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param);
+                                  to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param);
                          });
 
 }  // namespace

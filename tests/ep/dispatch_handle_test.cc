@@ -20,10 +20,10 @@ namespace {
 
 struct SplitCase {
   const char* name;
-  ep::DispatchKind dispatch;
+  DispatchKind dispatch;
   int chunks;
   bool dedup;
-  ep::RematPolicy remat;
+  RematPolicy remat;
   int redundant_slots;
 };
 
@@ -31,12 +31,12 @@ TEST(SplitPhaseEp, InterleavedWorkGivesTheSameBitsForEveryDispatcher) {
   const RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 12, .top_k = 3};
   const MoeProblem p = make_problem(45, 16, 12, router, 21);
   const SplitCase cases[] = {
-      {"alltoall", ep::DispatchKind::alltoall, 1, false, {}, 0},
-      {"alltoall dedup chunks=3 remat", ep::DispatchKind::alltoall, 3, true,
-       ep::RematPolicy::preset("remat_policy", "full"), 0},
-      {"alltoall replicas", ep::DispatchKind::alltoall, 2, false, {}, 2},
-      {"ring chunks=2", ep::DispatchKind::ring, 2, false, {}, 0},
-      {"ring remat replicas", ep::DispatchKind::ring, 1, false, ep::RematPolicy::preset("remat_policy", "full"), 1},
+      {"alltoall", DispatchKind::alltoall, 1, false, {}, 0},
+      {"alltoall dedup chunks=3 remat", DispatchKind::alltoall, 3, true, RematPolicy::preset("remat_policy", "full"),
+       0},
+      {"alltoall replicas", DispatchKind::alltoall, 2, false, {}, 2},
+      {"ring chunks=2", DispatchKind::ring, 2, false, {}, 0},
+      {"ring remat replicas", DispatchKind::ring, 1, false, RematPolicy::preset("remat_policy", "full"), 1},
   };
   for (const int num_ranks : {1, 2, 3, 4}) {
     for (const SplitCase& c : cases) {
@@ -45,7 +45,7 @@ TEST(SplitPhaseEp, InterleavedWorkGivesTheSameBitsForEveryDispatcher) {
       options.ep.num_chunks = c.chunks;
       options.ep.dedup = c.dedup;
       if (c.redundant_slots > 0) {
-        options.ep.balance = ep::BalanceMode::dynamic;
+        options.ep.balance = BalanceMode::dynamic;
         options.ep.redundant_slots = c.redundant_slots;
       }
       const EpRunResult whole = run_ep_layer(p, options);

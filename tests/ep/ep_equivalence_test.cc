@@ -23,7 +23,7 @@ using testing::ids_of;
 using testing::MoeProblem;
 
 struct Variant {
-  ep::DispatchKind dispatch;
+  DispatchKind dispatch;
   bool dedup;
 };
 
@@ -49,15 +49,15 @@ TEST_P(EpEquivalence, MatchesDoubleReference) {
 
 std::string variant_name(const ::testing::TestParamInfo<EpEquivalence::ParamType>& info) {
   const auto [num_ranks, variant, chunks, router_kind] = info.param;
-  return "R" + std::to_string(num_ranks) + "_" + ep::to_string(variant.dispatch) + (variant.dedup ? "_dedup" : "") +
+  return "R" + std::to_string(num_ranks) + "_" + to_string(variant.dispatch) + (variant.dedup ? "_dedup" : "") +
          "_chunks" + std::to_string(chunks) + "_" + to_string(router_kind);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, EpEquivalence,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
-                                            ::testing::Values(Variant{ep::DispatchKind::alltoall, false},
-                                                              Variant{ep::DispatchKind::alltoall, true},
-                                                              Variant{ep::DispatchKind::ring, false}),
+                                            ::testing::Values(Variant{DispatchKind::alltoall, false},
+                                                              Variant{DispatchKind::alltoall, true},
+                                                              Variant{DispatchKind::ring, false}),
                                             ::testing::Values(1, 2, 4),
                                             ::testing::Values(RouterKind::softmax_topk, RouterKind::sigmoid_grouped)),
                          variant_name);
@@ -73,8 +73,8 @@ MoeProblem skewed_problem(int num_ranks, std::int64_t tokens_per_rank, int num_e
 }
 
 void expect_all_dispatchers_exact(const MoeProblem& p, int num_ranks, const std::string& what) {
-  for (const Variant v : {Variant{ep::DispatchKind::alltoall, false}, Variant{ep::DispatchKind::alltoall, true},
-                          Variant{ep::DispatchKind::ring, false}}) {
+  for (const Variant v : {Variant{DispatchKind::alltoall, false}, Variant{DispatchKind::alltoall, true},
+                          Variant{DispatchKind::ring, false}}) {
     for (int chunks : {1, 2}) {
       EpRunOptions options{.num_ranks = num_ranks, .dispatch = v.dispatch};
       options.ep.dedup = v.dedup;
@@ -82,7 +82,7 @@ void expect_all_dispatchers_exact(const MoeProblem& p, int num_ranks, const std:
       const EpRunResult run = testing::run_ep_layer(p, options);
       testing::expect_matches_reference(
           run, testing::reference_moe(p, ids_of(run.topk_ids)),
-          what + " " + ep::to_string(v.dispatch) + (v.dedup ? " dedup" : "") + " chunks " + std::to_string(chunks));
+          what + " " + to_string(v.dispatch) + (v.dedup ? " dedup" : "") + " chunks " + std::to_string(chunks));
     }
   }
 }
@@ -111,11 +111,11 @@ TEST(EpAdversarial, OneTokenPerRankAndKEqualsE) {
 TEST(EpAdversarial, MoreChunksThanTokens) {
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2};
   const MoeProblem p = testing::make_problem(2, 8, 6, router, 10);  // N_l = 1, 4 chunks: 3 are empty
-  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     EpRunOptions options{.num_ranks = 2, .dispatch = dispatch};
     options.ep.num_chunks = 4;
     const EpRunResult run = testing::run_ep_layer(p, options);
-    testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)), ep::to_string(dispatch));
+    testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)), to_string(dispatch));
   }
 }
 

@@ -79,7 +79,7 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   result.step_transport_sent_by_tag.assign(
       result.step_stats.size(),
       std::vector<std::map<transport::Tag, std::int64_t>>(static_cast<std::size_t>(num_ranks)));
-  ep::EpConfig config = options.ep;
+  EpConfig config = options.ep;
   config.num_experts = e;
   config.top_k = k;
   config.hidden = h;

@@ -17,10 +17,10 @@ namespace epmoe::testing {
 
 struct EpRunOptions {
   int num_ranks = 1;
-  ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
-  ep::EpConfig ep = {};  // num_experts, top_k, hidden are filled from the problem
+  DispatchKind dispatch = DispatchKind::alltoall;
+  EpConfig ep = {};  // num_experts, top_k, hidden are filled from the problem
   ComputeDType compute_dtype = ComputeDType::f32;
-  ep::RematPolicy remat = {};
+  RematPolicy remat = {};
   // Steps of forward + backward on the same problem; with dynamic replicas
   // (ep.balance, ep.redundant_slots), step i passes weight_versions[i] to the
   // layer (empty: one step, the layer's automatic version). Results are the

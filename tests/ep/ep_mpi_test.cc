@@ -47,26 +47,26 @@ int run_checks(transport::Communicator& comm) {
                wo = testing::slice_rows(p.wo, e0, e0 + el);
   struct Variant {
     const char* name;
-    ep::DispatchKind dispatch;
+    DispatchKind dispatch;
     bool dedup;
     int chunks;
     int redundant_slots = 0;
   };
   int failures = 0, checks = 0;
   std::uint32_t tag_base = 0;
-  for (const Variant v : {Variant{"alltoall", ep::DispatchKind::alltoall, false, 1},
-                          Variant{"alltoall dedup", ep::DispatchKind::alltoall, true, 2},
-                          Variant{"ring chunks=2", ep::DispatchKind::ring, false, 2},
-                          Variant{"alltoall replicas B=2", ep::DispatchKind::alltoall, false, 2, 2},
-                          Variant{"ring replicas B=1", ep::DispatchKind::ring, false, 2, 1}}) {
-    ep::EpConfig config{.num_experts = router.num_experts,
-                        .top_k = router.top_k,
-                        .hidden = h,
-                        .num_chunks = v.chunks,
-                        .dedup = v.dedup,
-                        .tag_base = tag_base};
+  for (const Variant v : {Variant{"alltoall", DispatchKind::alltoall, false, 1},
+                          Variant{"alltoall dedup", DispatchKind::alltoall, true, 2},
+                          Variant{"ring chunks=2", DispatchKind::ring, false, 2},
+                          Variant{"alltoall replicas B=2", DispatchKind::alltoall, false, 2, 2},
+                          Variant{"ring replicas B=1", DispatchKind::ring, false, 2, 1}}) {
+    EpConfig config{.num_experts = router.num_experts,
+                    .top_k = router.top_k,
+                    .hidden = h,
+                    .num_chunks = v.chunks,
+                    .dedup = v.dedup,
+                    .tag_base = tag_base};
     if (v.redundant_slots > 0) {
-      config.balance = ep::BalanceMode::dynamic;
+      config.balance = BalanceMode::dynamic;
       config.redundant_slots = v.redundant_slots;
       config.rebalance_threshold = 1.0;
     }

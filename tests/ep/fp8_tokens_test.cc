@@ -36,7 +36,7 @@ struct Roundtrip {
   std::vector<double> error_bound;
 };
 
-Roundtrip fp8_roundtrip(const Tensor& x, ep::TokenFormat format) {
+Roundtrip fp8_roundtrip(const Tensor& x, TokenFormat format) {
   const std::int64_t n = x.dim(0), h = x.dim(1);
   const ep::TokenCodec codec(format, h);
   const float tensor_scale = ep::fp8_scale_for(ep::absmax(x.data<float>(), x.numel()));
@@ -46,7 +46,7 @@ Roundtrip fp8_roundtrip(const Tensor& x, ep::TokenFormat format) {
   codec.decode(wire.data(), n, tensor_scale, out.dequantized.data<float>());
   for (std::int64_t t = 0; t < n; ++t) {
     const double scale =
-        format == ep::TokenFormat::fp8_token ? ep::fp8_scale_for(ep::absmax(x.data<float>() + t * h, h)) : tensor_scale;
+        format == TokenFormat::fp8_token ? ep::fp8_scale_for(ep::absmax(x.data<float>() + t * h, h)) : tensor_scale;
     for (std::int64_t j = 0; j < h; ++j) {
       const double v = std::abs(x.data<float>()[t * h + j]);
       out.error_bound[t * h + j] = std::ldexp(v, -4) + std::ldexp(scale, -10) + std::ldexp(v, -20);
@@ -58,7 +58,7 @@ Roundtrip fp8_roundtrip(const Tensor& x, ep::TokenFormat format) {
 TEST(Fp8Tokens, MatchesEmulationAndStaysWithinDerivedBound) {
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 12, .top_k = 3};
   const MoeProblem p = testing::make_problem(24, 16, 12, router, 31);
-  for (ep::TokenFormat format : {ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
+  for (TokenFormat format : {TokenFormat::fp8_tensor, TokenFormat::fp8_token}) {
     const Roundtrip trip = fp8_roundtrip(p.x, format);
     // The token round trip really loses precision (else the test is empty).
     double max_token_error = 0;
@@ -69,13 +69,12 @@ TEST(Fp8Tokens, MatchesEmulationAndStaysWithinDerivedBound) {
     }
     ASSERT_GT(max_token_error, 1e-3);
     for (int num_ranks : {1, 3, 4}) {
-      for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+      for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
         EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
         options.ep.token_format = format;
         const testing::EpRunResult run = testing::run_ep_layer(p, options);
         const auto ids = ids_of(run.topk_ids);
-        const std::string what =
-            ep::to_string(format) + " R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch);
+        const std::string what = to_string(format) + " R" + std::to_string(num_ranks) + " " + to_string(dispatch);
         const testing::ReferenceResult emulated = testing::reference_moe_with_expert_input(p, ids, trip.dequantized);
         EXPECT_LE(testing::relative_error(run.y, emulated.y), 1e-5) << what;
         EXPECT_LE(testing::relative_error(run.grads.dx, emulated.dx), 1e-5) << what;
@@ -106,15 +105,15 @@ TEST(Fp8Tokens, MatchesEmulationAndStaysWithinDerivedBound) {
 TEST(Fp8Tokens, HalvesOrQuartersTheTokenBytes) {
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 8, .top_k = 2};
   const MoeProblem p = testing::make_problem(16, 32, 8, router, 32);
-  std::map<ep::TokenFormat, std::int64_t> bytes;
-  for (ep::TokenFormat format : {ep::TokenFormat::f32, ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
-    EpRunOptions options{.num_ranks = 4, .dispatch = ep::DispatchKind::ring};
+  std::map<TokenFormat, std::int64_t> bytes;
+  for (TokenFormat format : {TokenFormat::f32, TokenFormat::fp8_tensor, TokenFormat::fp8_token}) {
+    EpRunOptions options{.num_ranks = 4, .dispatch = DispatchKind::ring};
     options.ep.token_format = format;
     bytes[format] = testing::run_ep_layer(p, options).stats[0].bytes_sent.at("forward/ring_all_gather tokens");
   }
-  EXPECT_EQ(bytes[ep::TokenFormat::fp8_tensor] * 4, bytes[ep::TokenFormat::f32]);
+  EXPECT_EQ(bytes[TokenFormat::fp8_tensor] * 4, bytes[TokenFormat::f32]);
   // Per-token scales: 4 more bytes per row of H = 32.
-  EXPECT_EQ(bytes[ep::TokenFormat::fp8_token], bytes[ep::TokenFormat::fp8_tensor] * (32 + 4) / 32);
+  EXPECT_EQ(bytes[TokenFormat::fp8_token], bytes[TokenFormat::fp8_tensor] * (32 + 4) / 32);
 }
 
 const float kBadValues[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
@@ -139,14 +138,14 @@ TEST(Fp8Tokens, EncodeRefusesNonFiniteValuesByRowAndElement) {
   Tensor x(DType::f32, {n, h});
   for (std::int64_t i = 0; i < n * h; ++i) x.data<float>()[i] = 0.25f * float(i % 7) - 0.5f;
   const float finite_scale = ep::fp8_scale_for(ep::absmax(x.data<float>(), x.numel()));
-  for (ep::TokenFormat format : {ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
+  for (TokenFormat format : {TokenFormat::fp8_tensor, TokenFormat::fp8_token}) {
     const ep::TokenCodec codec(format, h);
     std::vector<std::byte> wire(static_cast<std::size_t>(n * codec.row_bytes()));
     for (int b = 0; b < 3; ++b) {
       for (std::int64_t flat : {std::int64_t{0}, 3 * h + 7, n * h - 1}) {
         const float saved = x.data<float>()[flat];
         x.data<float>()[flat] = kBadValues[b];
-        const std::string expected = "fp8_tokens=" + ep::to_string(format) + ": token row " + std::to_string(flat / h) +
+        const std::string expected = "fp8_tokens=" + to_string(format) + ": token row " + std::to_string(flat / h) +
                                      " holds " + kBadNames[b] + " at element " + std::to_string(flat % h) +
                                      ": fp8 e4m3 tokens must be finite";
         EXPECT_EQ(error_of([&] { codec.encode(x.data<float>(), nullptr, n, finite_scale, wire.data()); }), expected);
@@ -202,13 +201,13 @@ TEST(Fp8Tokens, LayerRefusesNonFiniteTokensBeforeDispatch) {
   MoeProblem p = testing::make_problem(9, 8, 8, router, 33);
   // 3 ranks hold 3 tokens each: token 4 is rank 1's row 1.
   p.x.data<float>()[4 * 8 + 5] = std::numeric_limits<float>::infinity();
-  for (ep::TokenFormat format : {ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
-    for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (TokenFormat format : {TokenFormat::fp8_tensor, TokenFormat::fp8_token}) {
+    for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
       EpRunOptions options{.num_ranks = 3, .dispatch = dispatch};
       options.ep.token_format = format;
       EXPECT_NE(error_of([&] { testing::run_ep_layer(p, options); }).find("x[1, 5] = inf: inputs must be finite"),
                 std::string::npos)
-          << ep::to_string(format) << " " << ep::to_string(dispatch);
+          << to_string(format) << " " << to_string(dispatch);
     }
   }
 }

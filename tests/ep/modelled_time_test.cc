@@ -27,10 +27,10 @@ using transport::threads::LinkTopology;
 
 struct ModelledVariant {
   std::string name;
-  ep::DispatchKind dispatch;
+  DispatchKind dispatch;
   bool dedup = false;
   int chunks = 1;
-  ep::TokenFormat tokens = ep::TokenFormat::f32;
+  TokenFormat tokens = TokenFormat::f32;
   int redundant_slots = 0;
 };
 
@@ -48,11 +48,11 @@ TEST_P(ModelledLayer, EveryDispatcherGivesTheSameBitsOnBothClocks) {
                                                                 .scale = 1.0});
   for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
   const std::vector<ModelledVariant> variants = {
-      {"alltoall", ep::DispatchKind::alltoall},
-      {"alltoall dedup chunks=2", ep::DispatchKind::alltoall, true, 2},
-      {"ring fp8 chunks=2", ep::DispatchKind::ring, false, 2, ep::TokenFormat::fp8_token},
-      {"alltoall dedup replicas", ep::DispatchKind::alltoall, true, 1, ep::TokenFormat::f32, 1},
-      {"ring replicas", ep::DispatchKind::ring, false, 1, ep::TokenFormat::f32, 1},
+      {"alltoall", DispatchKind::alltoall},
+      {"alltoall dedup chunks=2", DispatchKind::alltoall, true, 2},
+      {"ring fp8 chunks=2", DispatchKind::ring, false, 2, TokenFormat::fp8_token},
+      {"alltoall dedup replicas", DispatchKind::alltoall, true, 1, TokenFormat::f32, 1},
+      {"ring replicas", DispatchKind::ring, false, 1, TokenFormat::f32, 1},
   };
   for (const ModelledVariant& v : variants) {
     EpRunOptions options{.num_ranks = num_ranks, .dispatch = v.dispatch};
@@ -64,7 +64,7 @@ TEST_P(ModelledLayer, EveryDispatcherGivesTheSameBitsOnBothClocks) {
     // staged) fails in seconds, not at the 60 s default.
     options.ep.timeout = std::chrono::seconds(20);
     if (v.redundant_slots > 0) {
-      options.ep.balance = ep::BalanceMode::dynamic;
+      options.ep.balance = BalanceMode::dynamic;
       options.ep.redundant_slots = v.redundant_slots;
       options.ep.rebalance_threshold = 1.0;
     }

@@ -94,9 +94,9 @@ int expect_quotas_met(const EpRunResult& run, const std::string& what) {
 }
 
 // Dynamic replicas as far as the slots allow (threshold 1.0), on R ranks.
-EpRunOptions dynamic_replicas(int num_ranks, ep::DispatchKind dispatch, int slots) {
+EpRunOptions dynamic_replicas(int num_ranks, DispatchKind dispatch, int slots) {
   EpRunOptions on{.num_ranks = num_ranks, .dispatch = dispatch};
-  on.ep.balance = ep::BalanceMode::dynamic;
+  on.ep.balance = BalanceMode::dynamic;
   on.ep.redundant_slots = slots;
   on.ep.rebalance_threshold = 1.0;
   return on;
@@ -112,7 +112,7 @@ std::int64_t total_bytes(const std::vector<ep::DispatchStats>& stats, const std:
 }
 
 struct ReplicaVariant {
-  ep::DispatchKind dispatch;
+  DispatchKind dispatch;
   bool dedup;
 };
 
@@ -127,7 +127,7 @@ TEST_P(ReplicaEquivalence, ReplicasOnEqualsOff) {
     off.ep.dedup = variant.dedup;
     off.ep.num_chunks = chunks;
     EpRunOptions on = off;
-    on.ep.balance = ep::BalanceMode::dynamic;
+    on.ep.balance = BalanceMode::dynamic;
     on.ep.redundant_slots = slots;
     on.ep.rebalance_threshold = 1.0;
     const EpRunResult run_off = testing::run_ep_layer(p, off);
@@ -147,15 +147,15 @@ TEST_P(ReplicaEquivalence, ReplicasOnEqualsOff) {
 
 std::string replica_variant_name(const ::testing::TestParamInfo<ReplicaEquivalence::ParamType>& info) {
   const auto [num_ranks, variant, slots] = info.param;
-  return "R" + std::to_string(num_ranks) + "_" + ep::to_string(variant.dispatch) + (variant.dedup ? "_dedup" : "") +
-         "_B" + std::to_string(slots);
+  return "R" + std::to_string(num_ranks) + "_" + to_string(variant.dispatch) + (variant.dedup ? "_dedup" : "") + "_B" +
+         std::to_string(slots);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, ReplicaEquivalence,
                          ::testing::Combine(::testing::Values(2, 3, 4, 8),
-                                            ::testing::Values(ReplicaVariant{ep::DispatchKind::alltoall, false},
-                                                              ReplicaVariant{ep::DispatchKind::alltoall, true},
-                                                              ReplicaVariant{ep::DispatchKind::ring, false}),
+                                            ::testing::Values(ReplicaVariant{DispatchKind::alltoall, false},
+                                                              ReplicaVariant{DispatchKind::alltoall, true},
+                                                              ReplicaVariant{DispatchKind::ring, false}),
                                             ::testing::Values(1, 2)),
                          replica_variant_name);
 
@@ -165,34 +165,34 @@ INSTANTIATE_TEST_SUITE_P(Sweep, ReplicaEquivalence,
 // replica's part would miss by that part, far above 1e-5.
 TEST(Replicas, HomeGradientCountsReplicasOnce) {
   const MoeProblem p = skewed_problem(4);
-  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     EpRunOptions on = dynamic_replicas(4, dispatch, 2);
     const EpRunResult run = testing::run_ep_layer(p, on);
-    ASSERT_GT(expect_quotas_met(run, ep::to_string(dispatch)), 0);
+    ASSERT_GT(expect_quotas_met(run, to_string(dispatch)), 0);
     // The hottest expert (0, packed on rank 0) is split: its home computes
     // only part of its tokens.
     std::int64_t replica_rows_of_0 = 0;
     for (const auto& s : run.replica_stats)
       for (std::size_t b = 0; b < s.slot_experts.size(); ++b)
         if (s.slot_experts[b] == 0) replica_rows_of_0 += s.rows_per_slot[b];
-    EXPECT_GT(replica_rows_of_0, 0) << ep::to_string(dispatch);
+    EXPECT_GT(replica_rows_of_0, 0) << to_string(dispatch);
     const testing::ReferenceResult ref = testing::reference_moe(p, ids_of(run.topk_ids));
     const std::int64_t n = kHidden * kFfn;
     const Tensor dwi0_expert0 = testing::slice_rows(run.grads.dwi0, 0, 1);
     const std::vector<double> ref_expert0(ref.dwi0.begin(), ref.dwi0.begin() + n);
-    EXPECT_LE(testing::relative_error(dwi0_expert0, ref_expert0), 1e-5) << ep::to_string(dispatch);
-    expect_matches_reference(p, run, ep::to_string(dispatch));
+    EXPECT_LE(testing::relative_error(dwi0_expert0, ref_expert0), 1e-5) << to_string(dispatch);
+    expect_matches_reference(p, run, to_string(dispatch));
   }
 }
 
 // Weight versions: step 1 reuses version 7 (nothing moves), step 2 brings 8.
 TEST(Replicas, WeightsResentOnlyWhenVersionChanges) {
   const MoeProblem p = skewed_problem(4);
-  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     EpRunOptions on = dynamic_replicas(4, dispatch, 2);
     on.weight_versions = {7, 7, 8};
     const EpRunResult run = testing::run_ep_layer(p, on);
-    const int num_replicas = expect_quotas_met(run, ep::to_string(dispatch));
+    const int num_replicas = expect_quotas_met(run, to_string(dispatch));
     ASSERT_GT(num_replicas, 0);
     const std::int64_t expert_bytes = 3 * kHidden * kFfn * 4;
     EXPECT_EQ(total_bytes(run.step_stats[0], "forward/replica weights"), num_replicas * expert_bytes);
@@ -200,7 +200,7 @@ TEST(Replicas, WeightsResentOnlyWhenVersionChanges) {
     EXPECT_EQ(total_bytes(run.step_stats[2], "forward/replica weights"), num_replicas * expert_bytes);
     for (const auto& step : run.step_stats)
       EXPECT_EQ(total_bytes(step, "backward/replica gradients"), num_replicas * expert_bytes);
-    expect_matches_reference(p, run, ep::to_string(dispatch));
+    expect_matches_reference(p, run, to_string(dispatch));
   }
 }
 
@@ -208,24 +208,24 @@ TEST(Replicas, WeightsResentOnlyWhenVersionChanges) {
 // replica positions, the all-to-all re-sends the same plan.
 TEST(Replicas, RematDispatchKeepsTheSameRows) {
   const MoeProblem p = skewed_problem(3, balance::HotExpertPlacement::spread);
-  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     EpRunOptions on = dynamic_replicas(3, dispatch, 1);
     on.ep.num_chunks = 2;
-    on.remat = ep::RematPolicy::preset("remat", "full");
+    on.remat = RematPolicy::preset("remat", "full");
     const EpRunResult run = testing::run_ep_layer(p, on);
-    expect_quotas_met(run, ep::to_string(dispatch));
-    expect_matches_reference(p, run, ep::to_string(dispatch));
+    expect_quotas_met(run, to_string(dispatch));
+    expect_matches_reference(p, run, to_string(dispatch));
   }
 }
 
 TEST(Replicas, ConfigErrors) {
-  ep::EpConfig config{.num_experts = 8, .top_k = 2, .hidden = 4};
-  config.balance = ep::BalanceMode::periodic;
+  EpConfig config{.num_experts = 8, .top_k = 2, .hidden = 4};
+  config.balance = BalanceMode::periodic;
   config.balance_period = 0;
   EXPECT_THROW(config.validate(2), ConfigError);
   config.balance_period = 5;
   EXPECT_NO_THROW(config.validate(2));
-  config.balance = ep::BalanceMode::dynamic;
+  config.balance = BalanceMode::dynamic;
   config.redundant_slots = 1;
   config.capacity_factor = 1.5;
   EXPECT_THROW(config.validate(2), ConfigError);
@@ -243,8 +243,8 @@ TEST(Replicas, ConfigErrors) {
 // step 2. Without replicas the layer reports an all-default ReplicaStats.
 TEST(Replicas, StatsAreResetEveryStep) {
   const MoeProblem p = skewed_problem(4);
-  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
-    const std::string what = ep::to_string(dispatch);
+  for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
+    const std::string what = to_string(dispatch);
     EpRunOptions on = dynamic_replicas(4, dispatch, 2);
     on.ep.num_chunks = 2;
     on.weight_versions = {7, 7, 8};
@@ -284,7 +284,7 @@ TEST(Replicas, CopiesComputeTheirOwnRanksPairsFirst) {
     const MoeProblem p = skewed_problem(num_ranks);
     for (int chunks : {1, 2}) {
       const std::string what = "R" + std::to_string(num_ranks) + " chunks " + std::to_string(chunks);
-      EpRunOptions on = dynamic_replicas(num_ranks, ep::DispatchKind::alltoall, 2);
+      EpRunOptions on = dynamic_replicas(num_ranks, DispatchKind::alltoall, 2);
       on.ep.num_chunks = chunks;
       const EpRunResult run = testing::run_ep_layer(p, on);
       ASSERT_GT(expect_quotas_met(run, what), 0) << what;
@@ -334,16 +334,16 @@ MoeProblem packed_problem_k4(int num_ranks) {
 
 TEST(Replicas, DedupAwareChoiceUnderPackedZipf) {
   struct ChoiceVariant {
-    ep::DispatchKind dispatch;
+    DispatchKind dispatch;
     bool dedup;
-    ep::ReplicaChoice choice;
+    ReplicaChoice choice;
     const char* name;
   };
   const ChoiceVariant variants[] = {
-      {ep::DispatchKind::alltoall, false, ep::ReplicaChoice::dedup, "alltoall"},
-      {ep::DispatchKind::alltoall, true, ep::ReplicaChoice::position, "alltoall dedup position"},
-      {ep::DispatchKind::alltoall, true, ep::ReplicaChoice::dedup, "alltoall dedup dedup-aware"},
-      {ep::DispatchKind::ring, false, ep::ReplicaChoice::dedup, "ring"},
+      {DispatchKind::alltoall, false, ReplicaChoice::dedup, "alltoall"},
+      {DispatchKind::alltoall, true, ReplicaChoice::position, "alltoall dedup position"},
+      {DispatchKind::alltoall, true, ReplicaChoice::dedup, "alltoall dedup dedup-aware"},
+      {DispatchKind::ring, false, ReplicaChoice::dedup, "ring"},
   };
   std::int64_t total_position = 0, total_dedup_aware = 0;
   for (int num_ranks : {1, 2, 3, 4}) {
@@ -361,7 +361,7 @@ TEST(Replicas, DedupAwareChoiceUnderPackedZipf) {
         const int num_replicas = expect_quotas_met(run, what);
         if (num_ranks > 1) EXPECT_GT(num_replicas, 0) << what << ": the skew must make the planner place replicas";
         if (v.dedup)
-          token_bytes[v.choice == ep::ReplicaChoice::dedup] = total_bytes(run.stats, "forward/all_to_all_v tokens");
+          token_bytes[v.choice == ReplicaChoice::dedup] = total_bytes(run.stats, "forward/all_to_all_v tokens");
       }
       EXPECT_LE(token_bytes[1], token_bytes[0]) << "R" << num_ranks << " chunks " << chunks;
       total_position += token_bytes[0];
@@ -375,10 +375,10 @@ TEST(Replicas, DedupAwareChoiceUnderPackedZipf) {
 // the rows it chose in the forward, so the copies get the same rows.
 TEST(Replicas, DedupAwareChoiceRematKeepsTheSameRows) {
   const MoeProblem p = packed_problem_k4(3);
-  EpRunOptions on = dynamic_replicas(3, ep::DispatchKind::alltoall, 2);
+  EpRunOptions on = dynamic_replicas(3, DispatchKind::alltoall, 2);
   on.ep.dedup = true;
   on.ep.num_chunks = 2;
-  on.remat = ep::RematPolicy::preset("remat", "full");
+  on.remat = RematPolicy::preset("remat", "full");
   const EpRunResult run = testing::run_ep_layer(p, on);
   EXPECT_GT(expect_quotas_met(run, "remat"), 0);
   expect_matches_reference(p, run, "remat");
@@ -395,9 +395,9 @@ namespace {
 // placed slots get exactly their even-split quotas.
 TEST(Replicas, PeriodicPlacementFromTheWindowIsExact) {
   const MoeProblem p = skewed_problem(4);
-  for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     EpRunOptions on{.num_ranks = 4, .dispatch = dispatch};
-    on.ep.balance = ep::BalanceMode::periodic;
+    on.ep.balance = BalanceMode::periodic;
     on.ep.redundant_slots = 2;
     on.ep.balance_window = 2;
     on.ep.balance_period = 1;
@@ -405,12 +405,12 @@ TEST(Replicas, PeriodicPlacementFromTheWindowIsExact) {
     const EpRunResult run = testing::run_ep_layer(p, on);
     for (const auto& s : run.step_replica_stats[0]) EXPECT_EQ(s.num_replicas, 0) << "a placement before any history";
     const ep::ReplicaStats& step1 = run.step_replica_stats[1][0];
-    EXPECT_GT(step1.num_replicas, 0) << ep::to_string(dispatch);
+    EXPECT_GT(step1.num_replicas, 0) << to_string(dispatch);
     EXPECT_LT(step1.max_over_mean_after, step1.max_over_mean_before);
     // The same loads every step: the placement holds, so no weight moves again.
-    EXPECT_EQ(total_bytes(run.step_stats[2], "forward/replica weights"), 0) << ep::to_string(dispatch);
-    EXPECT_GT(expect_quotas_met(run, ep::to_string(dispatch)), 0);
-    expect_matches_reference(p, run, ep::to_string(dispatch));
+    EXPECT_EQ(total_bytes(run.step_stats[2], "forward/replica weights"), 0) << to_string(dispatch);
+    EXPECT_GT(expect_quotas_met(run, to_string(dispatch)), 0);
+    expect_matches_reference(p, run, to_string(dispatch));
   }
 }
 

@@ -27,8 +27,7 @@ TEST(ShapeSweep, OddAndEvenShapesOnTwoComputeThreadsMatchTheReference) {
       // meets odd and even H and F: the whole product took minutes under
       // TSan (OpenMP teams of 2 inside each rank thread), this takes seconds.
       const int num_ranks = 2 + shape_index % 2;
-      const ep::DispatchKind dispatch =
-          (shape_index / 2) % 2 == 0 ? ep::DispatchKind::alltoall : ep::DispatchKind::ring;
+      const DispatchKind dispatch = (shape_index / 2) % 2 == 0 ? DispatchKind::alltoall : DispatchKind::ring;
       ++shape_index;
       RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 2 * num_ranks, .top_k = 3};
       const testing::MoeProblem p =
@@ -37,7 +36,7 @@ TEST(ShapeSweep, OddAndEvenShapesOnTwoComputeThreadsMatchTheReference) {
       options.compute_threads_per_rank = 2;
       const testing::EpRunResult run = testing::run_ep_layer(p, options);
       const std::string what = "H=" + std::to_string(hidden) + " F=" + std::to_string(ffn) +
-                               " R=" + std::to_string(num_ranks) + " " + ep::to_string(dispatch);
+                               " R=" + std::to_string(num_ranks) + " " + to_string(dispatch);
       testing::expect_matches_reference(run, testing::reference_moe(p, testing::ids_of(run.topk_ids)), what);
     }
 }

@@ -40,10 +40,10 @@ std::int64_t process_minor_faults() {
 
 struct SteadyCase {
   const char* name;
-  ep::DispatchKind dispatch;
+  DispatchKind dispatch;
   bool dedup;
   int chunks;
-  ep::TokenFormat format;
+  TokenFormat format;
   bool remat;
 };
 
@@ -56,16 +56,16 @@ TEST(SteadyState, AStepAllocatesNothingAndTakesNoPageFaults) {
   const std::int64_t n = 600, h = 256, f = 64;
   const MoeProblem p = make_problem(n, h, f, router, 17);
   const SteadyCase cases[] = {
-      {"alltoall", ep::DispatchKind::alltoall, false, 1, ep::TokenFormat::f32, false},
-      {"alltoall dedup chunks=2 fp8 remat", ep::DispatchKind::alltoall, true, 2, ep::TokenFormat::fp8_token, true},
-      {"ring", ep::DispatchKind::ring, false, 1, ep::TokenFormat::f32, false},
-      {"ring chunks=2 fp8 remat", ep::DispatchKind::ring, false, 2, ep::TokenFormat::fp8_tensor, true},
+      {"alltoall", DispatchKind::alltoall, false, 1, TokenFormat::f32, false},
+      {"alltoall dedup chunks=2 fp8 remat", DispatchKind::alltoall, true, 2, TokenFormat::fp8_token, true},
+      {"ring", DispatchKind::ring, false, 1, TokenFormat::f32, false},
+      {"ring chunks=2 fp8 remat", DispatchKind::ring, false, 2, TokenFormat::fp8_tensor, true},
   };
   constexpr int kWarmSteps = 8, kSteps = 2, kWindows = 8;
   for (const int num_ranks : {2, 3}) {
     for (const SteadyCase& c : cases) {
       SCOPED_TRACE(std::string(c.name) + " R=" + std::to_string(num_ranks));
-      ep::EpConfig config{.num_experts = router.num_experts, .top_k = router.top_k, .hidden = h};
+      EpConfig config{.num_experts = router.num_experts, .top_k = router.top_k, .hidden = h};
       config.num_chunks = c.chunks;
       config.dedup = c.dedup;
       config.token_format = c.format;
@@ -82,7 +82,7 @@ TEST(SteadyState, AStepAllocatesNothingAndTakesNoPageFaults) {
         const Tensor wi0 = slice_rows(p.wi0, r * el, (r + 1) * el), wi1 = slice_rows(p.wi1, r * el, (r + 1) * el),
                      wo = slice_rows(p.wo, r * el, (r + 1) * el);
         MoeLayerConfig layer_config{.hidden = h, .ffn = f, .router = router};
-        if (c.remat) layer_config.remat = ep::RematPolicy::preset("remat_policy", "full");
+        if (c.remat) layer_config.remat = RematPolicy::preset("remat_policy", "full");
         MoeLayer layer(layer_config, ep::make_dispatcher(c.dispatch, comm, config));
         const MoeWeights w{p.gate, wi0, wi1, wo, {}};
         const auto step = [&] {
@@ -121,7 +121,7 @@ TEST(SteadyState, AStepAllocatesNothingAndTakesNoPageFaults) {
       // progress thread's memory; not found yet, docs/BENCHMARKS.md). Until
       // then only the all-to-all's page faults, which issue 15 measured, are
       // asserted; the ring's are printed.
-      if (c.dispatch == ep::DispatchKind::alltoall) {
+      if (c.dispatch == DispatchKind::alltoall) {
         EXPECT_LE(best, 20.0);
       }
     }

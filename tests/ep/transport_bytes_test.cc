@@ -59,7 +59,6 @@ MoeProblem problem_for(const BytesCase& c) {
 }
 
 std::vector<BytesCase> cases() {
-  using ep::DispatchKind;
   std::vector<BytesCase> out;
   auto add = [&](std::string name, int num_ranks, DispatchKind kind, auto&& configure, bool skewed = false) {
     BytesCase c{std::move(name), num_ranks, EpRunOptions{.num_ranks = num_ranks, .dispatch = kind}, skewed};
@@ -68,9 +67,9 @@ std::vector<BytesCase> cases() {
   };
   auto plain = [](EpRunOptions&) {};
   auto dedup = [](EpRunOptions& o) { o.ep.dedup = true; };
-  auto fp8 = [](EpRunOptions& o) { o.ep.token_format = ep::TokenFormat::fp8_token; };
+  auto fp8 = [](EpRunOptions& o) { o.ep.token_format = TokenFormat::fp8_token; };
   auto fp8_tensor_chunks = [](EpRunOptions& o) {
-    o.ep.token_format = ep::TokenFormat::fp8_tensor;
+    o.ep.token_format = TokenFormat::fp8_tensor;
     o.ep.num_chunks = 2;
   };
   auto chunks = [](EpRunOptions& o) { o.ep.num_chunks = 2; };
@@ -82,7 +81,7 @@ std::vector<BytesCase> cases() {
   // Two steps with new weights each, then one with the same: replica
   // weights are sent, sent again, then not.
   auto replicas = [](EpRunOptions& o) {
-    o.ep.balance = ep::BalanceMode::dynamic;
+    o.ep.balance = BalanceMode::dynamic;
     o.ep.redundant_slots = 1;
     o.ep.rebalance_threshold = 1.0;
     o.weight_versions = {1, 2, 2};

@@ -51,15 +51,15 @@ TEST(UnequalTokens, RingMatchesTheDoubleReferenceForEveryVariant) {
   for (const auto& split : token_splits()) {
     const MoeProblem p = problem_for(split);
     for (int chunks : {1, 2}) {
-      for (auto cotangent : {ep::CotangentAllGather::ring, ep::CotangentAllGather::plain}) {
+      for (auto cotangent : {CotangentAllGather::ring, CotangentAllGather::plain}) {
         for (bool remat_dispatch : {false, true}) {
-          EpRunOptions options{.num_ranks = static_cast<int>(split.size()), .dispatch = ep::DispatchKind::ring};
+          EpRunOptions options{.num_ranks = static_cast<int>(split.size()), .dispatch = DispatchKind::ring};
           options.tokens_by_rank = split;
           options.ep.num_chunks = chunks;
           options.ep.cotangent_all_gather = cotangent;
           options.remat.save_x_sorted = !remat_dispatch;
           const std::string what = describe(split) + " chunks " + std::to_string(chunks) +
-                                   (cotangent == ep::CotangentAllGather::plain ? " cotangent plain" : "") +
+                                   (cotangent == CotangentAllGather::plain ? " cotangent plain" : "") +
                                    (remat_dispatch ? " remat x_sorted" : "");
           const EpRunResult run = testing::run_ep_layer(p, options);
           testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)), what);
@@ -72,7 +72,7 @@ TEST(UnequalTokens, RingMatchesTheDoubleReferenceForEveryVariant) {
 TEST(UnequalTokens, AllToAllMatchesTheDoubleReference) {
   for (const auto& split : token_splits()) {
     const MoeProblem p = problem_for(split);
-    EpRunOptions options{.num_ranks = static_cast<int>(split.size()), .dispatch = ep::DispatchKind::alltoall};
+    EpRunOptions options{.num_ranks = static_cast<int>(split.size()), .dispatch = DispatchKind::alltoall};
     options.tokens_by_rank = split;
     const EpRunResult run = testing::run_ep_layer(p, options);
     testing::expect_matches_reference(run, testing::reference_moe(p, ids_of(run.topk_ids)),
@@ -83,17 +83,17 @@ TEST(UnequalTokens, AllToAllMatchesTheDoubleReference) {
 TEST(UnequalTokens, RingWithFp8TokensGivesWhatTheAllToAllGives) {
   for (const auto& split : token_splits()) {
     const MoeProblem p = problem_for(split);
-    for (auto format : {ep::TokenFormat::fp8_token, ep::TokenFormat::fp8_tensor}) {
+    for (auto format : {TokenFormat::fp8_token, TokenFormat::fp8_tensor}) {
       EpRunResult runs[2];
       for (int i = 0; i < 2; ++i) {
         EpRunOptions options{.num_ranks = static_cast<int>(split.size()),
-                             .dispatch = i == 0 ? ep::DispatchKind::ring : ep::DispatchKind::alltoall};
+                             .dispatch = i == 0 ? DispatchKind::ring : DispatchKind::alltoall};
         options.tokens_by_rank = split;
         options.ep.token_format = format;
         options.ep.num_chunks = 2;
         runs[i] = testing::run_ep_layer(p, options);
       }
-      const std::string what = describe(split) + (format == ep::TokenFormat::fp8_token ? " fp8_token" : " fp8_tensor");
+      const std::string what = describe(split) + (format == TokenFormat::fp8_token ? " fp8_token" : " fp8_tensor");
       EXPECT_LE(testing::relative_error(runs[0].y, as_double(runs[1].y)), 1e-5) << what << " y";
       EXPECT_LE(testing::relative_error(runs[0].grads.dx, as_double(runs[1].grads.dx)), 1e-5) << what << " dx";
       EXPECT_LE(testing::relative_error(runs[0].grads.dwi0, as_double(runs[1].grads.dwi0)), 1e-5) << what << " dwi0";
@@ -107,7 +107,7 @@ TEST(UnequalTokens, RingCountsTheBytesItSends) {
   // own block in the all-gathers, and the other rank's partial sums home.
   const std::vector<std::int64_t> split = {3, 5};
   const MoeProblem p = problem_for(split);
-  EpRunOptions options{.num_ranks = 2, .dispatch = ep::DispatchKind::ring};
+  EpRunOptions options{.num_ranks = 2, .dispatch = DispatchKind::ring};
   options.tokens_by_rank = split;
   const EpRunResult run = testing::run_ep_layer(p, options);
   for (int r = 0; r < 2; ++r) {

@@ -152,8 +152,8 @@ namespace {
 // expert in its slot; periodic places from a window of counts every
 // period), so the checkpoint carries that state and resuming stays exact.
 TEST(TrainerCheckpointWithReplicas, ResumeIsBitExactForDynamicAndPeriodicBalancing) {
-  for (const ep::BalanceMode mode : {ep::BalanceMode::dynamic, ep::BalanceMode::periodic}) {
-    SCOPED_TRACE(ep::to_string(mode));
+  for (const BalanceMode mode : {BalanceMode::dynamic, BalanceMode::periodic}) {
+    SCOPED_TRACE(to_string(mode));
     ScratchDir uninterrupted, interrupted;
     TrainSetup setup = checkpointing_setup(uninterrupted.path());
     setup.ep.balance = mode;

@@ -45,7 +45,7 @@ TrainSetup small_setup(int ranks) {
 }
 
 std::vector<double> train_losses(const TrainSetup& setup) {
-  ep::EpConfig ep = setup.ep;
+  EpConfig ep = setup.ep;
   ep.num_experts = setup.model.layer.router.num_experts;
   ep.top_k = setup.model.layer.router.top_k;
   ep.hidden = setup.model.layer.hidden;
@@ -54,7 +54,7 @@ std::vector<double> train_losses(const TrainSetup& setup) {
   std::mutex mutex;
   transport::threads::run_ranks(setup.ranks, {.compute_threads_per_rank = 1}, [&](transport::Communicator& comm) {
     const DispatcherFactory factory = [&](int layer) {
-      ep::EpConfig config = ep;
+      EpConfig config = ep;
       config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
       return ep::make_dispatcher(setup.dispatch, comm, config);
     };

@@ -14,8 +14,8 @@ namespace epmoe::testing {
 
 struct TrainSetup {
   int ranks = 1;
-  ep::DispatchKind dispatch = ep::DispatchKind::alltoall;
-  ep::EpConfig ep;        // num_experts, top_k, hidden filled from the model
+  DispatchKind dispatch = DispatchKind::alltoall;
+  EpConfig ep;            // num_experts, top_k, hidden filled from the model
   MoeLmConfig model;      // small_model() by default
   TrainerConfig trainer;  // small_trainer() by default
 };

@@ -83,7 +83,7 @@ TEST(TrainerOverlap, SharedExpertAndLoadBalanceLossStayBitIdentical) {
 
 // Runs `setup` with `observer` on rank 0; returns rank 0's summary.
 TrainSummary train_observed(const TrainSetup& setup, const TrainObserver& observer) {
-  ep::EpConfig ep = setup.ep;
+  EpConfig ep = setup.ep;
   ep.num_experts = setup.model.layer.router.num_experts;
   ep.top_k = setup.model.layer.router.top_k;
   ep.hidden = setup.model.layer.hidden;
@@ -94,7 +94,7 @@ TrainSummary train_observed(const TrainSetup& setup, const TrainObserver& observ
   options.compute_threads_per_rank = 1;
   transport::threads::run_ranks(setup.ranks, options, [&](transport::Communicator& comm) {
     const DispatcherFactory factory = [&](int layer) {
-      ep::EpConfig config = ep;
+      EpConfig config = ep;
       config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
       return ep::make_dispatcher(setup.dispatch, comm, config);
     };

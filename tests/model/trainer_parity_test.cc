@@ -40,15 +40,15 @@ TEST_F(TrainerParity, ThreeRanksMatchOneRankWithin1e5) {
   one.trainer.batch_size = 6;
   TrainSetup three = one;
   three.ranks = 3;
-  for (const ep::DispatchKind dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     three.dispatch = dispatch;
-    EXPECT_LT(max_relative_difference(train_losses(three), train_losses(one)), 1e-5) << ep::to_string(dispatch);
+    EXPECT_LT(max_relative_difference(train_losses(three), train_losses(one)), 1e-5) << to_string(dispatch);
   }
 }
 
 TEST_F(TrainerParity, RingDispatchMatchesOneRankWithin1e5) {
   TrainSetup setup = small_setup(4);
-  setup.dispatch = ep::DispatchKind::ring;
+  setup.dispatch = DispatchKind::ring;
   EXPECT_LT(max_relative_difference(train_losses(setup), single_rank()), 1e-5);
 }
 
@@ -56,19 +56,19 @@ TEST_F(TrainerParity, SameRunSameBits) { EXPECT_EQ(train_losses(small_setup(4)),
 
 TEST_F(TrainerParity, CotangentAllGatherRingAndPlainAreBitIdentical) {
   TrainSetup ring = small_setup(4);
-  ring.dispatch = ep::DispatchKind::ring;
+  ring.dispatch = DispatchKind::ring;
   TrainSetup plain = ring;
-  plain.ep.cotangent_all_gather = ep::CotangentAllGather::plain;
+  plain.ep.cotangent_all_gather = CotangentAllGather::plain;
   EXPECT_EQ(train_losses(ring), train_losses(plain));
 }
 
 TEST_F(TrainerParity, RematerialisingIsBitIdenticalToSaving) {
-  for (const ep::DispatchKind dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     TrainSetup save = small_setup(4);
     save.dispatch = dispatch;
     TrainSetup remat = save;
-    remat.model.layer.remat = ep::RematPolicy::preset("remat_policy", "full");
-    EXPECT_EQ(train_losses(save), train_losses(remat)) << ep::to_string(dispatch);
+    remat.model.layer.remat = RematPolicy::preset("remat_policy", "full");
+    EXPECT_EQ(train_losses(save), train_losses(remat)) << to_string(dispatch);
   }
 }
 
@@ -76,12 +76,12 @@ TEST_F(TrainerParity, TokenChunksMatchWithin1e5) {
   // Not bit-identical: with 4 chunks each expert's weight gradient is summed
   // chunk by chunk (4 GEMMs accumulated) instead of in one GEMM over all its
   // rows, a different fp32 summation order (docs/NUMERICS.md).
-  for (const ep::DispatchKind dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
     TrainSetup one = small_setup(4);
     one.dispatch = dispatch;
     TrainSetup four = one;
     four.ep.num_chunks = 4;
-    EXPECT_LT(max_relative_difference(train_losses(four), train_losses(one)), 1e-5) << ep::to_string(dispatch);
+    EXPECT_LT(max_relative_difference(train_losses(four), train_losses(one)), 1e-5) << to_string(dispatch);
   }
 }
 
@@ -92,7 +92,7 @@ TEST_F(TrainerParity, DedupMatchesWithin1e5) {
 }
 
 TEST_F(TrainerParity, DynamicAndPeriodicReplicasMatchWithin1e5) {
-  for (const ep::BalanceMode mode : {ep::BalanceMode::dynamic, ep::BalanceMode::periodic}) {
+  for (const BalanceMode mode : {BalanceMode::dynamic, BalanceMode::periodic}) {
     TrainSetup replicas = small_setup(4);
     replicas.ep.balance = mode;
     replicas.ep.redundant_slots = 1;
@@ -131,8 +131,8 @@ namespace {
 // falls in the run (~18%), so a broken fp8 path cannot hide under it.
 TEST(TrainerFp8Tokens, LossStaysWithinOnePercentOfF32) {
   const std::vector<double> f32 = train_losses(small_setup(4));
-  for (const ep::TokenFormat format : {ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token}) {
-    for (const ep::DispatchKind dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+  for (const TokenFormat format : {TokenFormat::fp8_tensor, TokenFormat::fp8_token}) {
+    for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
       TrainSetup fp8 = small_setup(4);
       fp8.ep.token_format = format;
       fp8.dispatch = dispatch;

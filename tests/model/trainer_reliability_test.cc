@@ -53,7 +53,7 @@ struct ElasticCase {
 };
 
 void add_replicas(TrainSetup& setup) {
-  setup.ep.balance = ep::BalanceMode::dynamic;
+  setup.ep.balance = BalanceMode::dynamic;
   setup.ep.redundant_slots = 1;
   setup.ep.rebalance_threshold = 1.0;
 }
@@ -178,7 +178,7 @@ TEST(TrainerFaults, ARankFailingMidCheckpointStopsEveryRankWithinTwoSecondsAndCo
   TrainSetup setup = elastic_setup(3, 6, dir.path());
   setup.trainer.steps = 10;
   setup.trainer.comm_timeout = std::chrono::milliseconds(60000);  // a hang would show, not time out quietly
-  ep::EpConfig ep;
+  EpConfig ep;
   ep.num_experts = 6;
   ep.top_k = 2;
   ep.hidden = 32;
@@ -193,9 +193,9 @@ TEST(TrainerFaults, ARankFailingMidCheckpointStopsEveryRankWithinTwoSecondsAndCo
   try {
     transport::threads::run_ranks(3, {.compute_threads_per_rank = 1}, [&](transport::Communicator& comm) {
       const DispatcherFactory factory = [&](int layer) {
-        ep::EpConfig config = ep;
+        EpConfig config = ep;
         config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
-        return ep::make_dispatcher(ep::DispatchKind::alltoall, comm, config);
+        return ep::make_dispatcher(DispatchKind::alltoall, comm, config);
       };
       train(comm, setup.trainer, setup.model, factory, observer);
     });

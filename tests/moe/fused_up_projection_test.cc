@@ -35,7 +35,7 @@ struct StepResult {
 };
 
 // Two steps of one layer: the second after an in-place weight update.
-std::vector<StepResult> two_steps(MoeProblem& p, bool fuse, const ep::RematPolicy& remat) {
+std::vector<StepResult> two_steps(MoeProblem& p, bool fuse, const RematPolicy& remat) {
   MemoryLedger ledger;
   MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .fuse_up_projection = fuse, .remat = remat},
                  &ledger);
@@ -67,8 +67,7 @@ class FusedUpProjectionLayer : public ::testing::TestWithParam<std::tuple<int, b
 TEST_P(FusedUpProjectionLayer, SameBitsAndLedgerBytesAsUnfused) {
   const auto [threads, save_0, save_1, save_o] = GetParam();
   set_compute_threads(threads);
-  const ep::RematPolicy remat{
-      .save_x_sorted = true, .save_mlpwi_0 = save_0, .save_mlpwi_1 = save_1, .save_mlpwo = save_o};
+  const RematPolicy remat{.save_x_sorted = true, .save_mlpwi_0 = save_0, .save_mlpwi_1 = save_1, .save_mlpwo = save_o};
   for (bool skewed : {false, true}) {
     SCOPED_TRACE(skewed ? "skewed" : "uniform");
     // Skewed: K = 1 and a selection bias towards expert 0, so that it holds

@@ -207,8 +207,8 @@ TEST(NonFiniteInsideStep, ExpertParallelOverflowFailsEveryRankWithoutHanging) {
   const int num_ranks = 2;
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2};
   const MoeProblem p = testing::make_problem(16, 8, 8, router, 48);
-  for (ep::DispatchKind dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
-    ep::EpConfig config{.num_experts = 4, .top_k = 2, .hidden = 8};
+  for (DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
+    EpConfig config{.num_experts = 4, .top_k = 2, .hidden = 8};
     std::vector<std::string> seen(num_ranks);
     std::mutex mutex;
     std::string thrown;
@@ -242,7 +242,7 @@ TEST(NonFiniteInsideStep, ExpertParallelOverflowFailsEveryRankWithoutHanging) {
       thrown = e.what();
     }
     const std::string cause = "moe layer 1: non-finite value in expert output (forward/experts) at row ";
-    EXPECT_EQ(thrown.rfind(cause, 0), 0u) << ep::to_string(dispatch) << ": " << thrown;
+    EXPECT_EQ(thrown.rfind(cause, 0), 0u) << to_string(dispatch) << ": " << thrown;
     EXPECT_EQ(seen[1].rfind("NumericError: " + cause, 0), 0u) << seen[1];
     EXPECT_EQ(seen[0].rfind("PeerError: ", 0), 0u) << seen[0];
     EXPECT_NE(seen[0].find(cause), std::string::npos) << "rank 0 is told rank 1's cause: " << seen[0];

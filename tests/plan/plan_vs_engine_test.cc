@@ -47,8 +47,8 @@ void expect_same_bytes(const std::map<std::string, std::int64_t>& engine, const 
   }
 }
 
-double row_bytes(ep::TokenFormat format, std::int64_t hidden) {
-  return format == ep::TokenFormat::f32 ? 4.0 * hidden : format == ep::TokenFormat::fp8_tensor ? hidden : hidden + 4.0;
+double row_bytes(TokenFormat format, std::int64_t hidden) {
+  return format == TokenFormat::f32 ? 4.0 * hidden : format == TokenFormat::fp8_tensor ? hidden : hidden + 4.0;
 }
 
 // Rows / pairs rank r exchanges with the other ranks, from the engine's routing.
@@ -81,12 +81,12 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
   const int num_experts = 12, top_k = 3;
   const std::int64_t hidden = 10, tokens_per_rank = 6;
   for (int num_ranks : {2, 3, 4})
-    for (auto dispatch : {ep::DispatchKind::ring, ep::DispatchKind::alltoall})
+    for (auto dispatch : {DispatchKind::ring, DispatchKind::alltoall})
       for (bool dedup : {false, true})
-        for (auto format : {ep::TokenFormat::f32, ep::TokenFormat::fp8_tensor, ep::TokenFormat::fp8_token})
+        for (auto format : {TokenFormat::f32, TokenFormat::fp8_tensor, TokenFormat::fp8_token})
           for (int chunks : {1, 2})
             for (bool save_x_sorted : {true, false}) {
-              if (dispatch == ep::DispatchKind::ring && dedup) continue;
+              if (dispatch == DispatchKind::ring && dedup) continue;
               RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
               const testing::MoeProblem p =
                   testing::make_problem(tokens_per_rank * num_ranks, hidden, 4, router, 80 + num_ranks);
@@ -106,14 +106,14 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
                                               .token_row_bytes = row_bytes(format, hidden),
                                               .activation_bytes = 4,
                                               .num_chunks = chunks,
-                                              .fp8_tensor_scale = format == ep::TokenFormat::fp8_tensor};
+                                              .fp8_tensor_scale = format == TokenFormat::fp8_tensor};
               for (int r = 0; r < num_ranks; ++r) {
-                const std::string what = "R" + std::to_string(num_ranks) + " " + ep::to_string(dispatch) +
-                                         (dedup ? " dedup" : "") + " " + ep::to_string(format) + " chunks " +
+                const std::string what = "R" + std::to_string(num_ranks) + " " + to_string(dispatch) +
+                                         (dedup ? " dedup" : "") + " " + to_string(format) + " chunks " +
                                          std::to_string(chunks) + (save_x_sorted ? "" : " remat") + " rank " +
                                          std::to_string(r);
                 const auto predicted =
-                    dispatch == ep::DispatchKind::ring
+                    dispatch == DispatchKind::ring
                         ? plan::ring_collective_bytes(shape, !save_x_sorted)
                         : plan::alltoall_collective_bytes(shape,
                                                           measured_traffic(ids, r, num_ranks, tokens_per_rank, top_k,
@@ -133,8 +133,8 @@ TEST(PlanVsEngine, RingBytesWithReplicasAreExactBesidesTheReplicaTransfers) {
   for (int num_ranks : {2, 3}) {
     RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
     const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, 4, router, 60 + num_ranks);
-    EpRunOptions options{.num_ranks = num_ranks, .dispatch = ep::DispatchKind::ring};
-    options.ep.balance = ep::BalanceMode::dynamic;
+    EpRunOptions options{.num_ranks = num_ranks, .dispatch = DispatchKind::ring};
+    options.ep.balance = BalanceMode::dynamic;
     options.ep.redundant_slots = 1;
     const EpRunResult run = testing::run_ep_layer(p, options);
     const plan::DispatchShape shape{.num_ranks = num_ranks,
@@ -176,14 +176,14 @@ TEST(PlanVsEngine, SavedActivationsMatchTheLedger) {
   const std::int64_t hidden = 8, ffn = 6, tokens_per_rank = 1024;
   RouterConfig router{.kind = RouterKind::random, .num_experts = num_experts, .top_k = top_k, .seed = 7};
   const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, ffn, router, 90);
-  const std::pair<ep::TokenFormat, plan::TokenTransfer> formats[] = {
-      {ep::TokenFormat::f32, plan::TokenTransfer::activation_dtype},
-      {ep::TokenFormat::fp8_tensor, plan::TokenTransfer::fp8_tensor},
-      {ep::TokenFormat::fp8_token, plan::TokenTransfer::fp8_token}};
+  const std::pair<TokenFormat, plan::TokenTransfer> formats[] = {
+      {TokenFormat::f32, plan::TokenTransfer::activation_dtype},
+      {TokenFormat::fp8_tensor, plan::TokenTransfer::fp8_tensor},
+      {TokenFormat::fp8_token, plan::TokenTransfer::fp8_token}};
   for (const auto& [format, transfer] : formats) {
     plan::PlanConfig c = one_layer_config(num_ranks, tokens_per_rank, hidden, ffn, num_experts, top_k);
     c.token_transfer = transfer;
-    for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
       EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
       options.ep.token_format = format;
       const EpRunResult run = testing::run_ep_layer(p, options);
@@ -191,7 +191,7 @@ TEST(PlanVsEngine, SavedActivationsMatchTheLedger) {
         const auto& peaks = run.memory[r].peak_bytes_by_name;
         const auto& groups = run.stats[r].rows_per_local_expert;
         const double rows = double(std::accumulate(groups.begin(), groups.end(), std::int64_t{0}));
-        const std::string what = ep::to_string(dispatch) + " " + ep::to_string(format) + " rank " + std::to_string(r);
+        const std::string what = to_string(dispatch) + " " + to_string(format) + " rank " + std::to_string(r);
         // Exact at the measured rows.
         EXPECT_EQ(double(peaks.at("saved/x_sorted")),
                   plan::x_sorted_bytes(rows, c.saved_row_form(), hidden, num_experts / num_ranks))
@@ -222,7 +222,7 @@ TEST(PlanVsEngine, Bf16OperandsKeepXSortedInBf16) {
     const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, ffn, router, 91);
     plan::PlanConfig c = one_layer_config(num_ranks, tokens_per_rank, hidden, ffn, num_experts, top_k);
     c.activation_type = plan::ElementType::bf16;
-    for (auto dispatch : {ep::DispatchKind::alltoall, ep::DispatchKind::ring}) {
+    for (auto dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
       const EpRunResult run =
           testing::run_ep_layer(p, {.num_ranks = num_ranks, .dispatch = dispatch, .compute_dtype = ComputeDType::bf16});
       for (int r = 0; r < num_ranks; ++r) {
@@ -230,7 +230,7 @@ TEST(PlanVsEngine, Bf16OperandsKeepXSortedInBf16) {
         const double rows = double(std::accumulate(groups.begin(), groups.end(), std::int64_t{0}));
         EXPECT_EQ(double(run.memory[r].peak_bytes_by_name.at("saved/x_sorted")),
                   plan::x_sorted_bytes(rows, c.saved_row_form(), hidden, num_experts / num_ranks))
-            << ep::to_string(dispatch) << " R" << num_ranks << " rank " << r;
+            << to_string(dispatch) << " R" << num_ranks << " rank " << r;
       }
     }
   }

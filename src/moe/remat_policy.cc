@@ -1,8 +1,10 @@
-#include "ep/remat_policy.h"
+#include <epmoe/config.h>
+
+#include <string>
 
 #include "core/error.h"
 
-namespace epmoe::ep {
+namespace epmoe {
 
 RematPolicy RematPolicy::preset(std::string_view key, std::string_view name) {
   if (name == "minimal" || name == "custom") return {true, true, true, true};
@@ -24,4 +26,4 @@ std::string RematPolicy::describe() const {
          " mlpwi_1=" + word(save_mlpwi_1) + " mlpwo=" + word(save_mlpwo);
 }
 
-}  // namespace epmoe::ep
+}  // namespace epmoe
