@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
+#include <epmoe/moe_layer.h>
 #include "bench_harness.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "core/threading.h"
 #include "fma_peak.h"
 #include "kernels/gemm.h"
-#include "moe/moe_layer.h"
 
 namespace epmoe::bench {
 namespace {
@@ -92,16 +92,19 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   // The layer with the opt-in fused wi0|wi1 product
   // (MoeLayerConfig::fuse_up_projection) and the default unfused one, timed
   // in the same run.
+  EpGroup group(EpConfig{.num_experts = args.experts, .top_k = args.top_k, .hidden = h});  // one rank, both layers
   MoeLayer layer({.hidden = h,
                   .ffn = f,
                   .router = {.num_experts = args.experts, .top_k = args.top_k},
                   .compute_dtype = dtype,
-                  .fuse_up_projection = true});
+                  .fuse_up_projection = true},
+                 group);
   MoeLayer unfused_layer({.hidden = h,
                           .ffn = f,
                           .router = {.num_experts = args.experts, .top_k = args.top_k},
                           .compute_dtype = dtype,
-                          .fuse_up_projection = false});
+                          .fuse_up_projection = false},
+                         group);
   const MoeWeights weights{gate, wi0, wi1, wo, {}};
 
   const BenchOptions options{.warmup_calls = 1, .min_repetition_seconds = args.seconds, .repetitions = 5};
@@ -141,11 +144,11 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
 
   if (args.phases && !args.json) {
     // One more step, its time per phase (the layer's accumulated phase times, differenced).
-    const std::map<std::string, double> before = layer.stats().phase_seconds.seconds();
+    const std::map<std::string, double> before = layer.stats().phase_seconds;
     layer.forward(x, weights);
     layer.backward(dy);
     std::string line;
-    for (const auto& [phase, total] : layer.stats().phase_seconds.seconds()) {
+    for (const auto& [phase, total] : layer.stats().phase_seconds) {
       const auto it = before.find(phase);
       const double step = total - (it == before.end() ? 0.0 : it->second);
       char item[96];

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include <epmoe/moe_layer.h>
 #include "balance/routing_skew.h"
 #include "bench_args.h"
 #include "comm/barrier.h"
@@ -47,7 +48,6 @@
 #include "ep/ep_config.h"
 #include "layer_shape.h"
 #include "modelled_hardware.h"
-#include "moe/moe_layer.h"
 #include "transport/threads/launcher.h"
 
 namespace epmoe::bench {
@@ -128,13 +128,16 @@ void trace_first_configuration(const BenchArgs& args, const LayerShape& shape,
       for (int e = 0; e < shape.num_experts; ++e) bias.data<float>()[e] = (*config.bias)[static_cast<std::size_t>(e)];
     EpConfig ep_config{
         .num_experts = shape.num_experts, .top_k = shape.top_k, .hidden = shape.hidden, .tag_base = 1 << 20};
+    EpConfig group_config = ep_config;
+    group_config.dispatch = config.dispatch;
+    EpGroup group(comm, group_config);
     MoeLayer layer({.hidden = shape.hidden,
                     .ffn = shape.ffn,
                     .router = {.kind = config.bias ? RouterKind::sigmoid_grouped : RouterKind::softmax_topk,
                                .num_experts = shape.num_experts,
                                .top_k = shape.top_k},
                     .remat = config.remat},
-                   ep::make_dispatcher(config.dispatch, comm, ep_config));
+                   group);
     layer.forward(x, {gate, wi0, wi1, wo, config.bias ? bias.view() : TensorView()});
     layer.backward(dy);
   });
@@ -175,11 +178,14 @@ int run_remat_bench(const BenchArgs& args) {
         EpConfig config{
             .num_experts = base.num_experts, .top_k = base.top_k, .hidden = base.hidden, .tag_base = 1 << 20};
         MemoryLedger ledger;
+        EpConfig group_config = config;
+        group_config.dispatch = ring ? DispatchKind::ring : DispatchKind::alltoall;
+        EpGroup group(comm, group_config, &ledger);
         MoeLayer layer({.hidden = base.hidden,
                         .ffn = base.ffn,
                         .router = {.num_experts = base.num_experts, .top_k = base.top_k},
                         .remat = RematPolicy::preset("remat_policy", policy)},
-                       ep::make_dispatcher(ring ? DispatchKind::ring : DispatchKind::alltoall, comm, config), &ledger);
+                       group, &ledger);
         const MoeWeights weights{gate, wi0, wi1, wo, {}};
         std::vector<double> seconds;
         for (int i = 0; i <= repetitions; ++i) {  // i = 0 warms up
@@ -192,7 +198,7 @@ int run_remat_bench(const BenchArgs& args) {
         if (comm.rank() == 0) {
           backward_ms = summarise(seconds).median_s * 1e3;
           std::int64_t sent = 0;
-          for (const auto& [name, bytes] : layer.dispatch_stats().bytes_sent)
+          for (const auto& [name, bytes] : layer.last_step_stats().dispatch.bytes_sent)
             if (name.rfind("backward", 0) == 0) sent += bytes;
           backward_mb = sent / 1e6;
           saved_mb = layer.stats().saved_activation_peak_bytes / 1e6;
@@ -254,8 +260,8 @@ int run_replicas_bench(const BenchArgs& args) {
       std::vector<float> y_off;
       for (const int slots : slot_counts) {
         Timing result_timing;
-        std::vector<ep::DispatchStats> stats(static_cast<std::size_t>(shape.num_ranks));
-        std::vector<ep::ReplicaStats> replica_stats(static_cast<std::size_t>(shape.num_ranks));
+        std::vector<DispatchStats> stats(static_cast<std::size_t>(shape.num_ranks));
+        std::vector<ReplicaStats> replica_stats(static_cast<std::size_t>(shape.num_ranks));
         std::vector<float> y_sample;
         transport::threads::run_ranks(shape.num_ranks, threads, [&](transport::Communicator& comm) {
           Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
@@ -274,11 +280,14 @@ int run_replicas_bench(const BenchArgs& args) {
           config.balance = slots > 0 ? BalanceMode::dynamic : BalanceMode::off;
           config.redundant_slots = slots;
           config.rebalance_threshold = args.number("rebalance_threshold", 1.05);
+          EpConfig group_config = config;
+          group_config.dispatch = dispatch;
+          EpGroup group(comm, group_config);
           MoeLayer layer(
               {.hidden = shape.hidden,
                .ffn = shape.ffn,
                .router = {.kind = RouterKind::sigmoid_grouped, .num_experts = shape.num_experts, .top_k = shape.top_k}},
-              ep::make_dispatcher(dispatch, comm, config));
+              group);
           const MoeWeights weights{gate, wi0, wi1, wo, bias};
           Tensor y;
           // A new weight version every step (the layer's default), as after
@@ -287,8 +296,8 @@ int run_replicas_bench(const BenchArgs& args) {
             y = layer.forward(x, weights).y;
             layer.backward(dy);
           });
-          stats[comm.rank()] = layer.dispatch_stats();
-          replica_stats[comm.rank()] = layer.replica_stats();
+          stats[comm.rank()] = layer.last_step_stats().dispatch;
+          replica_stats[comm.rank()] = layer.last_step_stats().replicas;
           if (comm.rank() == 0) {
             result_timing = t;
             y_sample.assign(y.span<float>().begin(), y.span<float>().end());
@@ -396,8 +405,10 @@ int run_ep_layer_bench(int argc, char** argv) {
                       .dedup = v.dedup,
                       .token_format = v.tokens,
                       .tag_base = 1 << 20};
-      MoeLayer layer({.hidden = hidden, .ffn = ffn, .router = {.num_experts = num_experts, .top_k = top_k}},
-                     ep::make_dispatcher(v.dispatch, comm, config));
+      EpConfig group_config = config;
+      group_config.dispatch = v.dispatch;
+      EpGroup group(comm, group_config);
+      MoeLayer layer({.hidden = hidden, .ffn = ffn, .router = {.num_experts = num_experts, .top_k = top_k}}, group);
       const MoeWeights weights{gate, wi0, wi1, wo, {}};
       Tensor y;
       const Timing t = measure(comm, timing, [&] {
@@ -406,7 +417,7 @@ int run_ep_layer_bench(int argc, char** argv) {
       });
       if (comm.rank() == 0) {
         result.timing = t;
-        result.bytes_sent = layer.dispatch_stats().bytes_sent;
+        result.bytes_sent = layer.last_step_stats().dispatch.bytes_sent;
         result.y_sample.assign(y.span<float>().begin(), y.span<float>().end());
       }
     });

@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include <epmoe/moe_layer.h>
 #include "balance/routing_skew.h"
 #include "bench_args.h"
 #include "core/error.h"
@@ -51,7 +52,6 @@
 #include "ep/ep_config.h"
 #include "layer_shape.h"
 #include "modelled_hardware.h"
-#include "moe/moe_layer.h"
 
 namespace epmoe::bench {
 
@@ -80,8 +80,8 @@ struct RankOutcome {
   Picoseconds forward_end = 0, end = 0;
   ModelledTotals totals;
   std::vector<ModelledCollective> collectives;
-  ep::DispatchStats dispatch;
-  ep::ReplicaStats replicas;
+  DispatchStats dispatch;
+  ReplicaStats replicas;
   std::map<std::string, double> phases;  // modelled seconds
   std::int64_t saved_peak_bytes = 0, recomputed_bytes = 0;
 };
@@ -233,13 +233,16 @@ class Runner {
       config.redundant_slots = c.slots;
       config.rebalance_threshold = args_.number("rebalance_threshold", 1.05);
       MemoryLedger ledger;
+      EpConfig group_config = config;
+      group_config.dispatch = c.dispatch;
+      EpGroup group(comm, group_config, &ledger);
       MoeLayer layer({.hidden = s.hidden,
                       .ffn = s.ffn,
                       .router = {.kind = c.skewed ? RouterKind::sigmoid_grouped : RouterKind::softmax_topk,
                                  .num_experts = s.num_experts,
                                  .top_k = s.top_k},
                       .remat = c.remat},
-                     ep::make_dispatcher(c.dispatch, comm, config), &ledger);
+                     group, &ledger);
       const MoeWeights weights{gate, wi0, wi1, wo, c.skewed ? bias.view() : TensorView()};
       ModelledClock& clock = *this_thread_modelled_clock();
       RankOutcome mine;
@@ -249,9 +252,9 @@ class Runner {
       mine.end = clock.now();
       mine.totals = clock.totals();
       mine.collectives = clock.collectives(0);
-      mine.dispatch = layer.dispatch_stats();
-      mine.replicas = layer.replica_stats();
-      mine.phases = layer.stats().phase_seconds.seconds();
+      mine.dispatch = layer.last_step_stats().dispatch;
+      mine.replicas = layer.last_step_stats().replicas;
+      mine.phases = layer.stats().phase_seconds;
       mine.saved_peak_bytes = layer.stats().saved_activation_peak_bytes;
       mine.recomputed_bytes = layer.stats().recomputed_bytes;
       std::lock_guard<std::mutex> lock(mutex);

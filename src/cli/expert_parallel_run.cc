@@ -14,15 +14,15 @@
 #include "core/modelled_clock.h"
 #include "core/threading.h"
 #include "core/timer.h"
-#include "ep/local_dispatcher.h"
 
 namespace epmoe::cli {
 namespace {
 
-// Collective tags of the output gather (comm/tag.h). The layer's dispatcher
-// has EpConfig::tag_base = 0 and so uses tags [0, 1024) (ep/collective_tags.h);
-// the gather's start above them and never meet its messages.
-constexpr std::uint32_t kGatherTagBase = 1024;
+// Collective tags (comm/tag.h): the layer's EP group takes [0,
+// kEpGroupTagRange) (ep/collective_tags.h); the output gather's start above
+// them and never meet its messages.
+constexpr std::uint32_t kLayerTagBase = 0;
+constexpr std::uint32_t kGatherTagBase = kEpGroupTagRange;
 enum class GatherTag : std::uint32_t {
   y,
   topk_ids,
@@ -79,10 +79,11 @@ struct RankRun {
   RankReport report;
 };
 
-RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config, std::unique_ptr<ep::Dispatcher> dispatcher,
+// `group` charges its buffers to `ledger`, which the layer's saved
+// activations go to as well.
+RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config, EpGroup& group, MemoryLedger& ledger,
                        int rank) {
-  MemoryLedger ledger;  // measures the activations saved for backward
-  MoeLayer layer(config, std::move(dispatcher), &ledger);
+  MoeLayer layer(config, group, &ledger);
   RankRun run;
   const ModelledClock* const clock = this_thread_modelled_clock();
   ModelledMark modelled_start, modelled_forward_end;
@@ -101,7 +102,7 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config, std
     run.report.modelled = modelled_between(*clock, modelled_start, modelled_forward_end, modelled_mark(*clock));
   }
 
-  const ep::DispatchStats& dispatch = layer.dispatch_stats();
+  const DispatchStats& dispatch = layer.last_step_stats().dispatch;
   RankReport& report = run.report;
   report.rank = rank;
   report.first_token = shard.first_token();
@@ -111,7 +112,7 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config, std
   report.rows_per_local_expert = dispatch.rows_per_local_expert;
   report.bytes_sent = dispatch.bytes_sent;
   report.dropped_pairs = dispatch.dropped_pairs;
-  report.phase_seconds = layer.stats().phase_seconds.seconds();
+  report.phase_seconds = layer.stats().phase_seconds;
   report.forward_seconds = forward_seconds;
   report.backward_seconds = backward_seconds;
   report.saved_activation_peak_bytes = layer.stats().saved_activation_peak_bytes;
@@ -120,7 +121,7 @@ RankRun run_rank_layer(const RankShard& shard, const MoeLayerConfig& config, std
     if (name.starts_with("buffer/")) report.buffer_bytes_by_name[name] = entry.live_bytes;
   }
   report.recomputed_bytes = layer.stats().recomputed_bytes;
-  const ep::ReplicaStats& replicas = layer.replica_stats();
+  const ReplicaStats& replicas = layer.last_step_stats().replicas;
   report.rows_per_slot = replicas.rows_per_slot;
   report.slot_experts = replicas.slot_experts;
   report.rank_loads_before = replicas.rank_loads_before;
@@ -247,8 +248,9 @@ LayerRunResult run_and_gather(transport::Communicator& comm, const LayerInputs& 
                               const ExpertParallelSettings& settings) {
   EPMOE_CHECK_EQ(comm.size(), settings.num_ranks);
   const RankShard shard(inputs, settings, comm.rank());
-  const RankRun run =
-      run_rank_layer(shard, config, ep::make_dispatcher(settings.dispatch, comm, settings.ep), comm.rank());
+  MemoryLedger ledger;  // the group's buffers and the layer's saved activations
+  const std::unique_ptr<EpGroup> group = settings.make_group(&comm, kLayerTagBase, &ledger);
+  const RankRun run = run_rank_layer(shard, config, *group, ledger, comm.rank());
   return gather_results(comm, run, token_rows_by_rank(settings, inputs.num_tokens), settings.ep.timeout);
 }
 
@@ -259,8 +261,9 @@ std::optional<LayerRunResult> run_layer_across_ranks(const LayerInputs& inputs, 
   if (settings.single_rank_local()) {
     set_compute_threads(settings.compute_threads_per_rank);
     const RankShard shard(inputs, settings, 0);
-    RankRun run = run_rank_layer(
-        shard, config, std::make_unique<ep::LocalDispatcher>(config.router.num_experts, settings.ep.num_chunks), 0);
+    MemoryLedger ledger;
+    const std::unique_ptr<EpGroup> group = settings.make_group(nullptr, kLayerTagBase, &ledger);
+    RankRun run = run_rank_layer(shard, config, *group, ledger, 0);
     return LayerRunResult{std::move(run.forward), std::move(run.gradients), {std::move(run.report)}};
   }
 

@@ -29,10 +29,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <epmoe/moe_layer.h>
 #include "cli/expert_parallel_settings.h"
 #include "cli/layer_inputs.h"
 #include "core/modelled_report.h"
-#include "moe/moe_layer.h"
 
 // nlohmann_json 3.11 (Debian 12) has no std::optional support: null when empty.
 namespace nlohmann {

@@ -7,7 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include <epmoe/ep_group.h>
 
 #include "core/trace_recorder.h"
 #include "ep/ep_config.h"
@@ -22,8 +25,7 @@ std::string to_string(TransportKind kind);
 struct ExpertParallelSettings {
   int num_ranks = 1;
   TransportKind transport = TransportKind::threads;
-  DispatchKind dispatch = DispatchKind::alltoall;
-  EpConfig ep;                                       // validated for num_ranks
+  EpConfig ep;                                       // validated for num_ranks (ep.dispatch: the dispatcher)
   std::string cotangent_all_gather = "ring";         // as given, for the metrics echo
   transport::threads::EmulatedLinkOptions links;     // threads only; enabled = emulate
   transport::threads::ModelledTimeOptions modelled;  // clock=modelled (cli/modelled_time_settings.h)
@@ -37,6 +39,12 @@ struct ExpertParallelSettings {
   // Then the layer runs as before expert parallelism existed: MoeLayer with
   // its LocalDispatcher on the calling thread, bit for bit the same results.
   bool single_rank_local() const;
+
+  // This rank's EP group: a single-rank group (no communication) when
+  // single_rank_local(), else a group over `comm` (collective). Its tags
+  // start at `tag_base`.
+  std::unique_ptr<EpGroup> make_group(transport::Communicator* comm, std::uint32_t tag_base,
+                                      MemoryLedger* ledger = nullptr) const;
 
   std::int64_t first_token(int rank, std::int64_t num_tokens) const { return num_tokens * rank / num_ranks; }
   int num_local_experts() const { return ep.num_experts / num_ranks; }

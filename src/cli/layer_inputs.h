@@ -15,9 +15,9 @@
 #include <string>
 #include <string_view>
 
+#include <epmoe/moe_layer.h>
 #include "core/finite_check.h"
 #include "core/tensor.h"
-#include "moe/moe_layer.h"
 
 namespace epmoe::cli {
 

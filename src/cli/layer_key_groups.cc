@@ -314,7 +314,7 @@ int rank_count(const ConfigValues& values, TransportKind transport) {
 // A key that only one dispatcher reads, set away from its default with the
 // other one, would be silently ignored: the user believes the run used it.
 void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertParallelSettings& settings) {
-  if (settings.dispatch == DispatchKind::ring) {
+  if (settings.ep.dispatch == DispatchKind::ring) {
     if (settings.ep.capacity_factor > 0) {
       throw ConfigError(values.setting("capacity_factor") +
                         ": applies to dispatch=alltoall only; "
@@ -333,7 +333,7 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertPara
   // Only the all-to-all with dedup chooses among copies; elsewhere the
   // positional rule holds whatever the key says.
   if (values.is_set("replica_choice") &&
-      !(settings.dispatch == DispatchKind::alltoall && settings.ep.dedup && settings.ep.replicas_enabled())) {
+      !(settings.ep.dispatch == DispatchKind::alltoall && settings.ep.dedup && settings.ep.replicas_enabled())) {
     throw ConfigError(values.setting("replica_choice") +
                       ": applies to dispatch=alltoall dedup=true with replicas "
                       "(balance=dynamic|periodic, redundant_slots > 0) only; elsewhere pairs go to copies by "
@@ -370,8 +370,8 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   settings.transport = values.get_string("transport") == "mpi" ? TransportKind::mpi : TransportKind::threads;
   settings.num_ranks = rank_count(values, settings.transport);
   const int num_ranks = settings.num_ranks;
-  settings.dispatch = ep::parse_dispatch_kind("dispatch", values.get_string("dispatch"));
   EpConfig& ep = settings.ep;
+  ep.dispatch = ep::parse_dispatch_kind("dispatch", values.get_string("dispatch"));
   ep.num_experts = layer.router.num_experts;
   ep.top_k = layer.router.top_k;
   ep.hidden = layer.hidden;

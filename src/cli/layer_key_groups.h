@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
+#include <epmoe/moe_layer.h>
 #include "cli/config_keys.h"
 #include "cli/expert_parallel_settings.h"
-#include "moe/moe_layer.h"
 
 namespace epmoe::cli {
 

@@ -46,7 +46,7 @@ nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
     links["latency_us"] = settings.links.latency_us;
     links["topology"] = transport::threads::link_topology_name(settings.links.topology);
   }
-  return {{"dispatch", to_string(settings.dispatch)},
+  return {{"dispatch", to_string(settings.ep.dispatch)},
           {"dedup", ep.dedup},
           {"capacity_factor", ep.capacity_factor},
           {"token_chunks", ep.num_chunks},

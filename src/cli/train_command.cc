@@ -22,7 +22,6 @@
 #include "cli/yaml_overrides.h"
 #include "core/error.h"
 #include "data/checkpoint_store.h"
-#include "ep/local_dispatcher.h"
 #include "model/trainer.h"
 
 namespace epmoe::cli {
@@ -51,18 +50,8 @@ struct TrainArguments {
   std::vector<std::string> assignments;
 };
 
-// Layer l's dispatcher on a rank: the layer's own collective tags, above the
-// trainer's [0, 1024).
-DispatcherFactory dispatcher_factory(const ExpertParallelSettings& settings, transport::Communicator& comm) {
-  return [&settings, &comm](int layer) -> std::unique_ptr<ep::Dispatcher> {
-    if (settings.single_rank_local()) {
-      return std::make_unique<ep::LocalDispatcher>(settings.ep.num_experts, settings.ep.num_chunks);
-    }
-    EpConfig config = settings.ep;
-    config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
-    return ep::make_dispatcher(settings.dispatch, comm, config);
-  };
-}
+// The EP group's collective tags start above the trainer's [0, 1024).
+constexpr std::uint32_t kEpGroupTagBase = 1024;
 
 // A checkpoint directory that cannot be written would fail the run at its
 // first checkpoint, after the work; found out before instead.
@@ -156,7 +145,8 @@ void run_train_command(const TrainArguments& arguments) {
 
   std::optional<TrainSummary> summary;
   launch_ranks(settings, [&](transport::Communicator& comm) {
-    TrainSummary own = train(comm, trainer, model, dispatcher_factory(settings, comm), observer);
+    const std::unique_ptr<EpGroup> group = settings.make_group(&comm, kEpGroupTagBase);
+    TrainSummary own = train(comm, *group, trainer, model, observer);
     if (comm.rank() == 0) summary = std::move(own);
   });
   if (!summary) return;  // an MPI rank other than 0
@@ -166,8 +156,8 @@ void run_train_command(const TrainArguments& arguments) {
       "epmoe train: %lld steps on %d rank(s) (%s, dispatch=%s) in %.1f s, %.1fk tok/s; loss %.4f -> %.4f "
       "(floor: the data's entropy rate %.4f)",
       static_cast<long long>(summary->steps_run), settings.num_ranks, to_string(settings.transport).c_str(),
-      to_string(settings.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3, summary->losses.front(),
-      summary->losses.back(), SyntheticTokens(trainer.data).entropy_rate_nats());
+      to_string(settings.ep.dispatch).c_str(), summary->seconds, tokens / summary->seconds / 1e3,
+      summary->losses.front(), summary->losses.back(), SyntheticTokens(trainer.data).entropy_rate_nats());
   std::printf("; dropped %lld of %lld (token, expert) pairs", static_cast<long long>(summary->dropped_pairs),
               static_cast<long long>(summary->routed_pairs));
   if (summary->dropped_pairs > 0) {

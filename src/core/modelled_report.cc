@@ -29,7 +29,10 @@ ModelledRankTime modelled_between(const ModelledClock& clock, const ModelledMark
   std::vector<ModelledCollective> collectives = clock.collectives(begin.collectives);
   collectives.resize(std::min(collectives.size(), end.collectives - begin.collectives));
   for (const ModelledCollective& c : collectives) {
-    t.collectives.push_back({c.name, to_seconds(c.start), to_seconds(c.end), to_seconds(c.exposed()), c.bytes_sent});
+    // Times from the interval's start, as forward_seconds is: anything the
+    // rank did before (an EP group's construction) does not shift them.
+    t.collectives.push_back({c.name, to_seconds(c.start - begin.time), to_seconds(c.end - begin.time),
+                             to_seconds(c.exposed()), c.bytes_sent});
   }
   return t;
 }

@@ -17,7 +17,7 @@ ScopedPhase::ScopedPhase(PhaseTimes& times, std::string phase)
       trace_begin_us_(this_thread_trace_now_us()) {}
 
 ScopedPhase::~ScopedPhase() {
-  times_.add(phase_, this_thread_clock_seconds() - start_seconds_);
+  times_[phase_] += this_thread_clock_seconds() - start_seconds_;
   const TraceTrack track = this_thread_trace_track();
   if (track.recorder != nullptr) {
     track.recorder->add_compute(track.pid, phase_, "phase", trace_begin_us_, this_thread_trace_now_us());

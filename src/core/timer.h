@@ -21,14 +21,7 @@ class Stopwatch {
 };
 
 // Accumulated seconds per phase name.
-class PhaseTimes {
- public:
-  void add(const std::string& phase, double seconds) { seconds_[phase] += seconds; }
-  const std::map<std::string, double>& seconds() const { return seconds_; }
-
- private:
-  std::map<std::string, double> seconds_;
-};
+using PhaseTimes = std::map<std::string, double>;
 
 // Seconds on the calling thread's clock: modelled when it has one, else
 // steady wall time. Only differences mean anything.

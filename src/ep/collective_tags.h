@@ -1,6 +1,7 @@
-// Collective tags of a dispatcher: tag_base (one per layer, a multiple of
-// 1024) + chunk * 16 + operation, so every collective in flight at once has
-// its own tag (comm/tag.h adds the slot bits below these).
+// Collective tags of one expert-parallel step: the step's tag_base (its
+// block of 1024 in the group's range, ep/dispatcher.h) + chunk * 16 +
+// operation, so every collective in flight at once has its own tag, in every
+// step in flight (comm/tag.h adds the slot bits below these).
 #pragma once
 
 #include <cstdint>

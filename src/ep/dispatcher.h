@@ -1,120 +1,125 @@
-// Dispatcher: moves tokens from the rank that holds them to the ranks whose
-// experts they are routed to, and the experts' outputs back (DESIGN.md §4.5,
-// §4.6). MoeLayer drives it; the expert math stays in moe/.
+// Dispatcher: one rank's side of expert-parallel token movement (DESIGN.md
+// §4.5, §4.6), as DeepEP's Buffer is: per rank (not per layer), it holds the
+// communicator, the configuration, the token codec and the memory every
+// step reuses - a pool of step layouts and a pool of exchange buffers, each
+// kept at its high-water mark and shared by every layer that runs on it.
+// What one step owns lives in its DispatchHandle (ep/dispatch_handle.h):
+// start_step() returns a handle, and the handle drives the step through the
+// dispatcher's transfer primitives below, in the one chunk pipeline it
+// implements. A dispatcher has no step state of its own, so any number of
+// steps (every layer's, or two micro-batches of one layer) may be in flight
+// at once, each with its own block of tags.
 //
-// A step is split into num_chunks() chunks of this rank's tokens (chunk c
-// covers local tokens [c * N_l / n, (c + 1) * N_l / n)), so that a
-// dispatcher can move chunk c + 1 while the experts compute chunk c.
-// dispatch() starts a step and returns its handle (ep/dispatch_handle.h),
-// through which the step's chunks, combine and backward go in their order.
+// Concrete dispatchers: AllToAllDispatcher (ragged all-to-all, dedup,
+// capacity), RingDispatcher (ring of experts) and LocalDispatcher (one rank
+// holds every expert; no communication).
+//
+// Threads: a dispatcher and its handles belong to their rank's thread (the
+// pools are not locked); the collectives they start run on progress threads.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <epmoe/config.h>
+
 #include "core/memory_ledger.h"
 #include "core/tensor.h"
-#include "core/timer.h"
 #include "ep/dispatch_handle.h"
 #include "ep/expert_rows.h"
+#include "ep/step_state.h"
+#include "ep/token_codec.h"
+
+namespace epmoe::transport {
+class Communicator;
+}
 
 namespace epmoe::ep {
 
-class ReplicaExchange;
-
-// This rank's routing decisions: for each local token, K expert ids (global)
-// and K weights.
-struct RoutingView {
-  const std::int32_t* topk_ids = nullptr;  // [num_tokens, top_k]
-  const float* topk_weights = nullptr;     // [num_tokens, top_k]
-  std::int64_t num_tokens = 0;
-  int top_k = 0;
-};
-
-struct DispatchGradients {
-  Tensor dx;              // [N_l, H] through the experts
-  Tensor d_topk_weights;  // [N_l, K]
-};
-
-// What a dispatcher measured over the last forward + backward.
-struct DispatchStats {
-  // Bytes this rank sent, by collective ("forward/all_to_all_v tokens", ...;
-  // "backward/remat ..." is what recomputing x_sorted costs). Every byte
-  // sent is under some kind, the small control streams too: the count round
-  // ("forward/all_to_all_v counts"), the ring's token counts, the fp8_tensor
-  // scales and the replica planner's counts ("forward/ring_all_gather
-  // token counts", "... fp8 scale", "... replica counts"). Dynamic
-  // replicas' weights and gradients are here too ("forward/replica weights",
-  // "backward/replica gradients"); their other statistics are the exchange's
-  // (ep/replica_stats.h).
-  std::map<std::string, std::int64_t> bytes_sent;
-  // Rows this rank's experts computed, per local expert (all chunks).
-  std::vector<std::int64_t> rows_per_local_expert;
-  // (token, expert) pairs this rank's tokens lost to a capacity limit.
-  std::int64_t dropped_pairs = 0;
-  PhaseTimes phase_seconds;  // dispatch, combine, backward_* (waits included)
-
-  void reset(int num_local_experts);
-  // Adds a chunk's rows of the home experts' groups; a replica slot's
-  // (E_l + b) are the exchange's (ReplicaExchange::count_slot_rows).
-  void count_rows(const ExpertRows& rows, int num_local_experts);
-};
-
 class Dispatcher {
  public:
-  virtual ~Dispatcher() = default;
+  virtual ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
 
-  virtual int num_chunks() const = 0;
-  virtual int num_local_experts() const = 0;
-  virtual int first_local_expert() const = 0;
+  const EpConfig& config() const { return config_; }
+  int num_ranks() const { return num_ranks_; }
+  int rank() const { return rank_; }
+  int num_local_experts() const { return num_local_experts_; }  // E_l
+  int first_local_expert() const { return rank_ * num_local_experts_; }
+  // Experts a rank computes: E_l homes, then B replica slots when the config
+  // has replicas. A routing destination (ep/step_state.h) is
+  // rank * experts_per_rank() + local index.
+  int experts_per_rank() const { return experts_per_rank_; }
 
-  // Starts a step: plans chunk 0 and puts its tokens in flight. UsageError
-  // while another step's handle is in flight.
-  DispatchHandle dispatch(TensorView x, const RoutingView& routing);
+  // A new step of `num_chunks` chunks (no communication): its handle takes a
+  // layout from the pool and the next free block of tags. Every rank must
+  // start its steps in the same order (as with any collective). UsageError
+  // when kEpGroupMaxStepsInFlight steps are in flight already.
+  DispatchHandle start_step(int num_chunks);
 
-  virtual const DispatchStats& stats() const = 0;
-
-  // Dynamic replicas: non-null when balance=dynamic with redundant slots.
-  // Then the rows' local expert index runs over E_l home experts followed by
-  // the B redundant slots (index E_l + b is slot b), and the layer computes
-  // on E_l + B experts' weights (ep/replica_exchange.h). The exchange's
-  // statistics are its own: replicas()->stats().
-  virtual ReplicaExchange* replicas() { return nullptr; }
-  virtual int num_compute_experts() const { return num_local_experts(); }  // E_l (+ B)
-
-  // The buffers this dispatcher keeps across steps (at their high-water
-  // mark: exchanged rows, routing words, combine and gradient rows, and the
-  // replica slots' weights and gradients) are charged to `ledger` (not
-  // owned; null: none) under "buffer/dispatch" and "buffer/replica slots",
-  // updated as they grow, after finish_forward and after finish_backward
-  // (no exchange in flight then). MoeLayer passes its ledger; the "saved"
-  // group of that ledger stays the activations alone.
+  // Charges the pools (layouts and exchange buffers, at their capacity) to
+  // `ledger` under "buffer/dispatch" (not owned; null: none); updated as a
+  // phase returns its buffers.
   void charge_buffers_to(MemoryLedger* ledger);
+  // Bytes the pools keep across steps (as charged).
+  std::int64_t buffer_bytes() const { return pooled_bytes_; }
+  int steps_in_flight() const { return steps_in_flight_; }
 
  protected:
-  // The step's work, called only by the handle, in its order.
-  friend class DispatchHandle;
-  virtual void start_forward(TensorView x, const RoutingView& routing) = 0;
-  virtual ExpertRows receive_rows(int chunk) = 0;
-  virtual void send_outputs(int chunk, Tensor slot_outputs) = 0;  // [num_slots, H]
-  virtual Tensor finish_forward() = 0;                            // y [N_l, H]
-  virtual void start_backward(TensorView dy) = 0;
-  virtual ExpertRows redispatch_rows(int chunk) = 0;
-  virtual Tensor receive_cotangents(int chunk) = 0;  // [num_slots, H]
-  virtual void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) = 0;
-  virtual DispatchGradients finish_backward() = 0;
+  // `comm` may be null for a LocalDispatcher (one rank, no communication).
+  Dispatcher(transport::Communicator* comm, const EpConfig& config, int num_ranks, int rank);
 
-  // Bytes of the buffers kept across steps (their capacity), replica slots
-  // excluded: those are ReplicaExchange::buffer_bytes().
-  virtual std::int64_t persistent_buffer_bytes() const { return 0; }
+  // The transfer primitives a handle calls, in the order its pipeline
+  // guarantees (ep/dispatch_handle.cc). A chunk's layout is planned by the
+  // forward's start_dispatch and read by everything after it; a remat
+  // start_dispatch / collect_rows re-sends the same rows with that layout.
+  friend class DispatchHandle;
+  virtual std::unique_ptr<StepState> make_step_state() const = 0;
+  virtual std::unique_ptr<PhaseBuffers> make_phase_buffers() const = 0;
+  // Step-level metadata (token counts, fp8 scales): may communicate.
+  virtual void begin_step(StepState& step, const RoutingView& routing) = 0;
+  virtual void start_dispatch(StepState& step, int chunk, bool remat) = 0;
+  virtual ExpertRows collect_rows(StepState& step, int chunk, bool remat) = 0;
+  virtual void start_combine(StepState& step, int chunk, Tensor slot_outputs) = 0;  // [num_slots, H]
+  // Writes the chunk's rows of y [N_l, H] (every element of them).
+  virtual void finish_combine(StepState& step, int chunk, float* y) = 0;
+  virtual void start_cotangents(StepState& step, int chunk) = 0;
+  virtual Tensor collect_cotangents(StepState& step, int chunk) = 0;  // [num_slots, H]
+  virtual void start_gradients(StepState& step, int chunk, Tensor slot_dx, std::vector<float> row_dweights) = 0;
+  // Writes the chunk's rows of dx [N_l, H] and d_topk_weights [N_l, K].
+  virtual void finish_gradients(StepState& step, int chunk, float* dx, float* d_topk_weights) = 0;
+
+  transport::Communicator& comm() const { return *comm_; }
+  const TokenCodec& codec() const { return codec_; }
+  // Bytes this rank sends to the others under `counts` (per destination) x
+  // `element_bytes`, added to the step's statistics under `name`.
+  void count_bytes(StepState& step, const std::string& name, const std::vector<std::int64_t>& counts,
+                   std::int64_t element_bytes) const;
 
  private:
-  void update_buffer_charges();  // by the handle, after finish_forward and finish_backward
+  // The pools (DispatchHandle takes and returns).
+  std::unique_ptr<StepState> take_step_state(int num_chunks);
+  // `reusable`: the step ended with nothing in flight (else it is destroyed).
+  void return_step_state(std::unique_ptr<StepState> state, int slot, bool reusable) noexcept;
+  PhaseBuffers* take_phase_buffers();
+  void return_phase_buffers(PhaseBuffers* buffers) noexcept;
+  void recharge() noexcept;
 
-  bool step_in_flight_ = false;  // a handle of this dispatcher is in its step
-  LedgerCharge dispatch_buffers_, replica_buffers_;
+  transport::Communicator* comm_;  // not owned; null for a local dispatcher
+  EpConfig config_;
+  int num_ranks_, rank_, num_local_experts_, experts_per_rank_;
+  TokenCodec codec_;
+  std::vector<std::unique_ptr<StepState>> free_steps_;
+  std::vector<std::unique_ptr<PhaseBuffers>> buffers_;  // every set made; `in_use` marks the lent ones
+  std::vector<bool> slot_in_use_;                       // [kEpGroupMaxStepsInFlight]
+  int next_slot_ = 0;
+  int steps_in_flight_ = 0;
+  std::int64_t pooled_bytes_ = 0;  // capacity of every pooled object as last measured
+  LedgerCharge charge_;
 };
 
 // Local token range of chunk c: [begin, end).
@@ -123,5 +128,9 @@ struct ChunkRange {
   std::int64_t size() const { return end - begin; }
 };
 ChunkRange chunk_range(std::int64_t num_tokens, int num_chunks, int chunk);
+
+// The dispatcher of `config.dispatch` over `comm` (config validated for
+// comm's size first).
+std::unique_ptr<Dispatcher> make_dispatcher(transport::Communicator& comm, const EpConfig& config);
 
 }  // namespace epmoe::ep

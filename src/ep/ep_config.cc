@@ -1,9 +1,6 @@
 #include "ep/ep_config.h"
 
 #include "core/error.h"
-#include "ep/alltoall_dispatcher.h"
-#include "ep/ring_dispatcher.h"
-#include "transport/communicator.h"
 
 namespace epmoe::ep {
 namespace {
@@ -44,12 +41,6 @@ ReplicaChoice parse_replica_choice(std::string_view key, std::string_view value)
   if (value == "dedup") return ReplicaChoice::dedup;
   if (value == "position") return ReplicaChoice::position;
   bad_choice(key, value, "dedup, position");
-}
-
-std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm, const EpConfig& config) {
-  config.validate(comm.size());
-  if (kind == DispatchKind::ring) return std::make_unique<RingDispatcher>(comm, config);
-  return std::make_unique<AllToAllDispatcher>(comm, config);
 }
 
 }  // namespace epmoe::ep

@@ -1,17 +1,10 @@
-// The expert-parallel dispatchers' configuration (EpConfig, public in
-// <epmoe/config.h>): the key parsers and the dispatcher factory.
+// The keys of the EP group's configuration (EpConfig, public in
+// <epmoe/config.h>): their parsers.
 #pragma once
 
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <string>
 #include <string_view>
 
 #include <epmoe/config.h>
-
-#include "ep/dispatcher.h"
-#include "transport/communicator.h"
 
 namespace epmoe::ep {
 
@@ -22,6 +15,5 @@ TokenFormat parse_token_format(std::string_view key, std::string_view value);
 CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_view value);
 BalanceMode parse_balance_mode(std::string_view key, std::string_view value);
 ReplicaChoice parse_replica_choice(std::string_view key, std::string_view value);
-std::unique_ptr<Dispatcher> make_dispatcher(DispatchKind kind, transport::Communicator& comm, const EpConfig& config);
 
 }  // namespace epmoe::ep

@@ -1,6 +1,10 @@
 // LocalDispatcher: one rank holds every expert (R = 1, or no expert
-// parallelism). No communication: a chunk's slots are its tokens.
+// parallelism). No communication: a chunk's slots are its tokens, and the
+// step's "exchanges" are copies.
 #pragma once
+
+#include <memory>
+#include <vector>
 
 #include "ep/dispatcher.h"
 
@@ -8,37 +12,24 @@ namespace epmoe::ep {
 
 class LocalDispatcher final : public Dispatcher {
  public:
-  LocalDispatcher(int num_experts, int num_chunks);
-
-  int num_chunks() const override { return num_chunks_; }
-  int num_local_experts() const override { return num_experts_; }
-  int first_local_expert() const override { return 0; }
-
-  const DispatchStats& stats() const override { return stats_; }
+  // config.num_experts, top_k, hidden and num_chunks; the rest is unused.
+  explicit LocalDispatcher(const EpConfig& config);
+  ~LocalDispatcher() override;
 
  private:
-  // The step's work (ep/dispatcher.h), reached through the handle.
-  void start_forward(TensorView x, const RoutingView& routing) override;
-  ExpertRows receive_rows(int chunk) override;
-  void send_outputs(int chunk, Tensor slot_outputs) override;
-  Tensor finish_forward() override;
-
-  void start_backward(TensorView dy) override;
-  ExpertRows redispatch_rows(int chunk) override;
-  Tensor receive_cotangents(int chunk) override;
-  void send_gradients(int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
-  DispatchGradients finish_backward() override;
-
-  int num_experts_;
-  int num_chunks_;
-  TensorView x_;   // the caller's, from start_forward to the end of the step
-  TensorView dy_;  // the caller's, from start_backward
-  RoutingView routing_;
-  Tensor y_;
-  DispatchGradients grads_;
-  // Per chunk: the (token, k) pair index of each expert row.
-  std::vector<std::vector<std::int64_t>> pair_of_row_;
-  DispatchStats stats_;
+  struct Step;
+  struct Buffers;
+  std::unique_ptr<StepState> make_step_state() const override;
+  std::unique_ptr<PhaseBuffers> make_phase_buffers() const override;
+  void begin_step(StepState& step, const RoutingView& routing) override;
+  void start_dispatch(StepState& step, int chunk, bool remat) override;
+  ExpertRows collect_rows(StepState& step, int chunk, bool remat) override;
+  void start_combine(StepState& step, int chunk, Tensor slot_outputs) override;
+  void finish_combine(StepState& step, int chunk, float* y) override;
+  void start_cotangents(StepState& step, int chunk) override;
+  Tensor collect_cotangents(StepState& step, int chunk) override;
+  void start_gradients(StepState& step, int chunk, Tensor slot_dx, std::vector<float> row_dweights) override;
+  void finish_gradients(StepState& step, int chunk, float* dx, float* d_topk_weights) override;
 };
 
 }  // namespace epmoe::ep

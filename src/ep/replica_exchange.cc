@@ -15,11 +15,9 @@
 
 namespace epmoe::ep {
 
-ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config,
-                                 std::map<std::string, std::int64_t>* bytes_sent)
+ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config)
     : comm_(comm),
       config_(config),
-      bytes_sent_(bytes_sent),
       num_ranks_(comm.size()),
       num_experts_(config.num_experts),
       num_local_experts_(config.num_experts / comm.size()),
@@ -27,16 +25,13 @@ ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& 
       homes_(balance::contiguous_home_ranks(config.num_experts, comm.size())),
       held_expert_(static_cast<std::size_t>(num_ranks_) * num_slots_, balance::kEmptySlot),
       held_version_(held_expert_.size(), 0) {
-  EPMOE_CHECK(bytes_sent_ != nullptr);
   EPMOE_CHECK(config.replicas_enabled());
 }
 
-void ReplicaExchange::plan_step(const RoutingView& routing) {
+void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base) {
   stats_.reset();
   std::vector<std::int64_t> local(static_cast<std::size_t>(num_experts_), 0);
-  const std::int64_t num_pairs = routing.num_tokens * routing.top_k;
-  for (std::int64_t i = 0; i < num_pairs; ++i) {
-    const int expert = routing.topk_ids[i];
+  for (const std::int32_t expert : topk_ids) {
     EPMOE_CHECK(expert >= 0 && expert < num_experts_);
     local[expert] += 1;
   }
@@ -45,10 +40,10 @@ void ReplicaExchange::plan_step(const RoutingView& routing) {
                                 .output = counts_.data(),
                                 .num_elements_per_rank = num_experts_,
                                 .dtype = DType::i64,
-                                .tag = ep_tag(config_.tag_base, 0, EpOp::replica_counts),
+                                .tag = ep_tag(tag_base, 0, EpOp::replica_counts),
                                 .timeout = config_.timeout})
       .wait();
-  (*bytes_sent_)["forward/ring_all_gather replica counts"] += 8 * num_experts_ * (num_ranks_ - 1);  // R-1 rows of E
+  stats_.bytes_sent["forward/ring_all_gather replica counts"] += 8 * num_experts_ * (num_ranks_ - 1);  // R-1 rows of E
   std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
   for (int r = 0; r < num_ranks_; ++r)
     for (int e = 0; e < num_experts_; ++e) global[e] += counts_[r * num_experts_ + e];
@@ -141,28 +136,26 @@ PairDestination ReplicaExchange::destination(int source, int expert, std::int64_
   return {plan_.copies[copy].rank, copy_local_[copy]};
 }
 
-std::vector<PairDestination> ReplicaExchange::local_destinations(const RoutingView& routing) const {
-  const std::int64_t num_pairs = routing.num_tokens * routing.top_k;
-  std::vector<PairDestination> out(static_cast<std::size_t>(num_pairs));
-  const int me = comm_.rank();
-  if (config_.dedup && config_.replica_choice == ReplicaChoice::dedup) {
+void ReplicaExchange::destinations(std::span<const std::int32_t> topk_ids, int top_k, std::int32_t* out) const {
+  const std::int64_t num_pairs = static_cast<std::int64_t>(topk_ids.size());
+  const int me = comm_.rank(), stride = experts_per_rank();
+  if (config_.dispatch == DispatchKind::alltoall && config_.dedup && config_.replica_choice == ReplicaChoice::dedup) {
     // Same per-(source, copy) sub-quotas as the positional rule, so every
     // copy still computes exactly its quota; receivers learn their rows from
     // the routing words and never recompute positions.
-    const std::vector<int> choice = balance::dedup_aware_copy_choice(
-        plan_, counts_, me, {routing.topk_ids, static_cast<std::size_t>(num_pairs)}, routing.top_k);
+    const std::vector<int> choice = balance::dedup_aware_copy_choice(plan_, counts_, me, topk_ids, top_k);
     for (std::int64_t i = 0; i < num_pairs; ++i) {
-      const int copy = plan_.copy_offsets[routing.topk_ids[i]] + choice[i];
-      out[i] = {plan_.copies[copy].rank, copy_local_[copy]};
+      const int copy = plan_.copy_offsets[topk_ids[i]] + choice[i];
+      out[i] = plan_.copies[copy].rank * stride + copy_local_[copy];
     }
-    return out;
+    return;
   }
   std::vector<std::int64_t> seen(static_cast<std::size_t>(num_experts_), 0);
   for (std::int64_t i = 0; i < num_pairs; ++i) {
-    const int expert = routing.topk_ids[i];
-    out[i] = destination(me, expert, seen[expert]++);
+    const int expert = topk_ids[i];
+    const PairDestination dest = destination(me, expert, seen[expert]++);
+    out[i] = dest.rank * stride + dest.local_expert;
   }
-  return out;
 }
 
 namespace {
@@ -230,7 +223,7 @@ float* ReplicaExchange::slot_gradients(int part, int slot) {
   return slot_gradients_[part].data<float>() + slot * hidden_ * ffn_;
 }
 
-void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uint64_t version) {
+void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uint64_t version, std::uint32_t tag_base) {
   EPMOE_CHECK(weight_requests_.empty());  // finish_slot_weights ends every start
   const std::int64_t hidden = home.wi0.dim(1), ffn = home.wi0.dim(2);
   EPMOE_CHECK((home.wi0.has_shape({num_local_experts_, hidden, ffn})));
@@ -267,14 +260,14 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
       if (r == me) {
         ++refreshed;
         for (int p = 0; p < 3; ++p)
-          weight_requests_.push_back(comm_.irecv(home_rank, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p),
+          weight_requests_.push_back(comm_.irecv(home_rank, slot_tag(tag_base, b, EpOp::replica_wi0, p),
                                                  slot_weights_[p].data<float>() + b * n, n * 4));
       }
       if (home_rank == me) {
         const std::int64_t local = expert - me * num_local_experts_;
         for (int p = 0; p < 3; ++p) {
           weight_requests_.push_back(
-              comm_.isend(r, slot_tag(config_.tag_base, b, EpOp::replica_wi0, p), home_parts[p] + local * n, n * 4));
+              comm_.isend(r, slot_tag(tag_base, b, EpOp::replica_wi0, p), home_parts[p] + local * n, n * 4));
           bytes += n * 4;
         }
       }
@@ -291,11 +284,11 @@ std::int64_t ReplicaExchange::finish_slot_weights() {
     ~ClearOnExit() { requests.clear(); }
   } clear_on_exit{weight_requests_};
   for (auto& request : weight_requests_) request->wait(config_.timeout);
-  (*bytes_sent_)["forward/replica weights"] += weight_bytes_in_flight_;
+  stats_.bytes_sent["forward/replica weights"] += weight_bytes_in_flight_;
   return std::exchange(weight_bytes_in_flight_, 0);
 }
 
-std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& home) {
+std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& home, std::uint32_t tag_base) {
   const int me = comm_.rank();
   const std::int64_t n = hidden_ * ffn_;
   float* home_parts[3] = {home.dwi0, home.dwi1, home.dwo};
@@ -311,8 +304,8 @@ std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& h
       const int home_rank = homes_[expert];
       if (r == me) {
         for (int p = 0; p < 3; ++p) {
-          requests.push_back(comm_.isend(home_rank, slot_tag(config_.tag_base, b, EpOp::replica_dwi0, p),
-                                         slot_gradients(p, b), n * 4));
+          requests.push_back(
+              comm_.isend(home_rank, slot_tag(tag_base, b, EpOp::replica_dwi0, p), slot_gradients(p, b), n * 4));
           bytes += n * 4;
         }
       }
@@ -326,7 +319,7 @@ std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& h
       if (expert == balance::kEmptySlot || homes_[expert] != me) continue;
       float* in = incoming_gradients_.data() + next++ * 3 * n;
       for (int p = 0; p < 3; ++p)
-        requests.push_back(comm_.irecv(r, slot_tag(config_.tag_base, b, EpOp::replica_dwi0, p), in + p * n, n * 4));
+        requests.push_back(comm_.irecv(r, slot_tag(tag_base, b, EpOp::replica_dwi0, p), in + p * n, n * 4));
     }
   for (auto& request : requests) request->wait(config_.timeout);
   for (std::size_t i = 0; i < incoming_expert.size(); ++i) {
@@ -336,7 +329,7 @@ std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& h
       for (std::int64_t j = 0; j < n; ++j) dst[j] += src[j];
     }
   }
-  (*bytes_sent_)["backward/replica gradients"] += bytes;
+  stats_.bytes_sent["backward/replica gradients"] += bytes;
   return bytes;
 }
 

@@ -1,15 +1,16 @@
 // ReplicaExchange: dynamic redundant experts inside one MoE layer
-// (DESIGN.md §4.8, issue 6). Shared by both dispatchers; owned by the
-// dispatcher, driven by it (plan, rerouting) and by MoeLayer (weights,
-// gradients).
+// (DESIGN.md §4.8). Owned and driven by the layer (moe/moe_layer.cc), which
+// maps the step's logical experts to physical destinations with it before
+// the dispatch; the dispatchers see destinations only (ep/step_state.h). Its
+// messages use the step's block of tags (DispatchHandle::tag_base).
 //
 // Per step:
-//  1. plan_step (in the dispatcher's start_forward): this rank's (token, k)
-//     pairs per expert over the whole step (all chunks) are all-gathered as
-//     [R, E] i64 counts — one tiny collective — and every rank runs
-//     balance::plan_replicas on the same integers, so every rank holds the
-//     same plan. The previous step's slot contents are passed in, so an
-//     expert that stays on a rank keeps its slot (and its weights).
+//  1. plan_step: this rank's (token, k) pairs per expert over the whole step
+//     (all chunks) are all-gathered as [R, E] i64 counts - one tiny
+//     collective - and every rank runs balance::plan_replicas on the same
+//     integers, so every rank holds the same plan. The previous step's slot
+//     contents are passed in, so an expert that stays on a rank keeps its
+//     slot (and its weights).
 //  2. Rerouting (balance/replica_plan.h rule): from the plan and the counts,
 //     every rank computes the same locality-first sub-quotas once per step
 //     (balance::sub_quotas): how many of source rank s's pairs of expert e
@@ -18,17 +19,15 @@
 //     s, its pairs of e in (token, k) order over the step fill e's copies'
 //     sub-quotas in copy order (the positional rule); destination() answers
 //     that for any (source rank, expert, index) by a binary search in the
-//     per-(source, copy) prefix sums, so the all-to-all's senders and the
-//     ring's receivers (which see every rank's tokens) agree, and every copy
-//     computes exactly its quota. The all-to-all with dedup (and
-//     replica_choice=dedup, the default) instead chooses, within the same
-//     per-(source, copy) sub-quotas, copies on ranks that already receive the
-//     token (balance/dedup_aware_choice.h): local_destinations. The ring
-//     keeps the positional rule: its receivers compute destinations for
-//     every source chunk by chunk (they see only indices, not the source's
-//     whole step), and it has no dedup, every token reaching every rank once
-//     anyway, so there is nothing to save.
-//  3. start_slot_weights / finish_slot_weights (MoeLayer: started with the
+//     per-(source, copy) prefix sums, and every copy computes exactly its
+//     quota. The all-to-all with dedup (and replica_choice=dedup, the
+//     default) instead chooses, within the same per-(source, copy)
+//     sub-quotas, copies on ranks that already receive the token
+//     (balance/dedup_aware_choice.h). The ring keeps the positional rule: it
+//     has no dedup, every token reaching every rank once anyway, so there is
+//     nothing to save. Either way the sender decides (destinations()), for
+//     its own pairs, and the choice travels with them.
+//  3. start_slot_weights / finish_slot_weights (the layer: started with the
 //     dispatch, finished before the experts compute): each slot whose
 //     (expert, weight version) changed receives wi0/wi1/wo of its expert
 //     point-to-point from the expert's home rank into this exchange's own
@@ -37,7 +36,7 @@
 //     and receiver agree without a handshake. The experts then compute on
 //     per-group pointers (compute_weights): the caller's home weights as
 //     they are, the slots' from these buffers; nothing is copied.
-//  4. reduce_slot_gradients (MoeLayer, after the experts' backward): each
+//  4. reduce_slot_gradients (the layer, after the experts' backward): each
 //     slot's dW (computed into this exchange's slot gradient buffers,
 //     compute_gradients) goes point-to-point to its expert's home rank and
 //     is added to the home expert's gradient there, slots in ascending
@@ -51,13 +50,15 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include <epmoe/config.h>
 #include "balance/replica_plan.h"
 #include "core/tensor.h"
-#include "ep/dispatcher.h"
-#include "ep/ep_config.h"
+
+#include "ep/expert_rows.h"
 #include "ep/replica_stats.h"
 #include "transport/communicator.h"
 
@@ -86,48 +87,40 @@ struct HomeExpertGradients {
 
 class ReplicaExchange {
  public:
-  // `bytes_sent` (not owned) is the dispatcher's DispatchStats::bytes_sent:
-  // the exchange adds its weights' and gradients' bytes (and its counts'
-  // all-gather's) there because that map is the one place every
-  // collective's bytes are reported, and because MoeLayer drives those
-  // transfers on the exchange directly, so the dispatcher never sees their
-  // byte counts to add them itself. Everything else the exchange measures is
-  // its own (stats()).
-  ReplicaExchange(transport::Communicator& comm, const EpConfig& config,
-                  std::map<std::string, std::int64_t>* bytes_sent);
+  ReplicaExchange(transport::Communicator& comm, const EpConfig& config);
 
   int num_local_experts() const { return num_local_experts_; }  // E_l
   int num_slots() const { return num_slots_; }                  // B
   // Bytes of the slot weight and gradient buffers and the incoming gradient
-  // rows, kept across steps (charged to the layer's ledger by the dispatcher).
+  // rows, kept across steps (charged to the layer's ledger by the layer).
   std::int64_t buffer_bytes() const;
 
   // Collective (every rank, same step): counts, all-gather, plan. Blocking.
-  // Starts the step's statistics afresh.
-  void plan_step(const RoutingView& routing);
+  // Starts the step's statistics afresh. topk_ids [num_tokens * top_k]:
+  // this rank's logical experts, in (token, k) order; `tag_base`: the
+  // step's (DispatchHandle::tag_base).
+  void plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base);
   // Adds a chunk's rows of the B slots (local experts E_l + b) to
-  // stats().rows_per_slot; the dispatcher calls it beside
+  // stats().rows_per_slot; the layer calls it beside
   // DispatchStats::count_rows, which counts the home experts'.
   void count_slot_rows(const ExpertRows& rows);
   // This rank's view of the step planned last (reset by plan_step).
   const ReplicaStats& stats() const { return stats_; }
   const balance::ReplicaPlan& plan() const { return plan_; }
   std::int64_t count(int rank, int expert) const { return counts_[rank * num_experts_ + expert]; }
+  int experts_per_rank() const { return num_local_experts_ + num_slots_; }
 
-  // Pair number `index` (0-based, over the step in (token, k) order) among
-  // source rank `source`'s pairs of `expert`, by the positional rule within
-  // the source's sub-quotas (the ring's receivers). O(log C).
-  PairDestination destination(int source, int expert, std::int64_t index) const;
-  // Every pair of this rank's routing, [N_l * K] in (token, k) order: the
-  // positional rule, or with dedup and replica_choice=dedup the dedup-aware
-  // choice (same count per copy). The all-to-all's senders only.
-  std::vector<PairDestination> local_destinations(const RoutingView& routing) const;
+  // The physical destination (ep/step_state.h: rank * (E_l + B) + local
+  // index) of every pair of this rank's step, [num_tokens * top_k] in
+  // (token, k) order: the positional rule, or with the all-to-all, dedup and
+  // replica_choice=dedup the dedup-aware choice (same count per copy).
+  void destinations(std::span<const std::int32_t> topk_ids, int top_k, std::int32_t* out) const;
 
   // Step 3, split so the weights move while the caller works (the first
   // chunk's dispatch, a shared expert). `home` holds the current home
   // weights at `version` and must stay unchanged until finish. Finish waits
   // for the slots' weights and returns the bytes this rank sent.
-  void start_slot_weights(const HomeExpertWeights& home, std::uint64_t version);
+  void start_slot_weights(const HomeExpertWeights& home, std::uint64_t version, std::uint32_t tag_base);
   std::int64_t finish_slot_weights();
   // Slot b's matrix `part` (0 wi0, 1 wi1, 2 wo) in this exchange's buffers:
   // the weights the experts compute slot b with (zeros for an empty slot,
@@ -149,12 +142,16 @@ class ReplicaExchange {
   // Step 4. Adds every slot's gradient (this rank's slots, from
   // compute_gradients' buffers) into its home expert's gradient in `home` on
   // the home rank. Returns bytes sent.
-  std::int64_t reduce_slot_gradients(const HomeExpertGradients& home);
+  std::int64_t reduce_slot_gradients(const HomeExpertGradients& home, std::uint32_t tag_base);
 
  private:
+  // Pair number `index` (0-based, over the step in (token, k) order) among
+  // source rank `source`'s pairs of `expert`, by the positional rule within
+  // the source's sub-quotas. O(log C).
+  PairDestination destination(int source, int expert, std::int64_t index) const;
+
   transport::Communicator& comm_;
   EpConfig config_;
-  std::map<std::string, std::int64_t>* bytes_sent_;  // the dispatcher's (see the constructor)
   ReplicaStats stats_;
   int num_ranks_, num_experts_, num_local_experts_, num_slots_;
   std::vector<int> homes_;

@@ -28,8 +28,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <epmoe/config.h>
 #include "comm/collective_handle.h"
-#include "ep/ep_config.h"
 #include "transport/communicator.h"
 
 namespace epmoe::ep {

@@ -39,7 +39,8 @@ struct MoeLm::Activations {
   Tensor ids, targets;                   // [N_l] i32
   std::vector<Tensor> h;                 // [L + 1] residual stream [N_l, H]; h[L] enters the final norm
   std::vector<Tensor> inv_rms;           // [L + 1] [N_l]
-  std::vector<Tensor> normed;            // [L] layer inputs (the MoE layer keeps a pointer to them)
+  std::vector<Tensor> normed;            // [L] layer inputs (the MoE layer keeps a view of them)
+  std::vector<MoeStep> steps;            // [L] each MoE layer's step, from its forward to its backward
   std::vector<DenseSwigluSaved> shared;  // [L] when a shared expert exists
   Tensor final_normed;                   // [N_l, H]
   Tensor d_logits;                       // [N_l, V], from the cross-entropy
@@ -67,8 +68,8 @@ void add_into(Tensor& target, const Tensor& source) {
 
 }  // namespace
 
-MoeLm::MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make_dispatcher, MemoryLedger* ledger)
-    : config_(std::move(config)), num_ranks_(num_ranks), rank_(rank), ledger_(ledger) {
+MoeLm::MoeLm(MoeLmConfig config, EpGroup& group, MemoryLedger* ledger)
+    : config_(std::move(config)), num_ranks_(group.size()), rank_(group.rank()), ledger_(ledger) {
   config_.validate();
   const std::int64_t v = config_.vocab_size, h = config_.layer.hidden, f = config_.layer.ffn;
   const int num_experts = config_.layer.router.num_experts;
@@ -96,7 +97,7 @@ MoeLm::MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make
     layer_params_.push_back(p);
     MoeLayerConfig layer_config = config_.layer;
     layer_config.label = "moe layer " + std::to_string(l);  // errors inside a step name the layer
-    layers_.push_back(std::make_unique<MoeLayer>(layer_config, make_dispatcher(l), ledger_));
+    layers_.push_back(std::make_unique<MoeLayer>(layer_config, group, ledger_));
     MoeLayer* layer = layers_.back().get();
     state_.add_state({prefix + "balance_state", [layer] { return layer->balance_state(); },
                       [layer](const std::vector<std::int64_t>& saved) { layer->restore_balance_state(saved); }});
@@ -152,7 +153,7 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
     std::copy(row + 1, row + 1 + seq, a.targets.data<std::int32_t>() + b * seq);
   }
 
-  // Reserved: each MoE layer keeps a pointer to its input tensor until backward.
+  // Reserved: each MoE layer keeps a view of its input tensor until backward.
   a.h.reserve(static_cast<std::size_t>(num_layers) + 1);
   a.inv_rms.reserve(static_cast<std::size_t>(num_layers) + 1);
   a.normed.reserve(static_cast<std::size_t>(num_layers));
@@ -174,7 +175,7 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
     // The weights change once per step: the step names their version (from
     // 1: 0 means "no weights held"), so replica slots are refreshed once per
     // step, not once per call.
-    layer.begin_forward(a.normed[l], weights, static_cast<std::uint64_t>(step) + 1);
+    a.steps.push_back(layer.begin_forward(a.normed[l], weights, static_cast<std::uint64_t>(step) + 1));
     // The shared expert reads only the layer's input: it runs while the
     // dispatch the layer started moves the tokens.
     Tensor shared_y;
@@ -184,7 +185,7 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
       dense_swiglu_forward(a.normed[l], p.shared_w0->value, p.shared_w1->value, p.shared_wo->value, shared_y,
                            a.shared.back());
     }
-    MoeForwardOutput out = layer.finish_forward();
+    MoeForwardOutput out = layer.finish_forward(a.steps[static_cast<std::size_t>(l)]);
     const std::vector<std::int64_t> counts = count_expert_assignments(out.topk_ids, num_experts);
     std::copy(counts.begin(), counts.end(), result.expert_counts.begin() + l * num_experts);
     Tensor next = a.h[l].clone();
@@ -254,7 +255,7 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
     MoeLayer& layer = *layers_[static_cast<std::size_t>(l)];
     LoadBalanceLossPart balance;
     if (aux_loss_coef > 0) {
-      balance = load_balance_loss(config_.layer.router.kind, layer.last_routing().logits,
+      balance = load_balance_loss(config_.layer.router.kind, layer.routing(a.steps[static_cast<std::size_t>(l)]).logits,
                                   global_expert_counts.subspan(static_cast<std::size_t>(l * num_experts),
                                                                static_cast<std::size_t>(num_experts)),
                                   global_tokens_, config_.layer.router.top_k, aux_loss_coef);
@@ -264,14 +265,15 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
     // The shared expert's weight gradients run while the layer's cotangents
     // move; its dx is added after the routed one's, the order of
     // dense_swiglu_backward into the layer's dx.
-    layer.begin_backward(d_h, aux_loss_coef > 0 ? balance.d_logits.view() : TensorView());
+    MoeStep& moe_step = a.steps[static_cast<std::size_t>(l)];
+    layer.begin_backward(moe_step, d_h, aux_loss_coef > 0 ? balance.d_logits.view() : TensorView());
     DenseSwigluInputGrad shared_pending;
     if (p.shared_w0 != nullptr) {
       dense_swiglu_backward_weights(a.normed[l], p.shared_w0->value, p.shared_w1->value, p.shared_wo->value,
                                     a.shared[static_cast<std::size_t>(l)], d_h, p.shared_w0->grad, p.shared_w1->grad,
                                     p.shared_wo->grad, shared_pending);
     }
-    MoeGradients g = layer.finish_backward();
+    MoeGradients g = layer.finish_backward(moe_step);
     Tensor d_normed = std::move(g.dx);
     if (p.shared_w0 != nullptr) {
       dense_swiglu_backward_input(p.shared_w0->value, p.shared_w1->value, shared_pending, d_normed);

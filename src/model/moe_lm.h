@@ -24,11 +24,12 @@
 #include <span>
 #include <vector>
 
+#include <epmoe/ep_group.h>
+#include <epmoe/moe_layer.h>
+
 #include "core/memory_ledger.h"
 #include "core/tensor.h"
-#include "ep/dispatcher.h"
 #include "model/parameters.h"
-#include "moe/moe_layer.h"
 
 namespace epmoe {
 
@@ -45,9 +46,6 @@ struct MoeLmConfig {
   void validate() const;
 };
 
-// The dispatcher of layer l on this rank (each layer owns one).
-using DispatcherFactory = std::function<std::unique_ptr<ep::Dispatcher>(int layer)>;
-
 struct LmForwardResult {
   double loss_sum = 0;  // cross-entropy summed over this rank's tokens
   // [L * E] (token, expert) pairs this rank's tokens routed to each expert.
@@ -56,7 +54,9 @@ struct LmForwardResult {
 
 class MoeLm {
  public:
-  MoeLm(MoeLmConfig config, int num_ranks, int rank, DispatcherFactory make_dispatcher, MemoryLedger* ledger = nullptr);
+  // Every MoE layer runs on `group` (not owned; one per rank, shared by the
+  // layers: its buffers serve each layer's phase in turn).
+  MoeLm(MoeLmConfig config, EpGroup& group, MemoryLedger* ledger = nullptr);
   ~MoeLm();
   MoeLm(const MoeLm&) = delete;
   MoeLm& operator=(const MoeLm&) = delete;

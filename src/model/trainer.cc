@@ -49,7 +49,7 @@ double double_of(std::int64_t bits) { return std::bit_cast<double>(bits); }
 std::map<std::string, double> moe_phase_totals(const MoeLm& model) {
   std::map<std::string, double> totals;
   for (int l = 0; l < model.config().num_layers; ++l) {
-    for (const auto& [phase, seconds] : model.layer(l).stats().phase_seconds.seconds()) {
+    for (const auto& [phase, seconds] : model.layer(l).stats().phase_seconds) {
       totals["moe/" + phase] += seconds;
     }
   }
@@ -64,11 +64,12 @@ nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
   nlohmann::json after = nlohmann::json::array();
   for (int l = 0; l < model.config().num_layers; ++l) {
     const MoeLayer& layer = model.layer(l);
-    for (const auto& [name, count] : layer.dispatch_stats().bytes_sent) bytes["moe/" + name] += count;
+    const MoeStepStats& step = layer.last_step_stats();
+    for (const auto& [name, count] : step.dispatch.bytes_sent) bytes["moe/" + name] += count;
     saved_peak = std::max(saved_peak, layer.stats().saved_activation_peak_bytes);
-    dropped += layer.dispatch_stats().dropped_pairs;
+    dropped += step.dispatch.dropped_pairs;
     // The replica plan's per-rank loads after balancing (null without replicas).
-    const ep::ReplicaStats& plan = layer.replica_stats();
+    const ReplicaStats& plan = step.replicas;
     after.push_back(plan.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(plan.max_over_mean_after));
   }
   bytes["gradients/all_reduce"] = grad_bytes;
@@ -192,8 +193,8 @@ namespace {
 // of small steps below, in this order; each names what it exists for.
 class TrainingRun {
  public:
-  TrainingRun(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model_config,
-              const DispatcherFactory& make_dispatcher, const TrainObserver& observer)
+  TrainingRun(transport::Communicator& comm, EpGroup& group, const TrainerConfig& config,
+              const MoeLmConfig& model_config, const TrainObserver& observer)
       : comm_(comm),
         config_(config),
         model_config_(model_config),
@@ -204,7 +205,7 @@ class TrainingRun {
         global_tokens_(config.batch_size * config.data.seq_len),
         tags_(config.tag_base),
         timeout_(config.comm_timeout),
-        model_(model_config, num_ranks_, rank_, make_dispatcher, &ledger_),
+        model_(model_config, group, &ledger_),
         state_(model_.state()),
         data_(config.data),
         num_layers_(model_config.num_layers),
@@ -544,7 +545,7 @@ class TrainingRun {
   void own_measurements(Step& s, StepRecord& record) {
     record.step_seconds = s.watch.elapsed_seconds();
     record.tokens_per_second = static_cast<double>(global_tokens_) / record.step_seconds;
-    record.phase_seconds = s.times.seconds();
+    record.phase_seconds = s.times;
     if (previous_checkpoint_seconds_ >= 0) record.phase_seconds["checkpoint"] = previous_checkpoint_seconds_;
     for (const auto& [phase, total] : moe_phase_totals(model_)) {
       const auto before = s.moe_before.find(phase);
@@ -657,11 +658,12 @@ class TrainingRun {
 
 }  // namespace
 
-TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model_config,
-                   const DispatcherFactory& make_dispatcher, const TrainObserver& observer) {
+TrainSummary train(transport::Communicator& comm, EpGroup& group, const TrainerConfig& config,
+                   const MoeLmConfig& model_config, const TrainObserver& observer) {
   config.validate(comm.size());
   EPMOE_CHECK_EQ(model_config.vocab_size, config.data.vocab_size);
-  return TrainingRun(comm, config, model_config, make_dispatcher, observer).run();
+  EPMOE_CHECK_EQ(group.size(), comm.size());
+  return TrainingRun(comm, group, config, model_config, observer).run();
 }
 
 }  // namespace epmoe

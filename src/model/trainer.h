@@ -133,8 +133,11 @@ struct TrainObserver {
 // Runs the loop on this rank; collective over `comm`. `observer` is called on
 // rank 0 only. Returns this rank's summary (the losses are global, the same
 // on every rank).
-TrainSummary train(transport::Communicator& comm, const TrainerConfig& config, const MoeLmConfig& model,
-                   const DispatcherFactory& make_dispatcher, const TrainObserver& observer = {});
+// `group`: this rank's EP group over `comm` (or a single-rank group), which
+// every MoE layer of the model runs on; its tag range must not meet
+// [config.tag_base, config.tag_base + 1024).
+TrainSummary train(transport::Communicator& comm, EpGroup& group, const TrainerConfig& config, const MoeLmConfig& model,
+                   const TrainObserver& observer = {});
 
 }  // namespace epmoe
 

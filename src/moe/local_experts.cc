@@ -69,7 +69,7 @@ void check_gradient_pointers(const std::vector<float*>& groups, std::size_t num_
 }
 
 // Group g's matrix inside a contiguous [G, a, b] tensor.
-std::vector<float*> tensor_groups(Tensor& tensor, std::size_t num_groups, std::int64_t matrix_elements,
+std::vector<float*> tensor_groups(const MutableTensorView& tensor, std::size_t num_groups, std::int64_t matrix_elements,
                                   const char* name) {
   if (tensor.numel() != static_cast<std::int64_t>(num_groups) * matrix_elements)
     throw InternalError(std::string("local experts: ") + name + " has " + std::to_string(tensor.numel()) +
@@ -275,7 +275,8 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
 
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo, bool accumulate) {
+                                 const Tensor& slot_dy, MutableTensorView dwi0, MutableTensorView dwi1,
+                                 MutableTensorView dwo, bool accumulate) {
   const std::size_t num_groups = rows.group_sizes.size();
   const std::int64_t elements = shape.hidden * shape.ffn;
   return experts_backward(

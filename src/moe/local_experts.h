@@ -92,10 +92,11 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
                                  const Tensor& slot_dy, const ExpertWeightGradients& dw, bool accumulate);
 
-// The same into contiguous [G, H, F] / [G, F, H] tensors (bit for bit the
+// The same into contiguous [G, H, F] / [G, F, H] arrays (bit for bit the
 // per-group form's results).
 ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows& rows,
                                  const LocalExpertWeights& weights, const ExpertActivations& saved,
-                                 const Tensor& slot_dy, Tensor& dwi0, Tensor& dwi1, Tensor& dwo, bool accumulate);
+                                 const Tensor& slot_dy, MutableTensorView dwi0, MutableTensorView dwi1,
+                                 MutableTensorView dwo, bool accumulate);
 
 }  // namespace epmoe

@@ -1,16 +1,35 @@
-#include "moe/moe_layer.h"
+// The MoE layer (<epmoe/moe_layer.h>): route -> dispatch (the group's
+// dispatcher, through the step's ep::DispatchHandle) -> local experts
+// (grouped GEMMs + SwiGLU, weighted into slots, moe/local_experts.h) ->
+// combine, chunk by chunk, and the backward in reverse.
+//
+// Dynamic replicas (ep/replica_exchange.h, owned here): before the
+// dispatch the layer plans the step's replicas and maps every (token, k)
+// pair to a physical destination (a home expert or a replica slot); the
+// experts then compute on E_l home experts + B slots through per-group
+// weight pointers: the home experts are the caller's weights as they are
+// (no copy), the slots live in the exchange, which receives them
+// point-to-point from the experts' home ranks only when a slot's (expert,
+// version) changed. The backward writes the home experts' dW straight into
+// the result and the slots' into the exchange, which sends each home and
+// adds the received ones there: dW of the E_l home experts, exactly as with
+// replicas off.
+#include <epmoe/moe_layer.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <utility>
 
 #include "core/error.h"
 #include "core/finite_check.h"
-#include "core/modelled_clock.h"
-#include "ep/local_dispatcher.h"
+#include "core/timer.h"
+#include "ep/dispatcher.h"
 #include "ep/replica_exchange.h"
 #include "kernels/gemm.h"
+#include "moe/layer_checks.h"
 #include "moe/local_experts.h"
+#include "moe/router.h"
 #include "moe/saved_expert_rows.h"
 
 namespace epmoe {
@@ -21,26 +40,16 @@ void MoeLayerConfig::validate() const {
   router.validate();
 }
 
-// What the backward needs from the forward, per chunk: the expert rows
-// (x_sorted with its routing metadata) and the expert activations, each kept
-// or dropped by the remat policy (a dropped one is an empty value). Kept ones
-// are recorded in the ledger under "saved/<name>". x, the weights and the
-// routing are the caller's / the router's: x and the weights must stay alive
-// and unchanged until backward (the usual autograd contract).
-struct MoeLayer::Saved {
-  TensorView x;
-  TensorView dy;              // from begin_backward
-  TensorView extra_d_logits;  // from begin_backward, or empty
-  MoeWeights weights;
-  ep::DispatchHandle dispatch;        // the step's dispatch, from begin_forward to finish_backward
-  LocalExpertWeights expert_weights;  // the caller's; with replicas, per-group pointers (homes, then slots)
-  RouterOutput routing;
-  std::vector<ep::ExpertRows> rows;            // [chunk] the chunk's rows while it computes
-  std::vector<SavedExpertRows> saved_rows;     // [chunk] x_sorted kept for the backward
-  std::vector<ExpertActivations> activations;  // [chunk]
-};
-
 namespace {
+
+// The expert weights a check or a cache last saw: (caller's version, buffers).
+struct ExpertWeightsSeen {
+  std::optional<std::uint64_t> version;
+  const void* wi0 = nullptr;
+  const void* wi1 = nullptr;
+  const void* wo = nullptr;
+  bool operator==(const ExpertWeightsSeen&) const = default;
+};
 
 // Keeps `tensor` (recorded in the ledger) or drops it, as the policy says.
 void keep_or_drop(Tensor& tensor, bool keep, MemoryLedger* ledger, const char* name) {
@@ -51,123 +60,162 @@ void keep_or_drop(Tensor& tensor, bool keep, MemoryLedger* ledger, const char* n
   }
 }
 
-}  // namespace
-
-MoeLayer::MoeLayer(MoeLayerConfig config, MemoryLedger* ledger)
-    : MoeLayer(config, std::make_unique<ep::LocalDispatcher>(config.router.num_experts, 1), ledger) {}
-
-MoeLayer::MoeLayer(MoeLayerConfig config, std::unique_ptr<ep::Dispatcher> dispatcher, MemoryLedger* ledger)
-    : config_(std::move(config)),
-      ledger_(ledger),
-      router_((config_.validate(), config_.router)),
-      dispatcher_(std::move(dispatcher)) {
-  EPMOE_CHECK(dispatcher_ != nullptr);
-  dispatcher_->charge_buffers_to(ledger_);
+// The caller's buffer when given (checked), else a new tensor: the view the
+// step writes, and the tensor it returns (empty when the caller's).
+MutableTensorView output_view(const MoeLayerConfig& config, const char* name, MutableTensorView given, DType dtype,
+                              Shape shape, Tensor& owned) {
+  if (given.raw() != nullptr || given.rank() > 0) {
+    check_output(config, name, given, dtype, shape);
+    return given;
+  }
+  owned = Tensor(dtype, std::move(shape));
+  return owned.mutable_view();
 }
 
-MoeLayer::~MoeLayer() = default;
+void copy_into(MutableTensorView out, const Tensor& from) {
+  if (from.size_bytes() > 0) std::memcpy(out.raw(), from.raw(), static_cast<std::size_t>(from.size_bytes()));
+}
+
+}  // namespace
+
+// The layer: what outlives its steps.
+struct MoeLayer::Impl {
+  Impl(const MoeLayerConfig& layer_config, EpGroup& ep_group, MemoryLedger* memory_ledger)
+      : config((layer_config.validate(), layer_config)),
+        dispatcher(&ep_group.dispatcher()),
+        ledger(memory_ledger),
+        router(config.router) {}
+
+  MoeLayerConfig config;
+  ep::Dispatcher* dispatcher;  // the group's (not owned; stays put when the group object moves)
+  MemoryLedger* ledger;        // not owned; may be null
+  Router router;
+  std::unique_ptr<ep::ReplicaExchange> replicas;  // balance != off with slots
+  LedgerCharge replica_buffers;                   // "buffer/replica slots"
+  MoeLayerStats stats;
+  MoeStepStats last_step;
+  int steps_in_flight = 0;
+  MoeStep own_step;  // forward() / backward()'s
+  std::uint64_t auto_version = 0;
+  ExpertWeightsSeen finite_weights_seen;
+  // LocalExpertWeights::version for the kernels' caches of derived weights
+  // (bf16 copies, the [wi0 | wi1] concatenation): a new process-wide value
+  // unless the caller's version and buffers are the last forward's.
+  ExpertWeightsSeen kernel_weights_seen;
+  std::uint64_t kernel_weights_version = 0;
+
+  ExpertShape expert_shape() const {
+    return {.hidden = config.hidden,
+            .ffn = config.ffn,
+            .compute_dtype = config.compute_dtype,
+            .fuse_up_projection = config.fuse_up_projection};
+  }
+  std::uint64_t next_kernel_weights_version(std::optional<std::uint64_t> weight_version, const MoeWeights& weights);
+  void record_step_stats(const DispatchStats& dispatch);
+};
+
+// What a step holds from its forward to its backward, per chunk: the expert
+// rows (x_sorted with its routing metadata) and the expert activations, each
+// kept or dropped by the remat policy (a dropped one is an empty value).
+// Kept ones are recorded in the ledger under "saved/<name>".
+struct MoeStep::State {
+  enum class Stage { forward_begun, forward_done, backward_begun };
+
+  explicit State(MoeLayer::Impl& owner) : layer(&owner) { ++layer->steps_in_flight; }
+  ~State() { --layer->steps_in_flight; }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  MoeLayer::Impl* layer;  // not owned; outlives the step
+  Stage stage = Stage::forward_begun;
+  TensorView x;
+  TensorView dy;              // from begin_backward
+  TensorView extra_d_logits;  // from begin_backward, or empty
+  MoeWeights weights;
+  ep::DispatchHandle dispatch;        // from begin_forward to finish_backward
+  LocalExpertWeights expert_weights;  // the caller's; with replicas, per-group pointers (homes, then slots)
+  RouterOutput routing;
+  std::vector<std::int32_t> destinations;      // replicas: each pair's physical destination
+  std::vector<ep::ExpertRows> rows;            // [chunk] the chunk's rows while it computes
+  std::vector<SavedExpertRows> saved_rows;     // [chunk] x_sorted kept for the backward
+  std::vector<ExpertActivations> activations;  // [chunk]
+};
+
+MoeStep::MoeStep() = default;
+MoeStep::MoeStep(MoeStep&&) noexcept = default;
+MoeStep& MoeStep::operator=(MoeStep&&) noexcept = default;
+MoeStep::~MoeStep() = default;
+bool MoeStep::active() const { return state_ != nullptr; }
 
 namespace {
 
-std::string layer_label(const MoeLayerConfig& config) {
-  return config.label.empty() ? std::string("moe layer") : config.label;
-}
+constexpr const char* kOrder =
+    "the order is begin_forward, finish_forward, begin_backward, finish_backward; forward() and backward() are a "
+    "begin and its finish";
 
-// An input the layer reads in place: f32 (InternalError otherwise, as for a
-// shape) and C-contiguous (UsageError naming it: a caller's strided view).
-void check_layout(const MoeLayerConfig& config, std::string_view name, TensorView tensor) {
-  EPMOE_CHECK(tensor.dtype() == DType::f32);
-  tensor.require_contiguous(layer_label(config) + ": " + std::string(name));
-}
+// An Error inside a phase abandons the step: its dispatch handle goes
+// (cancelling what is in flight while the error unwinds), and the next call
+// on it is refused as on an ended step.
+class AbandonOnError {
+ public:
+  explicit AbandonOnError(std::unique_ptr<MoeStep::State>& state) : state_(state) {}
+  ~AbandonOnError() {
+    if (std::uncaught_exceptions() > entered_) state_.reset();
+  }
+  AbandonOnError(const AbandonOnError&) = delete;
+  AbandonOnError& operator=(const AbandonOnError&) = delete;
 
-void check_weights(const MoeLayerConfig& config, int num_local_experts, TensorView x, const MoeWeights& w) {
-  const std::int64_t h = config.hidden, f = config.ffn, e = config.router.num_experts;
-  const std::int64_t el = num_local_experts;
-  EPMOE_CHECK(w.gate.raw() && w.wi0.raw() && w.wi1.raw() && w.wo.raw());
-  EPMOE_CHECK_EQ(x.rank(), 2);
-  EPMOE_CHECK_EQ(x.dim(1), h);
-  EPMOE_CHECK((w.gate.has_shape({h, e})));
-  EPMOE_CHECK((w.wi0.has_shape({el, h, f})));
-  EPMOE_CHECK((w.wi1.has_shape({el, h, f})));
-  EPMOE_CHECK((w.wo.has_shape({el, f, h})));
-  if (!w.bias.empty()) EPMOE_CHECK((w.bias.has_shape({e})));
-  check_layout(config, "x", x);
-  check_layout(config, "gate", w.gate);
-  check_layout(config, "wi0", w.wi0);
-  check_layout(config, "wi1", w.wi1);
-  check_layout(config, "wo", w.wo);
-  if (!w.bias.empty()) check_layout(config, "bias", w.bias);
-}
-
-// An input of the layer: refused with its name and first bad index.
-void check_input(const MoeLayerConfig& config, std::string_view name, TensorView tensor) {
-  check_finite(layer_label(config) + ": " + std::string(name), tensor);
-}
-
-// A value the step produced. `where(index)` turns the flat index of the first
-// bad element into words ("row 5 of chunk 0 (local expert 2)").
-template <typename Where>
-void check_produced(const MoeLayerConfig& config, std::string_view what, std::string_view phase,
-                    std::span<const float> values, Where where) {
-  const std::int64_t index = find_non_finite(values);
-  if (index < 0) return;
-  throw NumericError(layer_label(config) + ": non-finite value in " + std::string(what) + " (" + std::string(phase) +
-                     ") at " + where(index) + ": " + value_to_string(values[index]));
-}
-
-// Rows of a [rows, width] tensor.
-auto at_row(std::int64_t width) {
-  return [width](std::int64_t index) { return "row " + std::to_string(index / width); };
-}
-
-// Rows of one chunk's expert rows, with the local expert each belongs to.
-auto at_expert_row(const ep::ExpertRows& rows, std::int64_t width, int chunk) {
-  return [&rows, width, chunk](std::int64_t index) {
-    const std::int64_t row = index / width;
-    std::int64_t expert = 0, end = 0;
-    while (expert < static_cast<std::int64_t>(rows.group_sizes.size()) && row >= end + rows.group_sizes[expert])
-      end += rows.group_sizes[expert++];
-    return "row " + std::to_string(row) + " of chunk " + std::to_string(chunk) + " (local expert " +
-           std::to_string(expert) + ")";
-  };
-}
-
-// An index of a weight-shaped tensor [E_l, a, b].
-auto at_weight_index(const Tensor& tensor) {
-  return [&tensor](std::int64_t index) {
-    return index_to_string(tensor.shape(), index) + " (local expert " +
-           std::to_string(index / (tensor.dim(1) * tensor.dim(2))) + ")";
-  };
-}
-
-LocalExpertWeights expert_weights(const MoeWeights& w) {
-  return {w.wi0.data<float>(), w.wi1.data<float>(), w.wo.data<float>()};
-}
+ private:
+  std::unique_ptr<MoeStep::State>& state_;
+  int entered_ = std::uncaught_exceptions();
+};
 
 }  // namespace
 
-void MoeLayer::expect_stage(Stage expected, const char* call) const {
-  if (stage_ == expected || (expected == Stage::idle && stage_ == Stage::forward_done)) return;
-  static constexpr const char* kNext[] = {"begin_forward (or forward)", "finish_forward",
-                                          "begin_backward (or backward), or a new begin_forward", "finish_backward"};
-  throw UsageError(layer_label(config_) + ": " + call + "() out of order: the next call must be " +
-                   kNext[static_cast<int>(stage_)] +
-                   " (the order is begin_forward, finish_forward, begin_backward, finish_backward; "
-                   "forward() and backward() are a begin and its finish)");
+MoeLayer::MoeLayer(const MoeLayerConfig& config, EpGroup& group, MemoryLedger* ledger)
+    : impl_(std::make_unique<Impl>(config, group, ledger)) {
+  const EpConfig& ep = group.config();
+  const RouterConfig& router = impl_->config.router;
+  const auto mismatch = [&](const char* key, std::int64_t layer_value, std::int64_t group_value) {
+    throw ConfigError(layer_label(impl_->config) + ": " + key + "=" + std::to_string(layer_value) +
+                      " but its EP group has " + key + "=" + std::to_string(group_value) +
+                      ": a layer runs on a group made for its shape");
+  };
+  if (router.num_experts != ep.num_experts) mismatch("num_experts", router.num_experts, ep.num_experts);
+  if (router.top_k != ep.top_k) mismatch("top_k", router.top_k, ep.top_k);
+  if (impl_->config.hidden != ep.hidden) mismatch("hidden", impl_->config.hidden, ep.hidden);
+  if (ep.replicas_enabled()) {
+    impl_->replicas = std::make_unique<ep::ReplicaExchange>(group.communicator(), ep);
+    impl_->replica_buffers = LedgerCharge(ledger, "buffer/replica slots", 0);
+  }
 }
 
-MoeForwardOutput MoeLayer::forward(TensorView x, const MoeWeights& weights,
-                                   std::optional<std::uint64_t> weight_version) {
-  begin_forward(x, weights, weight_version);
-  return finish_forward();
+MoeLayer::~MoeLayer() = default;
+MoeLayer::MoeLayer(MoeLayer&&) noexcept = default;
+MoeLayer& MoeLayer::operator=(MoeLayer&&) noexcept = default;
+
+const MoeLayerConfig& MoeLayer::config() const { return impl_->config; }
+int MoeLayer::num_local_experts() const { return impl_->dispatcher->num_local_experts(); }
+const MoeLayerStats& MoeLayer::stats() const { return impl_->stats; }
+const MoeStepStats& MoeLayer::last_step_stats() const { return impl_->last_step; }
+void MoeLayer::set_random_router_stream(std::uint64_t stream) { impl_->router.set_stream(stream); }
+
+std::vector<std::int64_t> MoeLayer::balance_state() const {
+  return impl_->replicas != nullptr ? impl_->replicas->planning_state() : std::vector<std::int64_t>{};
 }
 
-MoeGradients MoeLayer::backward(TensorView dy, TensorView extra_d_logits) {
-  begin_backward(dy, extra_d_logits);
-  return finish_backward();
+void MoeLayer::restore_balance_state(const std::vector<std::int64_t>& state) {
+  if (state.empty()) return;
+  if (impl_->replicas == nullptr) {
+    throw ConfigError(
+        "the checkpoint holds replica balancing state but this run has no replicas "
+        "(balance=off or redundant_slots=0); resume with the checkpoint's balance settings");
+  }
+  impl_->replicas->restore_planning_state(state);
 }
 
-std::uint64_t MoeLayer::kernel_weights_version(std::optional<std::uint64_t> weight_version, const MoeWeights& weights) {
+std::uint64_t MoeLayer::Impl::next_kernel_weights_version(std::optional<std::uint64_t> weight_version,
+                                                          const MoeWeights& weights) {
   // Process-wide, so that no two layers (nor one layer's weights before and
   // after its buffers were freed and reused) share a version: the kernels'
   // caches are process-wide and keyed by pointer and version.
@@ -175,68 +223,119 @@ std::uint64_t MoeLayer::kernel_weights_version(std::optional<std::uint64_t> weig
   const ExpertWeightsSeen seen{weight_version, weights.wi0.raw(), weights.wi1.raw(), weights.wo.raw()};
   // A replica slot's buffer holds whichever expert the plan puts there, so
   // with replicas the caller's version does not identify the slots' values.
-  const bool reusable = weight_version && seen == kernel_weights_seen_ && dispatcher_->replicas() == nullptr;
+  const bool reusable = weight_version && seen == kernel_weights_seen && replicas == nullptr;
   if (!reusable) {
-    kernel_weights_version_ = next_version++;
-    kernel_weights_seen_ = seen;
+    kernel_weights_version = next_version++;
+    kernel_weights_seen = seen;
   }
-  return kernel_weights_version_;
+  return kernel_weights_version;
 }
 
-void MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version) {
-  expect_stage(Stage::idle, "begin_forward");
-  check_weights(config_, dispatcher_->num_local_experts(), x, weights);
+// The step's dispatch statistics with the replica exchange's bytes merged
+// in: one map holds every byte the layer's step sent.
+void MoeLayer::Impl::record_step_stats(const DispatchStats& dispatch) {
+  last_step.dispatch = dispatch;
+  last_step.replicas = replicas != nullptr ? replicas->stats() : ReplicaStats();
+  for (const auto& [name, bytes] : last_step.replicas.bytes_sent) last_step.dispatch.bytes_sent[name] += bytes;
+}
+
+namespace {
+
+// The step's stage must be `expected` (UsageError naming the call otherwise).
+void expect_stage(const MoeLayer::Impl& layer, const std::unique_ptr<MoeStep::State>& state,
+                  MoeStep::State::Stage expected, const char* call) {
+  const std::string label = layer_label(layer.config);
+  if (state == nullptr) {
+    throw UsageError(label + ": " + call + "() on a step that is not under way (never begun, ended by its " +
+                     "finish_backward, abandoned by an error, or moved from): begin a new one with begin_forward (" +
+                     kOrder + ")");
+  }
+  if (state->layer != &layer) {
+    throw UsageError(label + ": " + call +
+                     "() on a step of another layer: a step goes back to the layer that began it");
+  }
+  if (state->stage == expected) return;
+  static constexpr const char* kNext[] = {"finish_forward", "begin_backward (or drop the step)", "finish_backward"};
+  throw UsageError(label + ": " + call + "() out of order: the step's next call must be " +
+                   kNext[static_cast<int>(state->stage)] + " (" + kOrder + ")");
+}
+
+}  // namespace
+
+MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version) {
+  Impl& layer = *impl_;
+  const MoeLayerConfig& config = layer.config;
+  if (layer.replicas != nullptr && layer.steps_in_flight > 0) {
+    throw UsageError(layer_label(config) +
+                     ": begin_forward() while another step of this layer is in flight: with replicas "
+                     "(balance=" +
+                     to_string(layer.dispatcher->config().balance) +
+                     ") the layer's slots hold one step's experts; finish (or drop) that step first");
+  }
+  check_weights(config, layer.dispatcher->num_local_experts(), x, weights);
   // Before any work or communication, so a refused input leaves the layer
   // (and its peers) as they were.
-  check_input(config_, "x", x);
-  check_input(config_, "gate", weights.gate);
-  if (!weights.bias.empty()) check_input(config_, "bias", weights.bias);
+  check_input(config, "x", x);
+  check_input(config, "gate", weights.gate);
+  if (!weights.bias.empty()) check_input(config, "bias", weights.bias);
   // The expert weights are most of the bytes; a caller's version vouches for
   // unchanged values (as it does for the replica slots), so a repeated
   // forward on the same version and buffers skips their pass.
   const ExpertWeightsSeen seen{weight_version, weights.wi0.raw(), weights.wi1.raw(), weights.wo.raw()};
-  if (!weight_version || !(seen == finite_weights_seen_)) {
-    finite_weights_seen_ = {};
-    check_input(config_, "wi0", weights.wi0);
-    check_input(config_, "wi1", weights.wi1);
-    check_input(config_, "wo", weights.wo);
-    finite_weights_seen_ = seen;
+  if (!weight_version || !(seen == layer.finite_weights_seen)) {
+    layer.finite_weights_seen = {};
+    check_input(config, "wi0", weights.wi0);
+    check_input(config, "wi1", weights.wi1);
+    check_input(config, "wo", weights.wo);
+    layer.finite_weights_seen = seen;
   }
-  PhaseTimes& times = stats_.phase_seconds;
-  saved_.reset();        // a forward without its backward (inference) is simply dropped
-  stage_ = Stage::idle;  // until the begin completes: an error abandons the step
-  if (ledger_ != nullptr) ledger_->reset_peaks();
+  PhaseTimes& times = layer.stats.phase_seconds;
+  if (layer.ledger != nullptr) layer.ledger->reset_peaks();
 
-  saved_ = std::make_unique<Saved>();
-  Saved& s = *saved_;
+  MoeStep step;
+  step.state_ = std::make_unique<MoeStep::State>(layer);
+  MoeStep::State& s = *step.state_;
   s.x = x;
   s.weights = weights;
   {
     ScopedPhase phase(times, "route");
-    s.routing = router_.forward(x, weights.gate, weights.bias);
-    const int num_experts = config_.router.num_experts, top_k = config_.router.top_k;
-    check_produced(config_, "router logits", "forward/route", s.routing.logits.span<float>(), at_row(num_experts));
-    check_produced(config_, "routing weights", "forward/route", s.routing.topk_weights.span<float>(), at_row(top_k));
+    s.routing = layer.router.forward(x, weights.gate, weights.bias);
+    const int num_experts = config.router.num_experts, top_k = config.router.top_k;
+    check_produced(config, "router logits", "forward/route", s.routing.logits.span<float>(), at_row(num_experts));
+    check_produced(config, "routing weights", "forward/route", s.routing.topk_weights.span<float>(), at_row(top_k));
   }
-  const int num_chunks = dispatcher_->num_chunks();
+  const int num_chunks = layer.dispatcher->config().num_chunks;
   s.rows.resize(static_cast<std::size_t>(num_chunks));
   s.saved_rows.resize(static_cast<std::size_t>(num_chunks));
   s.activations.resize(static_cast<std::size_t>(num_chunks));
-  s.dispatch = dispatcher_->dispatch(x, {s.routing.topk_ids.data<std::int32_t>(), s.routing.topk_weights.data<float>(),
-                                         x.dim(0), config_.router.top_k});
-  s.expert_weights = expert_weights(weights);
+  s.dispatch = layer.dispatcher->start_step(num_chunks);
+  const std::int64_t num_tokens = x.dim(0);
+  const int top_k = config.router.top_k;
+  const std::span<const std::int32_t> topk_ids = s.routing.topk_ids.span<std::int32_t>();
+  const std::int32_t* destinations = topk_ids.data();  // without replicas, the experts themselves
+  if (layer.replicas != nullptr) {
+    // Every rank plans the same replicas from the all-gathered counts; this
+    // rank's pairs then go to the copies the plan gives them.
+    ScopedPhase phase(times, "balance");
+    layer.replicas->plan_step(topk_ids, s.dispatch.tag_base());
+    s.destinations.resize(topk_ids.size());
+    layer.replicas->destinations(topk_ids, top_k, s.destinations.data());
+    destinations = s.destinations.data();
+  }
+  s.dispatch.dispatch(x, {destinations, s.routing.topk_weights.data<float>(), num_tokens, top_k});
+  s.expert_weights = {weights.wi0.data<float>(), weights.wi1.data<float>(), weights.wo.data<float>()};
   // Only the opt-in fused product needs a version (its concatenation is
-  // keyed by it); unfused, the kernels see no version, as before it.
-  if (config_.fuse_up_projection) s.expert_weights.version = kernel_weights_version(weight_version, weights);
-  if (ep::ReplicaExchange* replicas = dispatcher_->replicas()) {
+  // keyed by it); unfused, the kernels see no version.
+  if (config.fuse_up_projection) s.expert_weights.version = layer.next_kernel_weights_version(weight_version, weights);
+  if (ep::ReplicaExchange* replicas = layer.replicas.get()) {
     // The slots' weights move while the caller works until finish_forward;
     // the experts compute on per-group pointers: the caller's home weights
     // as they are, the slots' from the exchange's buffers.
     ScopedPhase phase(times, "replica_weights");
     // Automatic versions have the top bit set so they never equal a caller's.
-    const std::uint64_t version = weight_version ? *weight_version : (std::uint64_t{1} << 63) | ++auto_version_;
-    replicas->start_slot_weights({weights.wi0, weights.wi1, weights.wo}, version);
-    const std::int64_t home = replicas->num_local_experts(), hf = config_.hidden * config_.ffn;
+    const std::uint64_t version = weight_version ? *weight_version : (std::uint64_t{1} << 63) | ++layer.auto_version;
+    replicas->start_slot_weights({weights.wi0, weights.wi1, weights.wo}, version, s.dispatch.tag_base());
+    const std::int64_t home = replicas->num_local_experts(), hf = config.hidden * config.ffn;
     LocalExpertWeights& w = s.expert_weights;
     for (std::int64_t e = 0; e < home; ++e) {
       w.wi0_groups.push_back(w.wi0 + e * hf);
@@ -249,28 +348,36 @@ void MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::optio
       w.wo_groups.push_back(replicas->slot_weights(2, b));
     }
   }
-  stage_ = Stage::forward_begun;
+  return step;
 }
 
-MoeForwardOutput MoeLayer::finish_forward() {
-  expect_stage(Stage::forward_begun, "finish_forward");
-  stage_ = Stage::idle;  // until the finish completes
-  Saved& s = *saved_;
-  PhaseTimes& times = stats_.phase_seconds;
-  const ExpertShape shape{.hidden = config_.hidden,
-                          .ffn = config_.ffn,
-                          .compute_dtype = config_.compute_dtype,
-                          .fuse_up_projection = config_.fuse_up_projection};
-  const RematPolicy& remat = config_.remat;
-  const int num_chunks = dispatcher_->num_chunks();
-  if (ep::ReplicaExchange* replicas = dispatcher_->replicas()) {
+MoeForwardOutput MoeLayer::finish_forward(MoeStep& step, const MoeForwardBuffers& out) {
+  Impl& layer = *impl_;
+  expect_stage(layer, step.state_, MoeStep::State::Stage::forward_begun, "finish_forward");
+  const MoeLayerConfig& config = layer.config;
+  MoeStep::State& s = *step.state_;
+  const std::int64_t num_tokens = s.x.dim(0);
+  const std::int64_t top_k = config.router.top_k;
+  MoeForwardOutput result;
+  // The caller's buffers are checked before any work: a wrong one costs nothing.
+  const MutableTensorView y = output_view(config, "y", out.y, DType::f32, {num_tokens, config.hidden}, result.y);
+  const MutableTensorView topk_ids =
+      output_view(config, "topk_ids", out.topk_ids, DType::i32, {num_tokens, top_k}, result.topk_ids);
+  const MutableTensorView topk_weights =
+      output_view(config, "topk_weights", out.topk_weights, DType::f32, {num_tokens, top_k}, result.topk_weights);
+  AbandonOnError abandon(step.state_);
+  PhaseTimes& times = layer.stats.phase_seconds;
+  const ExpertShape shape = layer.expert_shape();
+  const RematPolicy& remat = config.remat;
+  if (ep::ReplicaExchange* replicas = layer.replicas.get()) {
     ScopedPhase phase(times, "replica_weights");
     replicas->finish_slot_weights();
   }
-  for (int c = 0; c < num_chunks; ++c) {
+  for (int c = 0; c < s.dispatch.num_chunks(); ++c) {
     {
       ScopedPhase phase(times, "dispatch");
       s.rows[c] = s.dispatch.rows(c);
+      if (layer.replicas != nullptr) layer.replicas->count_slot_rows(s.rows[c]);
     }
     Tensor slot_outputs;
     {
@@ -278,133 +385,173 @@ MoeForwardOutput MoeLayer::finish_forward() {
       slot_outputs = experts_forward(shape, s.rows[c], s.expert_weights, s.activations[c]);
       // mlpwo is per row (so the message names the expert); the weighted
       // slot sums can still overflow on their own.
-      check_produced(config_, "expert output", "forward/experts", s.activations[c].mlpwo.span<float>(),
-                     at_expert_row(s.rows[c], config_.hidden, c));
-      check_produced(config_, "weighted expert output", "forward/experts", slot_outputs.span<float>(),
-                     [this, c](std::int64_t i) {
-                       return "slot " + std::to_string(i / config_.hidden) + " of chunk " + std::to_string(c);
+      check_produced(config, "expert output", "forward/experts", s.activations[c].mlpwo.span<float>(),
+                     at_expert_row(s.rows[c], config.hidden, c));
+      check_produced(config, "weighted expert output", "forward/experts", slot_outputs.span<float>(),
+                     [&config, c](std::int64_t i) {
+                       return "slot " + std::to_string(i / config.hidden) + " of chunk " + std::to_string(c);
                      });
     }
     if (remat.save_x_sorted)
-      s.saved_rows[c] = SavedExpertRows(std::move(s.rows[c]), config_.hidden, config_.compute_dtype, ledger_);
+      s.saved_rows[c] = SavedExpertRows(std::move(s.rows[c]), config.hidden, config.compute_dtype, layer.ledger);
     s.rows[c] = ep::ExpertRows();
-    keep_or_drop(s.activations[c].mlpwi_0, remat.save_mlpwi_0, ledger_, "mlpwi_0");
-    keep_or_drop(s.activations[c].mlpwi_1, remat.save_mlpwi_1, ledger_, "mlpwi_1");
-    keep_or_drop(s.activations[c].mlpwo, remat.save_mlpwo, ledger_, "mlpwo");
+    keep_or_drop(s.activations[c].mlpwi_0, remat.save_mlpwi_0, layer.ledger, "mlpwi_0");
+    keep_or_drop(s.activations[c].mlpwi_1, remat.save_mlpwi_1, layer.ledger, "mlpwi_1");
+    keep_or_drop(s.activations[c].mlpwo, remat.save_mlpwo, layer.ledger, "mlpwo");
     ScopedPhase phase(times, "combine");
     s.dispatch.combine(c, std::move(slot_outputs));
   }
-  MoeForwardOutput out;
   {
     ScopedPhase phase(times, "combine");
-    out.y = s.dispatch.finish_forward();
-    check_produced(config_, "layer output y", "forward/combine", out.y.span<float>(), at_row(config_.hidden));
+    s.dispatch.finish_forward(y);
+    check_produced(config, "layer output y", "forward/combine", y.span<float>(), at_row(config.hidden));
   }
-  out.topk_ids = s.routing.topk_ids.clone();
-  out.topk_weights = s.routing.topk_weights.clone();
-  if (ledger_ != nullptr) stats_.saved_activation_peak_bytes = ledger_->group_peak_bytes("saved");
-  stage_ = Stage::forward_done;
-  return out;
+  copy_into(topk_ids, s.routing.topk_ids);
+  copy_into(topk_weights, s.routing.topk_weights);
+  if (layer.ledger != nullptr) layer.stats.saved_activation_peak_bytes = layer.ledger->group_peak_bytes("saved");
+  if (layer.replicas != nullptr) layer.replica_buffers.resize(layer.replicas->buffer_bytes());
+  layer.record_step_stats(s.dispatch.stats());
+  s.stage = MoeStep::State::Stage::forward_done;
+  return result;
 }
 
-const ep::ReplicaStats& MoeLayer::replica_stats() const {
-  static const ep::ReplicaStats kNoReplicas;
-  const ep::ReplicaExchange* replicas = dispatcher_->replicas();
-  return replicas != nullptr ? replicas->stats() : kNoReplicas;
-}
-
-std::vector<std::int64_t> MoeLayer::balance_state() const {
-  const ep::ReplicaExchange* replicas = dispatcher_->replicas();
-  return replicas != nullptr ? replicas->planning_state() : std::vector<std::int64_t>{};
-}
-
-void MoeLayer::restore_balance_state(const std::vector<std::int64_t>& state) {
-  if (state.empty()) return;
-  ep::ReplicaExchange* replicas = dispatcher_->replicas();
-  if (replicas == nullptr) {
-    throw ConfigError(
-        "the checkpoint holds replica balancing state but this run has no replicas "
-        "(balance=off or redundant_slots=0); resume with the checkpoint's balance settings");
+const RouterOutput& MoeLayer::routing(const MoeStep& step) const {
+  if (step.state_ == nullptr || step.state_->layer != impl_.get() ||
+      step.state_->stage == MoeStep::State::Stage::forward_begun) {
+    throw UsageError(layer_label(impl_->config) +
+                     ": routing() of a step whose forward has not finished (or that ended or is another layer's)");
   }
-  replicas->restore_planning_state(state);
+  return step.state_->routing;
 }
 
-const RouterOutput& MoeLayer::last_routing() const {
-  EPMOE_CHECK(saved_ != nullptr, "the activations are saved between a forward and its backward only");
-  return saved_->routing;
-}
-
-void MoeLayer::begin_backward(TensorView dy, TensorView extra_d_logits) {
-  expect_stage(Stage::forward_done, "begin_backward");
+void MoeLayer::begin_backward(MoeStep& step, TensorView dy, TensorView extra_d_logits) {
+  Impl& layer = *impl_;
+  expect_stage(layer, step.state_, MoeStep::State::Stage::forward_done, "begin_backward");
+  const MoeLayerConfig& config = layer.config;
+  MoeStep::State& s = *step.state_;
   // Before the stage moves on: a refused dy leaves the forward's state for a retry.
-  EPMOE_CHECK(dy.has_shape(saved_->x.shape()));
-  check_layout(config_, "dy", dy);
+  EPMOE_CHECK(dy.has_shape(s.x.shape()));
+  check_layout(config, "dy", dy);
   if (!extra_d_logits.empty()) {
-    EPMOE_CHECK((extra_d_logits.has_shape({saved_->x.dim(0), std::int64_t{config_.router.num_experts}})));
-    check_layout(config_, "extra_d_logits", extra_d_logits);
+    EPMOE_CHECK((extra_d_logits.has_shape({s.x.dim(0), std::int64_t{config.router.num_experts}})));
+    check_layout(config, "extra_d_logits", extra_d_logits);
   }
-  check_input(config_, "dy", dy);
-  if (!extra_d_logits.empty()) check_input(config_, "extra_d_logits", extra_d_logits);
-  stage_ = Stage::idle;  // until the begin completes
-  saved_->dy = dy;
-  saved_->extra_d_logits = extra_d_logits;
+  check_input(config, "dy", dy);
+  if (!extra_d_logits.empty()) check_input(config, "extra_d_logits", extra_d_logits);
+  AbandonOnError abandon(step.state_);
+  s.dy = dy;
+  s.extra_d_logits = extra_d_logits;
   {
-    ScopedPhase phase(stats_.phase_seconds, "backward_combine");
-    saved_->dispatch.start_backward(dy);
+    ScopedPhase phase(layer.stats.phase_seconds, "backward_combine");
+    s.dispatch.start_backward(dy);
   }
-  stage_ = Stage::backward_begun;
+  s.stage = MoeStep::State::Stage::backward_begun;
 }
 
-MoeGradients MoeLayer::finish_backward() {
-  expect_stage(Stage::backward_begun, "finish_backward");
-  stage_ = Stage::idle;  // the step ends here, whatever happens
-  std::unique_ptr<Saved> saved = std::move(saved_);
-  Saved& s = *saved;
-  const TensorView extra_d_logits = s.extra_d_logits;
-  const TensorView x = s.x;
-  const std::int64_t num_tokens = x.dim(0);
-  const std::int64_t hidden = config_.hidden, ffn = config_.ffn;
-  const int num_experts = config_.router.num_experts;
-  const std::int64_t num_local = dispatcher_->num_local_experts();
-  PhaseTimes& times = stats_.phase_seconds;
-  const ExpertShape shape{.hidden = hidden,
-                          .ffn = ffn,
-                          .compute_dtype = config_.compute_dtype,
-                          .fuse_up_projection = config_.fuse_up_projection};
+namespace {
 
-  MoeGradients grads{Tensor(), Tensor(DType::f32, {hidden, std::int64_t{num_experts}}),
-                     Tensor(DType::f32, {num_local, hidden, ffn}), Tensor(DType::f32, {num_local, hidden, ffn}),
-                     Tensor(DType::f32, {num_local, ffn, hidden})};
-  // With replicas the experts' dW covers E_l + B groups: the home experts'
-  // straight into grads, the slots' into the exchange's buffers, which go
-  // home after the loop.
-  ep::ReplicaExchange* replicas = dispatcher_->replicas();
+// Where the experts' backward writes each group's dW: with replicas, the
+// home experts' straight into the result and the slots' into the
+// exchange's buffers, which go home after the chunks.
+ExpertWeightGradients expert_gradient_targets(const MoeLayerConfig& config, ep::ReplicaExchange& replicas,
+                                              const MutableTensorView& dwi0, const MutableTensorView& dwi1,
+                                              const MutableTensorView& dwo) {
   ExpertWeightGradients dw;
-  if (replicas != nullptr) {
-    const std::int64_t hf = hidden * ffn;
-    for (std::int64_t e = 0; e < num_local; ++e) {
-      dw.dwi0.push_back(grads.dwi0.data<float>() + e * hf);
-      dw.dwi1.push_back(grads.dwi1.data<float>() + e * hf);
-      dw.dwo.push_back(grads.dwo.data<float>() + e * hf);
-    }
-    for (int b = 0; b < replicas->num_slots(); ++b) {
-      dw.dwi0.push_back(replicas->slot_gradients(0, b));
-      dw.dwi1.push_back(replicas->slot_gradients(1, b));
-      dw.dwo.push_back(replicas->slot_gradients(2, b));
-    }
+  const std::int64_t hf = config.hidden * config.ffn;
+  for (std::int64_t e = 0; e < replicas.num_local_experts(); ++e) {
+    dw.dwi0.push_back(dwi0.data<float>() + e * hf);
+    dw.dwi1.push_back(dwi1.data<float>() + e * hf);
+    dw.dwo.push_back(dwo.data<float>() + e * hf);
   }
-  stats_.recomputed_bytes = 0;
-  for (int c = 0; c < dispatcher_->num_chunks(); ++c) {
-    if (config_.remat.save_x_sorted) {
+  for (int b = 0; b < replicas.num_slots(); ++b) {
+    dw.dwi0.push_back(replicas.slot_gradients(0, b));
+    dw.dwi1.push_back(replicas.slot_gradients(1, b));
+    dw.dwo.push_back(replicas.slot_gradients(2, b));
+  }
+  return dw;
+}
+
+// The router's part of the backward: d(topk_weights) -> d(logits) (plus a
+// caller's extra logit gradient), then dgate = x^T d_logits and dx +=
+// d_logits gate^T, in fp32 like the router's forward.
+void router_backward(const MoeLayerConfig& config, const Router& router, const RouterOutput& routing, TensorView x,
+                     TensorView gate, TensorView extra_d_logits, const Tensor& d_topk_weights,
+                     const MutableTensorView& dgate, const MutableTensorView& dx) {
+  const std::int64_t num_tokens = x.dim(0), hidden = config.hidden;
+  const int num_experts = config.router.num_experts;
+  if (config.router.kind == RouterKind::random) {
+    // The random router never reads the gate: its gradient is exactly zero.
+    EPMOE_CHECK(extra_d_logits.empty(), "a loss on random logits cannot train anything");
+    std::fill_n(dgate.data<float>(), dgate.numel(), 0.0f);
+    return;
+  }
+  Tensor d_logits = router.backward(routing, d_topk_weights);
+  check_produced(config, "router logit gradient", "backward/router", d_logits.span<float>(), at_row(num_experts));
+  if (!extra_d_logits.empty()) {
+    EPMOE_CHECK(extra_d_logits.has_shape(d_logits.shape()));
+    float* d = d_logits.data<float>();
+    const float* extra = extra_d_logits.data<float>();
+    for (std::int64_t i = 0; i < d_logits.numel(); ++i) d[i] += extra[i];
+  }
+  gemm({.a = x.data<float>(),
+        .b = d_logits.data<float>(),
+        .c = dgate.data<float>(),
+        .m = hidden,
+        .n = num_experts,
+        .k = num_tokens,
+        .transpose_a = true});
+  gemm({.a = d_logits.data<float>(),
+        .b = gate.data<float>(),
+        .c = dx.data<float>(),
+        .m = num_tokens,
+        .n = hidden,
+        .k = num_experts,
+        .transpose_b = true,
+        .accumulate = true});
+  check_produced(config, "gate gradient dgate", "backward/router", dgate.span<float>(),
+                 [&dgate](std::int64_t i) { return index_to_string(dgate.shape(), i); });
+  check_produced(config, "input gradient dx", "backward/router", dx.span<float>(), at_row(hidden));
+}
+
+}  // namespace
+
+MoeGradients MoeLayer::finish_backward(MoeStep& step, const MoeGradientBuffers& out) {
+  Impl& layer = *impl_;
+  expect_stage(layer, step.state_, MoeStep::State::Stage::backward_begun, "finish_backward");
+  const MoeLayerConfig& config = layer.config;
+  const std::int64_t hidden = config.hidden, ffn = config.ffn;
+  const std::int64_t num_tokens = step.state_->x.dim(0), num_local = layer.dispatcher->num_local_experts();
+  const std::int64_t num_experts = config.router.num_experts;
+  MoeGradients grads;
+  const MutableTensorView dx = output_view(config, "dx", out.dx, DType::f32, {num_tokens, hidden}, grads.dx);
+  const MutableTensorView dgate =
+      output_view(config, "dgate", out.dgate, DType::f32, {hidden, num_experts}, grads.dgate);
+  const MutableTensorView dwi0 =
+      output_view(config, "dwi0", out.dwi0, DType::f32, {num_local, hidden, ffn}, grads.dwi0);
+  const MutableTensorView dwi1 =
+      output_view(config, "dwi1", out.dwi1, DType::f32, {num_local, hidden, ffn}, grads.dwi1);
+  const MutableTensorView dwo = output_view(config, "dwo", out.dwo, DType::f32, {num_local, ffn, hidden}, grads.dwo);
+  // The step ends here, whatever happens.
+  std::unique_ptr<MoeStep::State> state = std::move(step.state_);
+  MoeStep::State& s = *state;
+  const std::uint32_t tag_base = s.dispatch.tag_base();  // the replica gradients' tags, after the dispatch ends
+  PhaseTimes& times = layer.stats.phase_seconds;
+  const ExpertShape shape = layer.expert_shape();
+  ep::ReplicaExchange* replicas = layer.replicas.get();
+  const ExpertWeightGradients dw =
+      replicas != nullptr ? expert_gradient_targets(config, *replicas, dwi0, dwi1, dwo) : ExpertWeightGradients();
+  layer.stats.recomputed_bytes = 0;
+  for (int c = 0; c < s.dispatch.num_chunks(); ++c) {
+    if (config.remat.save_x_sorted) {
       s.rows[c] = s.saved_rows[c].restore();
     } else {
       ScopedPhase phase(times, "backward_remat_dispatch");
       s.rows[c] = s.dispatch.redispatch_rows(c);
-      stats_.recomputed_bytes += SavedExpertRows::bytes_of(s.rows[c], config_.hidden, config_.compute_dtype);
+      layer.stats.recomputed_bytes += SavedExpertRows::bytes_of(s.rows[c], hidden, config.compute_dtype);
     }
     {
       ScopedPhase phase(times, "backward_remat_experts");
-      stats_.recomputed_bytes += recompute_activations(shape, s.rows[c], s.expert_weights, s.activations[c]);
+      layer.stats.recomputed_bytes += recompute_activations(shape, s.rows[c], s.expert_weights, s.activations[c]);
     }
     Tensor slot_dy;
     {
@@ -417,13 +564,13 @@ MoeGradients MoeLayer::finish_backward() {
       expert_grads = replicas != nullptr
                          ? experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy, dw,
                                             /*accumulate=*/c > 0)
-                         : experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy, grads.dwi0,
-                                            grads.dwi1, grads.dwo, /*accumulate=*/c > 0);
-      check_produced(config_, "expert input gradient", "backward/experts", expert_grads.slot_dx.span<float>(),
+                         : experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy, dwi0, dwi1,
+                                            dwo, /*accumulate=*/c > 0);
+      check_produced(config, "expert input gradient", "backward/experts", expert_grads.slot_dx.span<float>(),
                      [c, hidden](std::int64_t i) {
                        return "slot " + std::to_string(i / hidden) + " of chunk " + std::to_string(c);
                      });
-      check_produced(config_, "routing weight gradient", "backward/experts", expert_grads.row_dweights,
+      check_produced(config, "routing weight gradient", "backward/experts", expert_grads.row_dweights,
                      at_expert_row(s.rows[c], 1, c));
     }
     // The chunk's saved state is no longer needed.
@@ -433,60 +580,42 @@ MoeGradients MoeLayer::finish_backward() {
     ScopedPhase phase(times, "backward_dispatch");
     s.dispatch.return_gradients(c, std::move(expert_grads.slot_dx), std::move(expert_grads.row_dweights));
   }
-  ep::DispatchGradients routed;
+  Tensor d_topk_weights(DType::f32, {num_tokens, std::int64_t{config.router.top_k}});
+  DispatchStats dispatch_stats;
   {
     ScopedPhase phase(times, "backward_dispatch");
-    routed = s.dispatch.finish_backward();
+    dispatch_stats = s.dispatch.finish_backward(dx, d_topk_weights.mutable_view());
   }
-  grads.dx = std::move(routed.dx);
-  check_produced(config_, "input gradient dx", "backward/dispatch", grads.dx.span<float>(), at_row(hidden));
+  check_produced(config, "input gradient dx", "backward/dispatch", dx.span<float>(), at_row(hidden));
   if (replicas != nullptr) {
     ScopedPhase phase(times, "backward_replica_gradients");
-    replicas->reduce_slot_gradients({grads.dwi0.data<float>(), grads.dwi1.data<float>(), grads.dwo.data<float>()});
+    replicas->reduce_slot_gradients({dwi0.data<float>(), dwi1.data<float>(), dwo.data<float>()}, tag_base);
   }
   {
     ScopedPhase phase(times, "backward_router");
-    if (config_.router.kind == RouterKind::random) {
-      // The random router never reads the gate: its gradient is exactly zero.
-      EPMOE_CHECK(extra_d_logits.empty(), "a loss on random logits cannot train anything");
-      grads.dgate.fill_zero();
-    } else {
-      Tensor d_logits = router_.backward(s.routing, routed.d_topk_weights);
-      check_produced(config_, "router logit gradient", "backward/router", d_logits.span<float>(), at_row(num_experts));
-      if (!extra_d_logits.empty()) {
-        EPMOE_CHECK(extra_d_logits.has_shape(d_logits.shape()));
-        float* d = d_logits.data<float>();
-        const float* extra = extra_d_logits.data<float>();
-        for (std::int64_t i = 0; i < d_logits.numel(); ++i) d[i] += extra[i];
-      }
-      // dgate = x^T d_logits; dx += d_logits gate^T. fp32 like the router's forward.
-      gemm({.a = x.data<float>(),
-            .b = d_logits.data<float>(),
-            .c = grads.dgate.data<float>(),
-            .m = hidden,
-            .n = num_experts,
-            .k = num_tokens,
-            .transpose_a = true});
-      gemm({.a = d_logits.data<float>(),
-            .b = s.weights.gate.data<float>(),
-            .c = grads.dx.data<float>(),
-            .m = num_tokens,
-            .n = hidden,
-            .k = num_experts,
-            .transpose_b = true,
-            .accumulate = true});
-      check_produced(config_, "gate gradient dgate", "backward/router", grads.dgate.span<float>(),
-                     [&grads](std::int64_t i) { return index_to_string(grads.dgate.shape(), i); });
-      check_produced(config_, "input gradient dx", "backward/router", grads.dx.span<float>(), at_row(hidden));
-    }
+    router_backward(config, layer.router, s.routing, s.x, s.weights.gate, s.extra_d_logits, d_topk_weights, dgate, dx);
   }
-  check_produced(config_, "expert weight gradient dwi0", "backward/experts", grads.dwi0.span<float>(),
-                 at_weight_index(grads.dwi0));
-  check_produced(config_, "expert weight gradient dwi1", "backward/experts", grads.dwi1.span<float>(),
-                 at_weight_index(grads.dwi1));
-  check_produced(config_, "expert weight gradient dwo", "backward/experts", grads.dwo.span<float>(),
-                 at_weight_index(grads.dwo));
+  check_produced(config, "expert weight gradient dwi0", "backward/experts", dwi0.span<float>(),
+                 at_weight_index(dwi0.shape()));
+  check_produced(config, "expert weight gradient dwi1", "backward/experts", dwi1.span<float>(),
+                 at_weight_index(dwi1.shape()));
+  check_produced(config, "expert weight gradient dwo", "backward/experts", dwo.span<float>(),
+                 at_weight_index(dwo.shape()));
+  if (replicas != nullptr) layer.replica_buffers.resize(replicas->buffer_bytes());
+  layer.record_step_stats(dispatch_stats);
   return grads;
+}
+
+MoeForwardOutput MoeLayer::forward(TensorView x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version,
+                                   const MoeForwardBuffers& out) {
+  impl_->own_step = MoeStep();  // a forward without its backward (inference) is simply dropped
+  impl_->own_step = begin_forward(x, weights, weight_version);
+  return finish_forward(impl_->own_step, out);
+}
+
+MoeGradients MoeLayer::backward(TensorView dy, TensorView extra_d_logits, const MoeGradientBuffers& out) {
+  begin_backward(impl_->own_step, dy, extra_d_logits);
+  return finish_backward(impl_->own_step, out);
 }
 
 }  // namespace epmoe

@@ -44,6 +44,7 @@
 #include <string_view>
 
 #include <epmoe/config.h>
+#include <epmoe/routing.h>
 
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -52,12 +53,6 @@ namespace epmoe {
 
 // RouterKind and RouterConfig: <epmoe/config.h>.
 RouterKind parse_router_kind(std::string_view key, std::string_view value);  // ConfigError
-
-struct RouterOutput {
-  Tensor logits;        // [N, E] f32, pre-activation scores
-  Tensor topk_ids;      // [N, K] i32
-  Tensor topk_weights;  // [N, K] f32
-};
 
 class Router {
  public:

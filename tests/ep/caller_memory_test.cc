@@ -30,13 +30,14 @@
 #include <string>
 #include <vector>
 
+#include <epmoe/moe_layer.h>
 #include "comm/barrier.h"
 #include "core/buffer_cache.h"
 #include "ep/ep_config.h"
 #include "ep_harness.h"
 #include "expect_reference.h"
-#include "moe/moe_layer.h"
 #include "reference_moe.h"
+#include "single_rank_layer.h"
 #include "transport/threads/launcher.h"
 
 namespace epmoe::testing {
@@ -127,7 +128,7 @@ ViewRun run_on_views(const MoeProblem& p, const CallerArrays& arrays, const Case
     for (std::int64_t i = 0; i < g.dgate.numel(); ++i) dgate[i] += g.dgate.data<float>()[i];
   };
   if (c.dispatch == Dispatch::local) {
-    MoeLayer layer(layer_config(p));
+    testing::SingleRankLayer layer(layer_config(p));
     const RankViews v = rank_views(arrays, 0, kTokens, 0, kExperts);
     reset_buffer_allocation_counts();
     const MoeForwardOutput out = layer.forward(v.x, v.weights);
@@ -147,7 +148,10 @@ ViewRun run_on_views(const MoeProblem& p, const CallerArrays& arrays, const Case
     const std::int64_t t0 = kTokens * r / num_ranks, t1 = kTokens * (r + 1) / num_ranks;
     const std::int64_t el = kExperts / num_ranks, e0 = r * el;
     const RankViews v = rank_views(arrays, t0, t1, e0, e0 + el);
-    MoeLayer layer(layer_config(p), ep::make_dispatcher(dispatch, comm, config));
+    EpConfig group_config = config;
+    group_config.dispatch = dispatch;
+    EpGroup group(comm, group_config);
+    MoeLayer layer(layer_config(p), group);
     // Rank 0 reads and resets the counts while every other rank waits
     // between two barriers (tags above the layer's [0, 1024)).
     const auto between_phases = [&](std::uint32_t tag, BufferAllocationCounts* counts) {
@@ -229,7 +233,7 @@ TEST(CallerMemory, AStridedViewIsRefusedNamingTheTensor) {
   std::vector<float> wide_bias(2 * kExperts, 0.0f);
   const TensorView strided_bias(wide_bias.data(), f32, bias_shape, bias_stride);
 
-  MoeLayer layer(layer_config(p));
+  testing::SingleRankLayer layer(layer_config(p));
   const auto message_of = [](auto&& call) -> std::string {
     try {
       call();

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <set>
 
+#include "ep/dispatcher.h"
 #include "ep_harness.h"
 
 namespace epmoe {

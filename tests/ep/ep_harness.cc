@@ -8,7 +8,6 @@
 #include "comm/all_reduce.h"
 #include "core/error.h"
 #include "core/threading.h"
-#include "ep/local_dispatcher.h"
 #include "transport/threads/communicator.h"
 #include "transport/threads/launcher.h"
 
@@ -83,6 +82,7 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   config.num_experts = e;
   config.top_k = k;
   config.hidden = h;
+  config.dispatch = options.dispatch;
 
   transport::threads::ThreadsOptions threads_options;
   threads_options.compute_threads_per_rank = options.compute_threads_per_rank;
@@ -105,11 +105,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
                      wo = p.wo.view().rows(e0, e0 + el);
     MemoryLedger ledger;
     EPMOE_CHECK(!options.local_dispatcher || num_ranks == 1, "a LocalDispatcher holds every expert: R = 1 only");
+    EpGroup group = options.local_dispatcher ? EpGroup(config, &ledger) : EpGroup(comm, config, &ledger);
     MoeLayer layer(
         {.hidden = h, .ffn = f, .router = p.router, .compute_dtype = options.compute_dtype, .remat = options.remat},
-        options.local_dispatcher ? std::make_unique<ep::LocalDispatcher>(e, config.num_chunks)
-                                 : ep::make_dispatcher(options.dispatch, comm, config),
-        &ledger);
+        group, &ledger);
     const std::size_t num_steps = std::max<std::size_t>(1, options.weight_versions.size());
     MoeForwardOutput out;
     MoeGradients grads;
@@ -122,15 +121,15 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
         out = layer.forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
         grads = layer.backward(dy);
       } else {
-        layer.begin_forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
+        MoeStep moe_step = layer.begin_forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
         other_work(comm, 1);
-        out = layer.finish_forward();
-        layer.begin_backward(dy);
+        out = layer.finish_forward(moe_step);
+        layer.begin_backward(moe_step, dy);
         other_work(comm, 2);
-        grads = layer.finish_backward();
+        grads = layer.finish_backward(moe_step);
       }
-      result.step_stats[step][r] = layer.dispatch_stats();
-      result.step_replica_stats[step][r] = layer.replica_stats();
+      result.step_stats[step][r] = layer.last_step_stats().dispatch;
+      result.step_replica_stats[step][r] = layer.last_step_stats().replicas;
       transport::SentBytes sent = comm.sent_bytes().value();
       for (int q = 0; q < num_ranks; ++q) sent.to_peer[q] -= sent_before.to_peer[q];
       sent.total -= sent_before.total;
@@ -149,8 +148,8 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
     copy_rows_into(result.grads.dwi1, e0, grads.dwi1);
     copy_rows_into(result.grads.dwo, e0, grads.dwo);
     dgates[r] = std::move(grads.dgate);
-    result.stats[r] = layer.dispatch_stats();
-    result.replica_stats[r] = layer.replica_stats();
+    result.stats[r] = layer.last_step_stats().dispatch;
+    result.replica_stats[r] = layer.last_step_stats().replicas;
     const LedgerSnapshot snapshot = ledger.snapshot();
     for (const auto& [name, entry] : snapshot.by_name) {
       result.memory[r].peak_bytes_by_name[name] = entry.peak_bytes;

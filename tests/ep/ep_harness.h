@@ -8,8 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <epmoe/moe_layer.h>
+
 #include "ep/ep_config.h"
-#include "moe/moe_layer.h"
+#include "ep/replica_stats.h"
+#include "ep/step_state.h"
 #include "reference_moe.h"
 #include "transport/threads/launcher.h"
 

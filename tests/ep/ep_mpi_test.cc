@@ -12,10 +12,10 @@
 #include <cstdio>
 #include <string>
 
+#include <epmoe/moe_layer.h>
 #include "comm/all_reduce.h"
 #include "ep/ep_config.h"
 #include "ep_harness.h"
-#include "moe/moe_layer.h"
 #include "transport/mpi/launcher.h"
 
 namespace epmoe {
@@ -71,7 +71,10 @@ int run_checks(transport::Communicator& comm) {
       config.rebalance_threshold = 1.0;
     }
     tag_base += 1024;
-    MoeLayer layer({.hidden = h, .ffn = f, .router = router}, ep::make_dispatcher(v.dispatch, comm, config));
+    EpConfig group_config = config;
+    group_config.dispatch = v.dispatch;
+    EpGroup group(comm, group_config);
+    MoeLayer layer({.hidden = h, .ffn = f, .router = router}, group);
     const MoeForwardOutput out = layer.forward(x, {p.gate, wi0, wi1, wo, p.bias});
     MoeGradients grads = layer.backward(dy);
     comm::all_reduce(comm, {.data = grads.dgate.raw(), .num_elements = grads.dgate.numel(), .tag = tag_base + 1000})

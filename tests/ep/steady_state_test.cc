@@ -21,11 +21,11 @@
 #include <mutex>
 #include <string>
 
+#include <epmoe/moe_layer.h>
 #include "comm/barrier.h"
 #include "core/buffer_cache.h"
 #include "ep/ep_config.h"
 #include "ep_harness.h"
-#include "moe/moe_layer.h"
 #include "reference_moe.h"
 #include "transport/threads/launcher.h"
 
@@ -83,7 +83,10 @@ TEST(SteadyState, AStepAllocatesNothingAndTakesNoPageFaults) {
                      wo = slice_rows(p.wo, r * el, (r + 1) * el);
         MoeLayerConfig layer_config{.hidden = h, .ffn = f, .router = router};
         if (c.remat) layer_config.remat = RematPolicy::preset("remat_policy", "full");
-        MoeLayer layer(layer_config, ep::make_dispatcher(c.dispatch, comm, config));
+        EpConfig group_config = config;
+        group_config.dispatch = c.dispatch;
+        EpGroup group(comm, group_config);
+        MoeLayer layer(layer_config, group);
         const MoeWeights w{p.gate, wi0, wi1, wo, {}};
         const auto step = [&] {
           // The caller's results are fresh tensors, as a caller holds them:

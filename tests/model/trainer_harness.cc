@@ -53,12 +53,11 @@ std::vector<double> train_losses(const TrainSetup& setup) {
   std::vector<double> losses;
   std::mutex mutex;
   transport::threads::run_ranks(setup.ranks, {.compute_threads_per_rank = 1}, [&](transport::Communicator& comm) {
-    const DispatcherFactory factory = [&](int layer) {
-      EpConfig config = ep;
-      config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
-      return ep::make_dispatcher(setup.dispatch, comm, config);
-    };
-    TrainSummary summary = train(comm, setup.trainer, setup.model, factory);
+    EpConfig group_config = ep;
+    group_config.dispatch = setup.dispatch;
+    group_config.tag_base = 1024;  // above the trainer's [0, 1024)
+    EpGroup group(comm, group_config);
+    TrainSummary summary = train(comm, group, setup.trainer, setup.model);
     if (comm.rank() == 0) {
       std::lock_guard lock(mutex);
       losses = summary.losses;

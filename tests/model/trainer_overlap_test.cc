@@ -93,13 +93,12 @@ TrainSummary train_observed(const TrainSetup& setup, const TrainObserver& observ
   transport::threads::ThreadsOptions options;
   options.compute_threads_per_rank = 1;
   transport::threads::run_ranks(setup.ranks, options, [&](transport::Communicator& comm) {
-    const DispatcherFactory factory = [&](int layer) {
-      EpConfig config = ep;
-      config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
-      return ep::make_dispatcher(setup.dispatch, comm, config);
-    };
+    EpConfig group_config = ep;
+    group_config.dispatch = setup.dispatch;
+    group_config.tag_base = 1024;  // above the trainer's [0, 1024)
+    EpGroup group(comm, group_config);
     TrainSummary summary =
-        train(comm, setup.trainer, setup.model, factory, comm.rank() == 0 ? observer : TrainObserver{});
+        train(comm, group, setup.trainer, setup.model, comm.rank() == 0 ? observer : TrainObserver{});
     if (comm.rank() == 0) {
       std::lock_guard lock(mutex);
       out = summary;

@@ -192,12 +192,11 @@ TEST(TrainerFaults, ARankFailingMidCheckpointStopsEveryRankWithinTwoSecondsAndCo
   std::string message = "(no error)";
   try {
     transport::threads::run_ranks(3, {.compute_threads_per_rank = 1}, [&](transport::Communicator& comm) {
-      const DispatcherFactory factory = [&](int layer) {
-        EpConfig config = ep;
-        config.tag_base = 1024u * static_cast<std::uint32_t>(layer + 1);
-        return ep::make_dispatcher(DispatchKind::alltoall, comm, config);
-      };
-      train(comm, setup.trainer, setup.model, factory, observer);
+      EpConfig group_config = ep;
+      group_config.dispatch = DispatchKind::alltoall;
+      group_config.tag_base = 1024;  // above the trainer's [0, 1024)
+      EpGroup group(comm, group_config);
+      train(comm, group, setup.trainer, setup.model, observer);
     });
   } catch (const Error& e) {
     message = e.what();

@@ -17,9 +17,10 @@
 
 #include <cmath>
 
+#include <epmoe/moe_layer.h>
 #include "kernels/gemm.h"
-#include "moe/moe_layer.h"
 #include "reference_moe.h"
+#include "single_rank_layer.h"
 
 namespace epmoe {
 namespace {
@@ -56,7 +57,7 @@ Check check_within_bound(const Tensor& got, const std::vector<BoundedValue>& ref
 void expect_bf16_within_bound(const RouterConfig& router, std::int64_t n, std::int64_t h, std::int64_t f,
                               std::uint64_t seed) {
   const MoeProblem p = testing::make_problem(n, h, f, router, seed, 0.2);
-  MoeLayer layer({.hidden = h, .ffn = f, .router = router, .compute_dtype = ComputeDType::bf16});
+  testing::SingleRankLayer layer({.hidden = h, .ffn = f, .router = router, .compute_dtype = ComputeDType::bf16});
   MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
   const MoeForwardOutput out = layer.forward(p.x, w);
   const MoeGradients grads = layer.backward(p.dy);
@@ -113,7 +114,7 @@ TEST(Bf16Compute, Fp32PathMeetsTheZeroRoundoffBound) {
   // contract, and the f32 layer meets it.
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 6, .top_k = 2};
   const MoeProblem p = testing::make_problem(20, 16, 12, router, 5);
-  MoeLayer layer({.hidden = 16, .ffn = 12, .router = router});
+  testing::SingleRankLayer layer({.hidden = 16, .ffn = 12, .router = router});
   MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, {}};
   const MoeForwardOutput out = layer.forward(p.x, w);
   const auto ref = testing::reference_moe_bounded(p, 0.0);

@@ -16,10 +16,11 @@
 #include <string>
 #include <tuple>
 
+#include <epmoe/moe_layer.h>
 #include "core/memory_ledger.h"
 #include "core/threading.h"
-#include "moe/moe_layer.h"
 #include "reference_moe.h"
+#include "single_rank_layer.h"
 
 namespace epmoe {
 namespace {
@@ -37,8 +38,8 @@ struct StepResult {
 // Two steps of one layer: the second after an in-place weight update.
 std::vector<StepResult> two_steps(MoeProblem& p, bool fuse, const RematPolicy& remat) {
   MemoryLedger ledger;
-  MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .fuse_up_projection = fuse, .remat = remat},
-                 &ledger);
+  testing::SingleRankLayer layer(
+      {.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .fuse_up_projection = fuse, .remat = remat}, &ledger);
   const MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
   std::vector<StepResult> steps;
   for (int step = 0; step < 2; ++step) {
@@ -117,8 +118,8 @@ TEST(FusedUpProjectionLayerVersions, CallerVersionReusedThenNewVersionFollowsNew
   const RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2};
   MoeProblem fused_problem = testing::make_problem(24, 15, 32, router, 5);
   MoeProblem unfused_problem = testing::make_problem(24, 15, 32, router, 5);
-  MoeLayer fused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = true});
-  MoeLayer unfused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = false});
+  testing::SingleRankLayer fused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = true});
+  testing::SingleRankLayer unfused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = false});
   const MoeWeights fw{fused_problem.gate, fused_problem.wi0, fused_problem.wi1, fused_problem.wo, {}};
   const MoeWeights uw{unfused_problem.gate, unfused_problem.wi0, unfused_problem.wi1, unfused_problem.wo, {}};
   const Tensor y1 = fused.forward(fused_problem.x, fw, 1).y.clone();

@@ -13,8 +13,9 @@
 #include <cmath>
 #include <functional>
 
-#include "moe/moe_layer.h"
+#include <epmoe/moe_layer.h>
 #include "reference_moe.h"
+#include "single_rank_layer.h"
 
 namespace epmoe {
 namespace {
@@ -113,7 +114,7 @@ TEST(GradientCheck, FloatLayerMatchesFiniteDifferencesOfItsOwnLoss) {
   for (const RouterConfig& router : checked_routers()) {
     MoeProblem p = testing::make_problem(5, 6, 5, router, 32);
     auto layer_loss = [&p](MoeGradients* grads, std::vector<std::int32_t>* ids) {
-      MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
+      testing::SingleRankLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
       MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
       MoeForwardOutput out = layer.forward(p.x, w);
       if (ids) ids->assign(out.topk_ids.span<std::int32_t>().begin(), out.topk_ids.span<std::int32_t>().end());

@@ -8,9 +8,10 @@
 #include <string>
 #include <tuple>
 
+#include <epmoe/moe_layer.h>
 #include "core/memory_ledger.h"
-#include "moe/moe_layer.h"
 #include "reference_moe.h"
+#include "single_rank_layer.h"
 
 namespace epmoe {
 namespace {
@@ -29,7 +30,8 @@ struct LayerRun {
 };
 
 LayerRun run_layer(const MoeProblem& p, ComputeDType dtype = ComputeDType::f32, MemoryLedger* ledger = nullptr) {
-  MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .compute_dtype = dtype}, ledger);
+  testing::SingleRankLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router, .compute_dtype = dtype},
+                                 ledger);
   MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
   LayerRun run{layer.forward(p.x, w), {}};
   run.grads = layer.backward(p.dy);
@@ -134,7 +136,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SigmoidGrouped,
 TEST(RandomRouter, MatchesReferenceAndGateGradientIsExactlyZero) {
   RouterConfig router{.kind = RouterKind::random, .num_experts = 7, .top_k = 3, .seed = 5};
   const MoeProblem p = testing::make_problem(40, 12, 10, router, 77);
-  MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
+  testing::SingleRankLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
   MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, {}};
   const MoeForwardOutput out = layer.forward(p.x, w);
   const MoeGradients grads = layer.backward(p.dy);

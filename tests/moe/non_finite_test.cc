@@ -24,11 +24,13 @@
 #include <optional>
 #include <string>
 
+#include <epmoe/moe_layer.h>
 #include "core/error.h"
 #include "core/finite_check.h"
 #include "ep/ep_config.h"
-#include "moe/moe_layer.h"
+#include "moe/router.h"
 #include "reference_moe.h"
+#include "single_rank_layer.h"
 #include "transport/threads/launcher.h"
 
 namespace epmoe {
@@ -84,7 +86,7 @@ TEST(NonFiniteInputs, RefusedWithTensorNameAndFirstBadIndex) {
   };
   for (const RouterConfig& router : some_routers()) {
     MoeProblem p = testing::make_problem(6, 8, 8, router, 41);
-    MoeLayer layer(layer_config(p));
+    testing::SingleRankLayer layer(layer_config(p));
     ASSERT_EQ(step_error(layer, p), "") << "the clean problem must pass";
     for (const Input& input : inputs) {
       Tensor& t = input.tensor(p);
@@ -109,13 +111,13 @@ TEST(NonFiniteInputs, RefusedWithTensorNameAndFirstBadIndex) {
 TEST(NonFiniteInputs, UnlabelledLayerSaysMoeLayer) {
   MoeProblem p = testing::make_problem(3, 8, 8, some_routers()[0], 42);
   p.x.data<float>()[8 * 2 + 7] = kBadValues[1];
-  MoeLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
+  testing::SingleRankLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
   EXPECT_EQ(step_error(layer, p), "moe layer: x[2, 7] = inf: inputs must be finite");
 }
 
 TEST(NonFiniteInputs, RefusalLeavesTheLayerUsable) {
   MoeProblem p = testing::make_problem(6, 8, 8, some_routers()[0], 43);
-  MoeLayer layer(layer_config(p)), fresh(layer_config(p));
+  testing::SingleRankLayer layer(layer_config(p)), fresh(layer_config(p));
   const float saved = p.wo.data<float>()[5];
   p.wo.data<float>()[5] = kBadValues[0];
   ASSERT_NE(step_error(layer, p), "");
@@ -144,7 +146,7 @@ TEST(NonFiniteInputs, RefusalLeavesTheLayerUsable) {
 // same version, same values).
 TEST(NonFiniteInputs, ExpertWeightsRecheckedOnANewVersion) {
   MoeProblem p = testing::make_problem(6, 8, 8, some_routers()[0], 47);
-  MoeLayer layer(layer_config(p));
+  testing::SingleRankLayer layer(layer_config(p));
   auto forward_error = [&](std::optional<std::uint64_t> version) -> std::string {
     try {
       layer.forward(p.x, weights_of(p), version);
@@ -169,7 +171,7 @@ TEST(NonFiniteInsideStep, RouterLogitOverflowNamesForwardRoute) {
     p.x.data<float>()[2 * 8 + h] = 3e38f;
     p.gate.data<float>()[h * 4 + 0] = 1.0f;
   }
-  MoeLayer layer(layer_config(p));
+  testing::SingleRankLayer layer(layer_config(p));
   EXPECT_EQ(step_error(layer, p), "moe layer 1: non-finite value in router logits (forward/route) at row 2: inf");
 }
 
@@ -178,11 +180,13 @@ TEST(NonFiniteInsideStep, ExpertOverflowNamesForwardExpertsRowAndExpert) {
   // Token 4 at 1e20: its logits and routing stay finite, but silu(x wi0) *
   // (x wi1) ~ 1e40 overflows in the experts.
   for (std::int64_t h = 0; h < 8; ++h) p.x.data<float>()[4 * 8 + h] *= 1e20f;
-  MoeLayer layer(layer_config(p));
+  testing::SingleRankLayer layer(layer_config(p));
   const std::string message = step_error(layer, p);
   // Rows are sorted by expert (stable, token order within an expert), so
   // token 4's first row belongs to its lower expert.
-  const auto ids = layer.last_routing().topk_ids.span<std::int32_t>();
+  // The layer's routing, from the router it runs (the step that failed is gone).
+  const RouterOutput routing = Router(p.router).forward(p.x, p.gate);
+  const auto ids = routing.topk_ids.span<std::int32_t>();
   const int expert = std::min(ids[4 * 2], ids[4 * 2 + 1]);
   std::int64_t row = 0;
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(ids.size()); ++i)
@@ -194,7 +198,7 @@ TEST(NonFiniteInsideStep, ExpertOverflowNamesForwardExpertsRowAndExpert) {
 
 TEST(NonFiniteInsideStep, GradientOverflowNamesABackwardPhase) {
   MoeProblem p = testing::make_problem(6, 8, 8, some_routers()[0], 46);
-  MoeLayer layer(layer_config(p));
+  testing::SingleRankLayer layer(layer_config(p));
   // dy at the largest float: the forward is untouched, the backward's
   // products with wo overflow.
   for (std::int64_t h = 0; h < 8; ++h) p.dy.data<float>()[1 * 8 + h] = std::numeric_limits<float>::max();
@@ -208,7 +212,7 @@ TEST(NonFiniteInsideStep, ExpertParallelOverflowFailsEveryRankWithoutHanging) {
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2};
   const MoeProblem p = testing::make_problem(16, 8, 8, router, 48);
   for (DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
-    EpConfig config{.num_experts = 4, .top_k = 2, .hidden = 8};
+    EpConfig config{.dispatch = dispatch, .num_experts = 4, .top_k = 2, .hidden = 8};
     std::vector<std::string> seen(num_ranks);
     std::mutex mutex;
     std::string thrown;
@@ -226,7 +230,8 @@ TEST(NonFiniteInsideStep, ExpertParallelOverflowFailsEveryRankWithoutHanging) {
           wi1.data<float>()[i] = p.wi1.data<float>()[r * 128 + i] * scale;
           wo.data<float>()[i] = p.wo.data<float>()[r * 128 + i];
         }
-        MoeLayer layer(layer_config(p), ep::make_dispatcher(dispatch, comm, config));
+        EpGroup group(comm, config);
+        MoeLayer layer(layer_config(p), group);
         try {
           layer.forward(x, {p.gate, wi0, wi1, wo, p.bias});
         } catch (const Error& e) {
