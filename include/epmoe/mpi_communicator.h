@@ -13,8 +13,9 @@
 //
 // Requirements (ConfigError saying what was found and what to do, otherwise):
 // MPI initialised, not finalised, with MPI_THREAD_MULTIPLE, because epmoe's
-// collectives post messages from progress threads. Every process of `comm`
-// calls make_mpi_communicator (it duplicates `comm`, a collective call), and
+// collectives post messages from progress threads; `comm` an
+// intra-communicator (not MPI_COMM_NULL). Every process of `comm` calls
+// make_mpi_communicator (it duplicates `comm`, a collective call), and
 // destroys the result before MPI_Finalize.
 //
 // epmoe's messages travel on a duplicate of `comm` (MPI_Comm_dup), so they

@@ -9,7 +9,8 @@
 // same tags at the same time. Checked: each half gathers its own processes'
 // data; every collective of comm/ against its naive reference, ours and
 // MPI's; the caller's messages on the half never meet epmoe's; a timed-out
-// wait names the late rank by its rank in the half.
+// wait names the late rank by its rank in the half; an inter-communicator
+// between the halves, and MPI_COMM_NULL, are refused.
 // With --abort-in-half-1, rank 1 of half 1 aborts its communicator while the
 // other half waits in an MPI_Barrier on MPI_COMM_WORLD: MPI_Abort on the
 // half's duplicate must end the whole job (ctest: the message, no timeout).
@@ -132,6 +133,23 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
                  result.summary());
   }
 };
+
+TEST(MpiSplitCommunicator, AnInterCommunicatorIsRefused) {
+  // Each half's rank 0 leads; half h's leader is world 2h + 1.
+  const int remote_leader = g_half == 0 ? 3 : 1;
+  MPI_Comm inter = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Intercomm_create(g_half_comm, 0, MPI_COMM_WORLD, remote_leader, 61, &inter), MPI_SUCCESS);
+  try {
+    make_mpi_communicator(inter);
+    ADD_FAILURE() << "an inter-communicator was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("mpi transport: the communicator is an inter-communicator", 0), 0u)
+        << e.what();
+  }
+  MPI_Comm_free(&inter);
+}
+
+TEST(MpiSplitCommunicator, MpiCommNullIsRefused) { EXPECT_THROW(make_mpi_communicator(MPI_COMM_NULL), ConfigError); }
 
 }  // namespace
 }  // namespace epmoe::comm

@@ -188,9 +188,9 @@ std::string mpi_thread_level_name(int level) {
 
 namespace {
 
-// MPI as the mpi transport needs it (communicator.h), or a ConfigError saying
-// what was found and what to do.
-void require_mpi_thread_multiple(MPI_Comm comm) {
+// MPI and `comm` as the mpi transport needs them (communicator.h), or a
+// ConfigError saying what was found and what to do.
+void check_mpi_is_usable(MPI_Comm comm) {
   constexpr const char* kHowToInit =
       "call MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) first (mpi4py does by default)";
   int initialized = 0;
@@ -209,24 +209,31 @@ void require_mpi_thread_multiple(MPI_Comm comm) {
         "; epmoe needs MPI_THREAD_MULTIPLE (its collectives post messages from progress threads): " + kHowToInit);
   }
   if (comm == MPI_COMM_NULL) throw ConfigError("mpi transport: the communicator is MPI_COMM_NULL");
+  int is_inter = 0;
+  MPI_Comm_test_inter(comm, &is_inter);
+  if (is_inter) {
+    throw ConfigError(
+        "mpi transport: the communicator is an inter-communicator; epmoe's ranks exchange among themselves, so it "
+        "needs an intra-communicator (MPI_Intercomm_merge makes one)");
+  }
+  int* tag_upper_bound = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, &tag_upper_bound, &found);
+  if (found && static_cast<std::int64_t>(*tag_upper_bound) < static_cast<std::int64_t>(kMaxTag)) {
+    throw ConfigError("mpi transport: this MPI's MPI_TAG_UB is " + std::to_string(*tag_upper_bound) +
+                      ", below the 2^31-1 tags comm/tag.h lays out");
+  }
 }
 
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) : state_(std::make_unique<RankState>()) {
-  require_mpi_thread_multiple(comm);
+  check_mpi_is_usable(comm);
   check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
   check_mpi(MPI_Comm_dup(comm, &control_), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  int* tag_upper_bound = nullptr;
-  int found = 0;
-  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_upper_bound, &found);
-  if (found && static_cast<std::int64_t>(*tag_upper_bound) < static_cast<std::int64_t>(kMaxTag)) {
-    throw ConfigError("mpi transport: this MPI's MPI_TAG_UB is " + std::to_string(*tag_upper_bound) +
-                      ", below the 2^31-1 tags comm/tag.h lays out");
-  }
   native_ = std::make_unique<MpiNativeCollectives>(comm_);
   state_->rank = rank_;
   state_->liveness = std::make_unique<LivenessProbe>(control_, rank_, size_);

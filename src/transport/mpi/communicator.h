@@ -8,7 +8,7 @@
 // Requirements, checked at construction (ConfigError saying what was found
 // and what to do): MPI initialised and not finalised, with
 // MPI_THREAD_MULTIPLE, because comm/ posts messages from its progress
-// threads while the rank's own thread may post too. Every process of the
+// threads while the rank's own thread may post too; an intra-communicator. Every process of the
 // communicator constructs it (MPI_Comm_dup is collective), and destroys it
 // before MPI_Finalize (its liveness helper calls MPI until then).
 //
