@@ -4,7 +4,7 @@
 // run_ranks does, costs more than a small layer's own compute). R threads are
 // started once, thread r bound to rank r of one ThreadsWorld; run(fn) runs
 // fn(communicator(r)) on every rank's thread and returns when all returned.
-// A run creates no thread and allocates nothing per rank: the caller
+// A run creates no thread and (in wall time) allocates nothing: the caller
 // publishes the job and bumps a generation counter the rank threads sleep on
 // (std::atomic::wait, a futex on Linux), then sleeps on a count of running
 // ranks that the last one to finish wakes. bench/transport/
