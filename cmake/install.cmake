@@ -5,7 +5,8 @@
 #   bin/epmoe                            the command-line tool
 # epmoe::epmoe is the api layer's library; it brings the layers below it and
 # their dependencies (oneDNN, OpenMP, MPI when built), which the package
-# config finds again on the consumer's side.
+# config finds again on the consumer's side. With MPI, the config sets
+# epmoe_WITH_MPI and <epmoe/mpi_communicator.h> is installed.
 include(CMakePackageConfigHelpers)
 
 set(epmoe_installed_targets epmoe_flags epmoe_core epmoe_kernels epmoe_transport epmoe_comm epmoe_balance epmoe_ep
@@ -18,7 +19,11 @@ endif()
 set_target_properties(epmoe_api PROPERTIES EXPORT_NAME epmoe)
 
 install(TARGETS ${epmoe_installed_targets} EXPORT epmoeTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(DIRECTORY include/epmoe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(EPMOE_INSTALLED_WITH_MPI)
+  install(DIRECTORY include/epmoe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+else()  # <epmoe/mpi_communicator.h> has nothing behind it
+  install(DIRECTORY include/epmoe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN mpi_communicator.h EXCLUDE)
+endif()
 if(TARGET epmoe)
   install(TARGETS epmoe RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()

@@ -43,7 +43,8 @@ mkdir -p build-tsan build-asan
 # single-threaded code under parallel_for, covered by ASan).
 tsan_start=$(date +%s)
 configure build-tsan thread "data;model;plan;cli" "core;kernels;balance" -DEPMOE_WITH_MPI=OFF
-cmake --build build-tsan -j "$jobs" --target transport_threads_test transport_progress_slot_test comm_threads_test \
+cmake --build build-tsan -j "$jobs" --target transport_threads_test transport_progress_slot_test \
+  transport_rank_threads_test transport_public_threads_world_test comm_threads_test \
   comm_cooperative_progress_test comm_modelled_time_test ep_test moe_test
 # halt_on_error: a race fails the test instead of only printing a report.
 # OMP_NUM_THREADS is not set: ranks as threads get cores / ranks compute

@@ -1,5 +1,6 @@
 #include "transport/mpi/communicator.h"
 
+#include <epmoe/mpi_communicator.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -14,7 +15,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "transport/mpi/launcher.h"
 #include "transport/mpi/liveness.h"
 #include "transport/mpi/native_collectives.h"
 #include "transport/progress_slot.h"
@@ -172,34 +172,80 @@ void check_arguments(int rank, int size, int peer, Tag tag, std::int64_t num_byt
 
 }  // namespace
 
-struct MpiCommunicator::Handle {
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Comm control = MPI_COMM_NULL;  // the liveness probe's, apart from every data tag
-};
+std::string mpi_thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "thread level " + std::to_string(level);
+}
 
-MpiCommunicator::MpiCommunicator(const MpiScope& scope)
-    : handle_(std::make_unique<Handle>()), state_(std::make_unique<RankState>()) {
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &handle_->comm), "MPI_Comm_dup");
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &handle_->control), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(handle_->comm, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(handle_->comm, &rank_);
-  MPI_Comm_size(handle_->comm, &size_);
+namespace {
+
+// MPI and `comm` as the mpi transport needs them (communicator.h), or a
+// ConfigError saying what was found and what to do.
+void check_mpi_is_usable(MPI_Comm comm) {
+  constexpr const char* kHowToInit =
+      "call MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) first (mpi4py does by default)";
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw ConfigError(std::string("mpi transport: MPI is not initialised; ") + kHowToInit);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    throw ConfigError("mpi transport: MPI is already finalised; make the communicator before MPI_Finalize");
+  }
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    throw ConfigError(
+        "mpi transport: MPI was initialised with " + mpi_thread_level_name(provided) +
+        "; epmoe needs MPI_THREAD_MULTIPLE (its collectives post messages from progress threads): " + kHowToInit);
+  }
+  if (comm == MPI_COMM_NULL) throw ConfigError("mpi transport: the communicator is MPI_COMM_NULL");
+  int is_inter = 0;
+  MPI_Comm_test_inter(comm, &is_inter);
+  if (is_inter) {
+    throw ConfigError(
+        "mpi transport: the communicator is an inter-communicator; epmoe's ranks exchange among themselves, so it "
+        "needs an intra-communicator (MPI_Intercomm_merge makes one)");
+  }
   int* tag_upper_bound = nullptr;
   int found = 0;
-  MPI_Comm_get_attr(handle_->comm, MPI_TAG_UB, &tag_upper_bound, &found);
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, &tag_upper_bound, &found);
   if (found && static_cast<std::int64_t>(*tag_upper_bound) < static_cast<std::int64_t>(kMaxTag)) {
     throw ConfigError("mpi transport: this MPI's MPI_TAG_UB is " + std::to_string(*tag_upper_bound) +
                       ", below the 2^31-1 tags comm/tag.h lays out");
   }
-  native_ = std::make_unique<MpiNativeCollectives>(handle_->comm);
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : state_(std::make_unique<RankState>()) {
+  check_mpi_is_usable(comm);
+  check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_dup(comm, &control_), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  native_ = std::make_unique<MpiNativeCollectives>(comm_);
   state_->rank = rank_;
-  state_->liveness = std::make_unique<LivenessProbe>(handle_->control, rank_, size_);
+  state_->liveness = std::make_unique<LivenessProbe>(control_, rank_, size_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  if (state_) state_->liveness.reset();  // joins the helper before its communicator goes
-  if (handle_ && handle_->control != MPI_COMM_NULL) MPI_Comm_free(&handle_->control);
-  if (handle_ && handle_->comm != MPI_COMM_NULL) MPI_Comm_free(&handle_->comm);
+  state_->liveness.reset();  // joins the helper before its communicator goes
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // the caller broke the rule (communicator.h); MPI_Comm_free would be erroneous
+  if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* data, std::int64_t num_bytes) {
@@ -211,7 +257,7 @@ std::unique_ptr<Request> MpiCommunicator::isend(int peer, Tag tag, const void* d
   do {  // at least one message, also for 0 bytes
     const std::int64_t piece = std::min(kMaxMessageBytes, num_bytes - offset);
     MPI_Request piece_request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Isend(bytes + offset, static_cast<int>(piece), MPI_BYTE, peer, static_cast<int>(tag), handle_->comm,
+    check_mpi(MPI_Isend(bytes + offset, static_cast<int>(piece), MPI_BYTE, peer, static_cast<int>(tag), comm_,
                         &piece_request),
               "MPI_Isend");
     request->add_piece(piece_request, piece);
@@ -228,7 +274,7 @@ std::unique_ptr<Request> MpiCommunicator::irecv(int peer, Tag tag, void* data, s
   do {
     const std::int64_t piece = std::min(kMaxMessageBytes, num_bytes - offset);
     MPI_Request piece_request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Irecv(bytes + offset, static_cast<int>(piece), MPI_BYTE, peer, static_cast<int>(tag), handle_->comm,
+    check_mpi(MPI_Irecv(bytes + offset, static_cast<int>(piece), MPI_BYTE, peer, static_cast<int>(tag), comm_,
                         &piece_request),
               "MPI_Irecv");
     request->add_piece(piece_request, piece);
@@ -248,7 +294,7 @@ void MpiCommunicator::abort(const std::string& reason, std::exception_ptr cause)
   std::fflush(stderr);
   // The job's exit code is the one the tool gives on one process: 2 for bad
   // input (an epmoe::Error), 1 otherwise (cli/main.cc; core/error.h).
-  MPI_Abort(MPI_COMM_WORLD, exit_code_for(cause));
+  MPI_Abort(comm_, exit_code_for(cause));
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]]-style control flow honest
 }
 
@@ -264,3 +310,11 @@ void MpiCommunicator::cancel_pending(const std::string& reason) {
 NativeCollectives* MpiCommunicator::native_collectives() { return native_.get(); }
 
 }  // namespace epmoe::transport::mpi
+
+namespace epmoe {
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+  return std::make_unique<transport::mpi::MpiCommunicator>(comm);
+}
+
+}  // namespace epmoe

@@ -21,8 +21,8 @@ MpiScope::MpiScope(int* argc, char*** argv) {
     MPI_Finalize();
     throw ConfigError(
         "mpi transport: MPI_THREAD_MULTIPLE required (comm/ progresses collectives "
-        "on worker threads), this MPI provides level " +
-        std::to_string(provided));
+        "on worker threads), this MPI provides " +
+        mpi_thread_level_name(provided));
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
@@ -39,7 +39,7 @@ int run_rank(int argc, char** argv, const std::function<void(Communicator&)>& fn
   std::string failure;
   std::exception_ptr cause;
   {
-    MpiCommunicator communicator(scope);
+    MpiCommunicator communicator(MPI_COMM_WORLD);
     try {
       fn(communicator);
     } catch (const std::exception& e) {

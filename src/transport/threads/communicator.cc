@@ -268,6 +268,29 @@ void ThreadsWorld::abort(const std::string& reason, std::exception_ptr cause) {
   if (timeline_) timeline_->wake_all();
 }
 
+void ThreadsWorld::restart_modelled_time() {
+  if (!timeline_) return;
+  for (int destination = 0; destination < size(); ++destination) {
+    Mailbox& mailbox = *mailboxes_[destination];
+    std::lock_guard<std::mutex> lock(mailbox.mutex);
+    auto refuse = [&](const char* what, const Mailbox::Key& key) {
+      std::ostringstream msg;
+      msg << "clock=modelled: " << what << " from rank " << key.first << " to rank " << destination << ", tag 0x"
+          << std::hex << key.second
+          << ", is left unmatched from the previous run; every message must be received in the run that sent it "
+             "before modelled time can start afresh";
+      throw UsageError(msg.str());
+    };
+    for (const auto& [key, sends] : mailbox.unmatched_sends) {
+      if (!sends.empty()) refuse("a send", key);
+    }
+    for (const auto& [key, receives] : mailbox.unmatched_recvs) {
+      if (!receives.empty()) refuse("a receive", key);
+    }
+  }
+  timeline_->restart();
+}
+
 std::string ThreadsWorld::abort_reason() const {
   std::lock_guard<std::mutex> lock(abort_mutex_);
   return abort_reason_;

@@ -74,6 +74,12 @@ class ThreadsWorld {
   EmulatedLinks& links() { return links_; }
   // clock=modelled: the virtual timeline; nullptr in wall time.
   VirtualTimeline* timeline() { return timeline_.get(); }
+  // clock=modelled, between two runs on these ranks (threads/rank_threads.h):
+  // modelled time starts afresh (VirtualTimeline::restart). Throws
+  // UsageError naming ranks and tag when a message of the previous run is
+  // still unmatched (its modelled times belong to that run), or a collective
+  // is still in flight. No-op in wall time.
+  void restart_modelled_time();
 
   // Payload bytes `rank` posted to `peer` (Communicator::sent_bytes), and by
   // tag for tests that tell a collective's streams apart (comm/tag.h); a

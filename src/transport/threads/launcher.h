@@ -11,11 +11,11 @@
 // "rank r failed: <what>" (the first reason wins), which wakes every other
 // rank's waits with an AbortedError carrying that text (no deadlock, no wait
 // past its timeout). Once all threads have ended, the root-cause exception is
-// rethrown here: the cause of the first abort (a rank's exception, or the
-// error a collective's algorithm threw on a progress thread, comm/
-// collective_handle.h), else the first exception that is not an
-// AbortedError - a peer woken by the abort never masks the error that caused
-// it.
+// rethrown here (threads/rank_run.h says which): a peer woken by the abort
+// never masks the error that caused it.
+//
+// Threads are started per call; threads/rank_threads.h keeps them between
+// calls.
 #pragma once
 
 #include <functional>
@@ -39,6 +39,9 @@ struct ThreadsOptions {
 
   void validate() const;  // throws ConfigError
 };
+
+// The compute threads each of `num_ranks` rank threads gets (above).
+int compute_threads_per_rank(const ThreadsOptions& options, int num_ranks);
 
 void run_ranks(int num_ranks, const ThreadsOptions& options, const std::function<void(Communicator&)>& fn);
 

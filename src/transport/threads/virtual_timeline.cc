@@ -106,6 +106,19 @@ class VirtualStream final : public ModelledClock {
   friend class VirtualTimeline;
   enum class State { running, blocked, finished };
 
+  // A rank's stream as new (VirtualTimeline::restart; its mutex held).
+  void restart() {
+    clock_ = start_ = 0;
+    state_ = State::running;
+    awaiting_request_ = nullptr;
+    awaiting_stream_ = nullptr;
+    next_message_ = next_child_ = 0;
+    totals_ = {};
+    collectives_.clear();
+    bytes_sent_ = 0;
+    latest_peer_join_ = 0;
+  }
+
   VirtualTimeline& timeline_;
   int rank_;
   std::uint64_t id_;
@@ -175,6 +188,26 @@ void VirtualTimeline::finish_rank(int rank) {
   stream.state_ = VirtualStream::State::finished;
   live_.erase(std::remove(live_.begin(), live_.end(), &stream), live_.end());
   resolve_locked();
+}
+
+void VirtualTimeline::restart() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const VirtualStream* stream : live_) {
+    if (!stream->name_.empty()) {
+      throw UsageError("clock=modelled: rank " + std::to_string(stream->rank_) + "'s collective '" + stream->name_ +
+                       "' is still in flight from the previous run; a run must wait for its collectives before "
+                       "modelled time can start afresh for the next one");
+    }
+  }
+  // Every stream has finished or is a rank's (above), so no hop can still be
+  // pending: the last finish_rank resolved them all (GVT = never).
+  EPMOE_CHECK(events_.empty(), "hops left at restart: ", events_.size());
+  live_.clear();
+  for (auto& stream : rank_streams_) {
+    stream->restart();
+    live_.push_back(stream.get());
+  }
+  schedule_ = LinkSchedule(paths_.num_resources());
 }
 
 VirtualStream& VirtualTimeline::calling_stream(const char* what) const {

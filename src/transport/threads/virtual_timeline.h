@@ -85,6 +85,14 @@ class VirtualTimeline final : public CollectiveClocks {
   ModelledClock& rank_clock(int rank);
   // The rank's thread returned (or threw): it posts nothing more.
   void finish_rank(int rank);
+  // Starts modelled time afresh between two runs on the same ranks (a
+  // persistent launcher, threads/rank_threads.h): every rank's clock back to
+  // 0 and running, its totals, collectives, message and launch numbers
+  // cleared, every link free - so the next run's times are those of a run on
+  // a new timeline. The rank clocks stay the same objects. Throws UsageError
+  // naming the collective when one launched in the previous run is still in
+  // flight (its clock would straddle the two runs).
+  void restart();
 
   // CollectiveClocks (called from comm/).
   std::shared_ptr<ModelledClock> fork(const std::string& name) override;
