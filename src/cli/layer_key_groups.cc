@@ -313,19 +313,19 @@ int rank_count(const ConfigValues& values, TransportKind transport) {
 
 // A key that only one dispatcher reads, set away from its default with the
 // other one, would be silently ignored: the user believes the run used it.
-void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertParallelSettings& settings) {
-  if (settings.ep.dispatch == DispatchKind::ring) {
-    if (settings.ep.capacity_factor > 0) {
+void check_dispatcher_specific_keys(const ConfigValues& values, const EpConfig& ep) {
+  if (ep.dispatch == DispatchKind::ring) {
+    if (ep.capacity_factor > 0) {
       throw ConfigError(values.setting("capacity_factor") +
                         ": applies to dispatch=alltoall only; "
                         "dispatch=ring moves every token to every rank and never drops (use capacity_factor=0)");
     }
-    if (settings.ep.dedup) {
+    if (ep.dedup) {
       throw ConfigError(
           "dedup=true: applies to dispatch=alltoall only; dispatch=ring already sends each "
           "token once to every rank");
     }
-  } else if (settings.ep.cotangent_all_gather != CotangentAllGather::ring) {
+  } else if (ep.cotangent_all_gather != CotangentAllGather::ring) {
     throw ConfigError(values.setting("cotangent_all_gather") +
                       ": applies to dispatch=ring only (the "
                       "all-to-all backward sends dy rows point to point, it has no cotangent all-gather)");
@@ -333,7 +333,7 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const ExpertPara
   // Only the all-to-all with dedup chooses among copies; elsewhere the
   // positional rule holds whatever the key says.
   if (values.is_set("replica_choice") &&
-      !(settings.ep.dispatch == DispatchKind::alltoall && settings.ep.dedup && settings.ep.replicas_enabled())) {
+      !(ep.dispatch == DispatchKind::alltoall && ep.dedup && ep.replicas_enabled())) {
     throw ConfigError(values.setting("replica_choice") +
                       ": applies to dispatch=alltoall dedup=true with replicas "
                       "(balance=dynamic|periodic, redundant_slots > 0) only; elsewhere pairs go to copies by "
@@ -364,13 +364,8 @@ void configure_fault_injection_key(const ConfigValues& values, int num_ranks) {
 
 }  // namespace
 
-ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer) {
-  ExpertParallelSettings settings;
-  check_modelled_time_transport(values);
-  settings.transport = values.get_string("transport") == "mpi" ? TransportKind::mpi : TransportKind::threads;
-  settings.num_ranks = rank_count(values, settings.transport);
-  const int num_ranks = settings.num_ranks;
-  EpConfig& ep = settings.ep;
+EpConfig ep_config_from(const ConfigValues& values, const MoeLayerConfig& layer) {
+  EpConfig ep;
   ep.dispatch = ep::parse_dispatch_kind("dispatch", values.get_string("dispatch"));
   ep.num_experts = layer.router.num_experts;
   ep.top_k = layer.router.top_k;
@@ -379,8 +374,8 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   ep.dedup = values.get_bool("dedup");
   ep.capacity_factor = values.get_float("capacity_factor");
   ep.token_format = ep::parse_token_format("fp8_tokens", values.get_string("fp8_tokens"));
-  settings.cotangent_all_gather = values.get_string("cotangent_all_gather");
-  ep.cotangent_all_gather = ep::parse_cotangent_all_gather("cotangent_all_gather", settings.cotangent_all_gather);
+  ep.cotangent_all_gather =
+      ep::parse_cotangent_all_gather("cotangent_all_gather", values.get_string("cotangent_all_gather"));
   ep.timeout = std::chrono::milliseconds(values.get_int("comm_timeout_ms"));
   ep.balance = ep::parse_balance_mode("balance", values.get_string("balance"));
   ep.redundant_slots = values.get_int32("redundant_slots");
@@ -388,6 +383,19 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   ep.balance_window = values.get_int32("balance_window");
   ep.balance_period = values.get_int32("balance_period");
   ep.replica_choice = ep::parse_replica_choice("replica_choice", values.get_string("replica_choice"));
+  check_dispatcher_specific_keys(values, ep);
+  return ep;
+}
+
+ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer) {
+  ExpertParallelSettings settings;
+  check_modelled_time_transport(values);
+  settings.transport = values.get_string("transport") == "mpi" ? TransportKind::mpi : TransportKind::threads;
+  settings.num_ranks = rank_count(values, settings.transport);
+  const int num_ranks = settings.num_ranks;
+  settings.cotangent_all_gather = values.get_string("cotangent_all_gather");
+  EpConfig& ep = settings.ep;
+  ep = ep_config_from(values, layer);
   if (settings.transport == TransportKind::mpi && !values.is_set("ranks")) {
     // EpConfig names the rank count "ranks=R"; say where R came from.
     try {
@@ -398,7 +406,6 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   } else {
     ep.validate(num_ranks);  // ranks divides E; the other fields are bounded by their keys
   }
-  check_dispatcher_specific_keys(values, settings);
 
   transport::threads::EmulatedLinkOptions& links = settings.links;
   links.enabled = values.get_float("link_bandwidth_gbps") > 0;

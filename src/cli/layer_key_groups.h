@@ -43,6 +43,9 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
 // the key and the rule. Configures fault_injection= (core/fault_injection.h)
 // when it is set.
 ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer);
+// Just the EP group's configuration of those keys (no rank count: not
+// validated for one; the dispatcher-specific keys are checked).
+EpConfig ep_config_from(const ConfigValues& values, const MoeLayerConfig& layer);
 
 // Applies runtime_keys() to the calling thread (its compute thread budget).
 void apply_runtime_keys(const ConfigValues& values);

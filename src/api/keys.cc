@@ -1,0 +1,92 @@
+// <epmoe/keys.h> on the key registry and translation of `epmoe layer`
+// (cli/layer_key_groups.h): one vocabulary, one meaning.
+#include <epmoe/keys.h>
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
+#include "cli/layer_key_groups.h"
+#include "core/error.h"
+
+namespace epmoe {
+
+namespace {
+
+// What the caller's communicator and process decide, not a layer's config.
+constexpr std::string_view kRunKeys[] = {"ranks",
+                                         "transport",
+                                         "threads",
+                                         "clock",
+                                         "hardware",
+                                         "compute_time",
+                                         "compute_efficiency",
+                                         "compute_scale",
+                                         "link_bandwidth_gbps",
+                                         "link_latency_us",
+                                         "link_topology",
+                                         "trace_file",
+                                         "fault_injection"};
+
+bool in_group(const cli::KeyGroup& group, const std::string& key) {
+  return std::any_of(group.keys.begin(), group.keys.end(), [&](const cli::KeySpec& spec) { return spec.name == key; });
+}
+
+// The keys as assignments, each checked to be a layer's or a group's (and,
+// with `allowed`, one of that group's).
+enum class Part { both, group, layer };
+std::vector<cli::KeyAssignment> assignments_of(const std::map<std::string, std::string>& keys, Part part,
+                                               const char* origin) {
+  static const cli::KeyGroup layer_keys = cli::moe_layer_keys(), group_keys = cli::expert_parallel_keys();
+  std::vector<cli::KeyAssignment> assignments;
+  for (const auto& [key, value] : keys) {
+    for (const std::string_view run_key : kRunKeys) {
+      if (key == run_key) {
+        throw ConfigError(key + "=" + value + " (" + origin +
+                          "): describes a run, not a layer on a rank; the per-rank API takes it from the caller's "
+                          "communicator and process");
+      }
+    }
+    if (part == Part::group && in_group(layer_keys, key)) {
+      throw ConfigError(key + "=" + value + " (" + origin + "): a key of the MoE layer, not of its EP group");
+    }
+    if (part == Part::layer && in_group(group_keys, key)) {
+      throw ConfigError(key + "=" + value + " (" + origin + "): a key of the EP group, not of an MoE layer on it");
+    }
+    assignments.push_back({key, value, origin});
+  }
+  return assignments;
+}
+
+}  // namespace
+
+LayerConfigs config_from_keys(const std::map<std::string, std::string>& keys, std::int64_t hidden, std::int64_t ffn,
+                              int num_experts) {
+  const cli::ConfigValues values =
+      cli::layer_key_registry().parse(assignments_of(keys, Part::both, "config_from_keys"));
+  LayerConfigs configs;
+  configs.layer = cli::moe_layer_config_from(values, hidden, ffn, num_experts);
+  configs.ep = cli::ep_config_from(values, configs.layer);
+  return configs;
+}
+
+EpConfig ep_config_from_keys(const std::map<std::string, std::string>& keys, int num_experts, int top_k,
+                             std::int64_t hidden) {
+  const cli::ConfigValues values =
+      cli::layer_key_registry().parse(assignments_of(keys, Part::group, "ep_config_from_keys"));
+  // The group needs the layer's shape only: E, K and H.
+  MoeLayerConfig shape;
+  shape.hidden = hidden;
+  shape.router.num_experts = num_experts;
+  shape.router.top_k = top_k;
+  return cli::ep_config_from(values, shape);
+}
+
+MoeLayerConfig layer_config_from_keys(const std::map<std::string, std::string>& keys, std::int64_t hidden,
+                                      std::int64_t ffn, int num_experts) {
+  const cli::ConfigValues values =
+      cli::layer_key_registry().parse(assignments_of(keys, Part::layer, "layer_config_from_keys"));
+  return cli::moe_layer_config_from(values, hidden, ffn, num_experts);
+}
+
+}  // namespace epmoe
