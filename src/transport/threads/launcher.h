@@ -32,9 +32,9 @@ namespace epmoe::transport::threads {
 // modelled links. Tracing: with `trace` set, each rank thread records its
 // phases, compute and collectives there as process `rank`.
 struct ThreadsOptions {
-  EmulatedLinkOptions links;
+  EmulatedLinkOptions links = {};
   int compute_threads_per_rank = 0;  // 0: max(1, hardware_cores() / num_ranks)
-  ModelledTimeOptions modelled;
+  ModelledTimeOptions modelled = {};
   TraceRecorder* trace = nullptr;  // not owned
 
   void validate() const;  // throws ConfigError
