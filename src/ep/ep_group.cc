@@ -104,6 +104,14 @@ void check_agreement(Communicator& comm, const EpConfig& config) {
   }
 }
 
+// One rank and nothing only a dispatcher implements: no token moves, so the
+// group runs the local dispatcher, whichever way it was made (the results of
+// a 1-rank communicator and of the single-rank constructor are the same).
+bool local_suffices(int num_ranks, const EpConfig& config) {
+  return num_ranks == 1 && config.dispatch == DispatchKind::alltoall && !config.dedup && config.capacity_factor == 0 &&
+         config.token_format == TokenFormat::f32 && !config.replicas_enabled();
+}
+
 }  // namespace
 
 struct EpGroup::Impl {
@@ -115,7 +123,8 @@ EpGroup::EpGroup(Communicator& comm, const EpConfig& config, MemoryLedger* ledge
   check_agreement(comm, config);
   config.validate(comm.size());
   impl_->comm = &comm;
-  impl_->dispatcher = ep::make_dispatcher(comm, config);
+  impl_->dispatcher = local_suffices(comm.size(), config) ? std::make_unique<ep::LocalDispatcher>(config)
+                                                          : ep::make_dispatcher(comm, config);
   impl_->dispatcher->charge_buffers_to(ledger);
 }
 
