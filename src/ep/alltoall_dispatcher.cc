@@ -65,7 +65,6 @@ struct ChunkBuffers {
 
 struct AllToAllDispatcher::Step final : StepState {
   std::vector<ChunkLayout> chunks;  // grown to the most chunks a step had; capacity kept
-  TensorScales tensor_scales;       // fp8_tokens=tensor: this step's chunk scales
 
   std::int64_t capacity_bytes() const override {
     std::int64_t bytes = static_cast<std::int64_t>(chunks.capacity() * sizeof(ChunkLayout));
@@ -105,16 +104,6 @@ std::unique_ptr<PhaseBuffers> AllToAllDispatcher::make_phase_buffers() const { r
 void AllToAllDispatcher::begin_step(StepState& base, const RoutingView& routing) {
   Step& step = static_cast<Step&>(base);
   Buffers& buffers = static_cast<Buffers&>(*step.buffers);
-  const EpConfig& cfg = config();
-  if (cfg.token_format == TokenFormat::fp8_tensor) {
-    // Every chunk's scale in one all-gather, moving while the step plans:
-    // R-1 blocks of num_chunks f32 maxima leave this rank.
-    std::vector<std::int64_t> chunk_begin;
-    for (int c = 0; c <= step.num_chunks; ++c) chunk_begin.push_back(routing.num_tokens * c / step.num_chunks);
-    step.tensor_scales.start(comm(), step.x.data<float>(), cfg.hidden, std::move(chunk_begin),
-                             ep_tag(step.tag_base, 0, EpOp::forward_scale), cfg.timeout);
-    step.stats.bytes_sent["forward/ring_all_gather fp8 scale"] += 4 * step.num_chunks * (num_ranks() - 1);
-  }
   if (static_cast<int>(step.chunks.size()) < step.num_chunks) step.chunks.resize(step.num_chunks);
   if (static_cast<int>(buffers.chunks.size()) < step.num_chunks) buffers.chunks.resize(step.num_chunks);
   // Every chunk's layout now, from the routing (not kept after this call).

@@ -136,6 +136,7 @@ void DispatchHandle::dispatch(TensorView x, const RoutingView& routing) {
   step.top_k = routing.top_k;
   reset_stats(step.stats, dispatcher_->num_local_experts());
   lend_buffers();
+  if (dispatcher_->config().token_format == TokenFormat::fp8_tensor) dispatcher_->start_tensor_scales(step);
   dispatcher_->begin_step(step, routing);
   dispatcher_->start_dispatch(step, 0, /*remat=*/false);
   chunks_sent_ = 1;

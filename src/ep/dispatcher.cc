@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "ep/collective_tags.h"
 #include "ep/alltoall_dispatcher.h"
 #include "ep/ring_dispatcher.h"
 #include "transport/communicator.h"
@@ -111,6 +112,15 @@ void Dispatcher::charge_buffers_to(MemoryLedger* ledger) {
 }
 
 void Dispatcher::recharge() noexcept { charge_.resize(pooled_bytes_); }
+
+void Dispatcher::start_tensor_scales(StepState& step) const {
+  // R-1 blocks of num_chunks f32 maxima leave this rank.
+  std::vector<std::int64_t> chunk_begin;
+  for (int c = 0; c <= step.num_chunks; ++c) chunk_begin.push_back(step.num_tokens * c / step.num_chunks);
+  step.tensor_scales.start(*comm_, step.x.data<float>(), config_.hidden, std::move(chunk_begin),
+                           ep_tag(step.tag_base, 0, EpOp::forward_scale), config_.timeout);
+  step.stats.bytes_sent["forward/ring_all_gather fp8 scale"] += 4 * step.num_chunks * (num_ranks_ - 1);
+}
 
 void Dispatcher::count_bytes(StepState& step, const std::string& name, const std::vector<std::int64_t>& counts,
                              std::int64_t element_bytes) const {

@@ -94,6 +94,10 @@ class Dispatcher {
   virtual void finish_gradients(StepState& step, int chunk, float* dx, float* d_topk_weights) = 0;
 
   transport::Communicator& comm() const { return *comm_; }
+  // fp8_tokens=tensor: every chunk's scale in one all-gather started at the
+  // step's dispatch (the handle's), moving while the step plans; the
+  // dispatchers read step.tensor_scales.scale(c) when they send chunk c.
+  void start_tensor_scales(StepState& step) const;
   const TokenCodec& codec() const { return codec_; }
   // Bytes this rank sends to the others under `counts` (per destination) x
   // `element_bytes`, added to the step's statistics under `name`.

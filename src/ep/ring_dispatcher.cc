@@ -80,7 +80,6 @@ struct ChunkBuffers {
 struct RingDispatcher::Step final : StepState {
   std::vector<ChunkLayout> chunks;           // grown to the most chunks a step had; capacity kept
   std::vector<std::int64_t> tokens_by_rank;  // [R] this step's token count of every rank
-  TensorScales tensor_scales;                // fp8_tokens=tensor: this step's chunk scales
 
   std::int64_t capacity_bytes() const override {
     std::int64_t bytes =
@@ -116,15 +115,6 @@ void RingDispatcher::begin_step(StepState& base, const RoutingView& routing) {
   Buffers& buffers = static_cast<Buffers&>(*step.buffers);
   const EpConfig& cfg = config();
   const int ranks = num_ranks(), top_k = step.top_k;
-  if (cfg.token_format == TokenFormat::fp8_tensor) {
-    // Every chunk's scale in one all-gather, moving while the step plans:
-    // R-1 blocks of num_chunks f32 maxima leave this rank.
-    std::vector<std::int64_t> chunk_begin;
-    for (int c = 0; c <= step.num_chunks; ++c) chunk_begin.push_back(routing.num_tokens * c / step.num_chunks);
-    step.tensor_scales.start(comm(), step.x.data<float>(), cfg.hidden, std::move(chunk_begin),
-                             ep_tag(step.tag_base, 0, EpOp::forward_scale), cfg.timeout);
-    step.stats.bytes_sent["forward/ring_all_gather fp8 scale"] += 4 * step.num_chunks * (ranks - 1);
-  }
   step.tokens_by_rank.assign(static_cast<std::size_t>(ranks), routing.num_tokens);
   if (ranks > 1) {
     const std::int64_t own = routing.num_tokens;

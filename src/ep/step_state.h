@@ -22,6 +22,7 @@
 
 #include "core/tensor.h"
 #include "ep/expert_rows.h"
+#include "ep/token_codec.h"
 
 namespace epmoe::ep {
 
@@ -69,6 +70,7 @@ class StepState {
   int num_chunks = 1;
   std::uint32_t tag_base = 0;       // the step's block of tags (ep/collective_tags.h)
   DispatchStats stats;              // reset at the dispatch
+  TensorScales tensor_scales;       // fp8_tokens=tensor: the step's chunk scales (Dispatcher::start_tensor_scales)
   PhaseBuffers* buffers = nullptr;  // the running phase's, lent by the dispatcher; null between phases
   std::int64_t counted_bytes = 0;   // the pool's bookkeeping (ep/dispatcher.cc)
 };
