@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "core/error.h"
-#include "ep/collective_tags.h"
 #include "ep/alltoall_dispatcher.h"
+#include "ep/collective_tags.h"
 #include "ep/ring_dispatcher.h"
 #include "transport/communicator.h"
 
