@@ -9,8 +9,8 @@
 # epmoe_WITH_MPI and <epmoe/mpi_communicator.h> is installed.
 include(CMakePackageConfigHelpers)
 
-set(epmoe_installed_targets epmoe_flags epmoe_core epmoe_kernels epmoe_transport epmoe_comm epmoe_balance epmoe_ep
-                            epmoe_moe epmoe_data epmoe_plan epmoe_cli_config epmoe_cli_reports epmoe_cli_layer epmoe_api)
+set(epmoe_installed_targets epmoe_flags epmoe_core epmoe_hardware epmoe_kernels epmoe_transport epmoe_comm epmoe_balance
+                            epmoe_ep epmoe_moe epmoe_data epmoe_plan epmoe_run_config epmoe_run_reports epmoe_run epmoe_api)
 set(EPMOE_INSTALLED_WITH_MPI OFF)
 if(TARGET epmoe_transport_mpi)
   list(APPEND epmoe_installed_targets epmoe_transport_mpi)

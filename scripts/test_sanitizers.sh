@@ -37,12 +37,13 @@ configure() {  # configure BUILD_DIR SANITIZER SKIP_LAYERS SKIP_TESTS EXTRA...
 }
 
 mkdir -p build-tsan build-asan
-# TSan: the layers up to moe (data, model, plan, cli have no threads of their
-# own beyond these). Test folders without a TSan run are left out so that
-# ctest lists exactly the tests built here (core, kernels and balance are
-# single-threaded code under parallel_for, covered by ASan).
+# TSan: the layers up to moe (data, model, plan, run, cli have no threads of
+# their own beyond these). Test folders without a TSan run are left out so
+# that ctest lists exactly the tests built here (core, hardware, kernels and
+# balance are single-threaded code under parallel_for, or none, covered by
+# ASan).
 tsan_start=$(date +%s)
-configure build-tsan thread "data;model;plan;cli" "core;kernels;balance" -DEPMOE_WITH_MPI=OFF
+configure build-tsan thread "data;model;plan;run;cli" "core;hardware;kernels;balance" -DEPMOE_WITH_MPI=OFF
 cmake --build build-tsan -j "$jobs" --target transport_threads_test transport_progress_slot_test \
   transport_rank_threads_test transport_public_threads_world_test comm_threads_test \
   comm_cooperative_progress_test comm_modelled_time_test ep_test moe_test

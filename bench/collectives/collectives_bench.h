@@ -1,4 +1,4 @@
-// bench_collectives (exposed as `epmoe bench collectives`): our collectives
+// bench_collectives (exposed as `epmoe-bench collectives`): our collectives
 // against the link-limited bound on emulated links, against MPI's own
 // collectives on the mpi transport, and overlapped with compute.
 //

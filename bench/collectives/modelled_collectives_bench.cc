@@ -1,4 +1,4 @@
-// `epmoe bench collectives [links|overlap] clock=modelled`: the ring
+// `epmoe-bench collectives [links|overlap] clock=modelled`: the ring
 // all-gather on the modelled clock (DESIGN.md §4.11), per hardware preset
 // (bench/collectives/modelled_hardware.h). Every number is a pure function
 // of the configuration: one run each, no repetitions, no spread.

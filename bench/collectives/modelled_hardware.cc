@@ -3,7 +3,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "plan/hardware.h"
+#include "hardware/hardware.h"
+#include "hardware/modelled_clock_options.h"
 
 namespace epmoe::bench {
 
@@ -15,7 +16,7 @@ bool modelled_clock(const BenchArgs& args) {
 std::vector<std::string> hardware_names(const BenchArgs& args) {
   const auto it = args.values.find("hardware");
   const std::string text = it == args.values.end() ? "all" : it->second;
-  if (text == "all") return plan::hardware_preset_names();
+  if (text == "all") return hardware::hardware_preset_names();
   std::vector<std::string> names;
   std::stringstream stream(text);
   std::string item;
@@ -26,27 +27,17 @@ std::vector<std::string> hardware_names(const BenchArgs& args) {
 }
 
 ModelledHardware modelled_hardware(const std::string& name, int num_ranks, double latency_us, const BenchArgs& args) {
-  const plan::HardwareSpec hardware = plan::load_hardware("hardware", name);
+  const hardware::HardwareSpec device = hardware::load_hardware("hardware", name);
+  const hardware::ModelledClockOptions options = hardware::modelled_clock_options(device, num_ranks);
   ModelledHardware out;
-  out.name = hardware.name;
-  out.peak_flops = hardware.peak_bf16_flops;
+  out.name = device.name;
+  out.peak_flops = device.peak_bf16_flops;
   transport::threads::ThreadsOptions& threads = out.threads;
   threads.compute_threads_per_rank = 1;  // real compute only moves the bytes; time is modelled
-  threads.modelled.enabled = true;
-  threads.modelled.measured_compute = false;
-  threads.modelled.peak_flops = hardware.peak_bf16_flops;
-  threads.modelled.memory_bytes_per_s = hardware.memory_bytes_per_s;
+  threads.modelled = options.time;
   threads.modelled.compute_efficiency = args.number("compute_efficiency", 0.5);
-  transport::threads::EmulatedLinkOptions& links = threads.links;
-  links.enabled = false;  // the modelled clock uses the links itself
-  links.latency_us = latency_us;
-  const plan::EpGroupLinks group = plan::ep_group_links(hardware, num_ranks);
-  links.topology = transport::threads::parse_link_topology("hardware", group.topology);
-  links.bandwidth_gb_per_s = group.bytes_per_s / 1e9;
-  if (links.topology == transport::threads::LinkTopology::two_level) {
-    links.group_size = static_cast<int>(group.group_size);
-    links.scale_out_bandwidth_gb_per_s = group.scale_out_bytes_per_s / 1e9;
-  }
+  threads.links = options.links;
+  threads.links.latency_us = latency_us;
   threads.validate();
   return out;
 }

@@ -1,6 +1,6 @@
 // clock=modelled for the benchmarks (DESIGN.md §4.11): the hardware presets
-// of plan/hardware.h turned into threads-transport options, with the links
-// of plan::ep_group_links, as `epmoe layer clock=modelled` takes them.
+// of hardware/hardware.h turned into threads-transport options by
+// hardware::modelled_clock_options, as `epmoe layer clock=modelled` takes them.
 // Compute is always modelled (FLOPs at peak bf16 x compute_efficiency,
 // memory-bound steps at HBM bandwidth), so every number is a pure function
 // of the configuration: one run per configuration, no repetitions.

@@ -1,4 +1,4 @@
-// `epmoe bench layer clock=modelled`: the expert-parallel layer, forward +
+// `epmoe-bench layer clock=modelled`: the expert-parallel layer, forward +
 // backward, on the modelled clock (DESIGN.md §4.11), per hardware preset
 // (bench/collectives/modelled_hardware.h), one table per claim of the seeds:
 //

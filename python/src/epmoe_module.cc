@@ -20,11 +20,11 @@
 #include "balance/expert_load_history.h"
 #include "balance/rebalance_experts.h"
 #include "balance/replica_planner.h"
-#include "cli/balance_replay.h"
-#include "cli/json_output.h"
-#include "cli/plan_run.h"
 #include "core/error.h"
 #include "layer_binding.h"
+#include "run/balance_replay.h"
+#include "run/json_output.h"
+#include "run/plan_run.h"
 
 namespace nb = nanobind;
 
@@ -39,9 +39,9 @@ Int64Array to_numpy(std::vector<std::int64_t>&& values, std::initializer_list<st
   return Int64Array(owned->data(), shape, owner);
 }
 
-std::vector<epmoe::cli::KeyAssignment> to_assignments(const std::vector<std::pair<std::string, std::string>>& keys,
+std::vector<epmoe::run::KeyAssignment> to_assignments(const std::vector<std::pair<std::string, std::string>>& keys,
                                                       const std::string& origin) {
-  std::vector<epmoe::cli::KeyAssignment> out;
+  std::vector<epmoe::run::KeyAssignment> out;
   for (const auto& [key, value] : keys) out.push_back({key, value, origin});
   return out;
 }
@@ -96,19 +96,19 @@ std::vector<std::tuple<int, int, std::int64_t>> plan_replicas(
 }
 
 std::string plan_json(const std::vector<std::pair<std::string, std::string>>& keys) {
-  const std::vector<epmoe::cli::KeyAssignment> assignments = to_assignments(keys, "epmoe.plan()");
+  const std::vector<epmoe::run::KeyAssignment> assignments = to_assignments(keys, "epmoe.plan()");
   nb::gil_scoped_release release;
-  return epmoe::cli::plan_run_to_json(epmoe::cli::run_plan(assignments)).dump();
+  return epmoe::run::plan_run_to_json(epmoe::run::run_plan(assignments)).dump();
 }
 
 std::string replay_balance_json(nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> loads,
                                 const std::vector<std::pair<std::string, std::string>>& keys) {
   using epmoe::ConfigError;
-  const epmoe::cli::ConfigValues values =
-      epmoe::cli::replay_key_registry().parse(to_assignments(keys, "epmoe.replay_balance()"));
+  const epmoe::run::ConfigValues values =
+      epmoe::run::replay_key_registry().parse(to_assignments(keys, "epmoe.replay_balance()"));
   if (values.get_string("layer") != "all")
     throw ConfigError("layer=" + values.get_string("layer") + ": replay_balance takes one layer's loads [steps, E]");
-  const epmoe::cli::ReplaySettings settings = epmoe::cli::replay_settings(values, /*json=*/true);
+  const epmoe::run::ReplaySettings settings = epmoe::run::replay_settings(values, /*json=*/true);
   epmoe::balance::ExpertLoadHistory history;
   history.num_steps = static_cast<int>(loads.shape(0));
   history.num_experts = static_cast<int>(loads.shape(1));
@@ -127,12 +127,12 @@ std::string replay_balance_json(nb::ndarray<const std::int64_t, nb::ndim<2>, nb:
   nlohmann::json policies;
   {
     nb::gil_scoped_release release;
-    policies = epmoe::cli::replay_policies_json(history, settings, nullptr);
+    policies = epmoe::run::replay_policies_json(history, settings, nullptr);
   }
   const nlohmann::json report = {{"num_steps", history.num_steps},
                                  {"num_experts", history.num_experts},
                                  {"expert_weight_bytes", settings.expert_weight_bytes},
-                                 {"config", epmoe::cli::config_to_json(values)},
+                                 {"config", epmoe::run::config_to_json(values)},
                                  {"policies", std::move(policies)}};
   return report.dump();
 }

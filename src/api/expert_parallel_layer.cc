@@ -1,7 +1,7 @@
 // <epmoe/layer.h> on the code that runs `epmoe layer`: the same key
 // registry, the same configs, the same run across rank threads
-// (cli/expert_parallel_run.h), the same metrics. The caller's arrays become
-// cli::LayerInputs views; only the gathered outputs are copied, into the
+// (run/expert_parallel_run.h), the same metrics. The caller's arrays become
+// run::LayerInputs views; only the gathered outputs are copied, into the
 // caller's buffers.
 #include <epmoe/layer.h>
 
@@ -10,16 +10,16 @@
 #include <utility>
 #include <vector>
 
-#include "cli/expert_parallel_run.h"
-#include "cli/layer_inputs.h"
-#include "cli/layer_key_groups.h"
-#include "cli/layer_metrics.h"
 #include "core/error.h"
+#include "run/expert_parallel_run.h"
+#include "run/layer_inputs.h"
+#include "run/layer_key_groups.h"
+#include "run/layer_metrics.h"
 
 namespace epmoe {
 
 struct ExpertParallelLayer::State {
-  cli::ConfigValues values;
+  run::ConfigValues values;
 };
 
 namespace {
@@ -59,9 +59,9 @@ void copy_out(const Tensor& result, const MutableTensorView& out) {
 
 ExpertParallelLayer::ExpertParallelLayer(const std::map<std::string, std::string>& keys)
     : state_(std::make_unique<State>()) {
-  std::vector<cli::KeyAssignment> assignments;
+  std::vector<run::KeyAssignment> assignments;
   for (const auto& [key, value] : keys) assignments.push_back({key, value, kOrigin});
-  state_->values = cli::layer_key_registry().parse(assignments);
+  state_->values = run::layer_key_registry().parse(assignments);
   if (state_->values.get_string("transport") != "threads") {
     throw ConfigError(state_->values.setting("transport") +
                       ": ExpertParallelLayer runs its ranks as threads of this process (transport=threads); an "
@@ -76,14 +76,14 @@ ExpertParallelLayer& ExpertParallelLayer::operator=(ExpertParallelLayer&&) noexc
 int ExpertParallelLayer::top_k() const { return state_->values.get_int32("top_k"); }
 
 std::string ExpertParallelLayer::run(const LayerArrays& arrays, const LayerOutputs& outputs) {
-  const cli::LayerInputs inputs =
-      cli::layer_inputs_of(arrays.x, arrays.gate, arrays.wi0, arrays.wi1, arrays.wo, arrays.bias, arrays.dy,
+  const run::LayerInputs inputs =
+      run::layer_inputs_of(arrays.x, arrays.gate, arrays.wi0, arrays.wi1, arrays.wo, arrays.bias, arrays.dy,
                            {"LayerArrays::x", "LayerArrays::gate", "LayerArrays::wi0", "LayerArrays::wi1",
                             "LayerArrays::wo", "LayerArrays::bias", "LayerArrays::dy"});
-  const cli::ConfigValues& values = state_->values;
-  const MoeLayerConfig config = cli::moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
-  cli::check_bias_is_used(inputs, config);
-  const cli::ExpertParallelSettings settings = cli::expert_parallel_settings_from(values, config);
+  const run::ConfigValues& values = state_->values;
+  const MoeLayerConfig config = run::moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
+  run::check_bias_is_used(inputs, config);
+  const run::ExpertParallelSettings settings = run::expert_parallel_settings_from(values, config);
   const std::int64_t n = inputs.num_tokens, h = inputs.hidden, e = inputs.num_experts, f = inputs.ffn;
   const std::int64_t k = config.router.top_k;
   check_output(outputs.y, DType::f32, {n, h}, "y");
@@ -104,7 +104,7 @@ std::string ExpertParallelLayer::run(const LayerArrays& arrays, const LayerOutpu
     for (const auto& [out, name] : gradients) require_absent(*out, name);
   }
 
-  const std::optional<cli::LayerRunResult> run = cli::run_layer_across_ranks(inputs, config, settings);
+  const std::optional<run::LayerRunResult> run = run::run_layer_across_ranks(inputs, config, settings);
   EPMOE_CHECK(run.has_value(), "ranks as threads always return the gathered result");
   copy_out(run->forward.y, outputs.y);
   copy_out(run->forward.topk_ids, outputs.topk_ids);
@@ -118,7 +118,7 @@ std::string ExpertParallelLayer::run(const LayerArrays& arrays, const LayerOutpu
       names.push_back(gradients[i].second);
     }
   }
-  return cli::layer_metrics(values, inputs, config, settings, *run, names).dump();
+  return run::layer_metrics(values, inputs, config, settings, *run, names).dump();
 }
 
 }  // namespace epmoe

@@ -1,13 +1,13 @@
 // <epmoe/keys.h> on the key registry and translation of `epmoe layer`
-// (cli/layer_key_groups.h): one vocabulary, one meaning.
+// (run/layer_key_groups.h): one vocabulary, one meaning.
 #include <epmoe/keys.h>
 
 #include <algorithm>
 #include <string_view>
 #include <vector>
 
-#include "cli/layer_key_groups.h"
 #include "core/error.h"
+#include "run/layer_key_groups.h"
 
 namespace epmoe {
 
@@ -28,17 +28,17 @@ constexpr std::string_view kRunKeys[] = {"ranks",
                                          "trace_file",
                                          "fault_injection"};
 
-bool in_group(const cli::KeyGroup& group, const std::string& key) {
-  return std::any_of(group.keys.begin(), group.keys.end(), [&](const cli::KeySpec& spec) { return spec.name == key; });
+bool in_group(const run::KeyGroup& group, const std::string& key) {
+  return std::any_of(group.keys.begin(), group.keys.end(), [&](const run::KeySpec& spec) { return spec.name == key; });
 }
 
 // The keys as assignments, each checked to be a layer's or a group's (and,
 // with `allowed`, one of that group's).
 enum class Part { both, group, layer };
-std::vector<cli::KeyAssignment> assignments_of(const std::map<std::string, std::string>& keys, Part part,
+std::vector<run::KeyAssignment> assignments_of(const std::map<std::string, std::string>& keys, Part part,
                                                const char* origin) {
-  static const cli::KeyGroup layer_keys = cli::moe_layer_keys(), group_keys = cli::expert_parallel_keys();
-  std::vector<cli::KeyAssignment> assignments;
+  static const run::KeyGroup layer_keys = run::moe_layer_keys(), group_keys = run::expert_parallel_keys();
+  std::vector<run::KeyAssignment> assignments;
   for (const auto& [key, value] : keys) {
     for (const std::string_view run_key : kRunKeys) {
       if (key == run_key) {
@@ -62,31 +62,31 @@ std::vector<cli::KeyAssignment> assignments_of(const std::map<std::string, std::
 
 LayerConfigs config_from_keys(const std::map<std::string, std::string>& keys, std::int64_t hidden, std::int64_t ffn,
                               int num_experts) {
-  const cli::ConfigValues values =
-      cli::layer_key_registry().parse(assignments_of(keys, Part::both, "config_from_keys"));
+  const run::ConfigValues values =
+      run::layer_key_registry().parse(assignments_of(keys, Part::both, "config_from_keys"));
   LayerConfigs configs;
-  configs.layer = cli::moe_layer_config_from(values, hidden, ffn, num_experts);
-  configs.ep = cli::ep_config_from(values, configs.layer);
+  configs.layer = run::moe_layer_config_from(values, hidden, ffn, num_experts);
+  configs.ep = run::ep_config_from(values, configs.layer);
   return configs;
 }
 
 EpConfig ep_config_from_keys(const std::map<std::string, std::string>& keys, int num_experts, int top_k,
                              std::int64_t hidden) {
-  const cli::ConfigValues values =
-      cli::layer_key_registry().parse(assignments_of(keys, Part::group, "ep_config_from_keys"));
+  const run::ConfigValues values =
+      run::layer_key_registry().parse(assignments_of(keys, Part::group, "ep_config_from_keys"));
   // The group needs the layer's shape only: E, K and H.
   MoeLayerConfig shape;
   shape.hidden = hidden;
   shape.router.num_experts = num_experts;
   shape.router.top_k = top_k;
-  return cli::ep_config_from(values, shape);
+  return run::ep_config_from(values, shape);
 }
 
 MoeLayerConfig layer_config_from_keys(const std::map<std::string, std::string>& keys, std::int64_t hidden,
                                       std::int64_t ffn, int num_experts) {
-  const cli::ConfigValues values =
-      cli::layer_key_registry().parse(assignments_of(keys, Part::layer, "layer_config_from_keys"));
-  return cli::moe_layer_config_from(values, hidden, ffn, num_experts);
+  const run::ConfigValues values =
+      run::layer_key_registry().parse(assignments_of(keys, Part::layer, "layer_config_from_keys"));
+  return run::moe_layer_config_from(values, hidden, ffn, num_experts);
 }
 
 }  // namespace epmoe

@@ -30,10 +30,7 @@
 
 #include "balance/load_generator.h"
 #include "balance/policy_replay.h"
-#include "cli/balance_replay.h"
 #include "cli/commands.h"
-#include "cli/config_keys.h"
-#include "cli/json_output.h"
 #include "cli/memory_budget.h"
 #include "cli/metrics_loads.h"
 #include "core/error.h"
@@ -41,8 +38,23 @@
 #include "core/tensor.h"
 #include "data/atomic_file.h"
 #include "data/npy.h"
+#include "run/balance_replay.h"
+#include "run/config_keys.h"
+#include "run/json_output.h"
 
 namespace epmoe::cli {
+
+using run::config_to_json;
+using run::ConfigValues;
+using run::KeyGroup;
+using run::KeyRegistry;
+using run::KeyType;
+using run::parse_assignments;
+using run::replay_key_registry;
+using run::replay_policies_json;
+using run::replay_settings;
+using run::ReplaySettings;
+using run::shape_to_json;
 namespace {
 
 constexpr char kBalanceCommand[] = "balance";

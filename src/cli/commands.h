@@ -13,8 +13,6 @@ void add_layer_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 // epmoe gen-inputs --out DIR [key=value ...]
 void add_gen_inputs_command(CLI::App& app);
-// epmoe bench collectives|layer [part] [key=value ...]
-void add_bench_command(CLI::App& app);
 // epmoe plan [--config FILE] [--json] [key=value ...]
 void add_plan_command(CLI::App& app);
 // epmoe balance --loads FILE.npy | --generate FILE.npy [key=value ...] [--json]

@@ -11,16 +11,25 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/config_keys.h"
-#include "cli/json_output.h"
 #include "cli/memory_budget.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "data/npy.h"
 #include "data/staged_output_dir.h"
+#include "run/config_keys.h"
+#include "run/json_output.h"
 
 namespace epmoe::cli {
+
+using run::config_to_json;
+using run::ConfigValues;
+using run::KeyGroup;
+using run::KeyRegistry;
+using run::KeyType;
+using run::parse_assignments;
+using run::shape_to_json;
+using run::write_json_file;
 namespace {
 
 constexpr char kGenInputsCommand[] = "gen-inputs";

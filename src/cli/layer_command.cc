@@ -1,6 +1,6 @@
 // epmoe layer: one MoE layer forward (and backward when dy.npy is given) on
 // arrays from .npy files, on one rank or expert-parallel over ranks=R threads
-// or mpirun processes (cli/expert_parallel_run.h). Everything that can be
+// or mpirun processes (run/expert_parallel_run.h). Everything that can be
 // wrong with the keys or the files is checked before any compute (and, under
 // mpirun, before MPI_Init, so every process fails alike with one line), and
 // nothing is written until the results exist; outputs then appear together
@@ -13,19 +13,38 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/config_keys.h"
-#include "cli/expert_parallel_run.h"
-#include "cli/json_output.h"
-#include "cli/layer_inputs.h"
-#include "cli/layer_key_groups.h"
-#include "cli/layer_metrics.h"
-#include "cli/modelled_time_report.h"
-#include "cli/modelled_time_settings.h"
-#include "cli/yaml_overrides.h"
 #include "data/npy.h"
 #include "data/staged_output_dir.h"
+#include "run/config_keys.h"
+#include "run/expert_parallel_run.h"
+#include "run/json_output.h"
+#include "run/layer_inputs.h"
+#include "run/layer_key_groups.h"
+#include "run/layer_metrics.h"
+#include "run/modelled_time_report.h"
+#include "run/modelled_time_settings.h"
+#include "run/yaml_overrides.h"
 
 namespace epmoe::cli {
+
+using run::check_bias_is_used;
+using run::command_assignments;
+using run::ConfigValues;
+using run::expert_parallel_settings_from;
+using run::ExpertParallelSettings;
+using run::layer_key_registry;
+using run::layer_metrics;
+using run::LayerInputFiles;
+using run::LayerInputs;
+using run::LayerRunResult;
+using run::modelled_summary_line;
+using run::moe_layer_config_from;
+using run::non_empty_config_path;
+using run::RankReport;
+using run::read_layer_inputs;
+using run::run_layer_across_ranks;
+using run::TransportKind;
+using run::write_json_file;
 namespace {
 
 constexpr char kLayerCommand[] = "layer";

@@ -11,13 +11,20 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/config_keys.h"
-#include "cli/plan_run.h"
-#include "cli/yaml_overrides.h"
 #include "core/error.h"
 #include "plan/plan_report.h"
+#include "run/config_keys.h"
+#include "run/plan_run.h"
+#include "run/yaml_overrides.h"
 
 namespace epmoe::cli {
+
+using run::command_assignments;
+using run::non_empty_config_path;
+using run::plan_key_registry;
+using run::plan_run_to_json;
+using run::PlanRun;
+using run::run_plan;
 namespace {
 
 constexpr char kPlanCommand[] = "plan";

@@ -12,19 +12,42 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/config_keys.h"
-#include "cli/layer_key_groups.h"
-#include "cli/modelled_time_settings.h"
-#include "cli/mpi_environment.h"
-#include "cli/rank_launcher.h"
-#include "cli/train_key_groups.h"
 #include "cli/training_output.h"
-#include "cli/yaml_overrides.h"
 #include "core/error.h"
 #include "data/checkpoint_store.h"
 #include "model/trainer.h"
+#include "run/config_keys.h"
+#include "run/layer_key_groups.h"
+#include "run/modelled_time_settings.h"
+#include "run/mpi_environment.h"
+#include "run/rank_launcher.h"
+#include "run/train_key_groups.h"
+#include "run/yaml_overrides.h"
 
 namespace epmoe::cli {
+
+using run::command_assignments;
+using run::ConfigValues;
+using run::data_keys;
+using run::expert_parallel_keys;
+using run::expert_parallel_settings_from;
+using run::ExpertParallelSettings;
+using run::KeyGroup;
+using run::KeyRegistry;
+using run::KeySpec;
+using run::launch_ranks;
+using run::model_keys;
+using run::modelled_time_keys;
+using run::moe_layer_keys;
+using run::moe_lm_config_from;
+using run::mpi_launch_from_environment;
+using run::MpiLaunch;
+using run::non_empty_config_path;
+using run::runtime_keys;
+using run::train_output_keys;
+using run::trainer_config_from;
+using run::training_keys;
+using run::TransportKind;
 namespace {
 
 constexpr char kTrainCommand[] = "train";

@@ -4,7 +4,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
-#include "plan/spec_file.h"
+#include "hardware/spec_file.h"
 
 namespace epmoe::plan {
 namespace {
@@ -139,9 +139,9 @@ std::vector<std::string> model_preset_names() { return {"deepseek3-671b", "mixtr
 
 namespace {
 
-std::vector<SpecField> model_fields(ModelSpec& m) {
+std::vector<hardware::SpecField> model_fields(ModelSpec& m) {
   auto count = [](std::int64_t& field, long long min_value) {
-    return [&field, min_value](const std::string& text) { field = parse_count(text, min_value); };
+    return [&field, min_value](const std::string& text) { field = hardware::parse_count(text, min_value); };
   };
   return {
       {"name", false, "a word", [&m](const std::string& t) { m.name = t; }},
@@ -189,7 +189,7 @@ ModelSpec load_model(const std::string& key, const std::string& name_or_path) {
   }
   ModelSpec m;
   m.name = path.stem().string();
-  read_spec_file(path, "model", model_fields(m));
+  hardware::read_spec_file(path, "model", model_fields(m));
   if (m.attention.num_kv_heads == 0) m.attention.num_kv_heads = m.attention.num_heads;
   m.validate(key + "=" + name_or_path);
   return m;

@@ -11,8 +11,8 @@
 
 #include "core/x_sorted_size.h"
 
+#include "hardware/hardware.h"
 #include "plan/communication_model.h"
-#include "plan/hardware.h"
 #include "plan/model.h"
 
 namespace epmoe::plan {
@@ -52,7 +52,7 @@ enum class MatmulType { bf16, fp8 };
 
 struct PlanConfig {
   ModelSpec model;
-  HardwareSpec hardware;
+  hardware::HardwareSpec hardware;
   ParallelismSpec parallel;
   DispatchKind dispatch = DispatchKind::ring;
   bool dedup = false;  // alltoall only; the report shows both anyway

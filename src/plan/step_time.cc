@@ -16,11 +16,11 @@ double mean_ring_hops(std::int64_t num_ranks) {
 }
 
 double ep_transfer_seconds(const PlanConfig& c, DispatchKind dispatch, double bytes) {
-  const HardwareSpec& hw = c.hardware;
+  const hardware::HardwareSpec& hw = c.hardware;
   const std::int64_t r = c.parallel.ep;
   if (r <= 1 || bytes == 0) return 0;
   if (r > hw.scale_up_devices) return bytes / hw.scale_out_bytes_per_s;
-  if (hw.interconnect == Interconnect::switched) return bytes / hw.link_bytes_per_s;
+  if (hw.interconnect == hardware::Interconnect::switched) return bytes / hw.link_bytes_per_s;
   const double ring_bandwidth = 2 * hw.link_bytes_per_s;  // one link each way along the axis
   const double hops = dispatch == DispatchKind::ring ? 1.0 : mean_ring_hops(r);
   return bytes * hops / ring_bandwidth;
@@ -29,9 +29,9 @@ double ep_transfer_seconds(const PlanConfig& c, DispatchKind dispatch, double by
 namespace {
 
 double fsdp_link_bandwidth(const PlanConfig& c) {
-  const HardwareSpec& hw = c.hardware;
+  const hardware::HardwareSpec& hw = c.hardware;
   if (c.parallel.fsdp * c.parallel.ep * c.parallel.tp > hw.scale_up_devices) return hw.scale_out_bytes_per_s;
-  if (hw.interconnect == Interconnect::switched) return hw.link_bytes_per_s;
+  if (hw.interconnect == hardware::Interconnect::switched) return hw.link_bytes_per_s;
   const std::int64_t ep_links = c.parallel.ep > 1 ? 2 : 0;
   return double(std::max<std::int64_t>(1, hw.links_per_device - ep_links)) * hw.link_bytes_per_s;
 }
@@ -80,12 +80,12 @@ std::vector<std::string> step_time_assumptions(const PlanConfig& c) {
                 c.compute_efficiency * 100, c.matmul_type == MatmulType::fp8 ? "fp8" : "bf16",
                 (c.matmul_type == MatmulType::fp8 ? c.hardware.peak_fp8_flops : c.hardware.peak_bf16_flops) / 1e12);
   out.push_back(text);
-  const HardwareSpec& hw = c.hardware;
+  const hardware::HardwareSpec& hw = c.hardware;
   if (c.parallel.ep > hw.scale_up_devices) {
     std::snprintf(text, sizeof text,
                   "EP group of %lld exceeds the %lld-device scale-up domain: %.1f GB/s scale-out per device",
                   (long long)c.parallel.ep, (long long)hw.scale_up_devices, hw.scale_out_bytes_per_s / 1e9);
-  } else if (hw.interconnect == Interconnect::torus) {
+  } else if (hw.interconnect == hardware::Interconnect::torus) {
     std::snprintf(
         text, sizeof text,
         "EP group = one torus ring of %lld chips, %.0f GB/s per link each way; all-to-all bytes x %.2f mean hops",

@@ -1,17 +1,19 @@
-// Bad input to every subcommand, as an adversary would give it: empty values,
+// Bad input to every subcommand of epmoe and epmoe-bench (the benchmarks'
+// binary, where the build has it), as an adversary would give it: empty values,
 // huge and negative numbers, non-numbers, unknown keys, missing files,
 // directories, FIFOs and devices as files, zero-sized and wrong-dtype .npy,
 // duplicate keys and several documents in YAML, unwritable outputs. One table
 // row per case; each runs the built binary once (with a deadline, so a case
 // that hangs fails instead of stalling the suite) and asserts the bad-input
-// contract: exit code 2, exactly one stderr line "epmoe: error: ..."
+// contract: exit code 2, exactly one stderr line "epmoe: error: ..." (or
+// "epmoe-bench: error: ...")
 // containing every fragment (the key or file and the rule), and nothing
 // written (no --out directory, nothing new in the scratch directory).
 //
 // Inputs, when a case needs them: `epmoe gen-inputs` with N=16, H=8, F=12,
 // E=4 (tests/cli/epmoe_cli_fixture.h) into in/, where setups also put the
 // broken files. The table is docs/RELIABILITY.md's list of refused inputs.
-// Topology: the epmoe binary as a subprocess per case; the cases with ranks=R
+// Topology: the binary as a subprocess per case; the cases with ranks=R
 // run ranks as threads (transport=threads, R in {1, 2, 3}), threads=1 where
 // they compute.
 #include <fcntl.h>
@@ -61,6 +63,7 @@ struct BadInputCase {
   std::function<void(const Paths&)> setup = {};
   std::vector<std::string> arguments;  // "{in}" and "{out}" are replaced by the paths
   std::vector<std::string> fragments;  // each must be in the error line
+  bool epmoe_bench = false;            // run epmoe-bench instead of epmoe
 };
 
 std::string npy_f32(const std::string& shape, std::size_t num_elements) {
@@ -155,7 +158,7 @@ const std::vector<BadInputCase>& bad_input_cases() {
        {"comm_timeout_ms=9223372036854775807", "must be <= 86400000"}},
       {"layer_threads_huge", true, {}, layer({"threads=2000000"}), {"threads=2000000", "must be <= 1024"}},
       {"layer_token_chunks_huge", true, {}, layer({"token_chunks=65"}), {"token_chunks=65", "<= 64"}},
-      // The modelled clock's keys (cli/modelled_time_settings.h).
+      // The modelled clock's keys (run/modelled_time_settings.h).
       {"layer_bad_clock", true, {}, layer({"clock=virtual"}), {"clock=virtual", "expected one of"}},
       {"layer_hardware_without_modelled_clock",
        true,
@@ -523,33 +526,8 @@ const std::vector<BadInputCase>& bad_input_cases() {
        make_directory("d"),
        {"balance", "--generate", "{in}/d"},
        {"d", "not a regular file"}},
-      // --- bench --------------------------------------------------------------
-      {"bench_unknown_benchmark", false, {}, {"bench", "gemm"}, {"bench gemm", "unknown benchmark"}},
-      {"bench_unknown_part", false, {}, {"bench", "collectives", "fast"}, {"unknown part 'fast'"}},
-      {"bench_two_parts", false, {}, {"bench", "layer", "remat", "replicas"}, {"two parts"}},
-      {"bench_layer_not_a_number", false, {}, {"bench", "layer", "ranks=abc"}, {"ranks=abc", "expected an integer"}},
-      {"bench_layer_unknown_key", false, {}, {"bench", "layer", "rnaks=4"}, {"unknown key 'rnaks'", "'ranks'"}},
-      {"bench_layer_negative_seconds", false, {}, {"bench", "layer", "min_seconds=-1"}, {"min_seconds=-1"}},
-      {"bench_layer_verify_two", false, {}, {"bench", "layer", "verify=2"}, {"verify=2", "<= 1"}},
-      {"bench_layer_slots_bad_item", false, {}, {"bench", "layer", "replicas", "slots=1,x"}, {"slots=1,x", "'x'"}},
-      {"bench_layer_fault_injection_malformed",
-       false,
-       {},
-       {"bench", "layer", "fault_injection=x"},
-       {"fault_injection", "'x'"}},
-      {"bench_collectives_zero_chunk", false, {}, {"bench", "collectives", "chunks=0"}, {"chunks=0", "item 0"}},
-      {"bench_collectives_huge_chunk", false, {}, {"bench", "collectives", "chunks=99999999M"}, {"chunks=99999999M"}},
-      {"bench_collectives_bad_ranks", false, {}, {"bench", "collectives", "ranks=a,b"}, {"ranks=a,b", "'a'"}},
-      {"bench_collectives_empty_value",
-       false,
-       {},
-       {"bench", "collectives", "bandwidth_gb_s="},
-       {"bandwidth_gb_s=", "expected a finite number"}},
-      {"bench_collectives_runs_inverted",
-       false,
-       {},
-       {"bench", "collectives", "min_runs=9", "max_runs=3"},
-       {"min_runs=9", "max_runs=3"}},
+      // --- bench: the benchmarks are a binary of their own ------------------------
+      {"bench_moved_to_epmoe_bench", false, {}, {"bench", "layer"}, {"moved to the epmoe-bench binary"}},
       // --- train (keys on the command line) -------------------------------------
       {"train_not_a_number", false, {}, {"train", "top_k=abc"}, {"top_k=abc", "expected an integer"}},
       {"train_unknown_key", false, {}, {"train", "stepz=3"}, {"unknown key 'stepz'"}},
@@ -571,6 +549,44 @@ const std::vector<BadInputCase>& bad_input_cases() {
        {"train", "--config", "{in}/t.yaml"},
        {"t.yaml:2", "'steps' is set twice"}},
       {"train_config_empty_path", false, {}, {"train", "--config", ""}, {"--config", "empty"}},
+#ifdef EPMOE_BENCH_BINARY
+      // --- epmoe-bench -------------------------------------------------------------
+      {"bench_unknown_benchmark", false, {}, {"gemm"}, {"unknown benchmark 'gemm'", "collectives, layer"}, true},
+      {"bench_unknown_part", false, {}, {"collectives", "fast"}, {"unknown part 'fast'"}, true},
+      {"bench_two_parts", false, {}, {"layer", "remat", "replicas"}, {"two parts"}, true},
+      {"bench_layer_not_a_number", false, {}, {"layer", "ranks=abc"}, {"ranks=abc", "expected an integer"}, true},
+      {"bench_layer_unknown_key",
+       false,
+       {},
+       {"layer", "rnaks=4"},
+       {"unknown key 'rnaks'", "'ranks'", "(epmoe-bench layer --help lists every key)"},
+       true},
+      {"bench_layer_no_key", false, {}, {"layer", "=4"}, {"'=4'", "epmoe-bench layer --help"}, true},
+      {"bench_layer_negative_seconds", false, {}, {"layer", "min_seconds=-1"}, {"min_seconds=-1"}, true},
+      {"bench_layer_verify_two", false, {}, {"layer", "verify=2"}, {"verify=2", "<= 1"}, true},
+      {"bench_layer_slots_bad_item", false, {}, {"layer", "replicas", "slots=1,x"}, {"slots=1,x", "'x'"}, true},
+      {"bench_layer_fault_injection_malformed",
+       false,
+       {},
+       {"layer", "fault_injection=x"},
+       {"fault_injection", "'x'"},
+       true},
+      {"bench_collectives_zero_chunk", false, {}, {"collectives", "chunks=0"}, {"chunks=0", "item 0"}, true},
+      {"bench_collectives_huge_chunk", false, {}, {"collectives", "chunks=99999999M"}, {"chunks=99999999M"}, true},
+      {"bench_collectives_bad_ranks", false, {}, {"collectives", "ranks=a,b"}, {"ranks=a,b", "'a'"}, true},
+      {"bench_collectives_empty_value",
+       false,
+       {},
+       {"collectives", "bandwidth_gb_s="},
+       {"bandwidth_gb_s=", "expected a finite number"},
+       true},
+      {"bench_collectives_runs_inverted",
+       false,
+       {},
+       {"collectives", "min_runs=9", "max_runs=3"},
+       {"min_runs=9", "max_runs=3"},
+       true},
+#endif
   };
   return cases;
 }
@@ -595,7 +611,12 @@ TEST_P(BadInput, ExitsTwoWithOneLineNamingTheCauseAndWritesNothing) {
   if (c.needs_inputs) generate_inputs();
   if (c.setup) c.setup(Paths{in_dir()});
   if (::testing::Test::HasFatalFailure()) return;
+#ifdef EPMOE_BENCH_BINARY
+  std::vector<std::string> argv = {c.epmoe_bench ? EPMOE_BENCH_BINARY : EPMOE_BINARY};
+#else
   std::vector<std::string> argv = {EPMOE_BINARY};
+#endif
+  const std::string program = c.epmoe_bench ? "epmoe-bench" : "epmoe";
   for (std::string argument : c.arguments) {
     for (const auto& [placeholder, path] : {std::pair{std::string("{in}"), in_dir()}, {"{out}", out_dir()}}) {
       for (std::size_t at; (at = argument.find(placeholder)) != std::string::npos;) {
@@ -608,13 +629,13 @@ TEST_P(BadInput, ExitsTwoWithOneLineNamingTheCauseAndWritesNothing) {
   const ProcessResult result = run_with_deadline(scratch_, argv);
   // In --gtest_output=xml: the table of refused inputs and their messages
   // (scripts/bad_input_table.py turns it into docs/RELIABILITY.md's table).
-  std::string command = "epmoe";
+  std::string command = program;
   for (const std::string& argument : c.arguments) command += " " + (argument.empty() ? "''" : argument);
   RecordProperty("command", command);
   RecordProperty("in_dir", in_dir().string());
   RecordProperty("out_dir", out_dir().string());
   RecordProperty("stderr", result.stderr_text.substr(0, result.stderr_text.find('\n')));
-  expect_rejected(result, {});  // exit 2, one line, no --out, nothing beside in/
+  expect_rejected(result, {}, program);  // exit 2, one line, no --out, nothing beside in/
   EXPECT_EQ(tree(in_dir()), in_before) << "the run changed in/";
   for (const std::string& fragment : c.fragments) {
     EXPECT_NE(result.stderr_text.find(fragment), std::string::npos)

@@ -170,9 +170,11 @@ class EpmoeCli : public ::testing::Test {
   // The contract of every bad-input case: exit code 2, exactly one stderr
   // line "epmoe: error: ..." with every fragment, and no output at all (no
   // --out directory, no staging directory left beside it).
-  void expect_rejected(const ProcessResult& result, std::initializer_list<std::string> fragments) {
+  // `program`: the binary's name, which starts the error line.
+  void expect_rejected(const ProcessResult& result, std::initializer_list<std::string> fragments,
+                       const std::string& program = "epmoe") {
     EXPECT_EQ(result.exit_code, 2) << result.stderr_text;
-    EXPECT_EQ(result.stderr_text.rfind("epmoe: error: ", 0), 0u) << result.stderr_text;
+    EXPECT_EQ(result.stderr_text.rfind(program + ": error: ", 0), 0u) << result.stderr_text;
     ASSERT_FALSE(result.stderr_text.empty());
     EXPECT_EQ(result.stderr_text.find('\n'), result.stderr_text.size() - 1) << "not one line: " << result.stderr_text;
     for (const std::string& fragment : fragments) {

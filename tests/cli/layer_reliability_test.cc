@@ -163,11 +163,16 @@ TEST_F(EpmoeCli, TrainInheritsFaultInjection) {
 }
 
 TEST_F(EpmoeCli, FaultInjectionIsDocumentedAsATestHook) {
-  for (const std::string command : {"layer", "train", "bench"}) {
-    const ProcessResult help = testing::run_epmoe(scratch_, {command, "--help"});
-    EXPECT_EQ(help.exit_code, 0) << command;
-    EXPECT_NE(help.stdout_text.find("fault_injection"), std::string::npos) << command;
-    EXPECT_NE(help.stdout_text.find("TEST HOOK"), std::string::npos) << command;
+  std::vector<std::vector<std::string>> commands = {{EPMOE_BINARY, "layer"}, {EPMOE_BINARY, "train"}};
+#ifdef EPMOE_BENCH_BINARY
+  commands.push_back({EPMOE_BENCH_BINARY, "layer"});
+  commands.push_back({EPMOE_BENCH_BINARY, "collectives"});
+#endif
+  for (const std::vector<std::string>& command : commands) {
+    const ProcessResult help = testing::run_program(scratch_, {command[0], command[1], "--help"});
+    EXPECT_EQ(help.exit_code, 0) << command[0] << " " << command[1];
+    EXPECT_NE(help.stdout_text.find("fault_injection"), std::string::npos) << command[0] << " " << command[1];
+    EXPECT_NE(help.stdout_text.find("TEST HOOK"), std::string::npos) << command[0] << " " << command[1];
   }
 }
 

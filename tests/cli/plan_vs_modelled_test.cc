@@ -12,9 +12,9 @@
 #include <cmath>
 #include <cstdio>
 
+#include "hardware/hardware.h"
 #include "modelled_cli_fixture.h"
 #include "plan/communication_model.h"
-#include "plan/hardware.h"
 #include "plan/plan_config.h"
 #include "plan/step_time.h"
 
@@ -36,7 +36,7 @@ plan::PlanConfig layer_plan() {
              .vocab = 1,
              .attention = {.num_heads = 1, .num_kv_heads = 1, .qk_head_dim = 1, .v_head_dim = 1}};
   c.parallel = {.ep = kRanks, .per_device_batch_size = 1, .seq_len = kTokensPerRank};
-  c.hardware = plan::load_hardware("hardware", "h100");
+  c.hardware = hardware::load_hardware("hardware", "h100");
   c.dispatch = plan::DispatchKind::alltoall;
   c.activation_type = plan::ElementType::f32;  // the engine moves f32 rows
   c.compute_efficiency = kEfficiency;
@@ -51,7 +51,7 @@ struct RankCompute {
 };
 
 // Per rank, from the trace's compute events (f32: no nested scopes).
-std::vector<RankCompute> compute_from_trace(const nlohmann::json& events, const plan::HardwareSpec& hw) {
+std::vector<RankCompute> compute_from_trace(const nlohmann::json& events, const hardware::HardwareSpec& hw) {
   std::vector<RankCompute> out(kRanks);
   for (const nlohmann::json& e : events) {
     if (e.value("cat", "") != "compute") continue;

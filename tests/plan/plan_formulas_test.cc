@@ -20,6 +20,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "hardware/hardware.h"
 #include "plan/activation_sizes.h"
 #include "plan/communication_model.h"
 #include "plan/memory_model.h"
@@ -173,7 +174,7 @@ PlanConfig seed_recipe(double per_device_batch_size) {
   // decoder_layer_input=offload, context and out_proj on device, x_sorted on device.
   PlanConfig c;
   c.model = load_model("model", "deepseek3-671b");
-  c.hardware = load_hardware("hardware", "tpu-v7x");
+  c.hardware = hardware::load_hardware("hardware", "tpu-v7x");
   c.parallel = {.fsdp = 64, .ep = 8, .per_device_batch_size = per_device_batch_size, .seq_len = 4096};
   c.dispatch = DispatchKind::ring;
   c.token_transfer = TokenTransfer::fp8_token;
@@ -224,7 +225,7 @@ TEST(Config, RulesNameTheKey) {
     EXPECT_NE(std::string(e.what()).find("ep=7"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load_model("model", "no-such-model"), ConfigError);
-  EXPECT_THROW(load_hardware("hardware", "tpu-v9"), ConfigError);
+  EXPECT_THROW(hardware::load_hardware("hardware", "tpu-v9"), ConfigError);
 }
 
 // fsdp = 2^63 - 1 used to wrap the device count to -8 and report FITS.
@@ -276,7 +277,7 @@ TEST(SpecFile, ModelYamlLoadsAndBadFieldsAreNamed) {
   }
   const auto bad_value = write_file("plan_bad.yaml", "memory_gb: lots\n");
   try {
-    load_hardware("hardware", bad_value.string());
+    hardware::load_hardware("hardware", bad_value.string());
     FAIL();
   } catch (const FileError& e) {
     EXPECT_NE(std::string(e.what()).find("memory_gb=lots"), std::string::npos) << e.what();

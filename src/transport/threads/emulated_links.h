@@ -40,23 +40,17 @@
 #include <vector>
 
 #include "core/modelled_clock.h"
+#include "hardware/link_options.h"
 #include "transport/communicator.h"
 
 namespace epmoe::transport::threads {
 
-enum class LinkTopology { full_mesh, ring, switched, two_level };
-
-struct EmulatedLinkOptions {
-  bool enabled = false;              // wall clock only; clock=modelled always uses the links
-  double bandwidth_gb_per_s = 50.0;  // 1 GB = 1e9 bytes; per link and direction (per port: switched)
-  double latency_us = 2.0;
-  LinkTopology topology = LinkTopology::full_mesh;
-  int group_size = 8;                          // two_level
-  double scale_out_bandwidth_gb_per_s = 50.0;  // two_level, per port and direction
-  double scale_out_latency_us = 5.0;           // two_level
-
-  void validate() const;  // throws ConfigError naming the key
-};
+// The links' options live below transport/ (hardware/link_options.h), where a
+// hardware preset is turned into them.
+using hardware::EmulatedLinkOptions;
+using hardware::link_topology_name;
+using hardware::LinkTopology;
+using hardware::parse_link_topology;
 
 // One hop of a message's path: one link, or (switched) an egress then an
 // ingress port, the second taking the bytes as the first passes them.
@@ -127,9 +121,5 @@ class EmulatedLinks {
   std::mutex mutex_;  // guards schedule_
   LinkSchedule schedule_;
 };
-
-std::string link_topology_name(LinkTopology topology);
-// ConfigError naming `key` and the accepted names.
-LinkTopology parse_link_topology(const std::string& key, const std::string& name);
 
 }  // namespace epmoe::transport::threads

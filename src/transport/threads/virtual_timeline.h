@@ -46,23 +46,16 @@
 
 #include "core/modelled_clock.h"
 #include "core/trace_recorder.h"
+#include "hardware/modelled_time_options.h"
 #include "transport/collective_clocks.h"
 #include "transport/communicator.h"
 #include "transport/threads/emulated_links.h"
 
 namespace epmoe::transport::threads {
 
-// Device rates for compute_time=modelled, or compute_time=measured.
-struct ModelledTimeOptions {
-  bool enabled = false;             // clock=modelled
-  bool measured_compute = false;    // compute_time=measured
-  double peak_flops = 0;            // per device, dense matmul
-  double compute_efficiency = 0.5;  // of peak
-  double memory_bytes_per_s = 0;    // HBM
-  double compute_scale = 1.0;       // measured CPU seconds x this
-
-  void validate() const;  // throws ConfigError naming the key
-};
+// The device's rates live below transport/ (hardware/modelled_time_options.h),
+// where a hardware preset is turned into them.
+using hardware::ModelledTimeOptions;
 
 class VirtualTimeline;
 class VirtualStream;

@@ -1,0 +1,54 @@
+// Key groups shared by what runs MoE layers (`epmoe layer` and `train`, the
+// public API, the Python module), and their translation into the library's
+// config structs. The translation is the only place that knows both the key names
+// and the structs; validation of cross-key rules (top_k <= E, n_groups
+// divides E, ...) stays in the structs' validate().
+#pragma once
+
+#include <cstdint>
+
+#include <epmoe/moe_layer.h>
+
+#include "run/config_keys.h"
+#include "run/expert_parallel_settings.h"
+
+namespace epmoe::run {
+
+// top_k, router, norm_topk_prob, n_groups, topk_groups, routed_scaling_factor,
+// compute_dtype, seed.
+KeyGroup moe_layer_keys();
+// threads.
+KeyGroup runtime_keys();
+// ranks, transport, dispatch, dedup, capacity_factor, token_chunks,
+// fp8_tokens, cotangent_all_gather, link_bandwidth_gbps, link_latency_us,
+// link_topology, comm_timeout_ms, fault_injection (a test hook).
+KeyGroup expert_parallel_keys();
+
+// Every key of `epmoe layer`: moe_layer_keys(), expert_parallel_keys(),
+// modelled_time_keys() and runtime_keys(). The public API (src/api) takes the
+// same keys.
+const KeyRegistry& layer_key_registry();
+
+// The layer config for the given dimensions (from the input files) and the
+// keys of moe_layer_keys(); validated, so it throws ConfigError naming the key
+// and the rule.
+MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hidden, std::int64_t ffn,
+                                     std::int64_t num_experts);
+
+// The keys of expert_parallel_keys() (and `threads` of runtime_keys(), split
+// over the ranks). Checks every rule that can be checked before MPI_Init or
+// any compute: the rank count divides E (N need not: rank r holds token rows
+// [r*N/R, (r+1)*N/R)), transport=mpi runs under mpirun with ranks= left unset or equal to the
+// world size, each dispatcher-specific key is non-default only with the
+// dispatcher that uses it, link emulation only on threads. ConfigError naming
+// the key and the rule. Configures fault_injection= (core/fault_injection.h)
+// when it is set.
+ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer);
+// Just the EP group's configuration of those keys (no rank count: not
+// validated for one; the dispatcher-specific keys are checked).
+EpConfig ep_config_from(const ConfigValues& values, const MoeLayerConfig& layer);
+
+// Applies runtime_keys() to the calling thread (its compute thread budget).
+void apply_runtime_keys(const ConfigValues& values);
+
+}  // namespace epmoe::run
