@@ -1,4 +1,4 @@
-// The public C++ layer call (<epmoe/layer.h>, ExpertParallelLayer::run) on
+// The public C++ layer call (<epmoe/whole_world_layer.h>, WholeWorldLayer::run) on
 // the arrays of an `epmoe gen-inputs` directory: the median wall time of
 // `repeats` forward calls, for bench/peers/python_layer_overhead.py to hold
 // the Python call (epmoe.MoeLayer.forward) against.
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <epmoe/layer.h>
+#include <epmoe/whole_world_layer.h>
 
 #include "data/npy.h"
 
@@ -29,7 +29,7 @@ int main(int argc, char** argv) try {
                       wi0 = epmoe::read_npy(dir + "/wi0.npy", DType::f32),
                       wi1 = epmoe::read_npy(dir + "/wi1.npy", DType::f32),
                       wo = epmoe::read_npy(dir + "/wo.npy", DType::f32);
-  epmoe::ExpertParallelLayer layer(keys);
+  epmoe::WholeWorldLayer layer(keys);
   const std::int64_t n = x.dim(0), h = x.dim(1), k = layer.top_k();
   std::vector<float> y(n * h), weights(n * k);
   std::vector<std::int32_t> ids(n * k);

@@ -1,5 +1,5 @@
 """The Python layer call's overhead over the C++ call: epmoe.MoeLayer.forward
-against ExpertParallelLayer::run (bench/api_layer_call.cc) on the same
+against WholeWorldLayer::run (bench/api_layer_call.cc) on the same
 arrays and keys, median wall time of many calls each, small shapes (where a
 fixed overhead shows most) and a larger one.
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include <epmoe/error.h>
-#include <epmoe/layer.h>
 #include <epmoe/npy.h>
+#include <epmoe/whole_world_layer.h>
 
 int main(int argc, char** argv) try {
   if (argc != 2) return std::fprintf(stderr, "usage: embed_layer OUT_DIR\n"), 2;
@@ -44,7 +44,7 @@ int main(int argc, char** argv) try {
                                    .dwi1 = MutableTensorView(dwi1.data(), {e, h, f}),
                                    .dwo = MutableTensorView(dwo.data(), {e, f, h})};
 
-  epmoe::ExpertParallelLayer layer({{"ranks", "2"}, {"top_k", std::to_string(k)}, {"dispatch", "alltoall"}});
+  epmoe::WholeWorldLayer layer({{"ranks", "2"}, {"top_k", std::to_string(k)}, {"dispatch", "alltoall"}});
   layer.run(in, result);
 
   std::filesystem::create_directories(out / "inputs");

@@ -48,6 +48,7 @@ struct RouterConfig {
   // at least 2 experts per group when group scores are top-2 sums
   // (sigmoid_grouped, n_groups > 1), routed_scaling_factor finite and > 0.
   void validate() const;
+  bool operator==(const RouterConfig&) const = default;
 };
 
 // Which expert activations the backward finds saved and which it recomputes
@@ -73,6 +74,7 @@ struct RematPolicy {
   // "save" / "remat" for one name; ConfigError naming the key otherwise.
   static bool parse_choice(std::string_view key, std::string_view value);
   std::string describe() const;  // "x_sorted=save mlpwi_0=remat ..."
+  bool operator==(const RematPolicy&) const = default;
 };
 
 struct MoeLayerConfig {
@@ -89,6 +91,7 @@ struct MoeLayerConfig {
   std::string label = {};  // "= {}" (also on remat): designated initialisers may skip both
 
   void validate() const;  // ConfigError naming the key
+  bool operator==(const MoeLayerConfig&) const = default;
 };
 
 // --- the EP group ----------------------------------------------------------
@@ -145,6 +148,7 @@ struct EpConfig {
 
   // Throws ConfigError: num_experts divisible by ranks, chunks in [1, 64], ...
   void validate(int num_ranks) const;
+  bool operator==(const EpConfig&) const = default;
 };
 
 // Steps one group can have in flight at once (every layer's forward before

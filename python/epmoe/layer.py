@@ -69,7 +69,7 @@ class MoeLayer:
 
     def __init__(self, **keys):
         self._keys = {name: key_text(name, value) for name, value in keys.items()}
-        self._layer = _epmoe.ExpertParallelLayer(self._keys)
+        self._layer = _epmoe.WholeWorldLayer(self._keys)
         self.metrics: dict | None = None  # what `epmoe layer` writes to metrics.json, after a call
 
     @property

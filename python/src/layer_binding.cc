@@ -1,4 +1,4 @@
-// epmoe._epmoe.ExpertParallelLayer: the public C++ layer (<epmoe/layer.h>)
+// epmoe._epmoe.WholeWorldLayer: the public C++ layer (<epmoe/whole_world_layer.h>)
 // on numpy arrays and torch tensors. Arrays come in as nanobind ndarrays
 // (the buffer protocol or DLPack): float32, C-contiguous, on the CPU, read in
 // place; nanobind refuses anything else with a TypeError instead of copying.
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <epmoe/error.h>
-#include <epmoe/layer.h>
+#include <epmoe/whole_world_layer.h>
 
 #include "layer_binding.h"
 
@@ -44,7 +44,7 @@ View view_of(const nb::dict& arrays, const char* name, bool required) {
   return View(array.data(), dtype_of<std::remove_const_t<T>>(), std::span<const std::int64_t>(shape));
 }
 
-std::string run(ExpertParallelLayer& layer, const nb::dict& arrays, const nb::dict& outputs) {
+std::string run(WholeWorldLayer& layer, const nb::dict& arrays, const nb::dict& outputs) {
   const LayerArrays in{.x = view_of<const float, TensorView>(arrays, "x", true),
                        .gate = view_of<const float, TensorView>(arrays, "gate", true),
                        .wi0 = view_of<const float, TensorView>(arrays, "wi0", true),
@@ -69,9 +69,9 @@ std::string run(ExpertParallelLayer& layer, const nb::dict& arrays, const nb::di
 }  // namespace
 
 void bind_layer(nb::module_& m) {
-  nb::class_<ExpertParallelLayer>(m, "ExpertParallelLayer")
+  nb::class_<WholeWorldLayer>(m, "WholeWorldLayer")
       .def(nb::init<const std::map<std::string, std::string>&>(), nb::arg("keys"))
-      .def_prop_ro("top_k", &ExpertParallelLayer::top_k)
+      .def_prop_ro("top_k", &WholeWorldLayer::top_k)
       .def("run", &run, nb::arg("arrays"), nb::arg("outputs"),
            "Runs the layer on the arrays (x, gate, wi0, wi1, wo, optional bias and dy) into the outputs (y, "
            "topk_ids, topk_weights, and with dy: dx, dgate, dwi0, dwi1, dwo); returns metrics.json's text");

@@ -1,4 +1,4 @@
-// Adds ExpertParallelLayer to the _epmoe module (layer_binding.cc).
+// Adds WholeWorldLayer to the _epmoe module (layer_binding.cc).
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -63,11 +63,11 @@ struct NamedOutput {
 };
 
 std::vector<NamedOutput> layer_outputs(const LayerRunResult& run) {
-  std::vector<NamedOutput> outputs = {{"y.npy", &run.forward.y},
-                                      {"topk_ids.npy", &run.forward.topk_ids},
-                                      {"topk_weights.npy", &run.forward.topk_weights}};
-  if (run.gradients) {
-    const MoeGradients& g = *run.gradients;
+  std::vector<NamedOutput> outputs = {{"y.npy", &run.outputs.y},
+                                      {"topk_ids.npy", &run.outputs.topk_ids},
+                                      {"topk_weights.npy", &run.outputs.topk_weights}};
+  if (run.outputs.gradients) {
+    const MoeGradients& g = *run.outputs.gradients;
     outputs.insert(outputs.end(), {{"dx.npy", &g.dx},
                                    {"dgate.npy", &g.dgate},
                                    {"dwi0.npy", &g.dwi0},
@@ -117,13 +117,13 @@ void run_layer_command(const LayerArguments& arguments) {
     write_npy(staged->staged_path(output.file_name), *output.tensor);
     file_names.push_back(output.file_name);
   }
-  const nlohmann::json metrics = layer_metrics(values, inputs, config, settings, *run, file_names);
+  const nlohmann::json metrics = layer_metrics(values, inputs, config, settings, run->ranks, file_names);
   write_json_file(staged->staged_path(kMetricsFile), metrics);
-  staged->commit(file_names, kMetricsFile, run->gradients ? std::vector<std::string>{} : kGradientFiles);
+  staged->commit(file_names, kMetricsFile, run->outputs.gradients ? std::vector<std::string>{} : kGradientFiles);
   if (trace) trace->write(settings.trace_file);
   // One line for a person at a terminal; the numbers live in metrics.json.
   char backward[64] = "";
-  if (run->gradients)
+  if (run->outputs.gradients)
     std::snprintf(backward, sizeof backward, ", backward %.1f ms", metrics.value("backward_seconds", 0.0) * 1e3);
   // With clock=modelled the phase times, and so the expert rate, are modelled.
   std::printf(

@@ -1,114 +1,48 @@
-// Runs one MoE layer forward (and backward when dy is given) across the ranks
-// of an ExpertParallelSettings, and gathers the results back into the shapes
-// of a single-rank run, so that the outputs of ranks=R compare directly with
-// ranks=1:
-//   y, topk_ids, topk_weights, dx   rows concatenated in rank order   [N, ...]
-//   dgate                           every rank's part summed in rank order (the
-//                                   gate is replicated; the sum is 0+1+...+R-1
-//                                   on every transport, so threads and mpi
-//                                   give the same bits)                 [H, E]
-//   dwi0, dwi1, dwo                 experts concatenated in rank order  [E, ...]
-//
-// Paths:
-//  * settings.single_rank_local(): MoeLayer with its LocalDispatcher on the
-//    calling thread, no communication (what `epmoe layer` did before ranks=).
-//  * transport=threads: run_ranks() with R rank threads, each with its own
-//    dispatcher (ep::make_dispatcher); the compute thread budget is split.
+// `epmoe layer`'s run of one MoE layer forward (and backward when dy is
+// given) across the ranks of an ExpertParallelSettings, into outputs of the
+// shapes of a single-rank run, so that the outputs of ranks=R compare
+// directly with ranks=1 (run/layer_rank.h says which rows each rank writes):
+//  * transport=threads (and one rank): a WholeWorldRunner
+//    (run/whole_world_runner.h), every rank writing its rows of the outputs
+//    in place;
 //  * transport=mpi: this process is one rank (run_rank() holds MPI_Init /
-//    MPI_Finalize); a rank's exception prints "rank r failed: ..." and aborts
-//    the job.
-// Gathering uses comm/ all-gathers on both transports (one code path), so
-// every rank briefly holds the full outputs; rank 0's copy is returned.
+//    MPI_Finalize; a rank's exception prints "rank r failed: ..." and aborts
+//    the job); each rank computes into its own rows' buffers, and rank 0
+//    alone receives the others' rows (point to point, with the sizes every
+//    rank knows) and the reports. No rank but rank 0 ever holds the full
+//    outputs.
 #pragma once
 
-#include <cstdint>
-#include <map>
 #include <optional>
-#include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include <epmoe/moe_layer.h>
+#include <epmoe/whole_world_layer.h>
 
-#include "core/modelled_report.h"
+#include "core/tensor.h"
 #include "run/expert_parallel_settings.h"
 #include "run/layer_inputs.h"
-
-// nlohmann_json 3.11 (Debian 12) has no std::optional support: null when empty.
-namespace nlohmann {
-template <typename T>
-struct adl_serializer<std::optional<T>> {
-  static void to_json(json& j, const std::optional<T>& value) {
-    if (value) {
-      j = *value;
-    } else {
-      j = nullptr;
-    }
-  }
-  static void from_json(const json& j, std::optional<T>& value) {
-    if (j.is_null()) {
-      value.reset();
-    } else {
-      value = j.get<T>();
-    }
-  }
-};
-}  // namespace nlohmann
+#include "run/rank_report.h"
 
 namespace epmoe::run {
 
-// What one rank measured; the rank's line in metrics.json.
-struct RankReport {
-  int rank = 0;
-  std::int64_t first_token = 0, num_tokens = 0;  // its rows of x and dy
-  int first_expert = 0, num_experts = 0;         // the experts it homes
-  // Rows its experts computed, i.e. (token, expert) pairs received, per local
-  // expert over all chunks.
-  std::vector<std::int64_t> rows_per_local_expert;
-  // Bytes it sent to other ranks, by collective ("forward/all_to_all_v tokens").
-  std::map<std::string, std::int64_t> bytes_sent;
-  std::int64_t dropped_pairs = 0;               // of its tokens, to capacity_factor
-  std::map<std::string, double> phase_seconds;  // route, dispatch, experts, combine, backward_*
-  double forward_seconds = 0, backward_seconds = 0;
-  std::int64_t saved_activation_peak_bytes = 0;
-  // Peak bytes per saved name ("saved/x_sorted", ...), and the bytes the
-  // remat policy recomputed in the backward.
-  std::map<std::string, std::int64_t> saved_peak_bytes_by_name;
-  // Bytes the dispatcher keeps across steps ("buffer/dispatch", "buffer/replica slots").
-  std::map<std::string, std::int64_t> buffer_bytes_by_name;
-  std::int64_t recomputed_bytes = 0;
-  // Dynamic replicas (balance=dynamic; empty/zero when off): rows its B
-  // redundant slots computed and the expert each held; the plan's per-rank
-  // loads (global, every rank has the same plan) before and after balancing;
-  // the planner's time on this rank.
-  std::vector<std::int64_t> rows_per_slot;
-  std::vector<int> slot_experts;
-  std::vector<std::int64_t> rank_loads_before, rank_loads_after;
-  double max_over_mean_before = 1.0, max_over_mean_after = 1.0, ideal_max_over_mean = 1.0;
-  int num_replicas = 0;
-  double planner_seconds = 0;
-  // clock=modelled only (then phase_seconds are modelled seconds too).
-  std::optional<ModelledRankTime> modelled;
-};
+// The full outputs of a run, owned (the gradients only with dy).
+struct LayerOutputTensors {
+  Tensor y, topk_ids, topk_weights;
+  std::optional<MoeGradients> gradients;
 
-// One JSON form for both uses: the report travels to rank 0 as this text, and
-// metrics.json shows it (with derived totals) under expert_parallel.per_rank.
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, first_expert, num_experts,
-                                   rows_per_local_expert, bytes_sent, dropped_pairs, phase_seconds, forward_seconds,
-                                   backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name,
-                                   buffer_bytes_by_name, recomputed_bytes, rows_per_slot, slot_experts,
-                                   rank_loads_before, rank_loads_after, max_over_mean_before, max_over_mean_after,
-                                   ideal_max_over_mean, num_replicas, planner_seconds, modelled)
+  // Allocated for `inputs` (N, H, E, F) and K.
+  static LayerOutputTensors allocate(const LayerInputs& inputs, int top_k);
+  LayerOutputs views();
+};
 
 struct LayerRunResult {
-  MoeForwardOutput forward;               // gathered, as described above
-  std::optional<MoeGradients> gradients;  // when inputs.dy was given
-  std::vector<RankReport> ranks;          // rank order
+  LayerOutputTensors outputs;
+  std::vector<RankReport> ranks;  // rank order
 };
 
-// The gathered result on the process that writes the outputs (always, except
-// on MPI ranks other than 0: nullopt). Keys and files are validated already.
+// The result on the process that writes the outputs (always, except on MPI
+// ranks other than 0: nullopt). Keys and files are validated already.
 std::optional<LayerRunResult> run_layer_across_ranks(const LayerInputs& inputs, const MoeLayerConfig& config,
                                                      const ExpertParallelSettings& settings);
 

@@ -4,7 +4,7 @@
 //  * `epmoe layer --in DIR`: .npy files read into LayerInputFiles, which owns
 //    them (under transport=mpi every process reads the full, unsharded
 //    arrays and takes its own part);
-//  * the public API (<epmoe/layer.h>, src/api): the caller's buffers, viewed
+//  * the public API (<epmoe/whole_world_layer.h>, src/api): the caller's buffers, viewed
 //    in place.
 #pragma once
 

@@ -66,7 +66,7 @@ nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
 
 // Dynamic replicas (DESIGN.md 4.8): rank loads (rows) before and after the
 // plan, max/mean both, weight bytes moved each way, planner time.
-nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const LayerRunResult& run) {
+nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const std::vector<RankReport>& ranks) {
   const EpConfig& ep = settings.ep;
   nlohmann::json out = {{"mode", to_string(ep.balance)},
                         {"redundant_slots", ep.redundant_slots},
@@ -74,12 +74,12 @@ nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const Lay
                         {"balance_window", ep.balance_window},
                         {"balance_period", ep.balance_period},
                         {"active", ep.replicas_enabled() && !settings.single_rank_local()}};
-  if (!out["active"].get<bool>() || run.ranks.empty()) return out;
-  const RankReport& first = run.ranks.front();
+  if (!out["active"].get<bool>() || ranks.empty()) return out;
+  const RankReport& first = ranks.front();
   std::vector<std::int64_t> rows_per_rank;
   std::int64_t weight_bytes = 0, gradient_bytes = 0;
   double planner_seconds = 0;
-  for (const RankReport& report : run.ranks) {
+  for (const RankReport& report : ranks) {
     rows_per_rank.push_back(sum(report.rows_per_local_expert) + sum(report.rows_per_slot));
     if (auto it = report.bytes_sent.find("forward/replica weights"); it != report.bytes_sent.end())
       weight_bytes += it->second;
@@ -103,7 +103,7 @@ nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const Lay
 }  // namespace
 
 nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, const MoeLayerConfig& config,
-                             const ExpertParallelSettings& settings, const LayerRunResult& run,
+                             const ExpertParallelSettings& settings, const std::vector<RankReport>& ranks,
                              const std::vector<std::string>& output_files) {
   // Totals over ranks. Work and bytes add up; times are the slowest rank's,
   // since the step ends when the last rank does.
@@ -113,7 +113,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   std::int64_t dropped_pairs = 0, saved_activation_peak_bytes = 0, recomputed_bytes = 0;
   double forward_seconds = 0, backward_seconds = 0;
   nlohmann::json per_rank = nlohmann::json::array();
-  for (const RankReport& report : run.ranks) {
+  for (const RankReport& report : ranks) {
     rows_per_expert.insert(rows_per_expert.end(), report.rows_per_local_expert.begin(),
                            report.rows_per_local_expert.end());
     for (const auto& [name, bytes] : report.bytes_sent) bytes_sent[name] += bytes;
@@ -128,7 +128,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
     per_rank.push_back(rank_entry(report));
   }
   // Rows computed in replica slots belong to their expert.
-  for (const RankReport& report : run.ranks)
+  for (const RankReport& report : ranks)
     for (std::size_t b = 0; b < report.slot_experts.size(); ++b)
       if (report.slot_experts[b] >= 0 && static_cast<std::size_t>(report.slot_experts[b]) < rows_per_expert.size())
         rows_per_expert[report.slot_experts[b]] += report.rows_per_slot[b];
@@ -139,7 +139,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   // two per forward GEMM (dlhs and drhs).
   const double forward_gemm_flop =
       6.0 * static_cast<double>(routed_pairs) * static_cast<double>(in.hidden) * static_cast<double>(in.ffn);
-  const double gemm_gflop = forward_gemm_flop * (run.gradients ? 3.0 : 1.0) / 1e9;
+  const double gemm_gflop = forward_gemm_flop * (in.dy ? 3.0 : 1.0) / 1e9;
   double expert_seconds = 0;
   for (const char* phase : {"experts", "backward_experts"}) {
     if (const auto found = phase_seconds.find(phase); found != phase_seconds.end()) expert_seconds += found->second;
@@ -153,7 +153,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
                      {"num_experts", in.num_experts},
                      {"ffn", in.ffn},
                      {"top_k", config.router.top_k}};
-  metrics["backward"] = run.gradients.has_value();
+  metrics["backward"] = in.dy.has_value();
   metrics["bias"] = in.bias.has_value();
   const auto shape_of = [](const TensorView& view) {
     return shape_to_json(Shape(view.shape().begin(), view.shape().end()));
@@ -165,20 +165,22 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
                            {"wo", shape_of(in.wo)}};
   if (in.bias) shapes["bias"] = shape_of(*in.bias);
   if (in.dy) shapes["dy"] = shape_of(*in.dy);
-  const std::map<std::string, const Tensor*> outputs = {
-      {"y", &run.forward.y}, {"topk_ids", &run.forward.topk_ids}, {"topk_weights", &run.forward.topk_weights}};
-  for (const auto& [name, tensor] : outputs) shapes[name] = shape_to_json(tensor->shape());
-  if (run.gradients) {
-    const MoeGradients& g = *run.gradients;
-    for (const auto& [name, tensor] : std::map<std::string, const Tensor*>{
-             {"dx", &g.dx}, {"dgate", &g.dgate}, {"dwi0", &g.dwi0}, {"dwi1", &g.dwi1}, {"dwo", &g.dwo}}) {
-      shapes[name] = shape_to_json(tensor->shape());
-    }
+  // The outputs have the shapes of a single-rank run.
+  const std::int64_t k = config.router.top_k;
+  shapes["y"] = shape_to_json({in.num_tokens, in.hidden});
+  shapes["topk_ids"] = shape_to_json({in.num_tokens, k});
+  shapes["topk_weights"] = shape_to_json({in.num_tokens, k});
+  if (in.dy) {
+    shapes["dx"] = shape_to_json({in.num_tokens, in.hidden});
+    shapes["dgate"] = shape_to_json({in.hidden, in.num_experts});
+    shapes["dwi0"] = shape_to_json({in.num_experts, in.hidden, in.ffn});
+    shapes["dwi1"] = shape_to_json({in.num_experts, in.hidden, in.ffn});
+    shapes["dwo"] = shape_to_json({in.num_experts, in.ffn, in.hidden});
   }
   metrics["shapes"] = shapes;
   metrics["output_files"] = output_files;
   metrics["tokens_per_expert"] = rows_per_expert;
-  metrics["balance"] = balance_metrics(settings, run);
+  metrics["balance"] = balance_metrics(settings, ranks);
   metrics["phase_seconds"] = phase_seconds;
   metrics["forward_seconds"] = forward_seconds;
   metrics["backward_seconds"] = backward_seconds;
@@ -215,7 +217,7 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   };
   if (settings.modelled.enabled) {
     std::vector<ModelledRankTime> modelled;
-    for (const RankReport& report : run.ranks) modelled.push_back(report.modelled.value_or(ModelledRankTime{}));
+    for (const RankReport& report : ranks) modelled.push_back(report.modelled.value_or(ModelledRankTime{}));
     metrics["modelled"] = modelled_metrics(modelled_step(modelled), settings);
   }
   return metrics;

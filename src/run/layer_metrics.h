@@ -9,14 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "run/config_keys.h"
-#include "run/expert_parallel_run.h"
 #include "run/expert_parallel_settings.h"
 #include "run/layer_inputs.h"
+#include "run/rank_report.h"
 
 namespace epmoe::run {
 
 nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& inputs, const MoeLayerConfig& config,
-                             const ExpertParallelSettings& settings, const LayerRunResult& run,
+                             const ExpertParallelSettings& settings, const std::vector<RankReport>& ranks,
                              const std::vector<std::string>& output_files);
 
 }  // namespace epmoe::run

@@ -1,9 +1,9 @@
-// <epmoe/layer.h> on the code that runs `epmoe layer`: the same key
-// registry, the same configs, the same run across rank threads
-// (run/expert_parallel_run.h), the same metrics. The caller's arrays become
-// run::LayerInputs views; only the gathered outputs are copied, into the
-// caller's buffers.
-#include <epmoe/layer.h>
+// <epmoe/whole_world_layer.h> on the code that runs `epmoe layer`: the same
+// key registry, the same configs, the same runner (run/whole_world_runner.h,
+// kept between calls), the same metrics. The caller's arrays become
+// run::LayerInputs views, and the ranks write into the caller's output
+// buffers: nothing is copied in or out.
+#include <epmoe/whole_world_layer.h>
 
 #include <cstring>
 #include <string>
@@ -11,20 +11,23 @@
 #include <vector>
 
 #include "core/error.h"
-#include "run/expert_parallel_run.h"
 #include "run/layer_inputs.h"
 #include "run/layer_key_groups.h"
 #include "run/layer_metrics.h"
+#include "run/whole_world_runner.h"
 
 namespace epmoe {
 
-struct ExpertParallelLayer::State {
+struct WholeWorldLayer::State {
   run::ConfigValues values;
+  // Kept between calls: made at the first, again when the arrays' shape
+  // changes the settings (E, H, K).
+  std::unique_ptr<run::WholeWorldRunner> runner;
 };
 
 namespace {
 
-constexpr char kOrigin[] = "ExpertParallelLayer";
+constexpr char kOrigin[] = "WholeWorldLayer";
 
 // The caller's output buffer must have the shape and dtype of the result:
 // checked before the run (ConfigError naming the output), so a wrong buffer
@@ -50,32 +53,27 @@ void require_absent(const MutableTensorView& out, const char* name) {
   }
 }
 
-void copy_out(const Tensor& result, const MutableTensorView& out) {
-  EPMOE_CHECK(out.has_shape(result.shape()) && out.dtype() == result.dtype(), "the output was checked before the run");
-  if (result.size_bytes() > 0) std::memcpy(out.raw(), result.raw(), static_cast<std::size_t>(result.size_bytes()));
-}
-
 }  // namespace
 
-ExpertParallelLayer::ExpertParallelLayer(const std::map<std::string, std::string>& keys)
-    : state_(std::make_unique<State>()) {
+WholeWorldLayer::WholeWorldLayer(const std::map<std::string, std::string>& keys) : state_(std::make_unique<State>()) {
   std::vector<run::KeyAssignment> assignments;
   for (const auto& [key, value] : keys) assignments.push_back({key, value, kOrigin});
   state_->values = run::layer_key_registry().parse(assignments);
   if (state_->values.get_string("transport") != "threads") {
     throw ConfigError(state_->values.setting("transport") +
-                      ": ExpertParallelLayer runs its ranks as threads of this process (transport=threads); an "
-                      "embedding process that uses MPI runs its own ranks");
+                      ": WholeWorldLayer runs its ranks as threads of this process (transport=threads); a "
+                      "process that uses MPI runs the per-rank API on its own communicator "
+                      "(<epmoe/mpi_communicator.h>)");
   }
 }
 
-ExpertParallelLayer::~ExpertParallelLayer() = default;
-ExpertParallelLayer::ExpertParallelLayer(ExpertParallelLayer&&) noexcept = default;
-ExpertParallelLayer& ExpertParallelLayer::operator=(ExpertParallelLayer&&) noexcept = default;
+WholeWorldLayer::~WholeWorldLayer() = default;
+WholeWorldLayer::WholeWorldLayer(WholeWorldLayer&&) noexcept = default;
+WholeWorldLayer& WholeWorldLayer::operator=(WholeWorldLayer&&) noexcept = default;
 
-int ExpertParallelLayer::top_k() const { return state_->values.get_int32("top_k"); }
+int WholeWorldLayer::top_k() const { return state_->values.get_int32("top_k"); }
 
-std::string ExpertParallelLayer::run(const LayerArrays& arrays, const LayerOutputs& outputs) {
+std::string WholeWorldLayer::run(const LayerArrays& arrays, const LayerOutputs& outputs) {
   const run::LayerInputs inputs =
       run::layer_inputs_of(arrays.x, arrays.gate, arrays.wi0, arrays.wi1, arrays.wo, arrays.bias, arrays.dy,
                            {"LayerArrays::x", "LayerArrays::gate", "LayerArrays::wi0", "LayerArrays::wi1",
@@ -104,21 +102,16 @@ std::string ExpertParallelLayer::run(const LayerArrays& arrays, const LayerOutpu
     for (const auto& [out, name] : gradients) require_absent(*out, name);
   }
 
-  const std::optional<run::LayerRunResult> run = run::run_layer_across_ranks(inputs, config, settings);
-  EPMOE_CHECK(run.has_value(), "ranks as threads always return the gathered result");
-  copy_out(run->forward.y, outputs.y);
-  copy_out(run->forward.topk_ids, outputs.topk_ids);
-  copy_out(run->forward.topk_weights, outputs.topk_weights);
-  std::vector<std::string> names = {"y", "topk_ids", "topk_weights"};
-  if (run->gradients) {
-    const MoeGradients& g = *run->gradients;
-    const Tensor* results[] = {&g.dx, &g.dgate, &g.dwi0, &g.dwi1, &g.dwo};
-    for (std::size_t i = 0; i < std::size(gradients); ++i) {
-      copy_out(*results[i], *gradients[i].first);
-      names.push_back(gradients[i].second);
-    }
+  State& state = *state_;
+  if (state.runner == nullptr || !(state.runner->settings().ep == settings.ep)) {
+    state.runner.reset();  // its threads and ranks go before the new ones come
+    state.runner = std::make_unique<run::WholeWorldRunner>(settings);
   }
-  return run::layer_metrics(values, inputs, config, settings, *run, names).dump();
+  const std::vector<run::RankReport> reports = state.runner->run(inputs, config, outputs);
+  std::vector<std::string> names = {"y", "topk_ids", "topk_weights"};
+  if (inputs.dy)
+    for (const auto& [out, name] : gradients) names.push_back(name);
+  return run::layer_metrics(values, inputs, config, settings, reports, names).dump();
 }
 
 }  // namespace epmoe

@@ -1,17 +1,24 @@
-// epmoe::ExpertParallelLayer: one routed MoE layer, forward and (with dy)
-// backward, expert parallel over R rank threads inside the call, on the
-// caller's own buffers. It runs exactly what `epmoe layer` runs on the same
-// arrays (one code path), so its outputs have the same bits as that command's
-// .npy files.
+// epmoe::WholeWorldLayer: one routed MoE layer, forward and (with dy)
+// backward, expert parallel over R rank threads of this process inside each
+// call, on the caller's own full (unsharded) arrays. A harness on the
+// per-rank API (<epmoe/ep_group.h>, <epmoe/moe_layer.h>): what `epmoe layer`
+// runs, so its outputs have the same bits as that command's .npy files.
+// For an engine that runs its own ranks (its processes under mpirun, or its
+// threads), the per-rank API is the one to use; this is for a whole problem
+// in one process (tests, references, single-machine runs).
 //
-//   epmoe::ExpertParallelLayer layer({{"ranks", "2"}, {"top_k", "2"}, {"dispatch", "ring"}});
+//   epmoe::WholeWorldLayer layer({{"ranks", "2"}, {"top_k", "2"}, {"dispatch", "ring"}});
 //   epmoe::LayerArrays in{.x = x, .gate = gate, .wi0 = wi0, .wi1 = wi1, .wo = wo, .dy = dy};
 //   std::string metrics = layer.run(in, out);   // out: views of the caller's output buffers
 //
-// Inputs are read in place, never copied in: rank r reads its rows of x and
-// dy and its experts' rows of wi0, wi1, wo through views of the caller's
-// arrays (which must stay alive and unchanged during run()). Outputs are
-// written into the caller's buffers.
+// The R rank threads and every rank's EP group, layer and buffers are kept
+// between calls (built at the first call, again only when the arrays' shape
+// changes or a call failed), so a call costs the layer's own compute plus a
+// wake-up of the threads. Inputs are read in place, never copied in: rank r
+// reads its rows of x and dy and its experts' rows of wi0, wi1, wo through
+// views of the caller's arrays (which must stay alive and unchanged during
+// run()). Each rank writes its rows of the outputs straight into the
+// caller's buffers; dgate is every rank's part summed in rank order.
 #pragma once
 
 #include <cstdint>
@@ -51,19 +58,19 @@ struct LayerOutputs {
   MutableTensorView dwo = {};           // [E, F, H] f32
 };
 
-class ExpertParallelLayer {
+class WholeWorldLayer {
  public:
   // `keys`: any key of `epmoe layer` (`epmoe layer --help` lists them with
   // their defaults), as text: {"ranks", "4"}, {"dispatch", "alltoall"},
   // {"dedup", "true"}, ... An unknown key or a bad value throws
   // epmoe::ConfigError (<epmoe/error.h>) naming the key and the rule. Rules
   // that need the arrays' dimensions (top_k <= E, ranks divides E) are checked
-  // by run(). transport=mpi is refused: an embedding process holds its own
-  // MPI, if any.
-  explicit ExpertParallelLayer(const std::map<std::string, std::string>& keys = {});
-  ~ExpertParallelLayer();
-  ExpertParallelLayer(ExpertParallelLayer&&) noexcept;
-  ExpertParallelLayer& operator=(ExpertParallelLayer&&) noexcept;
+  // by run(). transport=mpi is refused: a process that uses MPI runs the
+  // per-rank API on its own communicator (<epmoe/mpi_communicator.h>).
+  explicit WholeWorldLayer(const std::map<std::string, std::string>& keys = {});
+  ~WholeWorldLayer();
+  WholeWorldLayer(WholeWorldLayer&&) noexcept;
+  WholeWorldLayer& operator=(WholeWorldLayer&&) noexcept;
 
   // K, the experts each token is routed to (top_k=): the second dimension of
   // LayerOutputs::topk_ids and topk_weights.

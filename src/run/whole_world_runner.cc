@@ -1,0 +1,78 @@
+#include "run/whole_world_runner.h"
+
+#include "core/error.h"
+#include "core/threading.h"
+#include "transport/threads/rank_threads.h"
+
+namespace epmoe::run {
+
+namespace {
+
+// The layer's EP group takes tags [0, kEpGroupTagRange) (ep/collective_tags.h).
+constexpr std::uint32_t kLayerTagBase = 0;
+
+}  // namespace
+
+WholeWorldRunner::WholeWorldRunner(const ExpertParallelSettings& settings)
+    : settings_(settings), ranks_(static_cast<std::size_t>(settings.num_ranks)) {
+  EPMOE_CHECK(settings_.transport == TransportKind::threads, "the whole-world runner runs ranks as threads");
+}
+
+WholeWorldRunner::~WholeWorldRunner() = default;
+
+void WholeWorldRunner::prepare_rank(LayerRank& rank, transport::Communicator* comm, const MoeLayerConfig& config) {
+  if (built_for_ && *built_for_ == config && rank.layer != nullptr) return;
+  build_layer_rank(rank, comm, settings_, config, kLayerTagBase);
+}
+
+std::vector<RankReport> WholeWorldRunner::run(const LayerInputs& inputs, const MoeLayerConfig& config,
+                                              const LayerOutputs& out) {
+  const int num_ranks = settings_.num_ranks;
+  std::vector<RankReport> reports(static_cast<std::size_t>(num_ranks));
+  if (settings_.single_rank_local()) {
+    set_compute_threads(settings_.compute_threads_per_rank);
+    prepare_rank(ranks_[0], nullptr, config);
+    built_for_ = config;
+    reports[0] = run_layer_rank(ranks_[0], inputs, settings_, 0, rank_outputs(out, settings_, inputs.num_tokens, 0));
+  } else {
+    if (threads_ == nullptr) {
+      threads_ = std::make_unique<transport::threads::RankThreads>(
+          num_ranks, transport::threads::ThreadsOptions{.links = settings_.links,
+                                                        .compute_threads_per_rank = settings_.compute_threads_per_rank,
+                                                        .modelled = settings_.modelled,
+                                                        .trace = settings_.trace});
+    }
+    if (threads_->needs_restart()) {
+      // The last run failed and aborted its world: every rank's layer and
+      // group go while their communicators still exist, then a fresh world
+      // under the same threads, and the ranks are built anew on it.
+      for (LayerRank& rank : ranks_) {
+        rank.layer.reset();
+        rank.group.reset();
+      }
+      built_for_.reset();
+      threads_->restart();
+    }
+    try {
+      threads_->run([&](transport::Communicator& comm) {
+        const int r = comm.rank();
+        LayerRank& rank = ranks_[static_cast<std::size_t>(r)];
+        prepare_rank(rank, &comm, config);
+        reports[static_cast<std::size_t>(r)] =
+            run_layer_rank(rank, inputs, settings_, r, rank_outputs(out, settings_, inputs.num_tokens, r));
+      });
+    } catch (...) {
+      built_for_.reset();  // whatever was built stays unused
+      throw;
+    }
+    built_for_ = config;
+  }
+  if (inputs.dy) {
+    std::vector<const float*> parts;
+    for (const LayerRank& rank : ranks_) parts.push_back(rank.dgate_part.data<float>());
+    sum_in_rank_order(parts, out.dgate.numel(), out.dgate.data<float>());
+  }
+  return reports;
+}
+
+}  // namespace epmoe::run
