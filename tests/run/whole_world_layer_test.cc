@@ -1,0 +1,136 @@
+// The whole-world layer (<epmoe/whole_world_layer.h>) kept between calls:
+// its rank threads and every rank's group and layer live from call to call,
+// so calls must stay independent of each other:
+//  * repeated calls give the same bits, and a layer made anew for each call
+//    gives them too;
+//  * a call on other shapes rebuilds the ranks and gives that shape's bits;
+//  * a call refused up front (a NaN) or failed inside one rank (an injected
+//    fault with its exchange in flight) is reported, and the next call runs
+//    (on a fresh world after a rank failed) with the right bits;
+//  * the dgate written is the ranks' parts summed, not a leftover of an
+//    earlier call.
+// Ranks: threads (R = 1, 3); arrays from a seeded generator.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <epmoe/error.h>
+#include <epmoe/whole_world_layer.h>
+
+#include "core/fault_injection.h"
+
+namespace epmoe {
+namespace {
+
+struct Arrays {
+  Arrays(std::int64_t n, std::int64_t h, std::int64_t f, std::int64_t e, int k, unsigned seed)
+      : n(n), h(h), f(f), e(e), k(k) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    for (std::vector<float>* v : {&x, &gate, &wi0, &wi1, &wo, &dy}) {
+      v->resize(v == &x || v == &dy ? n * h : v == &gate ? h * e : e * h * f);
+      for (float& value : *v) value = normal(rng);
+    }
+  }
+  std::int64_t n, h, f, e;
+  int k;
+  std::vector<float> x, gate, wi0, wi1, wo, dy;
+
+  LayerArrays views() const {
+    return {.x = TensorView(x.data(), {n, h}),
+            .gate = TensorView(gate.data(), {h, e}),
+            .wi0 = TensorView(wi0.data(), {e, h, f}),
+            .wi1 = TensorView(wi1.data(), {e, h, f}),
+            .wo = TensorView(wo.data(), {e, f, h}),
+            .dy = TensorView(dy.data(), {n, h})};
+  }
+};
+
+// Every output of one call, as bytes.
+struct Outputs {
+  explicit Outputs(const Arrays& a)
+      : y(a.n * a.h),
+        ids(a.n * a.k),
+        weights(a.n * a.k),
+        dx(a.n * a.h),
+        dgate(a.h * a.e),
+        dwi0(a.e * a.h * a.f),
+        dwi1(a.e * a.h * a.f),
+        dwo(a.e * a.f * a.h) {
+    // Garbage first: a call must write every element.
+    for (std::vector<float>* v : {&y, &weights, &dx, &dgate, &dwi0, &dwi1, &dwo})
+      std::fill(v->begin(), v->end(), std::numeric_limits<float>::quiet_NaN());
+  }
+  LayerOutputs views(const Arrays& a) {
+    return {.y = MutableTensorView(y.data(), {a.n, a.h}),
+            .topk_ids = MutableTensorView(ids.data(), {a.n, a.k}),
+            .topk_weights = MutableTensorView(weights.data(), {a.n, a.k}),
+            .dx = MutableTensorView(dx.data(), {a.n, a.h}),
+            .dgate = MutableTensorView(dgate.data(), {a.h, a.e}),
+            .dwi0 = MutableTensorView(dwi0.data(), {a.e, a.h, a.f}),
+            .dwi1 = MutableTensorView(dwi1.data(), {a.e, a.h, a.f}),
+            .dwo = MutableTensorView(dwo.data(), {a.e, a.f, a.h})};
+  }
+  bool operator==(const Outputs& o) const {
+    const auto same = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    return same(y, o.y) && same(ids, o.ids) && same(weights, o.weights) && same(dx, o.dx) && same(dgate, o.dgate) &&
+           same(dwi0, o.dwi0) && same(dwi1, o.dwi1) && same(dwo, o.dwo);
+  }
+  std::vector<float> y;
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights, dx, dgate, dwi0, dwi1, dwo;
+};
+
+Outputs call(WholeWorldLayer& layer, const Arrays& a) {
+  Outputs out(a);
+  layer.run(a.views(), out.views(a));
+  return out;
+}
+
+TEST(WholeWorldLayer, CallsKeepTheirBitsAcrossShapesAndAfterAFailure) {
+  const Arrays small(30, 16, 12, 6, 2, 1), other(41, 24, 20, 6, 2, 2);
+  for (const std::map<std::string, std::string>& keys :
+       {std::map<std::string, std::string>{{"ranks", "1"}},
+        std::map<std::string, std::string>{{"ranks", "3"}, {"dispatch", "alltoall"}, {"dedup", "true"}},
+        std::map<std::string, std::string>{{"ranks", "3"}, {"dispatch", "ring"}, {"token_chunks", "2"}},
+        std::map<std::string, std::string>{{"ranks", "3"}, {"balance", "dynamic"}, {"redundant_slots", "1"}}}) {
+    SCOPED_TRACE(keys.at("ranks") + (keys.count("dispatch") ? " " + keys.at("dispatch") : std::string()) +
+                 (keys.count("balance") ? " replicas" : ""));
+    // Each layer made for one call: the reference bits.
+    WholeWorldLayer fresh_small(keys), fresh_other(keys);
+    const Outputs want_small = call(fresh_small, small), want_other = call(fresh_other, other);
+
+    WholeWorldLayer kept(keys);
+    EXPECT_TRUE(call(kept, small) == want_small) << "first call";
+    EXPECT_TRUE(call(kept, small) == want_small) << "second call on the same arrays";
+    EXPECT_TRUE(call(kept, other) == want_other) << "a call on other shapes";
+    EXPECT_TRUE(call(kept, small) == want_small) << "back to the first shapes";
+
+    // A NaN in the arrays is refused before any rank runs, naming it.
+    Arrays bad = small;
+    bad.x[15 * small.h + 3] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_THROW(call(kept, bad), NumericError);
+    EXPECT_TRUE(call(kept, small) == want_small) << "the call after a refused one";
+
+    // The last rank fails inside its dispatch, with its exchange in flight
+    // (the world is aborted: every rank ends); the next call runs on a fresh
+    // world and its ranks are built anew, with the right bits.
+    const int last = std::stoi(keys.at("ranks")) - 1;
+    if (last == 0) continue;  // one rank: nothing to dispatch, no point to fail at
+    configure_fault_injection(std::to_string(last) + ":dispatch:throw");
+    EXPECT_THROW(call(kept, small), InjectedFault);
+    configure_fault_injection("");
+    EXPECT_TRUE(call(kept, small) == want_small) << "the call after a rank failed";
+  }
+}
+
+}  // namespace
+}  // namespace epmoe
