@@ -9,7 +9,8 @@
 //
 //   epmoe::WholeWorldLayer layer({{"ranks", "2"}, {"top_k", "2"}, {"dispatch", "ring"}});
 //   epmoe::LayerArrays in{.x = x, .gate = gate, .wi0 = wi0, .wi1 = wi1, .wo = wo, .dy = dy};
-//   std::string metrics = layer.run(in, out);   // out: views of the caller's output buffers
+//   layer.run(in, out);                          // out: views of the caller's output buffers
+//   std::string metrics = layer.metrics_json();  // what epmoe layer writes to metrics.json
 //
 // The R rank threads and every rank's EP group, layer and buffers are kept
 // between calls (built at the first call, again only when the arrays' shape
@@ -79,10 +80,15 @@ class WholeWorldLayer {
   // Runs the layer: checks every shape and dtype (ConfigError naming the
   // array, its shape and the expected one), refuses non-finite inputs
   // (NumericError naming the array and index), then computes and writes the
-  // outputs. Returns what `epmoe layer` writes to metrics.json, as JSON text:
-  // timings, bytes per collective, per-rank loads. Blocks until done; a rank's
-  // failure ends every rank's wait and is rethrown here.
-  std::string run(const LayerArrays& arrays, const LayerOutputs& outputs);
+  // outputs. Blocks until done; a rank's failure ends every rank's wait and
+  // is rethrown here.
+  void run(const LayerArrays& arrays, const LayerOutputs& outputs);
+
+  // What `epmoe layer` writes to metrics.json for the last successful run(),
+  // as JSON text: timings, bytes per collective, per-rank loads. Made when
+  // asked (it costs more than a small layer's call: ~0.15 ms at N=64),
+  // UsageError before the first run.
+  std::string metrics_json() const;
 
  private:
   struct State;

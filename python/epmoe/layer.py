@@ -13,6 +13,8 @@ torch out). The GIL is released while the ranks compute.
 
 from __future__ import annotations
 
+import json
+
 from . import _epmoe
 from ._arguments import key_text, torch_tensor_module
 
@@ -70,7 +72,13 @@ class MoeLayer:
     def __init__(self, **keys):
         self._keys = {name: key_text(name, value) for name, value in keys.items()}
         self._layer = _epmoe.WholeWorldLayer(self._keys)
-        self.metrics: dict | None = None  # what `epmoe layer` writes to metrics.json, after a call
+        self._ran = False
+
+    @property
+    def metrics(self) -> dict | None:
+        """What `epmoe layer` writes to metrics.json, for the last call (None
+        before one); made when read, since it costs more than a small call."""
+        return json.loads(self._layer.metrics_json()) if self._ran else None
 
     @property
     def top_k(self) -> int:
@@ -98,9 +106,9 @@ class MoeLayer:
             outputs.update(dx=_empty(torch_kind, (n, h)), dgate=_empty(torch_kind, (h, e)),
                            dwi0=_empty(torch_kind, (e, h, f)), dwi1=_empty(torch_kind, (e, h, f)),
                            dwo=_empty(torch_kind, (e, f, h)))
-        import json
-
-        self.metrics = json.loads(self._layer.run(arrays, outputs))
+        self._ran = False
+        self._layer.run(arrays, outputs)
+        self._ran = True
         return outputs
 
     def forward(self, x, gate, wi0, wi1, wo, bias=None):

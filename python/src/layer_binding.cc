@@ -44,7 +44,7 @@ View view_of(const nb::dict& arrays, const char* name, bool required) {
   return View(array.data(), dtype_of<std::remove_const_t<T>>(), std::span<const std::int64_t>(shape));
 }
 
-std::string run(WholeWorldLayer& layer, const nb::dict& arrays, const nb::dict& outputs) {
+void run(WholeWorldLayer& layer, const nb::dict& arrays, const nb::dict& outputs) {
   const LayerArrays in{.x = view_of<const float, TensorView>(arrays, "x", true),
                        .gate = view_of<const float, TensorView>(arrays, "gate", true),
                        .wi0 = view_of<const float, TensorView>(arrays, "wi0", true),
@@ -63,7 +63,7 @@ std::string run(WholeWorldLayer& layer, const nb::dict& arrays, const nb::dict& 
   // The dicts keep every array alive; the ranks compute without the GIL, so
   // other Python threads run meanwhile.
   nb::gil_scoped_release release;
-  return layer.run(in, out);
+  layer.run(in, out);
 }
 
 }  // namespace
@@ -74,7 +74,9 @@ void bind_layer(nb::module_& m) {
       .def_prop_ro("top_k", &WholeWorldLayer::top_k)
       .def("run", &run, nb::arg("arrays"), nb::arg("outputs"),
            "Runs the layer on the arrays (x, gate, wi0, wi1, wo, optional bias and dy) into the outputs (y, "
-           "topk_ids, topk_weights, and with dy: dx, dgate, dwi0, dwi1, dwo); returns metrics.json's text");
+           "topk_ids, topk_weights, and with dy: dx, dgate, dwi0, dwi1, dwo)")
+      .def("metrics_json", &WholeWorldLayer::metrics_json,
+           "metrics.json's text for the last run (made when asked: it costs more than a small layer's call)");
 }
 
 }  // namespace epmoe::python

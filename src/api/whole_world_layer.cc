@@ -6,6 +6,7 @@
 #include <epmoe/whole_world_layer.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,16 @@ struct WholeWorldLayer::State {
   // Kept between calls: made at the first, again when the arrays' shape
   // changes the settings (E, H, K).
   std::unique_ptr<run::WholeWorldRunner> runner;
+  // The last run, for metrics_json(): its arrays' views (only their shapes
+  // and presence are read), configs, reports and output names.
+  struct LastRun {
+    run::LayerInputs inputs;
+    MoeLayerConfig config;
+    run::ExpertParallelSettings settings;
+    std::vector<run::RankReport> reports;
+    std::vector<std::string> output_names;
+  };
+  std::optional<LastRun> last;
 };
 
 namespace {
@@ -73,7 +84,7 @@ WholeWorldLayer& WholeWorldLayer::operator=(WholeWorldLayer&&) noexcept = defaul
 
 int WholeWorldLayer::top_k() const { return state_->values.get_int32("top_k"); }
 
-std::string WholeWorldLayer::run(const LayerArrays& arrays, const LayerOutputs& outputs) {
+void WholeWorldLayer::run(const LayerArrays& arrays, const LayerOutputs& outputs) {
   const run::LayerInputs inputs =
       run::layer_inputs_of(arrays.x, arrays.gate, arrays.wi0, arrays.wi1, arrays.wo, arrays.bias, arrays.dy,
                            {"LayerArrays::x", "LayerArrays::gate", "LayerArrays::wi0", "LayerArrays::wi1",
@@ -103,15 +114,23 @@ std::string WholeWorldLayer::run(const LayerArrays& arrays, const LayerOutputs& 
   }
 
   State& state = *state_;
+  state.last.reset();
   if (state.runner == nullptr || !(state.runner->settings().ep == settings.ep)) {
     state.runner.reset();  // its threads and ranks go before the new ones come
     state.runner = std::make_unique<run::WholeWorldRunner>(settings);
   }
-  const std::vector<run::RankReport> reports = state.runner->run(inputs, config, outputs);
+  std::vector<run::RankReport> reports = state.runner->run(inputs, config, outputs);
   std::vector<std::string> names = {"y", "topk_ids", "topk_weights"};
   if (inputs.dy)
     for (const auto& [out, name] : gradients) names.push_back(name);
-  return run::layer_metrics(values, inputs, config, settings, reports, names).dump();
+  state.last = State::LastRun{inputs, config, settings, std::move(reports), std::move(names)};
+}
+
+std::string WholeWorldLayer::metrics_json() const {
+  if (!state_->last) throw UsageError("WholeWorldLayer: metrics_json() before a successful run()");
+  const State::LastRun& last = *state_->last;
+  return run::layer_metrics(state_->values, last.inputs, last.config, last.settings, last.reports, last.output_names)
+      .dump();
 }
 
 }  // namespace epmoe
