@@ -333,5 +333,53 @@ TEST(EpGroup, WithReplicasALayerHoldsOneStepAtATime) {
         << message;
 }
 
+// The group keeps its exchange buffers once per rank, shared by every layer:
+// after one layer's step, the steps of a second and a third layer on the
+// same group (and more steps of the first) leave its pooled bytes as they
+// were; two micro-batches in flight need at most two sets.
+TEST(EpGroup, LayersShareTheGroupsBuffers) {
+  const RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 6, .top_k = 2};
+  const MoeProblem p = make_problem(40, 16, 12, router, 51);
+  const MoeLayerConfig layer_config{.hidden = 16, .ffn = 12, .router = router};
+  std::vector<std::int64_t> after_one(2), after_three(2), with_two_in_flight(2);
+  transport::threads::run_ranks(2, {.compute_threads_per_rank = 1}, [&](transport::Communicator& comm) {
+    const int r = comm.rank();
+    EpGroup group(comm, {.num_experts = 6, .top_k = 2, .hidden = 16, .num_chunks = 2, .dedup = true});
+    MoeLayer first(layer_config, group), second(layer_config, group), third(layer_config, group);
+    const MoeWeights w{p.gate,
+                       p.wi0.view().rows(3 * r, 3 * r + 3),
+                       p.wi1.view().rows(3 * r, 3 * r + 3),
+                       p.wo.view().rows(3 * r, 3 * r + 3),
+                       {}};
+    const TensorView x = p.x.view().rows(20 * r, 20 * r + 20), dy = p.dy.view().rows(20 * r, 20 * r + 20);
+    const auto step = [&](MoeLayer& layer) {
+      layer.forward(x, w);
+      layer.backward(dy);
+    };
+    step(first);
+    after_one[r] = group.buffer_bytes();
+    for (int i = 0; i < 3; ++i) {
+      step(second);
+      step(third);
+      step(first);
+    }
+    after_three[r] = group.buffer_bytes();
+    MoeStep a = first.begin_forward(x, w), b = second.begin_forward(x, w);
+    first.finish_forward(a);
+    second.finish_forward(b);
+    first.begin_backward(a, dy);
+    second.begin_backward(b, dy);
+    first.finish_backward(a);
+    second.finish_backward(b);
+    with_two_in_flight[r] = group.buffer_bytes();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(after_one[r], 0) << "rank " << r;
+    EXPECT_EQ(after_three[r], after_one[r]) << "rank " << r << ": three layers kept more than one layer's buffers";
+    EXPECT_GT(with_two_in_flight[r], after_one[r]) << "rank " << r << ": two steps in flight share nothing";
+    EXPECT_LE(with_two_in_flight[r], 2 * after_one[r]) << "rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace epmoe::testing
