@@ -10,71 +10,66 @@
 
 namespace epmoe::ep {
 
-namespace {
-
-// One chunk's layout: which rows went where and came from where. "Send" is
-// this rank's tokens going out (and their results coming back); "recv" is
-// other ranks' tokens arriving here. The forward's counts size everything
-// after it: the combine, the remat re-send and the whole backward exchange
-// with known counts (no count round).
-struct ChunkLayout {
-  ChunkRange range;
-  // Send side, grouped by destination rank.
-  std::vector<std::int64_t> send_row_token;       // local token of each row
-  std::vector<std::int64_t> send_rows_per_rank;   // [R]
-  std::vector<std::int64_t> send_entry_pair;      // pair (t * K + k) of each entry
-  std::vector<std::int64_t> send_words_per_rank;  // [R] routing words
-  std::vector<std::int32_t> send_metadata;        // routing words, by destination
-  std::vector<std::int64_t> send_message_counts;  // [R] bytes
-  float tensor_scale = 1.0f;
-  // Receive side, grouped by source rank.
-  std::vector<std::int64_t> recv_message_counts;  // [R] bytes, learnt by the forward's exchange
-  std::vector<std::int64_t> recv_rows_per_rank, recv_entries_per_rank;
-  std::vector<std::int64_t> entry_of_row;  // expert row -> received entry
-  // Element counts per rank, known from the forward's exchange: rows out
-  // (this rank's rows at each destination) and rows in (each source's rows
-  // here), times H; entries out, per destination.
-  std::vector<std::int64_t> rows_out_elements, rows_in_elements, send_entries_per_rank;
-  // In flight, and the caller's tensors they read from.
-  comm::CollectiveHandle message_in_flight, combine_in_flight, cotangent_in_flight, dx_in_flight, dweights_in_flight;
-  Tensor slot_outputs, recv_dy, slot_dx;
-
-  std::int64_t capacity_bytes() const {
-    return vector_capacity_bytes(send_row_token, send_rows_per_rank, send_entry_pair, send_words_per_rank,
-                                 send_metadata, send_message_counts, recv_message_counts, recv_rows_per_rank,
-                                 recv_entries_per_rank, entry_of_row, rows_out_elements, rows_in_elements,
-                                 send_entries_per_rank);
-  }
-};
-
-// One chunk's exchange buffers for one phase.
-struct ChunkBuffers {
-  std::vector<std::byte> send_message;  // per destination: routing words, then token rows
-  std::vector<std::byte> recv_message;
-  std::vector<float> combined;  // forward: this rank's rows' outputs, back from their ranks
-  std::vector<float> send_dy;   // backward: dy rows, the forward way
-  std::vector<float> entry_dweights;
-  std::vector<float> dx_back, dweights_back;
-
-  std::int64_t capacity_bytes() const {
-    return vector_capacity_bytes(send_message, recv_message, combined, send_dy, entry_dweights, dx_back, dweights_back);
-  }
-};
-
-}  // namespace
-
 struct AllToAllDispatcher::Step final : StepState {
-  std::vector<ChunkLayout> chunks;  // grown to the most chunks a step had; capacity kept
+  // One chunk's layout: which rows went where and came from where. "Send" is
+  // this rank's tokens going out (and their results coming back); "recv" is
+  // other ranks' tokens arriving here. The forward's counts size everything
+  // after it: the combine, the remat re-send and the whole backward exchange
+  // with known counts (no count round).
+  struct Chunk {
+    ChunkRange range;
+    // Send side, grouped by destination rank.
+    std::vector<std::int64_t> send_row_token;       // local token of each row
+    std::vector<std::int64_t> send_rows_per_rank;   // [R]
+    std::vector<std::int64_t> send_entry_pair;      // pair (t * K + k) of each entry
+    std::vector<std::int64_t> send_words_per_rank;  // [R] routing words
+    std::vector<std::int32_t> send_metadata;        // routing words, by destination
+    std::vector<std::int64_t> send_message_counts;  // [R] bytes
+    float tensor_scale = 1.0f;
+    // Receive side, grouped by source rank.
+    std::vector<std::int64_t> recv_message_counts;  // [R] bytes, learnt by the forward's exchange
+    std::vector<std::int64_t> recv_rows_per_rank, recv_entries_per_rank;
+    std::vector<std::int64_t> entry_of_row;  // expert row -> received entry
+    // Element counts per rank, known from the forward's exchange: rows out
+    // (this rank's rows at each destination) and rows in (each source's rows
+    // here), times H; entries out, per destination.
+    std::vector<std::int64_t> rows_out_elements, rows_in_elements, send_entries_per_rank;
+    // In flight, and the caller's tensors they read from.
+    comm::CollectiveHandle message_in_flight, combine_in_flight, cotangent_in_flight, dx_in_flight, dweights_in_flight;
+    Tensor slot_outputs, recv_dy, slot_dx;
+
+    std::int64_t capacity_bytes() const {
+      return vector_capacity_bytes(send_row_token, send_rows_per_rank, send_entry_pair, send_words_per_rank,
+                                   send_metadata, send_message_counts, recv_message_counts, recv_rows_per_rank,
+                                   recv_entries_per_rank, entry_of_row, rows_out_elements, rows_in_elements,
+                                   send_entries_per_rank);
+    }
+  };
+  std::vector<Chunk> chunks;  // grown to the most chunks a step had; capacity kept
 
   std::int64_t capacity_bytes() const override {
-    std::int64_t bytes = static_cast<std::int64_t>(chunks.capacity() * sizeof(ChunkLayout));
-    for (const ChunkLayout& chunk : chunks) bytes += chunk.capacity_bytes();
+    std::int64_t bytes = static_cast<std::int64_t>(chunks.capacity() * sizeof(Chunk));
+    for (const Chunk& chunk : chunks) bytes += chunk.capacity_bytes();
     return bytes;
   }
 };
 
 struct AllToAllDispatcher::Buffers final : PhaseBuffers {
-  std::vector<ChunkBuffers> chunks;
+  // One chunk's exchange buffers for one phase.
+  struct Chunk {
+    std::vector<std::byte> send_message;  // per destination: routing words, then token rows
+    std::vector<std::byte> recv_message;
+    std::vector<float> combined;  // forward: this rank's rows' outputs, back from their ranks
+    std::vector<float> send_dy;   // backward: dy rows, the forward way
+    std::vector<float> entry_dweights;
+    std::vector<float> dx_back, dweights_back;
+
+    std::int64_t capacity_bytes() const {
+      return vector_capacity_bytes(send_message, recv_message, combined, send_dy, entry_dweights, dx_back,
+                                   dweights_back);
+    }
+  };
+  std::vector<Chunk> chunks;
   // plan_chunk's per-destination lists and collect_rows' per-source counts.
   std::vector<std::vector<std::int64_t>> rows_to, entries_to;
   std::vector<std::vector<std::int32_t>> words_to;
@@ -87,7 +82,7 @@ struct AllToAllDispatcher::Buffers final : PhaseBuffers {
     std::int64_t bytes = vector_capacity_bytes(pairs_per_expert, kept, rows_from, entries_from, tokens_at, row_address);
     for (std::size_t d = 0; d < rows_to.size(); ++d)
       bytes += vector_capacity_bytes(rows_to[d], entries_to[d], words_to[d]);
-    for (const ChunkBuffers& chunk : chunks) bytes += chunk.capacity_bytes();
+    for (const Chunk& chunk : chunks) bytes += chunk.capacity_bytes();
     return bytes;
   }
 };
@@ -112,7 +107,7 @@ void AllToAllDispatcher::begin_step(StepState& base, const RoutingView& routing)
 
 // Which rows go where, with which routing words.
 void AllToAllDispatcher::plan_chunk(Step& step, Buffers& scratch, const RoutingView& routing, int c) {
-  ChunkLayout& chunk = step.chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
   chunk.range = chunk_range(routing.num_tokens, step.num_chunks, c);
   chunk.send_row_token.clear();
   chunk.send_entry_pair.clear();
@@ -205,8 +200,8 @@ void AllToAllDispatcher::start_dispatch(StepState& base, int c, bool remat) {
 // the tokens and one for the words. The receiver finds the boundary without
 // a header (collect_rows).
 void AllToAllDispatcher::send_tokens(Step& step, int c, bool remat) {
-  ChunkLayout& chunk = step.chunks[c];
-  ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const int ranks = num_ranks();
   const std::int64_t row_bytes = codec().row_bytes();
   std::vector<std::int64_t>& message_counts = chunk.send_message_counts;
@@ -254,9 +249,9 @@ void AllToAllDispatcher::send_tokens(Step& step, int c, bool remat) {
 // known counts.
 ExpertRows AllToAllDispatcher::collect_rows(StepState& base, int c, bool remat) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
   Buffers& scratch = static_cast<Buffers&>(*step.buffers);
-  ChunkBuffers& buffers = scratch.chunks[c];
+  Buffers::Chunk& buffers = scratch.chunks[c];
   // Test hook (core/fault_injection.h): fail with the token exchange in flight.
   fault_point("dispatch", rank());
   chunk.message_in_flight.wait();
@@ -328,8 +323,8 @@ ExpertRows AllToAllDispatcher::collect_rows(StepState& base, int c, bool remat) 
 
 void AllToAllDispatcher::start_combine(StepState& base, int c, Tensor slot_outputs) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   std::int64_t total = 0;
   for (const std::int64_t count : chunk.rows_in_elements) total += count;
   EPMOE_CHECK_EQ(slot_outputs.numel(), total, "expert outputs of chunk ", c, ": one H-row per row received");
@@ -363,7 +358,7 @@ void sum_rows_into_tokens(const float* rows, const std::vector<std::int64_t>& to
 
 void AllToAllDispatcher::finish_combine(StepState& base, int c, float* y) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
   chunk.combine_in_flight.wait();
   sum_rows_into_tokens(static_cast<Buffers&>(*step.buffers).chunks[c].combined.data(), chunk.send_row_token,
                        chunk.range, config().hidden, y);
@@ -372,8 +367,8 @@ void AllToAllDispatcher::finish_combine(StepState& base, int c, float* y) {
 
 void AllToAllDispatcher::start_cotangents(StepState& base, int c) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const std::int64_t hidden = config().hidden;
   buffers.send_dy.resize(chunk.send_row_token.size() * hidden);
   for (std::size_t i = 0; i < chunk.send_row_token.size(); ++i)
@@ -394,15 +389,15 @@ void AllToAllDispatcher::start_cotangents(StepState& base, int c) {
 }
 
 Tensor AllToAllDispatcher::collect_cotangents(StepState& base, int c) {
-  ChunkLayout& chunk = static_cast<Step&>(base).chunks[c];
+  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
   chunk.cotangent_in_flight.wait();
   return std::move(chunk.recv_dy);
 }
 
 void AllToAllDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx, std::vector<float> row_dweights) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const std::int64_t hidden = config().hidden;
   EPMOE_CHECK_EQ(row_dweights.size(), chunk.entry_of_row.size(), "combine-weight gradients of chunk ", c,
                  ": one per row received");
@@ -431,8 +426,8 @@ void AllToAllDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx,
 
 void AllToAllDispatcher::finish_gradients(StepState& base, int c, float* dx, float* d_topk_weights) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  const ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  const Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   chunk.dx_in_flight.wait();
   chunk.dweights_in_flight.wait();
   sum_rows_into_tokens(buffers.dx_back.data(), chunk.send_row_token, chunk.range, config().hidden, dx);

@@ -6,29 +6,24 @@
 
 namespace epmoe::ep {
 
-namespace {
-
-struct ChunkLayout {
-  ChunkRange range;
-  RowEntries entries;                     // the chunk's pairs, in (token, k) order
-  std::vector<std::int64_t> pair_of_row;  // the (token, k) pair index of each expert row
-  Tensor slot_outputs, slot_dx;           // the layer's, until the chunk's finish
-  std::vector<float> row_dweights;
-
-  std::int64_t capacity_bytes() const {
-    return vector_capacity_bytes(entries.local_expert, entries.weight, entries.slot, entries.source_row, pair_of_row,
-                                 row_dweights);
-  }
-};
-
-}  // namespace
-
 struct LocalDispatcher::Step final : StepState {
-  std::vector<ChunkLayout> chunks;
+  struct Chunk {
+    ChunkRange range;
+    RowEntries entries;                     // the chunk's pairs, in (token, k) order
+    std::vector<std::int64_t> pair_of_row;  // the (token, k) pair index of each expert row
+    Tensor slot_outputs, slot_dx;           // the layer's, until the chunk's finish
+    std::vector<float> row_dweights;
+
+    std::int64_t capacity_bytes() const {
+      return vector_capacity_bytes(entries.local_expert, entries.weight, entries.slot, entries.source_row, pair_of_row,
+                                   row_dweights);
+    }
+  };
+  std::vector<Chunk> chunks;
 
   std::int64_t capacity_bytes() const override {
-    std::int64_t bytes = static_cast<std::int64_t>(chunks.capacity() * sizeof(ChunkLayout));
-    for (const ChunkLayout& chunk : chunks) bytes += chunk.capacity_bytes();
+    std::int64_t bytes = static_cast<std::int64_t>(chunks.capacity() * sizeof(Chunk));
+    for (const Chunk& chunk : chunks) bytes += chunk.capacity_bytes();
     return bytes;
   }
 };
@@ -51,7 +46,7 @@ void LocalDispatcher::begin_step(StepState& base, const RoutingView& routing) {
   if (static_cast<int>(step.chunks.size()) < step.num_chunks) step.chunks.resize(step.num_chunks);
   const int top_k = routing.top_k, num_destinations = experts_per_rank();
   for (int c = 0; c < step.num_chunks; ++c) {
-    ChunkLayout& chunk = step.chunks[c];
+    Step::Chunk& chunk = step.chunks[c];
     chunk.range = chunk_range(routing.num_tokens, step.num_chunks, c);
     RowEntries& entries = chunk.entries;
     entries.local_expert.clear();
@@ -74,7 +69,7 @@ void LocalDispatcher::start_dispatch(StepState&, int, bool) {}
 
 ExpertRows LocalDispatcher::collect_rows(StepState& base, int c, bool /*remat*/) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
   ExpertRows rows = build_expert_rows(step.x.data<float>(), config().hidden, chunk.entries, experts_per_rank(),
                                       chunk.range.size(), &chunk.pair_of_row);
   // Entries were added in pair order starting at range.begin * K.
@@ -83,13 +78,13 @@ ExpertRows LocalDispatcher::collect_rows(StepState& base, int c, bool /*remat*/)
 }
 
 void LocalDispatcher::start_combine(StepState& base, int c, Tensor slot_outputs) {
-  ChunkLayout& chunk = static_cast<Step&>(base).chunks[c];
+  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
   EPMOE_CHECK_EQ(slot_outputs.numel(), chunk.range.size() * config().hidden);
   chunk.slot_outputs = std::move(slot_outputs);
 }
 
 void LocalDispatcher::finish_combine(StepState& base, int c, float* y) {
-  ChunkLayout& chunk = static_cast<Step&>(base).chunks[c];
+  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
   if (chunk.slot_outputs.size_bytes() > 0)
     std::memcpy(y + chunk.range.begin * config().hidden, chunk.slot_outputs.raw(),
                 static_cast<std::size_t>(chunk.slot_outputs.size_bytes()));
@@ -110,7 +105,7 @@ Tensor LocalDispatcher::collect_cotangents(StepState& base, int c) {
 }
 
 void LocalDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx, std::vector<float> row_dweights) {
-  ChunkLayout& chunk = static_cast<Step&>(base).chunks[c];
+  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
   EPMOE_CHECK_EQ(slot_dx.numel(), chunk.range.size() * config().hidden);
   EPMOE_CHECK_EQ(row_dweights.size(), chunk.pair_of_row.size());
   chunk.slot_dx = std::move(slot_dx);
@@ -118,7 +113,7 @@ void LocalDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx, st
 }
 
 void LocalDispatcher::finish_gradients(StepState& base, int c, float* dx, float* d_topk_weights) {
-  ChunkLayout& chunk = static_cast<Step&>(base).chunks[c];
+  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
   if (chunk.slot_dx.size_bytes() > 0)
     std::memcpy(dx + chunk.range.begin * config().hidden, chunk.slot_dx.raw(),
                 static_cast<std::size_t>(chunk.slot_dx.size_bytes()));

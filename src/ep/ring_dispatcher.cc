@@ -41,60 +41,58 @@ std::int64_t reduce_scatter_bytes_sent(const std::vector<std::int64_t>& elements
   return sent;
 }
 
-// One chunk's layout: the gathered slots (every rank's chunk-c tokens), this
-// rank's routing words, and which gathered pairs this rank computes.
-struct ChunkLayout {
-  ChunkRange range;
-  std::vector<std::int64_t> rows_by_rank;  // [R] this chunk's tokens on every rank
-  std::vector<std::int64_t> slot_offset;   // [R] first slot of rank r's tokens
-  std::int64_t num_slots = 0;              // sum of rows_by_rank
-  float tensor_scale = 1.0f;
-  // This rank's tokens' routing words: per token K destinations, then K
-  // weight bits (they travel in front of the tokens, one all-gather).
-  std::vector<std::int32_t> local_routing;
-  std::vector<std::int64_t> entry_of_row;
-  std::vector<std::int64_t> entry_slot_k;  // per entry: slot * K + k
-  comm::CollectiveHandle gather_in_flight, combine_in_flight, cotangent_in_flight, dx_in_flight, dweights_in_flight;
-  Tensor slot_outputs, gathered_dy, slot_dx;
-
-  std::int64_t capacity_bytes() const {
-    return vector_capacity_bytes(rows_by_rank, slot_offset, local_routing, entry_of_row, entry_slot_k);
-  }
-};
-
-// One chunk's exchange buffers for one phase.
-struct ChunkBuffers {
-  std::vector<std::byte> local_block, gathered_blocks;  // routing words + token rows, per rank's block
-  std::vector<const std::byte*> row_address;            // per slot: its token row in gathered_blocks
-  std::vector<float> y_rows;                            // forward: this rank's rows of y, reduce-scattered
-  std::vector<float> slot_dweights, dx_rows, dweight_rows;
-
-  std::int64_t capacity_bytes() const {
-    return vector_capacity_bytes(local_block, gathered_blocks, row_address, y_rows, slot_dweights, dx_rows,
-                                 dweight_rows);
-  }
-};
-
 }  // namespace
 
 struct RingDispatcher::Step final : StepState {
-  std::vector<ChunkLayout> chunks;           // grown to the most chunks a step had; capacity kept
+  // One chunk's layout: the gathered slots (every rank's chunk-c tokens), this
+  // rank's routing words, and which gathered pairs this rank computes.
+  struct Chunk {
+    ChunkRange range;
+    std::vector<std::int64_t> rows_by_rank;  // [R] this chunk's tokens on every rank
+    std::vector<std::int64_t> slot_offset;   // [R] first slot of rank r's tokens
+    std::int64_t num_slots = 0;              // sum of rows_by_rank
+    float tensor_scale = 1.0f;
+    // This rank's tokens' routing words: per token K destinations, then K
+    // weight bits (they travel in front of the tokens, one all-gather).
+    std::vector<std::int32_t> local_routing;
+    std::vector<std::int64_t> entry_of_row;
+    std::vector<std::int64_t> entry_slot_k;  // per entry: slot * K + k
+    comm::CollectiveHandle gather_in_flight, combine_in_flight, cotangent_in_flight, dx_in_flight, dweights_in_flight;
+    Tensor slot_outputs, gathered_dy, slot_dx;
+
+    std::int64_t capacity_bytes() const {
+      return vector_capacity_bytes(rows_by_rank, slot_offset, local_routing, entry_of_row, entry_slot_k);
+    }
+  };
+  std::vector<Chunk> chunks;                 // grown to the most chunks a step had; capacity kept
   std::vector<std::int64_t> tokens_by_rank;  // [R] this step's token count of every rank
 
   std::int64_t capacity_bytes() const override {
     std::int64_t bytes =
-        vector_capacity_bytes(tokens_by_rank) + static_cast<std::int64_t>(chunks.capacity() * sizeof(ChunkLayout));
-    for (const ChunkLayout& chunk : chunks) bytes += chunk.capacity_bytes();
+        vector_capacity_bytes(tokens_by_rank) + static_cast<std::int64_t>(chunks.capacity() * sizeof(Chunk));
+    for (const Chunk& chunk : chunks) bytes += chunk.capacity_bytes();
     return bytes;
   }
 };
 
 struct RingDispatcher::Buffers final : PhaseBuffers {
-  std::vector<ChunkBuffers> chunks;
+  // One chunk's exchange buffers for one phase.
+  struct Chunk {
+    std::vector<std::byte> local_block, gathered_blocks;  // routing words + token rows, per rank's block
+    std::vector<const std::byte*> row_address;            // per slot: its token row in gathered_blocks
+    std::vector<float> y_rows;                            // forward: this rank's rows of y, reduce-scattered
+    std::vector<float> slot_dweights, dx_rows, dweight_rows;
+
+    std::int64_t capacity_bytes() const {
+      return vector_capacity_bytes(local_block, gathered_blocks, row_address, y_rows, slot_dweights, dx_rows,
+                                   dweight_rows);
+    }
+  };
+  std::vector<Chunk> chunks;
 
   std::int64_t capacity_bytes() const override {
     std::int64_t bytes = 0;
-    for (const ChunkBuffers& chunk : chunks) bytes += chunk.capacity_bytes();
+    for (const Chunk& chunk : chunks) bytes += chunk.capacity_bytes();
     return bytes;
   }
 };
@@ -130,7 +128,7 @@ void RingDispatcher::begin_step(StepState& base, const RoutingView& routing) {
   if (static_cast<int>(step.chunks.size()) < step.num_chunks) step.chunks.resize(step.num_chunks);
   if (static_cast<int>(buffers.chunks.size()) < step.num_chunks) buffers.chunks.resize(step.num_chunks);
   for (int c = 0; c < step.num_chunks; ++c) {
-    ChunkLayout& chunk = step.chunks[c];
+    Step::Chunk& chunk = step.chunks[c];
     chunk.range = chunk_range(routing.num_tokens, step.num_chunks, c);
     chunk.rows_by_rank.clear();
     chunk.slot_offset.clear();
@@ -158,8 +156,8 @@ void RingDispatcher::begin_step(StepState& base, const RoutingView& routing) {
 // recomputed (then the fp8 scale is reused).
 void RingDispatcher::start_dispatch(StepState& base, int c, bool remat) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const int top_k = step.top_k;
   const std::int64_t hidden = config().hidden, n = chunk.range.size();
   if (config().token_format == TokenFormat::fp8_tensor && !remat) chunk.tensor_scale = step.tensor_scales.scale(c);
@@ -187,8 +185,8 @@ void RingDispatcher::start_dispatch(StepState& base, int c, bool remat) {
 // this rank.
 ExpertRows RingDispatcher::collect_rows(StepState& base, int c, bool /*remat*/) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   // Test hook (core/fault_injection.h): fail with the token all-gather in flight.
   fault_point("dispatch", rank());
   chunk.gather_in_flight.wait();
@@ -238,8 +236,8 @@ ExpertRows RingDispatcher::collect_rows(StepState& base, int c, bool /*remat*/) 
 
 void RingDispatcher::start_combine(StepState& base, int c, Tensor slot_outputs) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const std::int64_t n = chunk.range.size(), hidden = config().hidden;
   EPMOE_CHECK_EQ(slot_outputs.numel(), chunk.num_slots * hidden, "expert outputs of chunk ", c,
                  ": one H-row per slot of the gathered tokens");
@@ -256,8 +254,8 @@ void RingDispatcher::start_combine(StepState& base, int c, Tensor slot_outputs) 
 
 void RingDispatcher::finish_combine(StepState& base, int c, float* y) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  const ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  const Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   chunk.combine_in_flight.wait();
   if (!buffers.y_rows.empty())
     std::memcpy(y + chunk.range.begin * config().hidden, buffers.y_rows.data(), buffers.y_rows.size() * sizeof(float));
@@ -266,7 +264,7 @@ void RingDispatcher::finish_combine(StepState& base, int c, float* y) {
 
 void RingDispatcher::start_cotangents(StepState& base, int c) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
   const std::int64_t hidden = config().hidden;
   // Handed to the experts as it is (collect_cotangents): the layer's.
   chunk.gathered_dy = Tensor(DType::f32, {chunk.num_slots, hidden});
@@ -282,15 +280,15 @@ void RingDispatcher::start_cotangents(StepState& base, int c) {
 }
 
 Tensor RingDispatcher::collect_cotangents(StepState& base, int c) {
-  ChunkLayout& chunk = static_cast<Step&>(base).chunks[c];
+  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
   chunk.cotangent_in_flight.wait();
   return std::move(chunk.gathered_dy);
 }
 
 void RingDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx, std::vector<float> row_dweights) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const int top_k = step.top_k;
   const std::int64_t n = chunk.range.size(), hidden = config().hidden;
   EPMOE_CHECK_EQ(slot_dx.numel(), chunk.num_slots * hidden);
@@ -320,8 +318,8 @@ void RingDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx, std
 
 void RingDispatcher::finish_gradients(StepState& base, int c, float* dx, float* d_topk_weights) {
   Step& step = static_cast<Step&>(base);
-  ChunkLayout& chunk = step.chunks[c];
-  const ChunkBuffers& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Step::Chunk& chunk = step.chunks[c];
+  const Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   chunk.dx_in_flight.wait();
   chunk.dweights_in_flight.wait();
   const std::int64_t begin = chunk.range.begin;
