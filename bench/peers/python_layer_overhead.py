@@ -1,4 +1,4 @@
-"""The Python layer call's overhead over the C++ call: epmoe.MoeLayer.forward
+"""The Python layer call's overhead over the C++ call: epmoe.WholeWorldLayer.forward
 against ExpertParallelLayer::run (bench/api_layer_call.cc) on the same
 arrays and keys, median wall time of many calls each, small shapes (where a
 fixed overhead shows most) and a larger one.
@@ -32,7 +32,7 @@ for dims, repeats in shapes:
                                     *[f"{k}={v}" for k, v in layer_keys.items()]],
                                    check=True, capture_output=True, text=True).stdout)
         arrays = [np.load(os.path.join(directory, f"{name}.npy")) for name in ("x", "gate", "wi0", "wi1", "wo")]
-    layer = epmoe.MoeLayer(**layer_keys)
+    layer = epmoe.WholeWorldLayer(**layer_keys)
     layer.forward(*arrays)  # warm-up
     seconds = []
     for _ in range(repeats):

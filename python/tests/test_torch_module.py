@@ -131,19 +131,39 @@ def test_the_module_gives_the_per_rank_layers_bits():
         assert got[name].numpy().tobytes() == want.tobytes(), name
 
 
+class CountingLayer:
+    """The native layer with its step calls recorded: (name, the step it was given or returned)."""
+
+    def __init__(self, native):
+        self.native, self.calls = native, []
+
+    def __getattr__(self, name):
+        method = getattr(self.native, name)
+
+        if name not in ("begin_forward", "finish_forward", "begin_backward", "finish_backward"):
+            return method
+
+        def call(*args):
+            result = method(*args)
+            self.calls.append((name, result if name == "begin_forward" else args[0]))
+            return result
+
+        return call
+
+
 def test_the_backward_uses_the_forwards_step_and_begins_no_forward():
     arrays = problem()
     moe = module_on_rank(epmoe.EpGroup(None, num_experts=E, top_k=K, hidden=H), arrays, 0, 1)
-    begun, finished = [], []
-    begin_forward, finish_backward = moe.layer.begin_forward, moe.layer.finish_backward
-    moe.layer.begin_forward = lambda *a, **k: begun.append(begin_forward(*a, **k)) or begun[-1]
-    moe.layer.finish_backward = lambda step, *a: finished.append(step) or finish_backward(step, *a)
+    counting = moe.layer._layer = CountingLayer(moe.layer._layer)
     y = moe(torch.from_numpy(arrays["x"]).requires_grad_())
-    assert len(begun) == 1 and begun[0].active
+    assert [name for name, _ in counting.calls] == ["begin_forward", "finish_forward"]
+    step = counting.calls[0][1]
+    assert step.active
     phases = moe.layer.phase_seconds()
     y.sum().backward()
-    assert len(begun) == 1, "the backward began a forward"
-    assert finished == begun and not begun[0].active
+    assert [name for name, _ in counting.calls[2:]] == ["begin_backward", "finish_backward"], \
+        "the backward began a forward"
+    assert all(given is step for _, given in counting.calls) and not step.active
     after = moe.layer.phase_seconds()
     assert all(after[p] == phases[p] for p in ("route", "dispatch", "experts", "combine"))
     assert after["backward_experts"] > 0
