@@ -14,8 +14,11 @@ cache, wrapped as tensors) handed to the parameters' .grad. The old
 epmoe.torch.moe recomputed a whole forward inside its backward (a ratio of
 about 1.5 at best).
 
-Repetitions alternate module and baseline so that a change in the
-machine's load hits both; medians of each, and their ratio, per shape.
+Repetitions alternate baseline and module so that a change in the
+machine's load hits both: per shape, the medians of each and their ratio,
+and the median of the per-repetition ratios (each from one pair of
+neighbouring steps, the estimate least moved by the load of a shared
+machine).
 
     python bench/peers/torch_module_vs_layer.py [repeats=20] [threads=1]
 """
@@ -47,7 +50,7 @@ SHAPES = [  # tokens, hidden, ffn, experts, top_k
 ]
 
 print(f"{settings['threads']} compute threads; medians of {settings['repeats']} forward+backward steps each")
-print(f"{'shape':<32} {'C++ layer ms':>13} {'torch module ms':>16} {'ratio':>6}")
+print(f"{'shape':<32} {'C++ layer ms':>13} {'torch module ms':>16} {'ratio':>6} {'paired':>7}")
 for n, h, f, e, k in SHAPES:
     group = epmoe.EpGroup(None, num_experts=e, top_k=k, hidden=h)
     module = epmoe.torch.MoeLayer(group, ffn=f, seed=1)
@@ -86,4 +89,5 @@ for n, h, f, e, k in SHAPES:
     # The module computed what the layer did: the same bits.
     assert module.wo.grad.numpy().tobytes() == gradients[4].tobytes()
     cpp, mod = statistics.median(layer_seconds) * 1e3, statistics.median(module_seconds) * 1e3
-    print(f"{f'N={n} H={h} F={f} E={e} K={k}':<32} {cpp:>13.3f} {mod:>16.3f} {mod / cpp:>6.3f}")
+    paired = statistics.median(m / c for m, c in zip(module_seconds, layer_seconds))
+    print(f"{f'N={n} H={h} F={f} E={e} K={k}':<32} {cpp:>13.3f} {mod:>16.3f} {mod / cpp:>6.3f} {paired:>7.3f}")
