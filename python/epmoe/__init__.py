@@ -50,13 +50,13 @@ from . import _epmoe
 from ._arguments import key_text, torch_tensor_module
 from ._epmoe import AbortedError, PeerError, UsageError
 from .communicators import Communicator, ThreadsWorld, mpi_communicator, run_threads, set_compute_threads
-from .ep_group import CombineGradients, Dispatched, DispatchGradients, EpGroup
+from .ep_group import CombineGradients, Dispatched, DispatchGradients, DispatchHandle, EpGroup
 from .moe_layer import ForwardOutput, Gradients, MoeLayer, MoeStep
 from .whole_world_layer import WholeWorldLayer
 
 __all__ = [
     "Communicator", "ThreadsWorld", "run_threads", "mpi_communicator", "set_compute_threads",
-    "EpGroup", "Dispatched", "CombineGradients", "DispatchGradients",
+    "EpGroup", "DispatchHandle", "Dispatched", "CombineGradients", "DispatchGradients",
     "MoeLayer", "MoeStep", "ForwardOutput", "Gradients",
     "WholeWorldLayer",
     "UsageError", "PeerError", "AbortedError",

@@ -41,7 +41,9 @@ from . import _epmoe
 from ._arguments import as_kind, keys_text, new_array, torch_tensor_module
 from .communicators import communicator_of
 
-__all__ = ["EpGroup", "Dispatched", "CombineGradients", "DispatchGradients"]
+__all__ = ["EpGroup", "DispatchHandle", "Dispatched", "CombineGradients", "DispatchGradients"]
+
+DispatchHandle = _epmoe.DispatchHandle  # one dispatch-only step: from dispatch to dispatch_backward
 
 Dispatched = namedtuple("Dispatched", "rows num_rows_per_expert row_weights handle")
 Dispatched.__doc__ = """A dispatch's result: rows [num_rows, H] sorted by local expert,

@@ -204,3 +204,23 @@ def test_the_gil_is_released_while_a_rank_computes():
         layer.backward(dy)
 
     assert_releases_the_gil(step, 20, "the per-rank layer")
+
+
+def test_keys_go_to_their_part_and_run_keys_are_refused():
+    with pytest.raises(ValueError, match="compute_dtype=bf16 .*a key of the MoE layer, not of its EP group"):
+        epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8, compute_dtype="bf16")
+    with pytest.raises(ValueError, match="dispatch=ring .*a key of the EP group, not of an MoE layer on it"):
+        epmoe.MoeLayer(epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8), ffn=8, dispatch="ring")
+    with pytest.raises(ValueError, match="ranks=2 .*describes a run, not a layer on a rank"):
+        epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8, ranks=2)
+    with pytest.raises(ValueError, match="top_k=3 but its EP group has top_k=2"):
+        epmoe.MoeLayer(epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8), ffn=8, top_k=3)
+
+
+def test_import_epmoe_imports_neither_torch_nor_mpi4py():
+    import subprocess
+    import sys
+
+    code = "import sys, epmoe; print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True).stdout.strip() == "[]"
