@@ -39,13 +39,18 @@ from __future__ import annotations
 from collections import namedtuple
 
 from . import _epmoe
-from ._arguments import keys_text, new_array, torch_tensor_module
+from ._arguments import as_kind, keys_text, new_array, torch_tensor_module
 from .ep_group import EpGroup
 
 __all__ = ["MoeLayer", "MoeStep", "ForwardOutput", "Gradients"]
 
 ForwardOutput = namedtuple("ForwardOutput", "y topk_ids topk_weights")
 Gradients = namedtuple("Gradients", "dx dgate dwi0 dwi1 dwo")
+
+
+def _of_kind(torch, given, results):
+    """The results, those epmoe allocated (where `given` had None) as torch tensors when x was one."""
+    return (as_kind(torch, r) if g is None else r for g, r in zip(given, results))
 
 
 class MoeStep:
@@ -93,7 +98,7 @@ class MoeLayer:
             n, k, torch = step._step.num_tokens, self.group.top_k, step._torch
             out = ForwardOutput(new_array(torch, (n, self.group.hidden), "float32"),
                                 new_array(torch, (n, k), "int32"), new_array(torch, (n, k), "float32"))
-        return ForwardOutput(*self._layer.finish_forward(step._step, *out))
+        return ForwardOutput(*_of_kind(step._torch, out, self._layer.finish_forward(step._step, *out)))
 
     def begin_backward(self, step: MoeStep, dy, extra_d_logits=None) -> None:
         """Checks dy [N, H] and starts sending the cotangents. extra_d_logits
@@ -104,7 +109,7 @@ class MoeLayer:
         """The experts' backward, the gradients' return and the router's backward; ends the step."""
         if out is None:
             out = self.new_gradients(step._step.num_tokens, step._torch)
-        return Gradients(*self._layer.finish_backward(step._step, *out))
+        return Gradients(*_of_kind(step._torch, out, self._layer.finish_backward(step._step, *out)))
 
     def new_gradients(self, num_tokens: int, torch=None) -> Gradients:
         """Uninitialised arrays for a step's gradients (numpy, or torch tensors when `torch` is the module)."""
@@ -114,7 +119,9 @@ class MoeLayer:
                          new_array(torch, (local, f, h), "float32"))
 
     def forward(self, x, gate, wi0, wi1, wo, bias=None, out: ForwardOutput | None = None) -> ForwardOutput:
-        """begin_forward and finish_forward; the step is kept for backward()."""
+        """begin_forward and finish_forward; the step is kept for backward()
+        (a later forward() drops it: inference)."""
+        self._step = None  # with replicas a layer holds one step at a time
         step = self.begin_forward(x, gate, wi0, wi1, wo, bias)
         result = self.finish_forward(step, out)
         self._step = step
