@@ -8,11 +8,14 @@
 # --system-site-packages: a CPU build of ~300 MB, where PyPI's default wheel
 # brings ~4 GB of CUDA libraries (PyTorch's CPU-only index is not reachable
 # from these machines). chromium renders the HTML report in its test.
+# python3-mpi4py (Debian's, on the same OpenMPI as epmoe; it pulls in
+# mpirun) for the per-rank layer under mpirun (test_mpi.py) and the training
+# example (test_examples.py), seen by the venv the same way.
 #   EPMOE_PYTHON_TORCH=0  leave torch out (its tests then skip, saying why)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-packages=(python3-venv python3-dev chromium)
+packages=(python3-venv python3-dev chromium python3-mpi4py)
 if [ "${EPMOE_PYTHON_TORCH:-1}" != 0 ]; then packages+=(python3-torch); fi
 missing=()
 for package in "${packages[@]}"; do

@@ -1,8 +1,26 @@
 """epmoe from Python: the expert-parallel MoE layer and its load balancing.
 
-* ``MoeLayer(**keys)``: the layer, forward and backward, expert parallel over
-  rank threads, on numpy arrays or CPU torch tensors read in place
-  (``epmoe.torch.moe`` wraps it as a ``torch.autograd.Function``).
+Per rank, inside the caller's own process (under ``mpirun -np R python ...``,
+or R threads of one process):
+
+* ``mpi_communicator(comm)`` / ``ThreadsWorld(R).communicator(r)`` /
+  ``run_threads(R, fn)``: a rank's end of the ranks' transport;
+* ``EpGroup(communicator, num_experts, top_k, hidden, **keys)``: one rank's
+  member of an expert-parallel group (exchange buffers shared by every
+  layer), and dispatch / combine without the experts;
+* ``MoeLayer(group, ffn, **keys)``: one rank's MoE layer, forward and
+  backward, split phase, outputs into the caller's arrays;
+* ``epmoe.torch``: ``MoeLayer``, a torch.nn.Module whose expert weights are
+  this rank's Parameters, and ``dispatch`` / ``combine`` as autograd
+  functions.
+
+The whole problem in one call:
+
+* ``WholeWorldLayer(**keys)``: the layer on the unsharded arrays, expert
+  parallel over rank threads inside the call (`epmoe layer`'s run, bits);
+
+Load balancing and reports:
+
 * ``rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)``:
   DeepSeek EPLB's function, same arguments and outputs, in C++ (the GIL is
   released while it runs), never two copies of one expert on one GPU.
@@ -14,8 +32,10 @@
   drawn into one self-contained HTML file.
 
 numpy arrays in give numpy arrays out; torch tensors in give torch tensors
-out (torch is never imported by epmoe itself). Bad arguments raise TypeError
-or ValueError naming the argument.
+out (neither torch nor mpi4py is imported by ``import epmoe``). Bad
+arguments raise TypeError or ValueError naming the argument; a call out of
+its order raises epmoe.UsageError naming the call; a failed or late peer
+epmoe.PeerError (epmoe.AbortedError when the failure was another rank's).
 """
 
 from __future__ import annotations
@@ -28,9 +48,20 @@ import numpy as np
 
 from . import _epmoe
 from ._arguments import key_text, torch_tensor_module
-from .layer import MoeLayer
+from ._epmoe import AbortedError, PeerError, UsageError
+from .communicators import Communicator, ThreadsWorld, mpi_communicator, run_threads, set_compute_threads
+from .ep_group import CombineGradients, Dispatched, DispatchGradients, DispatchHandle, EpGroup
+from .moe_layer import ForwardOutput, Gradients, MoeLayer, MoeStep
+from .whole_world_layer import WholeWorldLayer
 
-__all__ = ["MoeLayer", "rebalance_experts", "plan_replicas", "plan", "replay_balance"]
+__all__ = [
+    "Communicator", "ThreadsWorld", "run_threads", "mpi_communicator", "set_compute_threads",
+    "EpGroup", "DispatchHandle", "Dispatched", "CombineGradients", "DispatchGradients",
+    "MoeLayer", "MoeStep", "ForwardOutput", "Gradients",
+    "WholeWorldLayer",
+    "UsageError", "PeerError", "AbortedError",
+    "rebalance_experts", "plan_replicas", "plan", "replay_balance",
+]
 __version__ = "0.1.0"
 
 _INT32_MAX = 2**31 - 1

@@ -1,9 +1,9 @@
 // epmoe._epmoe: the native half of the `epmoe` Python package. Thin: every
-// function converts its arguments, releases the GIL while the C++ computes,
-// and hands back numpy arrays or JSON text; python/epmoe/__init__.py turns
-// them into what the user passed (numpy or torch) and dicts, and checks
-// argument types. epmoe::ConfigError (and FileError) becomes ValueError
-// with its message.
+// function converts its arguments, releases the GIL while the C++ computes
+// or communicates, and hands back numpy arrays or JSON text;
+// python/epmoe/*.py turn them into what the user passed (numpy or torch)
+// and dicts, and check argument types. epmoe's exceptions become Python's
+// as error_translation.h lists.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -20,8 +20,12 @@
 #include "balance/expert_load_history.h"
 #include "balance/rebalance_experts.h"
 #include "balance/replica_planner.h"
+#include "communicator_binding.h"
 #include "core/error.h"
+#include "ep_group_binding.h"
+#include "error_translation.h"
 #include "layer_binding.h"
+#include "moe_layer_binding.h"
 #include "run/balance_replay.h"
 #include "run/json_output.h"
 #include "run/plan_run.h"
@@ -141,28 +145,16 @@ std::string replay_balance_json(nb::ndarray<const std::int64_t, nb::ndim<2>, nb:
 
 NB_MODULE(_epmoe, m) {
   m.doc() = "epmoe's native module; use the functions of the epmoe package";
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const epmoe::ConfigError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const epmoe::FileError& e) {  // a model= or hardware= file: a bad argument too
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const epmoe::NumericError& e) {  // a NaN or infinity in an input array
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const epmoe::UsageError& e) {  // e.g. a strided array where epmoe reads in place
-      PyErr_SetString(PyExc_TypeError, e.what());
-    } catch (const epmoe::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-    } catch (const epmoe::InternalError& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-    }
-  });
+  using namespace epmoe::python;
+  bind_errors(m);
   m.def("rebalance_experts", &rebalance_experts, nb::arg("weight"), nb::arg("num_replicas"), nb::arg("num_groups"),
         nb::arg("num_nodes"), nb::arg("num_gpus"));
   m.def("plan_replicas", &plan_replicas, nb::arg("counts"), nb::arg("ranks"), nb::arg("slots"),
         nb::arg("rebalance_threshold"));
   m.def("plan_json", &plan_json, nb::arg("keys"));
   m.def("replay_balance_json", &replay_balance_json, nb::arg("loads"), nb::arg("keys"));
-  epmoe::python::bind_layer(m);
+  bind_layer(m);
+  bind_communicators(m);
+  bind_ep_group(m);
+  bind_moe_layer(m);
 }

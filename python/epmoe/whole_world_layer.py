@@ -1,7 +1,10 @@
-"""epmoe.MoeLayer: the expert-parallel MoE layer on numpy arrays or CPU torch
-tensors, through the same run as `epmoe layer` (so the same bits).
+"""epmoe.WholeWorldLayer: the whole (unsharded) MoE layer, expert parallel
+over `ranks` rank threads inside each call, on numpy arrays or CPU torch
+tensors, through the same run as `epmoe layer` (so the same bits). For a
+layer per rank, inside the caller's own process on a communicator it owns
+(mpirun, or a threads world), see epmoe.MoeLayer (moe_layer.py).
 
-    layer = epmoe.MoeLayer(ranks=2, top_k=2, dispatch="ring")
+    layer = epmoe.WholeWorldLayer(ranks=2, top_k=2, dispatch="ring")
     y, topk_ids, topk_weights = layer.forward(x, gate, wi0, wi1, wo)
     grads = layer.forward_backward(x, gate, wi0, wi1, wo, dy)   # y ... and dx, dgate, dwi0, dwi1, dwo
 
@@ -28,26 +31,26 @@ def _is_torch(value) -> bool:
 def _check_array(name: str, value, torch_kind: bool):
     """The array as the binding takes it, refusing what would need a copy."""
     if value is None:
-        raise TypeError(f"MoeLayer: {name} is required")
+        raise TypeError(f"WholeWorldLayer: {name} is required")
     if torch_kind != _is_torch(value):
-        raise TypeError(f"MoeLayer: {name} is a {type(value).__name__} but x is a {'torch tensor' if torch_kind else 'numpy array'}: "
+        raise TypeError(f"WholeWorldLayer: {name} is a {type(value).__name__} but x is a {'torch tensor' if torch_kind else 'numpy array'}: "
                         "pass every array of one kind")
     if torch_kind:
         if value.device.type != "cpu":
-            raise TypeError(f"MoeLayer: {name} is on {value.device}; epmoe runs on the CPU")
+            raise TypeError(f"WholeWorldLayer: {name} is on {value.device}; epmoe runs on the CPU")
         if str(value.dtype) != "torch.float32":
-            raise TypeError(f"MoeLayer: {name} has dtype {value.dtype}; epmoe takes float32 (no silent conversion)")
+            raise TypeError(f"WholeWorldLayer: {name} has dtype {value.dtype}; epmoe takes float32 (no silent conversion)")
         if not value.is_contiguous():
-            raise TypeError(f"MoeLayer: {name} is not contiguous; call .contiguous() (epmoe reads it in place)")
+            raise TypeError(f"WholeWorldLayer: {name} is not contiguous; call .contiguous() (epmoe reads it in place)")
         return value.detach()
     import numpy
 
     if not isinstance(value, numpy.ndarray):
-        raise TypeError(f"MoeLayer: {name} is a {type(value).__name__}; pass a numpy array or a torch tensor")
+        raise TypeError(f"WholeWorldLayer: {name} is a {type(value).__name__}; pass a numpy array or a torch tensor")
     if value.dtype != numpy.float32:
-        raise TypeError(f"MoeLayer: {name} has dtype {value.dtype}; epmoe takes float32 (no silent conversion)")
+        raise TypeError(f"WholeWorldLayer: {name} has dtype {value.dtype}; epmoe takes float32 (no silent conversion)")
     if not value.flags.c_contiguous:
-        raise TypeError(f"MoeLayer: {name} is not C-contiguous; use numpy.ascontiguousarray (epmoe reads it in place)")
+        raise TypeError(f"WholeWorldLayer: {name} is not C-contiguous; use numpy.ascontiguousarray (epmoe reads it in place)")
     return value
 
 
@@ -61,8 +64,8 @@ def _empty(like_torch: bool, shape, integer: bool = False):
     return numpy.empty(shape, dtype=numpy.int32 if integer else numpy.float32)
 
 
-class MoeLayer:
-    """One routed MoE layer, expert parallel over `ranks` rank threads.
+class WholeWorldLayer:
+    """One routed MoE layer on the whole problem, expert parallel over `ranks` rank threads.
 
     Keys: every key of `epmoe layer` (`epmoe layer --help`), as keyword
     arguments: ranks, dispatch, top_k, router, dedup, token_chunks,
@@ -94,7 +97,7 @@ class MoeLayer:
             arrays["dy"] = _check_array("dy", dy, torch_kind)
         for name in _ARRAYS:
             if len(arrays[name].shape) != (2 if name in ("x", "gate") else 3):
-                raise ValueError(f"MoeLayer: {name} has shape {tuple(arrays[name].shape)}; expected "
+                raise ValueError(f"WholeWorldLayer: {name} has shape {tuple(arrays[name].shape)}; expected "
                                  + ("[N, H]" if name == "x" else "[H, E]" if name == "gate" else "[E, H, F] or [E, F, H]"))
         n, h = arrays["x"].shape
         e = arrays["gate"].shape[1] if len(arrays["gate"].shape) == 2 else 0
