@@ -34,9 +34,12 @@ struct AllToAllDispatcher::Step final : StepState {
     // (this rank's rows at each destination) and rows in (each source's rows
     // here), times H; entries out, per destination.
     std::vector<std::int64_t> rows_out_elements, rows_in_elements, send_entries_per_rank;
-    // In flight, and the caller's tensors they read from.
-    comm::CollectiveHandle message_in_flight, combine_in_flight, cotangent_in_flight, dx_in_flight, dweights_in_flight;
+    // The layer's tensors the exchanges read or fill, and the exchanges in
+    // flight: declared after the tensors, so that when an abandoned step is
+    // destroyed the handles wait for (or cancel) their collectives before
+    // the tensors go.
     Tensor slot_outputs, recv_dy, slot_dx;
+    comm::CollectiveHandle message_in_flight, combine_in_flight, cotangent_in_flight, dx_in_flight, dweights_in_flight;
 
     std::int64_t capacity_bytes() const {
       return vector_capacity_bytes(send_row_token, send_rows_per_rank, send_entry_pair, send_words_per_rank,

@@ -57,8 +57,12 @@ struct RingDispatcher::Step final : StepState {
     std::vector<std::int32_t> local_routing;
     std::vector<std::int64_t> entry_of_row;
     std::vector<std::int64_t> entry_slot_k;  // per entry: slot * K + k
-    comm::CollectiveHandle gather_in_flight, combine_in_flight, cotangent_in_flight, dx_in_flight, dweights_in_flight;
+    // The layer's tensors the exchanges read or fill, and the exchanges in
+    // flight: declared after the tensors, so that when an abandoned step is
+    // destroyed the handles wait for (or cancel) their collectives before
+    // the tensors go.
     Tensor slot_outputs, gathered_dy, slot_dx;
+    comm::CollectiveHandle gather_in_flight, combine_in_flight, cotangent_in_flight, dx_in_flight, dweights_in_flight;
 
     std::int64_t capacity_bytes() const {
       return vector_capacity_bytes(rows_by_rank, slot_offset, local_routing, entry_of_row, entry_slot_k);

@@ -201,8 +201,8 @@ nlohmann::json layer_metrics(const ConfigValues& values, const LayerInputs& in, 
   metrics["expert_parallel"] = {
       {"ranks", settings.num_ranks},
       {"transport", to_string(settings.transport)},
-      // single_rank: MoeLayer's LocalDispatcher, no communication;
-      // dispatcher: ep::make_dispatcher over the transport.
+      // single_rank: a single-rank EP group, no communication;
+      // dispatcher: an EP group over the transport's communicator.
       {"path", settings.single_rank_local() ? "single_rank" : "dispatcher"},
       {"dispatcher", dispatcher_echo(settings)},
       {"per_rank", per_rank},
