@@ -37,10 +37,8 @@ LayerOutputs LayerOutputTensors::views() {
 
 namespace {
 
-// Collective tags (comm/tag.h): the layer's EP group takes [0,
-// kEpGroupTagRange) (ep/collective_tags.h); the gather's are above them.
-constexpr std::uint32_t kLayerTagBase = 0;
-constexpr std::uint32_t kGatherTagBase = kEpGroupTagRange;
+// The gather's tags (comm/tag.h) are above the layer's EP group's.
+constexpr std::uint32_t kGatherTagBase = kLayerTagBase + kEpGroupTagRange;
 enum class GatherTag : std::uint32_t { y, topk_ids, topk_weights, dx, dgate, dwi0, dwi1, dwo, report_texts };
 
 // Rank 0 receives every other rank's rows of one output into `full` (its own
@@ -94,7 +92,7 @@ std::optional<LayerRunResult> run_as_mpi_rank(transport::Communicator& comm, con
     rank_out.dgate = {};
   }
   LayerRank rank;
-  build_layer_rank(rank, &comm, settings, config, kLayerTagBase);
+  build_layer_rank(rank, &comm, settings, config);
   const RankReport report = run_layer_rank(rank, inputs, settings, r, rank_out);
 
   const std::chrono::milliseconds timeout = settings.ep.timeout;

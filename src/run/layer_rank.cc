@@ -30,9 +30,9 @@ MutableTensorView rows_of(const MutableTensorView& view, std::int64_t begin, std
 }  // namespace
 
 void build_layer_rank(LayerRank& rank, transport::Communicator* comm, const ExpertParallelSettings& settings,
-                      const MoeLayerConfig& config, std::uint32_t tag_base) {
+                      const MoeLayerConfig& config) {
   rank.layer.reset();  // before its group
-  rank.group = settings.make_group(comm, tag_base, &rank.ledger);
+  rank.group = settings.make_group(comm, kLayerTagBase, &rank.ledger);
   rank.layer = std::make_unique<MoeLayer>(config, *rank.group, &rank.ledger);
   rank.dgate_part = Tensor(DType::f32, {config.hidden, std::int64_t{config.router.num_experts}});
 }

@@ -28,6 +28,10 @@
 
 namespace epmoe::run {
 
+// The layer's EP group's tags: [kLayerTagBase, kLayerTagBase +
+// kEpGroupTagRange) (ep/collective_tags.h); a run's own messages go above.
+constexpr std::uint32_t kLayerTagBase = 0;
+
 // What a rank keeps from run to run: its group and layer (built for one
 // shape of the arrays and rebuilt for another), the ledger both report to,
 // and its part of dgate.
@@ -39,9 +43,9 @@ struct LayerRank {
 };
 
 // Builds `rank`'s group (collective over `comm`; null for a single-rank
-// local run) and layer for `config`. The group's tags start at tag_base.
+// local run; its tags from kLayerTagBase) and layer for `config`.
 void build_layer_rank(LayerRank& rank, transport::Communicator* comm, const ExpertParallelSettings& settings,
-                      const MoeLayerConfig& config, std::uint32_t tag_base);
+                      const MoeLayerConfig& config);
 
 // Rank `r`'s rows of the full outputs `out` (empty views stay empty): what
 // its step writes in place.

@@ -6,13 +6,6 @@
 
 namespace epmoe::run {
 
-namespace {
-
-// The layer's EP group takes tags [0, kEpGroupTagRange) (ep/collective_tags.h).
-constexpr std::uint32_t kLayerTagBase = 0;
-
-}  // namespace
-
 WholeWorldRunner::WholeWorldRunner(const ExpertParallelSettings& settings)
     : settings_(settings), ranks_(static_cast<std::size_t>(settings.num_ranks)) {
   EPMOE_CHECK(settings_.transport == TransportKind::threads, "the whole-world runner runs ranks as threads");
@@ -22,7 +15,7 @@ WholeWorldRunner::~WholeWorldRunner() = default;
 
 void WholeWorldRunner::prepare_rank(LayerRank& rank, transport::Communicator* comm, const MoeLayerConfig& config) {
   if (built_for_ && *built_for_ == config && rank.layer != nullptr) return;
-  build_layer_rank(rank, comm, settings_, config, kLayerTagBase);
+  build_layer_rank(rank, comm, settings_, config);
 }
 
 std::vector<RankReport> WholeWorldRunner::run(const LayerInputs& inputs, const MoeLayerConfig& config,
