@@ -32,10 +32,7 @@
 #include "ep/expert_rows.h"
 #include "ep/step_state.h"
 #include "ep/token_codec.h"
-
-namespace epmoe::transport {
-class Communicator;
-}
+#include "transport/communicator.h"
 
 namespace epmoe::ep {
 
