@@ -98,6 +98,23 @@ TEST_F(BalanceCli, ReplaysEveryPolicyAsJson) {
   }
 }
 
+TEST_F(BalanceCli, AHugeRebalanceThresholdMeansNoReplicas) {
+  // max/mean never exceeds R, so a threshold of R or more (1e18, 1e300) never
+  // rebalances; it once sent the planner into an endless loop. The deadline
+  // turns a hang into a failure (the replay itself takes milliseconds).
+  ASSERT_EQ(generate(loads_file()).exit_code, 0);
+  for (const char* threshold : {"rebalance_threshold=1e18", "rebalance_threshold=1e300"}) {
+    const ProcessResult result = run_program(scratch_,
+                                             {EPMOE_BINARY, "balance", "--loads", loads_file().string(), "ranks=4",
+                                              "slots=1", "policy=dynamic", threshold, "plans=false", "--json"},
+                                             std::chrono::seconds(60));
+    ASSERT_EQ(result.exit_code, 0) << threshold << ": " << result.stderr_text;
+    const nlohmann::json dynamic = nlohmann::json::parse(result.stdout_text)["policies"].at(0);
+    EXPECT_EQ(dynamic["mean_active_replicas"], 0.0) << threshold;
+    EXPECT_EQ(dynamic["mean_expert_moves_per_step"], 0.0) << threshold;
+  }
+}
+
 TEST_F(BalanceCli, RejectsBadInputWithOneLine) {
   expect_one_line_error(replay({"ranks=4"}), {"loads.npy"});  // missing file
   ASSERT_EQ(generate(loads_file()).exit_code, 0);
