@@ -140,6 +140,18 @@ TEST_F(BalanceCli, RejectsBadInputWithOneLine) {
                         {"negative.npy", "loads[1, 1] = -1"});
 }
 
+TEST_F(BalanceCli, AnOptionWhereAFileNameBelongsIsRefused) {
+  // CLI11 takes the next word as an option's value: `--generate --help` once
+  // wrote a file named "--help" (in the working directory) and exited 0.
+  const std::filesystem::path stray = std::filesystem::current_path() / "--help";
+  expect_one_line_error(run_epmoe(scratch_, {"balance", "--generate", "--help"}), {"--generate", "'--help'"});
+  EXPECT_FALSE(std::filesystem::exists(stray));
+  std::filesystem::remove(stray);
+  expect_one_line_error(run_epmoe(scratch_, {"balance", "--loads", "--json", "ranks=4"}), {"--loads", "'--json'"});
+  ASSERT_EQ(generate(loads_file()).exit_code, 0);
+  expect_one_line_error(replay({"ranks=4", "--report", "-r.html"}), {"--report", "'-r.html'", "./-r.html"});
+}
+
 // Every step of every policy: quotas summing to the step's loads per expert,
 // at most one copy of an expert per rank, and moves that are exactly the
 // (rank, expert) pairs held in this step and not in the one before (before
