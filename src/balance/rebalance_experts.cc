@@ -225,9 +225,11 @@ void pack(Candidate& c, bool avoid_duplicates, std::vector<std::pair<double, int
 
 // EPLB's packing made duplicate-free: each second copy of an expert on a GPU
 // swapped with a copy of another GPU that neither GPU would then hold twice,
-// the swap leaving the lower of the two GPUs' new loads (one always exists:
-// the other GPU is full of distinct experts, this one is not).
-void remove_duplicates(Candidate& c) {
+// the swap leaving the lower of the two GPUs' new loads. False when some
+// duplicate has no such swap: every GPU without the expert holds only
+// experts this GPU holds too, which happens when those GPUs hold duplicates
+// of their own (loads {9, 9, 1, 8, 0, 5} on 4 GPUs x 4 slots).
+bool remove_duplicates(Candidate& c) {
   for (int p = 0; p < c.gpus; ++p) {
     for (int a = 0; a < c.slots; ++a) {
       const int copy = c.at(p, a), expert = c.copy_expert[copy];
@@ -244,11 +246,12 @@ void remove_duplicates(Candidate& c) {
           if (best_gpu < 0 || new_max < best_max) best_gpu = q, best_slot = b, best_max = new_max;
         }
       }
-      EPMOE_CHECK_GE(best_gpu, 0);
+      if (best_gpu < 0) return false;
       c.swap(p, a, best_gpu, best_slot);
     }
   }
   c.duplicate = false;
+  return true;
 }
 
 // Each expert's load per copy with its copies as they are, with one more and
@@ -479,10 +482,12 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
   pack_together(w.batch, /*avoid_duplicates=*/false, w.sort_buffer, w.gpu_scratch);
 
   double kept_max = 0.0;  // the max GPU load so far of the nodes decided
+  // More slots per GPU than experts per node: every placement duplicates.
+  const bool duplicate_free_exists = l.slots_per_gpu <= l.experts_per_node;
   w.node_order.clear();
   for (int node = 0; node < l.num_nodes; ++node) {
     const Candidate& eplb = w.eplb[node];
-    if (eplb.duplicate) {
+    if (eplb.duplicate && duplicate_free_exists) {
       w.node_order.push_back(node);
     } else {
       kept_max = std::max(kept_max, eplb.max_load());
@@ -555,8 +560,8 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
         trial = eplb;
         if (variant == 0) {
           pack(trial, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
-        } else {
-          remove_duplicates(trial);
+        } else if (!remove_duplicates(trial)) {
+          continue;
         }
       } else {
         const int* fewer = kFewer[variant - 2];
@@ -604,22 +609,23 @@ void validate_rebalance(int num_layers, int num_logical_experts, const Rebalance
   if (o.num_gpus < 1) throw ConfigError(text("num_gpus", o.num_gpus) + ": must be >= 1");
   if (o.num_nodes < 1) throw ConfigError(text("num_nodes", o.num_nodes) + ": must be >= 1");
   if (o.num_groups < 1) throw ConfigError(text("num_groups", o.num_groups) + ": must be >= 1");
-  if (o.num_gpus % o.num_nodes != 0)
-    throw ConfigError(text("num_gpus", o.num_gpus) + ": must be a multiple of " + text("num_nodes", o.num_nodes));
-  if (o.num_replicas < num_logical_experts)
-    throw ConfigError(text("num_replicas", o.num_replicas) + ": must be >= the " + std::to_string(num_logical_experts) +
-                      " logical experts (every expert needs a copy)");
+  // EPLB's asserts, in its order. The global policy is the hierarchical one
+  // with one group and one node, so num_groups and num_nodes meet them there.
+  if (uses_hierarchical_policy(o)) {
+    const std::string policy = " (hierarchical policy: num_groups % num_nodes == 0)";
+    if (num_logical_experts % o.num_groups != 0)
+      throw EplbAssertionError(text("num_groups", o.num_groups) + ": must divide the " +
+                               std::to_string(num_logical_experts) + " logical experts" + policy);
+    if (o.num_gpus % o.num_nodes != 0)
+      throw EplbAssertionError(text("num_gpus", o.num_gpus) + ": must be a multiple of " +
+                               text("num_nodes", o.num_nodes) + policy);
+  }
   if (o.num_replicas % o.num_gpus != 0)
-    throw ConfigError(text("num_replicas", o.num_replicas) + ": must be a multiple of " + text("num_gpus", o.num_gpus));
-  if (uses_hierarchical_policy(o) && num_logical_experts % o.num_groups != 0)
-    throw ConfigError(text("num_groups", o.num_groups) + ": must divide the " + std::to_string(num_logical_experts) +
-                      " logical experts");
-  const Layout l = layout_of(num_logical_experts, o);
-  if (l.slots_per_gpu > l.experts_per_node)
-    throw ConfigError(text("num_replicas", o.num_replicas) + ": " + std::to_string(l.slots_per_gpu) +
-                      " slots per GPU but only " + std::to_string(l.experts_per_node) + " experts per node (" +
-                      (uses_hierarchical_policy(o) ? "hierarchical" : "global") +
-                      " policy): a GPU would hold two copies of one expert");
+    throw EplbAssertionError(text("num_replicas", o.num_replicas) + ": must be a multiple of " +
+                             text("num_gpus", o.num_gpus));
+  if (o.num_replicas < num_logical_experts)
+    throw EplbAssertionError(text("num_replicas", o.num_replicas) + ": must be >= the " +
+                             std::to_string(num_logical_experts) + " logical experts (every expert needs a copy)");
 }
 
 ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers, int num_logical_experts,
