@@ -158,3 +158,15 @@ def test_other_bad_arguments_are_no_assertion_errors():
         epmoe.rebalance_experts(np.ones((1, 12)), 16, 4, 0, 8)
     assert not isinstance(raised.value, AssertionError)
 
+
+def test_hotter_experts_get_at_least_as_many_copies_where_balance_allows():
+    # One expert at 1000, the rest 0-2, 4 GPUs x 3 slots: the copies the hot
+    # expert cannot take (one per GPU) go to the hotter of the cold experts,
+    # at the same max load (250 + 4/3) as the search's 4 1 3 2 2.
+    weight = np.array([[1000, 0, 1, 2, 2]])
+    outputs = epmoe.rebalance_experts(weight, 12, 1, 1, 4)
+    np.testing.assert_array_equal(outputs[2], [[4, 1, 1, 3, 3]])
+    assert check_placement(weight, outputs, 12, 4)[0] == pytest.approx((250 + 4 / 3) / (1005 / 4))
+    # The hottest gets more copies than any other (the search gave 4 4 3 1).
+    _, _, logcnt = epmoe.rebalance_experts(np.array([[1000, 0, 0, 0]]), 12, 1, 1, 4)
+    np.testing.assert_array_equal(logcnt, [[4, 3, 3, 2]])

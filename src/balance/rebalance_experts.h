@@ -33,6 +33,13 @@
 //     improved by a local search on the most loaded GPU: one-for-one copy
 //     exchanges, else re-assigning one slot to another expert (loads per
 //     copy follow the counts), else (from (2) on) two-for-two exchanges;
+//   * then, where it costs no balance, hotter experts get at least as many
+//     copies as colder ones of their node: when the placement gives some
+//     expert fewer copies than a colder one, the search again (bounded:
+//     four local searches, none adding such an inversion), taken if no
+//     higher than the layer's max so far; then single slot re-assignments
+//     towards hotter experts (and away from colder experts with as many
+//     copies as the hottest) that leave every GPU at most at that max;
 //   * when P/G slots per GPU exceed the experts per node, every placement
 //     holds some expert twice on a GPU: EPLB's placement, as it is;
 //   * logical_to_physical lists an expert's copies by ascending physical
