@@ -8,12 +8,16 @@
 // single layers; per layer the max GPU load of each (EPLB's counting both
 // copies of an expert it puts twice on one GPU); epmoe worse / equal (within
 // 1e-9 relative) / better, the worst relative excess, and how many of EPLB's
-// layers hold a duplicate. Kinds: random = uniform integers in [0, 1000);
-// zipf-S = floor(100000 / (1 + rank)^S) over shuffled experts; zipf-mix = S
-// drawn in [0.6, 1.6] per layer; adversarial = 1-3 experts carry 100000, the
-// rest 0-2; hot-group = one group of experts 100x the others.
+// layers hold a duplicate, and how many of epmoe's give some expert fewer
+// copies than a colder expert of its node. Kinds: random = uniform integers
+// in [0, 1000); zipf-S = floor(100000 / (1 + rank)^S) over shuffled experts;
+// zipf-mix = S drawn in [0.6, 1.6] per layer; adversarial = 1-3 experts
+// carry 100000, the rest 0-2; hot-group = one group of experts 100x the
+// others.
 // (2) Tiny layers: epmoe and EPLB against the exhaustive duplicate-free
-// optimum. (3) Speed: the calling thread's CPU time per call of rebalance_experts on
+// optimum; and how often epmoe's copies are in heat order (no expert with
+// fewer copies than a colder one) where a placement at its max load allows.
+// (3) Speed: the calling thread's CPU time per call of rebalance_experts on
 // Zipf 1.2 loads (1 and 58 layers), median over `timing_repeats` calls.
 #include <algorithm>
 #include <cmath>
@@ -72,6 +76,18 @@ double epmoe_max_load(const ExpertRebalance& r, const std::vector<float>& w, int
   return *std::max_element(load.begin(), load.end());
 }
 
+// Whether some expert has fewer copies than a colder expert of its node
+// (the node of its slots; the global policy is one node).
+bool has_inversion(const ExpertRebalance& r, const std::vector<float>& w, int nodes) {
+  const int E = r.num_logical_experts, slots_per_node = r.num_physical_experts / nodes;
+  std::vector<int> node_of(E);
+  for (int p = 0; p < r.num_physical_experts; ++p) node_of[r.physical_to_logical[p]] = p / slots_per_node;
+  for (int i = 0; i < E; ++i)
+    for (int j = 0; j < E; ++j)
+      if (node_of[i] == node_of[j] && w[i] > w[j] && r.logical_count[i] < r.logical_count[j]) return true;
+  return false;
+}
+
 double thread_cpu_us() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -93,22 +109,24 @@ int main(int argc, char** argv) {
                                           "zipf-1.8", "zipf-mix", "adversarial", "hot-group"};
   std::printf(
       "| shape | loads | layers | epmoe worse | equal | epmoe better | worst excess | EPLB layers with a duplicate "
-      "|\n");
-  std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
+      "| epmoe layers out of heat order |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
   int total_worse = 0;
   for (const Shape& s : shapes) {
     const RebalanceExpertsOptions o{s.replicas, s.groups, s.nodes, s.gpus};
     for (const std::string& kind : kinds) {
       std::mt19937_64 rng(12345);
-      int worse = 0, equal = 0, better = 0, duplicates = 0;
+      int worse = 0, equal = 0, better = 0, duplicates = 0, inverted = 0;
       double worst = 0.0;
       for (int layer = 0; layer < layers_per_kind; ++layer) {
         const std::vector<float> w = make_layer(kind, s.experts, s.groups, rng);
         const reference::EplbLayer eplb =
             reference::eplb_rebalance_layer(w.data(), s.experts, s.replicas, s.groups, s.nodes, s.gpus);
         const double theirs = eplb.max_load();
-        const double ours = epmoe_max_load(rebalance_experts(w, 1, s.experts, o), w, s.gpus);
+        const ExpertRebalance r = rebalance_experts(w, 1, s.experts, o);
+        const double ours = epmoe_max_load(r, w, s.gpus);
         duplicates += eplb.duplicate;
+        inverted += has_inversion(r, w, uses_hierarchical_policy(o) ? s.nodes : 1);
         if (ours > theirs * (1 + 1e-9)) {
           ++worse;
           worst = std::max(worst, ours / theirs - 1.0);
@@ -119,8 +137,8 @@ int main(int argc, char** argv) {
         }
       }
       total_worse += worse;
-      std::printf("| %s | %s | %d | %d | %d | %d | %+.2f%% | %d |\n", s.label, kind.c_str(), layers_per_kind, worse,
-                  equal, better, 100.0 * worst, duplicates);
+      std::printf("| %s | %s | %d | %d | %d | %d | %+.2f%% | %d | %d |\n", s.label, kind.c_str(), layers_per_kind,
+                  worse, equal, better, 100.0 * worst, duplicates, inverted);
     }
   }
   std::printf("\nworse in total: %d\n\n", total_worse);
@@ -154,6 +172,33 @@ int main(int argc, char** argv) {
         "EPLB where the optimum is not: %d\n\n",
         layers, optimal, eplb_duplicates, unbeatable, worse_avoidable);
   }
+
+  // (2b) Heat order on tiny layers: where some duplicate-free placement at
+  // epmoe's max load gives no expert fewer copies than a colder one, how
+  // often epmoe's does. Loads 0-9, and one expert at 1000 with the rest 0-2.
+  for (const bool one_hot : {false, true}) {
+    std::mt19937_64 rng(2027);
+    int layers = 0, possible = 0, ordered = 0;
+    for (int trial = 0; trial < layers_per_kind * 5; ++trial) {
+      const int gpus = 2 + static_cast<int>(rng() % 3), slots = 2 + static_cast<int>(rng() % 2);
+      const int replicas = gpus * slots, experts = slots + static_cast<int>(rng() % (std::min(replicas, 7) - slots));
+      std::vector<float> w(experts);
+      for (int e = 0; e < experts; ++e) w[e] = static_cast<float>(one_hot ? (e == 0 ? 1000 : rng() % 3) : rng() % 10);
+      const ExpertRebalance r = rebalance_experts(w, 1, experts, {replicas, 1, 1, gpus});
+      const std::vector<int> count(r.logical_count.begin(), r.logical_count.end());
+      const double ours = epmoe_max_load(r, w, gpus);
+      ++layers;
+      if (reference::best_duplicate_free_max_load(w, replicas, gpus, /*heat_ordered=*/true) <= ours * (1 + 1e-12)) {
+        ++possible;
+        ordered += reference::in_heat_order(w, count);
+      }
+    }
+    std::printf(
+        "Heat order on tiny layers (2-4 GPUs x 2-3 slots, %s, global policy): %d layers; a duplicate-free "
+        "placement at epmoe's max load with no hotter expert on fewer copies exists on %d; epmoe's is one on %d\n",
+        one_hot ? "one expert at 1000, the rest 0-2" : "loads 0-9", layers, possible, ordered);
+  }
+  std::printf("\n");
 
   std::printf("| shape | layers per call | epmoe CPU us per call | per layer |\n|---|---:|---:|---:|\n");
   for (const Shape& s : shapes) {

@@ -23,7 +23,8 @@ Load balancing and reports:
 
 * ``rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)``:
   DeepSeek EPLB's function, same arguments and outputs, in C++ (the GIL is
-  released while it runs), never two copies of one expert on one GPU.
+  released while it runs), never two copies of one expert on one GPU where
+  the slots allow it; where EPLB asserts, ``EplbAssertionError``.
 * ``plan_replicas(counts, ranks, slots)``: epmoe's per-step replica planner.
 * ``plan(**keys)``: what ``epmoe plan --json`` prints, as a dict.
 * ``replay_balance(loads, **keys)``: what ``epmoe balance --loads --json``
@@ -48,7 +49,7 @@ import numpy as np
 
 from . import _epmoe
 from ._arguments import key_text, torch_tensor_module
-from ._epmoe import AbortedError, PeerError, UsageError
+from ._epmoe import AbortedError, EplbAssertionError, PeerError, UsageError
 from .communicators import Communicator, ThreadsWorld, mpi_communicator, run_threads, set_compute_threads
 from .ep_group import CombineGradients, Dispatched, DispatchGradients, DispatchHandle, EpGroup
 from .moe_layer import ForwardOutput, Gradients, MoeLayer, MoeStep
@@ -59,7 +60,7 @@ __all__ = [
     "EpGroup", "DispatchHandle", "Dispatched", "CombineGradients", "DispatchGradients",
     "MoeLayer", "MoeStep", "ForwardOutput", "Gradients",
     "WholeWorldLayer",
-    "UsageError", "PeerError", "AbortedError",
+    "UsageError", "PeerError", "AbortedError", "EplbAssertionError",
     "rebalance_experts", "plan_replicas", "plan", "replay_balance",
 ]
 __version__ = "0.1.0"
@@ -123,7 +124,15 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
     [L, E, num_replicas - E + 1] padded with -1, logical_count [L, E]), int64,
     numpy arrays for a numpy (or list) weight, torch tensors on weight's device
     for a torch weight. GPU g holds physical slots [g*P/G, (g+1)*P/G); no GPU
-    holds two copies of one expert.
+    holds two copies of one expert, unless it has more slots than its node has
+    experts (then EPLB's placement); a hotter expert has at least as many
+    copies as a colder one of its node where that costs no balance.
+
+    Accepts every call DeepSeek's EPLB accepts (the global policy uses neither
+    num_groups nor num_nodes). Where EPLB asserts (num_replicas not a multiple
+    of num_gpus or below E; hierarchical: num_groups not dividing E, num_gpus
+    not a multiple of num_nodes) raises EplbAssertionError, both an
+    AssertionError and a ValueError; other bad arguments ValueError or TypeError.
     """
     # A rebalance is a few microseconds of C++ (docs/BENCHMARKS.md), so the
     # common cases skip the general conversion: a C-contiguous float32 numpy
@@ -143,7 +152,8 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
         array = np.ascontiguousarray(array, dtype=np.float32)
     outputs = _epmoe.rebalance_experts(
         array,
-        _integer("num_replicas", num_replicas, 1),
+        # Below E (0 and negative included) is one of EPLB's asserts: the C++ says so.
+        _integer("num_replicas", num_replicas, -_INT32_MAX),
         _integer("num_groups", num_groups, 1),
         _integer("num_nodes", num_nodes, 1),
         _integer("num_gpus", num_gpus, 1),

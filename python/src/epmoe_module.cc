@@ -50,15 +50,37 @@ std::vector<epmoe::run::KeyAssignment> to_assignments(const std::vector<std::pai
   return out;
 }
 
+// epmoe.EplbAssertionError, made once at import: what rebalance_experts
+// raises where DeepSeek's EPLB asserts (balance::EplbAssertionError), so that
+// EPLB's callers' `except AssertionError` catch it; a ValueError too, as
+// every other bad argument of epmoe.
+PyObject* eplb_assertion_error = nullptr;
+
+void bind_eplb_assertion_error(nb::module_& m) {
+  PyObject* bases = PyTuple_Pack(2, PyExc_AssertionError, PyExc_ValueError);
+  if (bases == nullptr) throw nb::python_error();
+  eplb_assertion_error = PyErr_NewExceptionWithDoc(
+      "epmoe.EplbAssertionError",
+      "An argument of rebalance_experts that breaks a condition DeepSeek's EPLB asserts on (a divisibility, fewer "
+      "replicas than experts): an AssertionError as EPLB raises there, and a ValueError.",
+      bases, nullptr);
+  Py_DECREF(bases);
+  if (eplb_assertion_error == nullptr) throw nb::python_error();
+  m.attr("EplbAssertionError") = nb::borrow(eplb_assertion_error);
+}
+
 std::tuple<Int64Array, Int64Array, Int64Array> rebalance_experts(
     nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> weight, int num_replicas, int num_groups,
     int num_nodes, int num_gpus) {
   const int num_layers = static_cast<int>(weight.shape(0)), num_experts = static_cast<int>(weight.shape(1));
   epmoe::balance::ExpertRebalance result;
-  {
+  try {
     nb::gil_scoped_release release;  // `weight` stays referenced by the caller's frame
     result = epmoe::balance::rebalance_experts({weight.data(), weight.size()}, num_layers, num_experts,
                                                {num_replicas, num_groups, num_nodes, num_gpus});
+  } catch (const epmoe::balance::EplbAssertionError& e) {  // the GIL is held again here
+    PyErr_SetString(eplb_assertion_error, e.what());
+    throw nb::python_error();
   }
   const std::size_t L = num_layers, E = num_experts, P = num_replicas;
   return {to_numpy(std::move(result.physical_to_logical), {L, P}),
@@ -147,6 +169,7 @@ NB_MODULE(_epmoe, m) {
   m.doc() = "epmoe's native module; use the functions of the epmoe package";
   using namespace epmoe::python;
   bind_errors(m);
+  bind_eplb_assertion_error(m);
   m.def("rebalance_experts", &rebalance_experts, nb::arg("weight"), nb::arg("num_replicas"), nb::arg("num_groups"),
         nb::arg("num_nodes"), nb::arg("num_gpus"));
   m.def("plan_replicas", &plan_replicas, nb::arg("counts"), nb::arg("ranks"), nb::arg("slots"),

@@ -28,6 +28,14 @@ def test_plan_replicas_without_slots_keeps_homes():
     assert copies == [(0, 0, 5), (1, 0, 6), (2, 1, 7), (3, 1, 8)]
 
 
+@pytest.mark.parametrize("threshold", [4.0, 1e18, 1e300, float("inf")])
+def test_plan_replicas_threshold_of_ranks_or_more_never_rebalances(threshold):
+    # max/mean <= ranks always, so the homes meet any threshold from ranks up;
+    # such thresholds once made the planner loop for ever.
+    copies = epmoe.plan_replicas([1000, 1, 1, 1], 4, 2, threshold)
+    assert copies == [(0, 0, 1000), (1, 1, 1), (2, 2, 1), (3, 3, 1)]
+
+
 @pytest.mark.parametrize(
     "args, error, name",
     [
@@ -37,6 +45,7 @@ def test_plan_replicas_without_slots_keeps_homes():
         (([1, 2], 2, -1), ValueError, "slots"),
         (([1.5, 2], 2, 1), ValueError, "counts"),
         (([1, 2], 2.5, 1), TypeError, "ranks"),
+        (([1, 2], 2, 1, float("nan")), ValueError, "rebalance_threshold"),
         ((None, 2, 1), TypeError, "counts"),
     ],
 )

@@ -93,11 +93,10 @@ def test_torch_integer_weight(torch_module):
     [
         ((np.ones((2, 12)), 10, 4, 2, 8), ValueError, "num_replicas"),  # fewer replicas than experts
         ((np.ones((2, 12)), 20, 4, 2, 8), ValueError, "num_replicas"),  # not a multiple of num_gpus
-        ((np.ones((2, 12)), 16, 4, 3, 8), ValueError, "num_gpus"),  # 8 % 3 nodes
+        ((np.ones((2, 12)), 18, 4, 4, 6), ValueError, "num_gpus"),  # hierarchical: 6 % 4 nodes
         ((np.ones((2, 12)), 16, 8, 2, 8), ValueError, "num_groups"),  # 12 % 8
         ((np.ones((2, 12)), 16, 4, 0, 8), ValueError, "num_nodes"),
         ((np.ones((2, 12)), 16, 4, 2, 0), ValueError, "num_gpus"),
-        ((np.ones((2, 12)), 96, 4, 2, 8), ValueError, "num_replicas"),  # 12 slots per GPU, 6 experts per node
         ((np.ones(12), 16, 4, 2, 8), ValueError, "weight"),  # 1-D
         ((-np.ones((2, 12)), 16, 4, 2, 8), ValueError, "weight"),
         ((np.full((2, 12), np.nan), 16, 4, 2, 8), ValueError, "weight"),
@@ -113,3 +112,61 @@ def test_torch_integer_weight(torch_module):
 def test_bad_arguments_raise_naming_the_argument(args, error, name):
     with pytest.raises(error, match=name):
         epmoe.rebalance_experts(*args)
+
+
+def test_accepts_every_call_eplbs_global_policy_accepts():
+    # num_groups % num_nodes != 0: DeepSeek's EPLB runs the global policy and
+    # never uses num_nodes, so 64 GPUs need not be a multiple of 3 nodes.
+    weight = make_weight("zipf", 2, 256, seed=5)
+    outputs = epmoe.rebalance_experts(weight, 384, 8, 3, 64)
+    check_placement(weight, outputs, 384, 64)
+    for ours, one_node in zip(outputs, epmoe.rebalance_experts(weight, 384, 1, 1, 64)):
+        np.testing.assert_array_equal(ours, one_node)
+
+
+def test_more_slots_per_gpu_than_experts_per_node_gives_eplbs_duplicates():
+    # 12 slots per GPU, 6 experts per node: EPLB accepts it, and no placement
+    # avoids holding some expert twice on a GPU.
+    weight = make_weight("zipf", 1, 12, seed=2)
+    phy2log, log2phy, logcnt = epmoe.rebalance_experts(weight, 96, 4, 2, 8)
+    assert phy2log.shape == (1, 96) and log2phy.shape == (1, 12, 85)
+    assert logcnt.sum() == 96 and (logcnt >= 1).all()
+    np.testing.assert_array_equal(np.bincount(phy2log[0], minlength=12), logcnt[0])
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        ((7, 2, 2, 4), "num_replicas=7"),  # vLLM's test: 7 not a multiple of 4 GPUs
+        ((8, 1, 1, 4), "num_replicas=8"),  # fewer replicas than the 12 experts
+        ((0, 1, 1, 4), "num_replicas=0"),
+        ((16, 8, 2, 8), "num_groups=8"),  # hierarchical: 12 experts % 8 groups
+        ((18, 4, 4, 6), "num_gpus=6"),  # hierarchical: 6 GPUs % 4 nodes
+    ],
+)
+def test_what_eplb_asserts_on_raises_an_assertion_error_that_is_a_value_error(args, name):
+    weight = np.ones((1, 12), dtype=np.float32)
+    with pytest.raises(AssertionError, match=name) as raised:
+        epmoe.rebalance_experts(weight, *args)
+    assert isinstance(raised.value, ValueError)
+    assert isinstance(raised.value, epmoe.EplbAssertionError)
+
+
+def test_other_bad_arguments_are_no_assertion_errors():
+    # EPLB divides by zero there; epmoe: a ValueError naming the argument.
+    with pytest.raises(ValueError, match="num_nodes") as raised:
+        epmoe.rebalance_experts(np.ones((1, 12)), 16, 4, 0, 8)
+    assert not isinstance(raised.value, AssertionError)
+
+
+def test_hotter_experts_get_at_least_as_many_copies_where_balance_allows():
+    # One expert at 1000, the rest 0-2, 4 GPUs x 3 slots: the copies the hot
+    # expert cannot take (one per GPU) go to the hotter of the cold experts,
+    # at the same max load (250 + 4/3) as the search's 4 1 3 2 2.
+    weight = np.array([[1000, 0, 1, 2, 2]])
+    outputs = epmoe.rebalance_experts(weight, 12, 1, 1, 4)
+    np.testing.assert_array_equal(outputs[2], [[4, 1, 1, 3, 3]])
+    assert check_placement(weight, outputs, 12, 4)[0] == pytest.approx((250 + 4 / 3) / (1005 / 4))
+    # The hottest gets more copies than any other (the search gave 4 4 3 1).
+    _, _, logcnt = epmoe.rebalance_experts(np.array([[1000, 0, 0, 0]]), 12, 1, 1, 4)
+    np.testing.assert_array_equal(logcnt, [[4, 3, 3, 2]])

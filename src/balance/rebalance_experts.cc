@@ -104,8 +104,22 @@ void start_replication(const double* expert_loads, int cap, Candidate& c, const 
   }
 }
 
-void add_copy(Candidate& c, int j, int cap, const int* limit) {
-  const int best = first_max_index(c.choice.data(), c.n);
+// Which expert takes the next copy among equal loads per copy: the lowest
+// index (EPLB's rule), or the hotter expert (then the lowest index).
+enum class CopyTies { lowest_index, hotter };
+
+int next_copy_expert(const Candidate& c, CopyTies ties) {
+  const int first = first_max_index(c.choice.data(), c.n);
+  if (ties == CopyTies::lowest_index) return first;
+  int best = first;
+  for (int i = first + 1; i < c.n; ++i) {
+    if (c.choice[i] == c.choice[first] && c.w[i] > c.w[best]) best = i;
+  }
+  return best;
+}
+
+void add_copy(Candidate& c, int j, int cap, const int* limit, CopyTies ties = CopyTies::lowest_index) {
+  const int best = next_copy_expert(c, ties);
   EPMOE_CHECK(c.choice[best] != kNoMoreCopies);  // validate: copies_per_node <= experts_per_node * gpus_per_node
   const int copies = ++c.count[best];
   c.per_copy[best] = c.w[best] / copies;
@@ -117,9 +131,10 @@ void finish_replication(Candidate& c) {
   for (int j = 0; j < c.copies; ++j) c.copy_load[j] = c.per_copy[c.copy_expert[j]];
 }
 
-void replicate(const double* expert_loads, int cap, Candidate& c, const int* limit = nullptr) {
+void replicate(const double* expert_loads, int cap, Candidate& c, const int* limit = nullptr,
+               CopyTies ties = CopyTies::lowest_index) {
   start_replication(expert_loads, cap, c, limit);
-  for (int j = c.n; j < c.copies; ++j) add_copy(c, j, cap, limit);
+  for (int j = c.n; j < c.copies; ++j) add_copy(c, j, cap, limit, ties);
   finish_replication(c);
 }
 
@@ -225,9 +240,11 @@ void pack(Candidate& c, bool avoid_duplicates, std::vector<std::pair<double, int
 
 // EPLB's packing made duplicate-free: each second copy of an expert on a GPU
 // swapped with a copy of another GPU that neither GPU would then hold twice,
-// the swap leaving the lower of the two GPUs' new loads (one always exists:
-// the other GPU is full of distinct experts, this one is not).
-void remove_duplicates(Candidate& c) {
+// the swap leaving the lower of the two GPUs' new loads. False when some
+// duplicate has no such swap: every GPU without the expert holds only
+// experts this GPU holds too, which happens when those GPUs hold duplicates
+// of their own (loads {9, 9, 1, 8, 0, 5} on 4 GPUs x 4 slots).
+bool remove_duplicates(Candidate& c) {
   for (int p = 0; p < c.gpus; ++p) {
     for (int a = 0; a < c.slots; ++a) {
       const int copy = c.at(p, a), expert = c.copy_expert[copy];
@@ -244,11 +261,12 @@ void remove_duplicates(Candidate& c) {
           if (best_gpu < 0 || new_max < best_max) best_gpu = q, best_slot = b, best_max = new_max;
         }
       }
-      EPMOE_CHECK_GE(best_gpu, 0);
+      if (best_gpu < 0) return false;
       c.swap(p, a, best_gpu, best_slot);
     }
   }
   c.duplicate = false;
+  return true;
 }
 
 // Each expert's load per copy with its copies as they are, with one more and
@@ -299,11 +317,115 @@ void retarget(Candidate& c, int h, int s, int to) {
   }
 }
 
+// The order of a node's experts by load ("heat"), and how far a candidate's
+// copies are out of it: inversions, pairs where the hotter expert has fewer
+// copies; and ties with the hottest, colder experts with as many copies as
+// the hottest one (EPLB gives a very hot expert more copies than any other).
+// EPLB's replication has neither inversions nor, unless loads are close,
+// ties: each copy goes to the largest load per copy. The duplicate-free
+// search can add both: capping copies at one per GPU hands the hottest
+// expert's extra copies to whichever expert is next, and slot
+// re-assignments follow loads, not heat.
+class HeatOrder {
+ public:
+  void reset(const double* loads, int n) {
+    w_ = loads;
+    n_ = n;
+    hottest_ = first_max_index(loads, n);
+    order_.resize(n);
+    if (n <= kCountingOrderCopies) {  // as start_packing orders copies, for the same reason
+      descending_order(loads, n, order_.data());
+    } else {
+      std::iota(order_.begin(), order_.end(), 0);
+      std::sort(order_.begin(), order_.end(),
+                [&](int a, int b) { return loads[a] > loads[b] || (loads[a] == loads[b] && a < b); });
+    }
+    // An expert's tie group: the positions of the experts with its load.
+    colder_from_.resize(n), hotter_until_.resize(n);
+    for (int p = 0; p < n;) {
+      int end = p + 1;
+      while (end < n && w_[order_[end]] == w_[order_[p]]) ++end;
+      for (int q = p; q < end; ++q) hotter_until_[order_[q]] = p, colder_from_[order_[q]] = end;
+      p = end;
+    }
+  }
+  // The experts hottest first, ties to the lower index.
+  const std::vector<int>& order() const { return order_; }
+  int hottest() const { return hottest_; }
+
+  // Whether some expert has fewer copies than a colder one: then some expert
+  // has more copies than the fewest among the strictly hotter ones.
+  bool has_inversion(const Candidate& c) const {
+    int fewest_hotter = std::numeric_limits<int>::max(), fewest_so_far = fewest_hotter;
+    for (int k = 0; k < c.n; ++k) {
+      const int x = order_[k];
+      if (k > 0 && w_[x] < w_[order_[k - 1]]) fewest_hotter = fewest_so_far;
+      if (c.count[x] > fewest_hotter) return true;
+      fewest_so_far = std::min(fewest_so_far, c.count[x]);
+    }
+    return false;
+  }
+
+  // The counts of `c` (duplicate-free: at most c.gpus copies each) that the
+  // two questions below answer in O(1); again after any count changes.
+  void index(const Candidate& c) {
+    width_ = c.gpus + 3;  // copies 0..gpus + 1, and one past
+    fewer_.assign(static_cast<std::size_t>(n_ + 1) * width_, 0);
+    for (int p = 0; p < n_; ++p) {
+      const int* row = &fewer_[static_cast<std::size_t>(p) * width_];
+      int* next = &fewer_[static_cast<std::size_t>(p + 1) * width_];
+      const int copies = c.count[order_[p]];
+      for (int v = 0; v < width_; ++v) next[v] = row[v] + (copies < v);
+    }
+    counts_ = c.count.data();
+  }
+  // Change of the number of inversions when one copy goes from `from` to `to`.
+  int inversion_change(int from, int to) const {
+    const int cf = counts_[from], ct = counts_[to];
+    return inversions_of(to, ct + 1, from) - inversions_of(to, ct, from) + inversions_of(from, cf - 1, to) -
+           inversions_of(from, cf, to) + inverted(w_[to], ct + 1, w_[from], cf - 1) -
+           inverted(w_[to], ct, w_[from], cf);
+  }
+  // Ties with the hottest, with one copy moved from `from` to `to` (-1: none).
+  int ties_with_hottest(int from = -1, int to = -1) const {
+    const auto copies = [&](int k) { return counts_[k] + (k == to) - (k == from); };
+    const int h = hottest_, threshold = copies(h), colder = colder_from_[h];
+    int ties = (n_ - colder) - (fewer(n_, threshold) - fewer(colder, threshold));
+    for (const int k : {from, to}) {
+      if (k >= 0 && w_[k] < w_[h]) ties += (copies(k) >= threshold) - (counts_[k] >= threshold);
+    }
+    return ties;
+  }
+
+ private:
+  static int inverted(double wx, int cx, double wy, int cy) { return (wx > wy && cx < cy) || (wy > wx && cy < cx); }
+  // Experts at positions [0, p) of the order with fewer than v copies.
+  int fewer(int p, int v) const { return fewer_[static_cast<std::size_t>(p) * width_ + v]; }
+  // Pairs (x, k), k != x and k != skip, out of order if x had `copies`:
+  // hotter experts with fewer, colder ones with more.
+  int inversions_of(int x, int copies, int skip) const {
+    const int hotter = hotter_until_[x], colder = colder_from_[x];
+    int count = fewer(hotter, copies) + (n_ - colder) - (fewer(n_, copies + 1) - fewer(colder, copies + 1));
+    if (skip >= 0) count -= inverted(w_[x], copies, w_[skip], counts_[skip]);
+    return count;
+  }
+
+  const double* w_ = nullptr;
+  int n_ = 0, hottest_ = 0;
+  std::vector<int> order_;
+  std::vector<int> hotter_until_, colder_from_;  // [n] by expert: its tie group is [hotter_until, colder_from)
+  const int* counts_ = nullptr;                  // index(): the candidate's counts
+  int width_ = 0;
+  std::vector<int> fewer_;  // [(n + 1) * width]: fewer(p, v)
+};
+
 // Local search on a duplicate-free placement: while the most loaded GPU m can
 // be lowered, the exchange of one copy (else two copies) of m with as many of
 // another GPU, no GPU then holding an expert twice, that leaves the lowest
 // larger load of the two. Stops at `floor` (no placement can be lower).
-void lower_max_load(Candidate& c, double floor, bool two_for_two, RecountedLoads& recounted) {
+// With `keep`, no re-assignment adds an inversion of its heat order.
+void lower_max_load(Candidate& c, double floor, bool two_for_two, RecountedLoads& recounted,
+                    HeatOrder* keep = nullptr) {
   const double eps = 1e-12;
   for (int iteration = 0; iteration < 16 * c.gpus; ++iteration) {
     const int m = first_max_index(c.load.data(), c.gpus);
@@ -329,6 +451,7 @@ void lower_max_load(Candidate& c, double floor, bool two_for_two, RecountedLoads
       int rh = -1, rs = -1, rto = -1;
       RecountedLoads& r = recounted;
       r.compute(c);
+      if (keep != nullptr) keep->index(c);
       for (int a = 0; a < c.slots; ++a) {
         const int from = c.copy_expert[c.at(m, a)];
         if (c.count[from] < 2) continue;
@@ -336,7 +459,8 @@ void lower_max_load(Candidate& c, double floor, bool two_for_two, RecountedLoads
         for (int to = 0; to < c.n; ++to) {
           if (c.held(m, to) > 0 || lm - from_old + r.more[to] >= best_max) continue;
           const double new_max = retarget_max(c, r, m, a, to, best_max);
-          if (new_max < best_max) best_max = new_max, rh = m, rs = a, rto = to;
+          if (new_max < best_max && !(keep != nullptr && keep->inversion_change(from, to) > 0))
+            best_max = new_max, rh = m, rs = a, rto = to;
         }
       }
       for (int a = 0; a < c.slots; ++a) {
@@ -348,7 +472,8 @@ void lower_max_load(Candidate& c, double floor, bool two_for_two, RecountedLoads
             const int from = c.copy_expert[c.at(h, b)];
             if (c.count[from] < 2) continue;
             const double new_max = retarget_max(c, r, h, b, to, best_max);
-            if (new_max < best_max) best_max = new_max, rh = h, rs = b, rto = to;
+            if (new_max < best_max && !(keep != nullptr && keep->inversion_change(from, to) > 0))
+              best_max = new_max, rh = h, rs = b, rto = to;
           }
         }
       }
@@ -391,16 +516,79 @@ void lower_max_load(Candidate& c, double floor, bool two_for_two, RecountedLoads
   }
 }
 
+// Hotter experts get at least as many copies, one move at a time, where a
+// move leaves every GPU at most at `limit`: a slot re-assigned (as in
+// lower_max_load) from a colder expert to a hotter one with fewer copies
+// (the hottest: with as many), or from a colder expert with as many copies
+// as the hottest to one no hotter with at least two fewer. A move is taken
+// when it lowers the inversions, or keeps them and lowers the ties with the
+// hottest; so the moves end.
+void prefer_hotter(Candidate& c, double limit, HeatOrder& heat, RecountedLoads& recounted, std::vector<int>& givers) {
+  const double bound = std::nextafter(limit, std::numeric_limits<double>::infinity());
+  const int h = heat.hottest();
+  const double* w = c.w;
+  const std::vector<int>& order = heat.order();
+  for (int moves = 0; moves < c.copies * c.n; ++moves) {
+    // The experts that can give, coldest first: with two copies or more,
+    // and as many as the hottest or more than some hotter expert (the
+    // fewest copies among the strictly hotter ones, by heat order).
+    givers.clear();
+    int fewest_hotter = std::numeric_limits<int>::max(), fewest_so_far = std::numeric_limits<int>::max();
+    for (int k = 0; k < c.n; ++k) {
+      const int x = order[k];
+      if (k > 0 && w[x] < w[order[k - 1]]) fewest_hotter = fewest_so_far;
+      fewest_so_far = std::min(fewest_so_far, c.count[x]);
+      if (c.count[x] >= 2 && (c.count[x] > fewest_hotter || (w[x] < w[h] && c.count[x] >= c.count[h])))
+        givers.push_back(x);
+    }
+    if (givers.empty()) return;
+    std::reverse(givers.begin(), givers.end());
+    heat.index(c);
+    const int ties = heat.ties_with_hottest();
+    int best_h = -1, best_s = -1, best_to = -1;
+    bool computed = false;
+    // From the coldest giver, to the hottest receiver first: the first move
+    // possible is taken, on the GPU that leaves the lowest max.
+    for (std::size_t f = 0; f < givers.size() && best_h < 0; ++f) {
+      const int from = givers[f];
+      const bool tied = w[from] < w[h] && c.count[from] >= c.count[h];
+      for (int t = 0; t < c.n && best_h < 0; ++t) {
+        const int to = order[t];
+        if (to == from || c.count[to] >= c.gpus) continue;
+        const bool wanted = (w[to] > w[from] && c.count[to] < c.count[from]) ||
+                            (tied && (to == h || (w[to] <= w[from] && c.count[to] + 2 <= c.count[from])));
+        if (!wanted) continue;
+        const int change = heat.inversion_change(from, to);
+        if (change > 0 || (change == 0 && heat.ties_with_hottest(from, to) >= ties)) continue;
+        if (!computed) recounted.compute(c), computed = true;
+        double best_max = bound;
+        for (int g = 0; g < c.gpus; ++g) {
+          if (c.held(g, from) == 0 || c.held(g, to) > 0) continue;
+          int s = 0;
+          while (c.copy_expert[c.at(g, s)] != from) ++s;
+          const double new_max = retarget_max(c, recounted, g, s, to, best_max);
+          if (new_max < best_max) best_max = new_max, best_h = g, best_s = s, best_to = to;
+        }
+      }
+    }
+    if (best_h < 0) return;
+    retarget(c, best_h, best_s, best_to);
+  }
+}
+
 // Per-call scratch: everything the nodes need, allocated once.
 struct Workspace {
   std::vector<Candidate> eplb;        // [nodes] EPLB's own replication and packing
   std::vector<Candidate> candidates;  // [nodes] the duplicate-free placement of a node EPLB duplicates on
   Candidate trial;
+  Candidate ordered;  // the search kept to the heat order
   RecountedLoads recounted;
+  HeatOrder heat;
   std::vector<Candidate*> batch;  // the nodes replicated or packed together
   std::vector<double> expert_loads, gpu_scratch, group_loads, pack_loads, eplb_max;
   std::vector<std::pair<double, int>> sort_buffer;
-  std::vector<int> node_experts, group_order, node_groups, node_fill, filled, limit, caps, node_order;
+  std::vector<int> node_experts, group_order, node_groups, node_fill, filled, limit, caps, node_order, givers;
+  int hot[2] = {-1, -1};  // search_node: the two heaviest replicated experts of candidate (1)
 };
 
 // EPLB's balanced packing of groups onto nodes: heaviest first, each onto the
@@ -426,6 +614,117 @@ void pack_groups(Workspace& w, int num_packs, int capacity) {
     }
     w.node_groups[best * capacity + w.node_fill[best]++] = group;
     w.pack_loads[best] += loads[group];
+  }
+}
+
+// Candidate (1)'s copies: EPLB's when no expert has more copies than the
+// node has GPUs, else copies capped at one per GPU.
+void capped_copies(const Candidate& eplb, const double* expert_loads, int gpus, Candidate& first) {
+  if (*std::max_element(eplb.count.begin(), eplb.count.end()) <= gpus) {
+    first.w = eplb.w, first.count = eplb.count, first.copy_expert = eplb.copy_expert;
+    first.copy_load = eplb.copy_load, first.order = eplb.order, first.sorted = eplb.sorted;
+  } else {
+    replicate(expert_loads, gpus, first);
+  }
+}
+
+// The node's candidates (2)-(4) (see rebalance_layer), numbered 0-9:
+// EPLB's copies packed without duplicates (0) and EPLB's packing with its
+// duplicates swapped away (1), when no expert has more copies than GPUs;
+// then (4), `w.limit` (candidate (1)'s copies after its local search) with
+// one or two fewer for the two heaviest replicated experts `w.hot`. Into
+// `trial`, packed; false where the variant does not apply.
+constexpr int kNumVariants = 10;
+
+bool build_variant(int variant, Candidate& trial, const Candidate& eplb, const double* expert_loads, const Layout& l,
+                   Workspace& w) {
+  const int n = l.experts_per_node;
+  if (variant < 2) {
+    if (*std::max_element(eplb.count.begin(), eplb.count.end()) > l.gpus_per_node) return false;
+    trial = eplb;
+    if (variant == 0) {
+      pack(trial, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
+      return true;
+    }
+    return remove_duplicates(trial);
+  }
+  static constexpr int kFewer[8][2] = {{1, 1}, {1, 0}, {0, 1}, {2, 1}, {1, 2}, {2, 0}, {0, 2}, {2, 2}};
+  const int* fewer = kFewer[variant - 2];
+  for (int k = 0; k < 2; ++k) {
+    if (fewer[k] > 0 && (w.hot[k] < 0 || w.limit[w.hot[k]] - fewer[k] < 1)) return false;
+  }
+  std::vector<int>& caps = w.caps;
+  caps.assign(n, l.gpus_per_node);
+  for (int k = 0; k < 2; ++k)
+    if (w.hot[k] >= 0) caps[w.hot[k]] = w.limit[w.hot[k]] - fewer[k];
+  if (std::accumulate(caps.begin(), caps.end(), 0) < l.copies_per_node) return false;
+  replicate(expert_loads, l.gpus_per_node, trial, caps.data());
+  pack(trial, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
+  return true;
+}
+
+// Candidate (4)'s basis (see build_variant) from a searched candidate (1):
+// its copies, and its two heaviest experts with more than one copy.
+void set_variant_basis(const Candidate& first, const double* expert_loads, Workspace& w) {
+  w.hot[0] = w.hot[1] = -1;
+  for (int i = 0; i < first.n; ++i) {
+    if (first.count[i] < 2) continue;
+    if (w.hot[0] < 0 || expert_loads[i] > expert_loads[w.hot[0]]) {
+      w.hot[1] = w.hot[0], w.hot[0] = i;
+    } else if (w.hot[1] < 0 || expert_loads[i] > expert_loads[w.hot[1]]) {
+      w.hot[1] = i;
+    }
+  }
+  w.limit.assign(first.count.begin(), first.count.end());
+}
+
+// One node's duplicate-free search (see rebalance_layer), from candidate
+// (1) packed in `best`, which ends holding the lowest max load found.
+void search_node(Candidate& best, const Candidate& eplb, const double* expert_loads, double floor, double stop,
+                 const Layout& l, Workspace& w) {
+  lower_max_load(best, floor, /*two_for_two=*/false, w.recounted);
+  double best_max = best.max_load();
+  set_variant_basis(best, expert_loads, w);
+  for (int variant = 0; variant < kNumVariants && best_max > stop; ++variant) {
+    Candidate& trial = w.trial;
+    if (!build_variant(variant, trial, eplb, expert_loads, l, w)) continue;
+    lower_max_load(trial, floor, /*two_for_two=*/true, w.recounted);
+    const double trial_max = trial.max_load();
+    if (trial_max < best_max) std::swap(best, trial), best_max = trial_max;
+  }
+}
+
+// The search again with no inversion of the heat order (the local search
+// adds none), for a node whose placement has one; into `best` at the first
+// candidate without an inversion and with a max load at most `limit`.
+// Candidate (1)'s copies capped at one per GPU with ties of load per copy
+// to the hotter expert, then the first three variants of (4) from them:
+// four local searches at most. (All ten variants cost 4x the first search
+// on E=256 global-policy hot-group layers and found nothing there; these
+// four keep 835 of the 838 tiny layers and 3 of the 16 Zipf ones the ten
+// found, bench_balance_rebalance and docs/BALANCE.md.)
+void search_in_heat_order(Candidate& best, const Candidate& eplb, const double* expert_loads, double floor,
+                          double limit, const Layout& l, Workspace& w) {
+  const double bound = limit * (1.0 + 1e-12);
+  const auto take = [&](Candidate& c) {
+    if (w.heat.has_inversion(c) || c.max_load() > bound) return false;
+    std::swap(best, c);
+    return true;
+  };
+  // {1000, 0, 1, 2, 2} on 4 GPUs x 3 slots: ties to the hotter give 4 1 1 3
+  // 3 copies (max 251.33, as the search's 4 1 3 2 2), where ties to the
+  // lowest index give 4 1 2 3 2 (251.5) and no re-assignment without an
+  // inversion lowers it.
+  Candidate& ordered = w.ordered;
+  replicate(expert_loads, l.gpus_per_node, ordered, nullptr, CopyTies::hotter);
+  pack(ordered, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
+  lower_max_load(ordered, floor, /*two_for_two=*/false, w.recounted, &w.heat);
+  if (take(ordered)) return;
+  set_variant_basis(ordered, expert_loads, w);
+  for (const int variant : {2, 3, 4}) {
+    if (!build_variant(variant, w.trial, eplb, expert_loads, l, w)) continue;
+    lower_max_load(w.trial, floor, /*two_for_two=*/true, w.recounted, &w.heat);
+    if (take(w.trial)) return;
   }
 }
 
@@ -479,10 +778,12 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
   pack_together(w.batch, /*avoid_duplicates=*/false, w.sort_buffer, w.gpu_scratch);
 
   double kept_max = 0.0;  // the max GPU load so far of the nodes decided
+  // More slots per GPU than experts per node: every placement duplicates.
+  const bool duplicate_free_exists = l.slots_per_gpu <= l.experts_per_node;
   w.node_order.clear();
   for (int node = 0; node < l.num_nodes; ++node) {
     const Candidate& eplb = w.eplb[node];
-    if (eplb.duplicate) {
+    if (eplb.duplicate && duplicate_free_exists) {
       w.node_order.push_back(node);
     } else {
       kept_max = std::max(kept_max, eplb.max_load());
@@ -512,16 +813,8 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
   // order of the nodes: it is packed for all of them in lockstep.
   w.batch.clear();
   for (const int node : w.node_order) {
-    const Candidate& eplb = w.eplb[node];
-    Candidate& first = w.candidates[node];
-    if (*std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node) {
-      // The capped replication is EPLB's.
-      first.w = eplb.w, first.count = eplb.count, first.copy_expert = eplb.copy_expert;
-      first.copy_load = eplb.copy_load, first.order = eplb.order, first.sorted = eplb.sorted;
-    } else {
-      replicate(w.expert_loads.data() + node * n, l.gpus_per_node, first);
-    }
-    w.batch.push_back(&first);
+    capped_copies(w.eplb[node], w.expert_loads.data() + node * n, l.gpus_per_node, w.candidates[node]);
+    w.batch.push_back(&w.candidates[node]);
   }
   pack_together(w.batch, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
 
@@ -532,52 +825,15 @@ void rebalance_layer(const float* weight, int num_logical_experts, const Layout&
     for (int i = 0; i < n; ++i) total += expert_loads[i];
     const double floor = std::max(total / l.gpus_per_node, kept_max);
     const double stop = std::max(floor, eplb.max_load()) * (1.0 + 1e-12);
-    const bool eplb_copies_fit = *std::max_element(eplb.count.begin(), eplb.count.end()) <= l.gpus_per_node;
     Candidate& best = w.candidates[node];
-    lower_max_load(best, floor, /*two_for_two=*/false, w.recounted);
-    double best_max = best.max_load();
-    // The two heaviest experts with more than one copy in (1).
-    int hot[2] = {-1, -1};
-    for (int i = 0; i < n; ++i) {
-      if (best.count[i] < 2) continue;
-      if (hot[0] < 0 || expert_loads[i] > expert_loads[hot[0]]) {
-        hot[1] = hot[0], hot[0] = i;
-      } else if (hot[1] < 0 || expert_loads[i] > expert_loads[hot[1]]) {
-        hot[1] = i;
-      }
-    }
-    w.limit.assign(best.count.begin(), best.count.end());
-    static constexpr int kFewer[8][2] = {{1, 1}, {1, 0}, {0, 1}, {2, 1}, {1, 2}, {2, 0}, {0, 2}, {2, 2}};
-    for (int variant = 0; variant < 10 && best_max > stop; ++variant) {
-      Candidate& trial = w.trial;
-      if (variant < 2) {
-        if (!eplb_copies_fit) continue;
-        trial = eplb;
-        if (variant == 0) {
-          pack(trial, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
-        } else {
-          remove_duplicates(trial);
-        }
-      } else {
-        const int* fewer = kFewer[variant - 2];
-        bool possible = true;
-        for (int k = 0; k < 2; ++k) {
-          if (fewer[k] > 0 && (hot[k] < 0 || w.limit[hot[k]] - fewer[k] < 1)) possible = false;
-        }
-        if (!possible) continue;
-        std::vector<int>& caps = w.caps;
-        caps.assign(n, l.gpus_per_node);
-        for (int k = 0; k < 2; ++k)
-          if (hot[k] >= 0) caps[hot[k]] = w.limit[hot[k]] - fewer[k];
-        if (std::accumulate(caps.begin(), caps.end(), 0) < l.copies_per_node) continue;
-        replicate(expert_loads, l.gpus_per_node, trial, caps.data());
-        pack(trial, /*avoid_duplicates=*/true, w.sort_buffer, w.gpu_scratch);
-      }
-      lower_max_load(trial, floor, /*two_for_two=*/true, w.recounted);
-      const double trial_max = trial.max_load();
-      if (trial_max < best_max) std::swap(best, trial), best_max = trial_max;
-    }
-    kept_max = std::max(kept_max, best_max);
+    search_node(best, eplb, expert_loads, floor, stop, l, w);
+    // Then hotter experts get at least as many copies where the layer's
+    // max load so far allows it.
+    const double limit = std::max(best.max_load(), kept_max);
+    w.heat.reset(expert_loads, n);
+    if (w.heat.has_inversion(best)) search_in_heat_order(best, eplb, expert_loads, floor, limit, l, w);
+    prefer_hotter(best, limit, w.heat, w.recounted, w.givers);
+    kept_max = std::max(kept_max, best.max_load());
     write_node(best, w.node_experts.data() + node * n, node, l, physical_to_logical, logical_count);
   }
 
@@ -604,22 +860,23 @@ void validate_rebalance(int num_layers, int num_logical_experts, const Rebalance
   if (o.num_gpus < 1) throw ConfigError(text("num_gpus", o.num_gpus) + ": must be >= 1");
   if (o.num_nodes < 1) throw ConfigError(text("num_nodes", o.num_nodes) + ": must be >= 1");
   if (o.num_groups < 1) throw ConfigError(text("num_groups", o.num_groups) + ": must be >= 1");
-  if (o.num_gpus % o.num_nodes != 0)
-    throw ConfigError(text("num_gpus", o.num_gpus) + ": must be a multiple of " + text("num_nodes", o.num_nodes));
-  if (o.num_replicas < num_logical_experts)
-    throw ConfigError(text("num_replicas", o.num_replicas) + ": must be >= the " + std::to_string(num_logical_experts) +
-                      " logical experts (every expert needs a copy)");
+  // EPLB's asserts, in its order. The global policy is the hierarchical one
+  // with one group and one node, so num_groups and num_nodes meet them there.
+  if (uses_hierarchical_policy(o)) {
+    const std::string policy = " (hierarchical policy: num_groups % num_nodes == 0)";
+    if (num_logical_experts % o.num_groups != 0)
+      throw EplbAssertionError(text("num_groups", o.num_groups) + ": must divide the " +
+                               std::to_string(num_logical_experts) + " logical experts" + policy);
+    if (o.num_gpus % o.num_nodes != 0)
+      throw EplbAssertionError(text("num_gpus", o.num_gpus) + ": must be a multiple of " +
+                               text("num_nodes", o.num_nodes) + policy);
+  }
   if (o.num_replicas % o.num_gpus != 0)
-    throw ConfigError(text("num_replicas", o.num_replicas) + ": must be a multiple of " + text("num_gpus", o.num_gpus));
-  if (uses_hierarchical_policy(o) && num_logical_experts % o.num_groups != 0)
-    throw ConfigError(text("num_groups", o.num_groups) + ": must divide the " + std::to_string(num_logical_experts) +
-                      " logical experts");
-  const Layout l = layout_of(num_logical_experts, o);
-  if (l.slots_per_gpu > l.experts_per_node)
-    throw ConfigError(text("num_replicas", o.num_replicas) + ": " + std::to_string(l.slots_per_gpu) +
-                      " slots per GPU but only " + std::to_string(l.experts_per_node) + " experts per node (" +
-                      (uses_hierarchical_policy(o) ? "hierarchical" : "global") +
-                      " policy): a GPU would hold two copies of one expert");
+    throw EplbAssertionError(text("num_replicas", o.num_replicas) + ": must be a multiple of " +
+                             text("num_gpus", o.num_gpus));
+  if (o.num_replicas < num_logical_experts)
+    throw EplbAssertionError(text("num_replicas", o.num_replicas) + ": must be >= the " +
+                             std::to_string(num_logical_experts) + " logical experts (every expert needs a copy)");
 }
 
 ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers, int num_logical_experts,
@@ -649,7 +906,8 @@ ExpertRebalance rebalance_experts(std::span<const float> weight, int num_layers,
   for (std::vector<Candidate>* nodes : {&w.eplb, &w.candidates}) {
     for (Candidate& c : *nodes) c.resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
   }
-  w.trial.resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
+  for (Candidate* c : {&w.trial, &w.ordered})
+    c->resize(l.experts_per_node, l.copies_per_node, l.gpus_per_node, l.slots_per_gpu);
   for (int layer = 0; layer < num_layers; ++layer) {
     rebalance_layer(weight.data() + layer * E, num_logical_experts, l, out.max_copies, w,
                     out.physical_to_logical.data() + layer * P,

@@ -33,6 +33,15 @@
 //     improved by a local search on the most loaded GPU: one-for-one copy
 //     exchanges, else re-assigning one slot to another expert (loads per
 //     copy follow the counts), else (from (2) on) two-for-two exchanges;
+//   * then, where it costs no balance, hotter experts get at least as many
+//     copies as colder ones of their node: when the placement gives some
+//     expert fewer copies than a colder one, the search again (bounded:
+//     four local searches, none adding such an inversion), taken if no
+//     higher than the layer's max so far; then single slot re-assignments
+//     towards hotter experts (and away from colder experts with as many
+//     copies as the hottest) that leave every GPU at most at that max;
+//   * when P/G slots per GPU exceed the experts per node, every placement
+//     holds some expert twice on a GPU: EPLB's placement, as it is;
 //   * logical_to_physical lists an expert's copies by ascending physical
 //     index (EPLB: in the order the copies were created).
 // Arithmetic as EPLB's: loads as float32, loads per copy and pack loads in
@@ -40,17 +49,28 @@
 // whose order among exactly equal loads is unspecified).
 #pragma once
 
+#include <epmoe/error.h>
+
 #include <cstdint>
 #include <span>
 #include <vector>
 
 namespace epmoe::balance {
 
+// An argument that breaks a condition DeepSeek's EPLB asserts on (a
+// divisibility, fewer replicas than experts). Python raises it as
+// epmoe.EplbAssertionError, both an AssertionError (what EPLB's callers
+// catch) and a ValueError (what epmoe raises for every bad argument).
+class EplbAssertionError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 struct RebalanceExpertsOptions {
   int num_replicas = 0;  // P, a multiple of num_gpus, >= E
   int num_groups = 1;    // expert groups; hierarchical when num_groups % num_nodes == 0
   int num_nodes = 1;
-  int num_gpus = 1;  // a multiple of num_nodes
+  int num_gpus = 1;  // hierarchical: a multiple of num_nodes (the global policy uses neither)
 };
 
 // Which policy rebalance_experts uses: EPLB's rule.
@@ -67,10 +87,14 @@ struct ExpertRebalance {
   std::vector<std::int64_t> logical_count;        // [L, E]: copies of each expert, >= 1, summing to P
 };
 
-// ConfigError naming the argument (weight, num_replicas, num_groups,
-// num_nodes, num_gpus) and the rule it breaks: shapes that do not divide,
-// fewer replicas than experts, more slots per GPU than experts per node (no
-// placement without a duplicate), negative or non-finite loads.
+// The calls DeepSeek's rebalance_experts accepts, and no other: a ConfigError
+// naming the argument (weight, num_replicas, num_groups, num_nodes,
+// num_gpus) and the rule it breaks. EplbAssertionError where EPLB asserts:
+// hierarchical policy, num_groups not dividing E or num_gpus not a multiple
+// of num_nodes; either policy, num_replicas not a multiple of num_gpus or
+// below E. A plain ConfigError where EPLB would divide by zero or misbehave:
+// an argument below 1, no experts, negative or non-finite loads (checked by
+// rebalance_experts).
 void validate_rebalance(int num_layers, int num_logical_experts, const RebalanceExpertsOptions& options);
 
 // `weight` [num_layers, num_logical_experts], row-major, loads >= 0. Scratch

@@ -253,15 +253,21 @@ void check_planner_inputs(std::span<const std::int64_t> expert_counts, std::span
 std::int64_t target_max_load(const LoadImbalance& homes, double threshold) {
   const std::int64_t ideal = homes.ideal_max_load();
   if (homes.total_load == 0) return 0;  // within() holds for any max: nothing to aim at
+  // The homes meet it: nothing moves. Always so from threshold = R up (to
+  // infinity), since no rank carries more than the total (max/mean <= R);
+  // and it keeps the estimate below in range: threshold * total / R < max.
+  if (homes.within(threshold)) return homes.max_load;
   auto target = static_cast<std::int64_t>(threshold * static_cast<double>(homes.total_load) / homes.num_ranks);
   // Settle on the integer that within() accepts and its successor does not,
-  // so the target and the stop test agree exactly.
+  // so the target and the stop test agree exactly. The estimate is off by
+  // the rounding of one product at most, so each walk takes a few steps.
   const auto meets = [&](std::int64_t max_load) {
     return LoadImbalance{max_load, homes.total_load, homes.num_ranks}.within(threshold);
   };
+  target = std::clamp(target, ideal, homes.max_load);
   while (target > ideal && !meets(target)) --target;
   while (target < homes.max_load && meets(target + 1)) ++target;
-  return std::max(target, ideal);
+  return target;
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ struct ReplicaPlannerOptions {
   int num_redundant_slots_per_rank = 0;  // B
   // Target max/mean rank load: no replicas when the homes already meet it,
   // else the fill aims at the largest load that meets it (1.0: balance as far
-  // as the slots allow).
+  // as the slots allow). Any value from R up, infinity included, means never
+  // rebalance: no rank carries more than the total, so max/mean <= R.
   double rebalance_threshold = 1.05;
 };
 

@@ -30,6 +30,7 @@
 
 #include "balance/load_generator.h"
 #include "balance/policy_replay.h"
+#include "cli/command_line.h"
 #include "cli/commands.h"
 #include "cli/memory_budget.h"
 #include "cli/metrics_loads.h"
@@ -429,14 +430,19 @@ void add_balance_command(CLI::App& app) {
       app.add_subcommand(kBalanceCommand,
                          "Replay expert-balancing policies (none, eplb, dynamic, hybrid) on per-step expert loads, "
                          "or generate such loads");
-  command->add_option("--loads", arguments->loads_file,
-                      "global expert loads to replay: int64 .npy [steps, E], or epmoe train's metrics.jsonl "
-                      "(its expert_counts, per layer)");
-  command->add_option("--generate", arguments->generate_file, "write Zipf-skewed loads to this .npy");
+  command
+      ->add_option("--loads", arguments->loads_file,
+                   "global expert loads to replay: int64 .npy [steps, E], or epmoe train's metrics.jsonl "
+                   "(its expert_counts, per layer)")
+      ->check(file_name_value());
+  command->add_option("--generate", arguments->generate_file, "write Zipf-skewed loads to this .npy")
+      ->check(file_name_value());
   command->add_flag("--json", arguments->json, "print the results, with every step's plan, as one JSON object (below)");
-  command->add_option("--report", arguments->report_file,
-                      "draw the replay (max/mean per step per policy, the placement of copies) into this HTML file, "
-                      "with the epmoe Python package's report module ($EPMOE_PYTHON, default python3)");
+  command
+      ->add_option("--report", arguments->report_file,
+                   "draw the replay (max/mean per step per policy, the placement of copies) into this HTML file, "
+                   "with the epmoe Python package's report module ($EPMOE_PYTHON, default python3)")
+      ->check(file_name_value());
   command->add_option("assignments", arguments->assignments, "key=value settings (see Keys below)");
   command->footer(replay_key_registry().help_text() + "\n" + generate_key_registry().help_text() + "\n" + kJsonHelp);
   command->callback([arguments] { run_balance_command(*arguments); });

@@ -15,6 +15,16 @@ int report_failure(const std::string& program, const std::string& kind, const st
   return exit_code;
 }
 
+CLI::Validator file_name_value() {
+  return CLI::Validator(
+      [](const std::string& value) -> std::string {
+        if (value.empty() || value[0] != '-') return {};
+        return "expects a file name, got '" + value + "', an option (a file whose name starts with '-': ./" + value +
+               ")";
+      },
+      "");
+}
+
 int run_command_line(CLI::App& app, int argc, char** argv, const std::string& what) {
   const std::string program = app.get_name();
   try {

@@ -17,4 +17,9 @@ int run_command_line(CLI::App& app, int argc, char** argv, const std::string& wh
 // Writes "PROGRAM: KIND: MESSAGE" to stderr and returns exit_code.
 int report_failure(const std::string& program, const std::string& kind, const std::string& message, int exit_code);
 
+// For an option whose value is a file name: refuses a value starting with
+// '-', an option the user meant instead (CLI11 takes `--generate --help`
+// as the file "--help" and writes it). Such a file is named ./-name.
+CLI::Validator file_name_value();
+
 }  // namespace epmoe::cli

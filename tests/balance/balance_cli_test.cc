@@ -98,6 +98,23 @@ TEST_F(BalanceCli, ReplaysEveryPolicyAsJson) {
   }
 }
 
+TEST_F(BalanceCli, AHugeRebalanceThresholdMeansNoReplicas) {
+  // max/mean never exceeds R, so a threshold of R or more (1e18, 1e300) never
+  // rebalances; it once sent the planner into an endless loop. The deadline
+  // turns a hang into a failure (the replay itself takes milliseconds).
+  ASSERT_EQ(generate(loads_file()).exit_code, 0);
+  for (const char* threshold : {"rebalance_threshold=1e18", "rebalance_threshold=1e300"}) {
+    const ProcessResult result = run_program(scratch_,
+                                             {EPMOE_BINARY, "balance", "--loads", loads_file().string(), "ranks=4",
+                                              "slots=1", "policy=dynamic", threshold, "plans=false", "--json"},
+                                             std::chrono::seconds(60));
+    ASSERT_EQ(result.exit_code, 0) << threshold << ": " << result.stderr_text;
+    const nlohmann::json dynamic = nlohmann::json::parse(result.stdout_text)["policies"].at(0);
+    EXPECT_EQ(dynamic["mean_active_replicas"], 0.0) << threshold;
+    EXPECT_EQ(dynamic["mean_expert_moves_per_step"], 0.0) << threshold;
+  }
+}
+
 TEST_F(BalanceCli, RejectsBadInputWithOneLine) {
   expect_one_line_error(replay({"ranks=4"}), {"loads.npy"});  // missing file
   ASSERT_EQ(generate(loads_file()).exit_code, 0);
@@ -121,6 +138,18 @@ TEST_F(BalanceCli, RejectsBadInputWithOneLine) {
   write_npy(scratch_ / "negative.npy", negative);
   expect_one_line_error(run_epmoe(scratch_, {"balance", "--loads", (scratch_ / "negative.npy").string(), "ranks=4"}),
                         {"negative.npy", "loads[1, 1] = -1"});
+}
+
+TEST_F(BalanceCli, AnOptionWhereAFileNameBelongsIsRefused) {
+  // CLI11 takes the next word as an option's value: `--generate --help` once
+  // wrote a file named "--help" (in the working directory) and exited 0.
+  const std::filesystem::path stray = std::filesystem::current_path() / "--help";
+  expect_one_line_error(run_epmoe(scratch_, {"balance", "--generate", "--help"}), {"--generate", "'--help'"});
+  EXPECT_FALSE(std::filesystem::exists(stray));
+  std::filesystem::remove(stray);
+  expect_one_line_error(run_epmoe(scratch_, {"balance", "--loads", "--json", "ranks=4"}), {"--loads", "'--json'"});
+  ASSERT_EQ(generate(loads_file()).exit_code, 0);
+  expect_one_line_error(replay({"ranks=4", "--report", "-r.html"}), {"--report", "'-r.html'", "./-r.html"});
 }
 
 // Every step of every policy: quotas summing to the step's loads per expert,

@@ -109,10 +109,20 @@ inline EplbLayer eplb_rebalance_layer(const float* weight, int num_experts, int 
   return out;
 }
 
+// Whether a hotter expert never has fewer copies than a colder one.
+inline bool in_heat_order(const std::vector<float>& w, const std::vector<int>& count) {
+  for (std::size_t i = 0; i < w.size(); ++i)
+    for (std::size_t j = 0; j < w.size(); ++j)
+      if (w[i] > w[j] && count[i] < count[j]) return false;
+  return true;
+}
+
 // The lowest max GPU load of any placement of `replicas` copies on `gpus`
 // GPUs without a duplicate (every expert at least once), by enumerating
-// every GPU's set of experts: for a handful of experts only.
-inline double best_duplicate_free_max_load(const std::vector<float>& w, int replicas, int gpus) {
+// every GPU's set of experts: for a handful of experts only. With
+// `heat_ordered`, of those placements whose copies are in_heat_order.
+inline double best_duplicate_free_max_load(const std::vector<float>& w, int replicas, int gpus,
+                                           bool heat_ordered = false) {
   const int experts = static_cast<int>(w.size()), slots = replicas / gpus;
   std::vector<unsigned> sets;  // the GPU contents: `slots` distinct experts, as bit masks
   for (unsigned mask = 0; mask < (1u << experts); ++mask)
@@ -123,7 +133,7 @@ inline double best_duplicate_free_max_load(const std::vector<float>& w, int repl
     std::vector<int> count(experts, 0);
     for (const int s : chosen)
       for (int e = 0; e < experts; ++e) count[e] += (sets[s] >> e) & 1;
-    if (*std::min_element(count.begin(), count.end()) > 0) {
+    if (*std::min_element(count.begin(), count.end()) > 0 && (!heat_ordered || in_heat_order(w, count))) {
       double max_load = 0.0;
       for (const int s : chosen) {
         double load = 0.0;

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -235,6 +236,28 @@ TEST(ReplicaPlanner, StopsAtTheThreshold) {
   const ReplicaPlan tight = plan_replicas(counts, homes, {4, 2, 1.0});
   EXPECT_EQ(tight.rank_loads_after, (std::vector<std::int64_t>{175, 175, 175, 175}));
   EXPECT_EQ(tight.num_replicas(), 3);
+}
+
+TEST(ReplicaPlanner, AThresholdOfRanksOrMoreNeverRebalances) {
+  // max/mean <= R for any loads, so from threshold = R up to infinity the
+  // homes always meet it and nothing moves. Large thresholds once sent the
+  // target estimate out of int64 and the planner into a 2^63-step walk.
+  const std::vector<std::int64_t> skewed = {1000, 1, 1, 1};  // max/mean 3.99 on 4 ranks
+  const auto homes = contiguous_home_ranks(4, 4);
+  for (const double threshold : {4.0, 1e16, 1e18, 1e300, std::numeric_limits<double>::infinity()}) {
+    const ReplicaPlan plan = plan_replicas(skewed, homes, {4, 2, threshold});
+    EXPECT_EQ(plan.num_replicas(), 0) << threshold;
+    EXPECT_EQ(plan.rank_loads_after, plan.rank_loads_before) << threshold;
+  }
+  // Just below max/mean it still balances, also at the largest totals the
+  // planner takes (the target estimate then rounds).
+  EXPECT_EQ(plan_replicas(skewed, homes, {4, 2, 3.9}).after.max_load, 977);  // floor(3.9 * 1003 / 4)
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max() / 4 / 4 - 3;
+  const std::vector<std::int64_t> heavy = {huge, 1, 1, 1};
+  const ReplicaPlan plan = plan_replicas(heavy, homes, {4, 2, 3.9});
+  EXPECT_TRUE(plan.after.within(3.9));
+  const LoadImbalance one_more{plan.after.max_load + 1, plan.after.total_load, 4};
+  EXPECT_FALSE(one_more.within(3.9));
 }
 
 TEST(ReplicaPlanner, NothingToDoWithoutSlotsOrRanksOrTokens) {

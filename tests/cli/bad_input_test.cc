@@ -526,6 +526,12 @@ const std::vector<BadInputCase>& bad_input_cases() {
        make_directory("d"),
        {"balance", "--generate", "{in}/d"},
        {"d", "not a regular file"}},
+      // CLI11 gives an option's value the next word, an option or not.
+      {"balance_generate_option_as_file",
+       false,
+       {},
+       {"balance", "--generate", "--help"},
+       {"--generate", "'--help'", "expects a file name"}},
       // --- bench: the benchmarks are a binary of their own ------------------------
       {"bench_moved_to_epmoe_bench", false, {}, {"bench", "layer"}, {"moved to the epmoe-bench binary"}},
       // --- train (keys on the command line) -------------------------------------
