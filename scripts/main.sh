@@ -20,7 +20,7 @@ if [[ $line =~ ^(.+)\ --trace\ (.+)\ --out\ (.+)$ ]]; then
 elif [[ $line =~ ^(.+)\ --out\ (.+)$ ]]; then
   report_arguments=("${BASH_REMATCH[1]}" --out "${BASH_REMATCH[2]}")
 else
-  echo "main: the run wrote no metrics (metrics_file is empty), so there is no report to draw"
+  echo "main: epmoe train printed no report command (no metrics_file), so there is no report to draw"
   exit 0
 fi
 build-python/venv/bin/python -m epmoe.report "${report_arguments[@]}"
