@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# The Python package's tests: `pip install .` into a virtual environment
-# (build-python/venv; scikit-build-core and nanobind come from PyPI, the CMake
-# build lives in build-python/<wheel tag>/ and reuses ./build's objects
-# through ccache), then pytest python/tests. Needs ./build/epmoe (the tests
-# compare with the tool).
+# The Python package's tests: the main command, short (scripts/main.sh: it
+# installs the package into build-python/venv with scripts/install_python.sh
+# and draws its run's report, which test_report.py renders with Chromium),
+# then pytest python/tests (which compare with the tool, ./build/epmoe).
 # torch is Debian's python3-torch, seen by the venv through
 # --system-site-packages: a CPU build of ~300 MB, where PyPI's default wheel
 # brings ~4 GB of CUDA libraries (PyTorch's CPU-only index is not reachable
@@ -27,19 +26,13 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# 12 steps of the main job's model, metrics in a directory of their own.
+main_run=build-python/main-run
+rm -rf "$main_run"
+bash scripts/main.sh steps=12 metrics_file="$main_run/metrics.jsonl"
+export EPMOE_MAIN_RUN="$PWD/$main_run"
 venv=build-python/venv
-if [ ! -x "$venv/bin/python" ]; then
-  /usr/bin/python3 -m venv --system-site-packages "$venv"
-fi
-# numpy < 2: Debian's torch 1.13 is built against the numpy 1 ABI.
-"$venv/bin/pip" install -q pytest matplotlib "numpy<2"
-# The module's layer libraries are the Release build's objects, found in
-# ccache (CMakeLists.txt): a cache hit needs the same compiler command, so
-# the same compiler and generator as ./build (CMake's Makefiles; pip would
-# pick Ninja, whose object paths differ).
-CXX=$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' build/CMakeCache.txt) \
-  CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-  "$venv/bin/pip" install -q .
+"$venv/bin/pip" install -q pytest
 # epmoe.plan() is compared with `epmoe plan --json`, and the layer with `epmoe layer`.
 export PATH="$PWD/build:$PATH"
 export EPMOE_BINARY="$PWD/build/epmoe"

@@ -13,8 +13,10 @@ and draws max/mean per step for each policy and where each policy put its
 copies. The figures are PNGs inlined as data: URIs, so the file opens
 anywhere with no other file beside it.
 
-Only the standard library and matplotlib: it needs no compiled module, so it
-runs from a source tree (PYTHONPATH=python) as well as from the package.
+Every input is read bounded and checked against a schema before anything is
+drawn (_report_input.py); bad input is one line, "epmoe.report: error:
+FILE:LINE: FIELD: rule", exit status 2, and no --out file. Drawing needs only
+the standard library, numpy and matplotlib (no compiled code of epmoe's).
 """
 
 from __future__ import annotations
@@ -23,65 +25,23 @@ import argparse
 import base64
 import html
 import io
-import json
 import math
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
-__all__ = ["read_metrics", "training_report", "balance_report", "main"]
+from ._report_input import ReportError, read_metrics_records, read_phase_events, read_replay
 
-
-class ReportError(ValueError):
-    """A metrics, trace or replay file that cannot be drawn, naming the file and the line."""
+__all__ = ["ReportError", "read_metrics", "training_report", "balance_report", "main"]
 
 
 # ---------------------------------------------------------------- reading --
 
 
 def read_metrics(path: str) -> list[dict]:
-    """The step records of a metrics.jsonl, in step order (see _read_records)."""
-    return _read_records(path)[0]
-
-
-def _read_records(path: str) -> tuple[list[dict], int]:
-    """(records in step order, torn last lines). A line that is not a JSON
-    object, or a file without any step, is a ReportError naming the file and
-    the line; a run killed mid-write leaves a torn last line, which is
-    skipped and counted (the report says so)."""
-    records, torn = [], 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as error:
-        raise ReportError(f"{path}: cannot read the metrics file: {error.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            if number == len(lines):  # a run stopped while writing its last line
-                torn += 1
-                continue
-            raise ReportError(f"{path}:{number}: not a JSON line ({error.msg})") from None
-        if not isinstance(record, dict) or "step" not in record:
-            raise ReportError(f"{path}:{number}: a metrics line must be an object with a 'step' key")
-        records.append(record)
-    if not records:
-        raise ReportError(f"{path}: no step records (is it epmoe train's metrics_file?)")
-    records.sort(key=lambda r: r["step"])
-    return records, torn
-
-
-def _read_json(path: str, what: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as error:
-        raise ReportError(f"{path}: cannot read the {what}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise ReportError(f"{path}:{error.lineno}: the {what} is not JSON ({error.msg})") from None
+    """The step records of a metrics.jsonl, in step order (see read_metrics_records)."""
+    return read_metrics_records(path)[0]
 
 
 # ---------------------------------------------------------------- drawing --
@@ -94,6 +54,20 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _panels(count: int, width: float, height: float, columns: int = 3):
+    """A figure of `count` panels (one per MoE layer or policy), at most
+    `columns` a row, so that its width stays bounded however many there are;
+    returns (figure, the first `count` axes)."""
+    plt = _pyplot()
+    columns = min(count, columns)
+    rows = -(-count // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for unused in flat[count:]:
+        unused.set_visible(False)
+    return figure, flat[:count]
 
 
 @dataclass
@@ -167,18 +141,18 @@ def _draw_expert_loads(page: _Page, records: list[dict]) -> None:
     rows = [r for r in records if r.get("expert_counts")]
     if not rows:
         return
-    plt = _pyplot()
+    # Every record has the same [layers][experts] shape (the schema's dimensions).
     num_layers = len(rows[0]["expert_counts"])
-    figure, axes = plt.subplots(1, num_layers, figsize=(5.5 * num_layers, 4), squeeze=False)
-    for layer in range(num_layers):
+    figure, axes = _panels(num_layers, 5.5, 4)
+    for layer, ax in enumerate(axes):
         grid = [r["expert_counts"][layer] for r in rows]
-        image = axes[0][layer].imshow(
+        image = ax.imshow(
             grid, aspect="auto", interpolation="nearest", cmap="viridis", origin="lower",
             extent=(-0.5, len(grid[0]) - 0.5, rows[0]["step"] - 0.5, rows[-1]["step"] + 0.5))
-        axes[0][layer].set_title(f"MoE layer {layer}")
-        axes[0][layer].set_xlabel("expert")
-        axes[0][layer].set_ylabel("step")
-        figure.colorbar(image, ax=axes[0][layer], label="(token, expert) pairs")
+        ax.set_title(f"MoE layer {layer}")
+        ax.set_xlabel("expert")
+        ax.set_ylabel("step")
+        figure.colorbar(image, ax=ax, label="(token, expert) pairs")
     page.add("Expert load", "Routed (token, expert) pairs per expert and step, one heatmap per MoE layer.", figure)
 
 
@@ -186,12 +160,10 @@ def _draw_rank_balance(page: _Page, records: list[dict]) -> None:
     keys = ("rank_load_max_over_mean_before", "rank_load_max_over_mean_after", "expert_load_max_over_mean")
     if not any(k in r for r in records for k in keys):
         return
-    plt = _pyplot()
     steps = [r["step"] for r in records]
     num_layers = max(len(r.get(keys[0], r.get(keys[2], [0]))) for r in records)
-    figure, axes = plt.subplots(1, num_layers, figsize=(5.5 * num_layers, 3.5), squeeze=False)
-    for layer in range(num_layers):
-        ax = axes[0][layer]
+    figure, axes = _panels(num_layers, 5.5, 3.5)
+    for layer, ax in enumerate(axes):
         for key, label in zip(keys, ("rank load, before balancing", "rank load, after balancing", "expert load")):
             values = [r[key][layer] if key in r and len(r[key]) > layer else math.nan for r in records]
             if not all(math.isnan(v) for v in values):
@@ -200,7 +172,8 @@ def _draw_rank_balance(page: _Page, records: list[dict]) -> None:
         ax.set_title(f"MoE layer {layer}")
         ax.set_xlabel("step")
         ax.set_ylabel("max / mean")
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:  # a layer only some records have may have no line
+            ax.legend(fontsize="small")
     page.add(
         "Balance",
         "Max over mean of the per-rank load before and after the step's replicas (balance=dynamic; equal "
@@ -257,7 +230,7 @@ def _draw_modelled(page: _Page, records: list[dict]) -> None:
     plt = _pyplot()
     steps = [r["step"] for r in rows]
     figure, (times, split) = plt.subplots(1, 2, figsize=(11, 3.5))
-    times.plot(steps, [r["step_seconds"] * 1e3 for r in rows], label="wall (this machine)")
+    times.plot(steps, [r.get("step_seconds", math.nan) * 1e3 for r in rows], label="wall (this machine)")
     times.plot(steps, [r["modelled"]["step_seconds"] * 1e3 for r in rows], label="modelled")
     times.set_yscale("log")
     times.set_xlabel("step")
@@ -271,7 +244,8 @@ def _draw_modelled(page: _Page, records: list[dict]) -> None:
             values = [p.get(key, 0.0) * 1e6 for p in last]
             split.bar(ranks, values, bottom=bottom, label=key.replace("_seconds", ""))
             bottom = [b + v for b, v in zip(bottom, values)]
-        split.set_xticks(ranks)
+        if len(ranks) <= 32:
+            split.set_xticks(ranks)
         split.set_xlabel("rank")
         split.set_ylabel("µs (modelled, last step)")
         split.legend(fontsize="small")
@@ -280,12 +254,7 @@ def _draw_modelled(page: _Page, records: list[dict]) -> None:
              "compute, exposed communication and idle time in the last step.", figure)
 
 
-def _draw_trace(page: _Page, trace_path: str) -> None:
-    trace = _read_json(trace_path, "trace")
-    events = trace.get("traceEvents") if isinstance(trace, dict) else trace
-    if not isinstance(events, list):
-        raise ReportError(f"{trace_path}: a Chrome trace is a list of events or an object with 'traceEvents'")
-    phases = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "phase"]
+def _draw_trace(page: _Page, trace_path: str, phases: list[dict]) -> None:
     if not phases:
         page.notes.append(f"{trace_path}: no phase events to draw.")
         return
@@ -297,14 +266,23 @@ def _draw_trace(page: _Page, trace_path: str) -> None:
     ranks = sorted({e["pid"] for e in shown})
     names = sorted({e["name"] for e in shown})
     colours = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}
-    figure, ax = plt.subplots(figsize=(11, 0.5 * len(ranks) + 1.5))
-    for e in sorted(shown, key=lambda e: (e["pid"], e["ts"], -e["dur"])):
+    # The height grows with the ranks up to a bound (1024 ranks still make a
+    # picture, at a few pixels a rank).
+    figure, ax = plt.subplots(figsize=(11, min(0.5 * len(ranks), 24) + 1.5))
+    # One bar collection per (level, rank, phase), not one per event: a trace
+    # without a backward shows every event, and matplotlib's time and memory
+    # grow with the number of collections.
+    bars: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
+    for e in shown:
         # Nested phases (route inside forward) are drawn thinner, on top.
         level = 0 if e["name"] in ("forward", "backward") else 1
+        bars.setdefault((level, e["pid"], e["name"]), []).append((e["ts"], e["dur"]))
+    for (level, rank, name), spans in sorted(bars.items()):
         height = 0.8 if level == 0 else 0.45
-        ax.broken_barh([(e["ts"], e["dur"])], (e["pid"] - height / 2, height), color=colours[e["name"]],
-                       alpha=0.5 if level == 0 else 0.95)
-    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+        ax.broken_barh(spans, (rank - height / 2, height), color=colours[name], alpha=0.5 if level == 0 else 0.95)
+    if len(ranks) <= 48:
+        ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylabel("rank")
     ax.invert_yaxis()
     ax.set_xlabel("µs (the run's clock)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
@@ -315,7 +293,9 @@ def _draw_trace(page: _Page, trace_path: str) -> None:
 
 def training_report(metrics_path: str, trace_path: str | None = None) -> str:
     """The HTML report of an `epmoe train` run's metrics (and trace)."""
-    records, torn = _read_records(metrics_path)
+    # Every input is read and checked before the first figure is drawn.
+    records, torn = read_metrics_records(metrics_path)
+    phases = read_phase_events(trace_path) if trace_path else None
     page = _Page(
         title=f"epmoe run: {os.path.basename(os.path.dirname(os.path.abspath(metrics_path))) or metrics_path}",
         subtitle=f"{metrics_path}: {len(records)} steps ({records[0]['step']} to {records[-1]['step']}), "
@@ -330,34 +310,25 @@ def training_report(metrics_path: str, trace_path: str | None = None) -> str:
     _draw_bytes(page, records)
     _draw_modelled(page, records)
     if trace_path:
-        _draw_trace(page, trace_path)
+        _draw_trace(page, trace_path, phases)
     return page.html()
-
-
-def _replay_layers(replay: dict, replay_path: str) -> list[tuple[str, list[dict]]]:
-    """(layer, policies) per replayed layer: "all" for loads from an .npy,
-    the MoE layer's index for each layer of a metrics.jsonl."""
-    if isinstance(replay, dict) and isinstance(replay.get("policies"), list):
-        layers = [("all", replay["policies"])]
-    elif isinstance(replay, dict) and isinstance(replay.get("layers"), list):
-        layers = [(str(layer.get("layer")), layer.get("policies") or []) for layer in replay["layers"]]
-    else:
-        layers = []
-    if not any(policies for _, policies in layers):
-        raise ReportError(f"{replay_path}: a balance replay has 'policies' (or 'layers' with policies): "
-                          "the output of epmoe balance --loads ... --json")
-    return layers
 
 
 def balance_report(replay_path: str) -> str:
     """The HTML report of `epmoe balance --loads ... --json`'s replay."""
-    replay = _read_json(replay_path, "balance replay")
-    layers = _replay_layers(replay, replay_path)
-    plt = _pyplot()
-    num_experts, num_ranks = replay.get("num_experts", 0), replay.get("config", {}).get("ranks", 0)
+    import numpy as np
+
+    replay = read_replay(replay_path)
+    # (layer, policies) per replayed layer: "all" for loads from an .npy, the
+    # MoE layer's index for each layer of a metrics.jsonl.
+    if replay.get("policies"):
+        layers = [("all", replay["policies"])]
+    else:
+        layers = [(str(layer["layer"]), layer["policies"]) for layer in replay["layers"]]
+    num_experts, num_ranks = replay["num_experts"], replay["config"]["ranks"]
     page = _Page(title="epmoe balance replay",
                  subtitle=f"{replay.get('loads', replay_path)}: {replay.get('num_steps', '?')} steps, E={num_experts}, "
-                 f"R={num_ranks}, {replay.get('config', {}).get('slots', '?')} redundant slots per rank")
+                 f"R={num_ranks}, {replay['config'].get('slots', '?')} redundant slots per rank")
     page.table = [["layer", "policy", "mean max/mean", "worst max/mean", "weight bytes moved per step"]]
     for label, policies in layers:
         for policy in policies:
@@ -365,8 +336,8 @@ def balance_report(replay_path: str) -> str:
                                f"{policy.get('mean_max_over_mean', math.nan):.4f}",
                                f"{policy.get('worst_max_over_mean', math.nan):.4f}",
                                f"{policy.get('mean_weight_bytes_moved_per_step', 0.0):.3g}"])
-    figure, axes = plt.subplots(1, len(layers), figsize=(5.5 * len(layers), 3.8), squeeze=False)
-    for ax, (label, policies) in zip(axes[0], layers):
+    figure, axes = _panels(len(layers), 5.5, 3.8)
+    for ax, (label, policies) in zip(axes, layers):
         for policy in policies:
             per_step = [s["max_over_mean"] for s in policy.get("steps", [])]
             ax.plot(range(len(per_step)), per_step,
@@ -380,14 +351,16 @@ def balance_report(replay_path: str) -> str:
              figure)
     # Where each policy put its copies in the last step: tokens per (rank,
     # expert); a row with several bright cells holds copies of several experts.
+    # The copies' indices are below num_experts and ranks (the schema), and
+    # those are bounded, so the grid is too.
     label, policies = layers[0]
     placed = [p for p in policies if p.get("steps") and "copies" in p["steps"][-1]]
-    if placed and num_experts and num_ranks:
-        figure, axes = plt.subplots(1, len(placed), figsize=(4.2 * len(placed), 3.6), squeeze=False)
-        for ax, policy in zip(axes[0], placed):
-            grid = [[0] * num_experts for _ in range(num_ranks)]
+    if placed:
+        figure, axes = _panels(len(placed), 4.2, 3.6, columns=4)
+        for ax, policy in zip(axes, placed):
+            grid = np.zeros((num_ranks, num_experts), dtype=np.int64)
             for expert, rank, quota in policy["steps"][-1]["copies"]:
-                grid[rank][expert] += quota
+                grid[rank, expert] += quota
             image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma")
             ax.set_title(policy["policy"])
             ax.set_xlabel("expert")
@@ -395,7 +368,7 @@ def balance_report(replay_path: str) -> str:
             figure.colorbar(image, ax=ax, label="tokens")
         page.add("Placement of the copies" + ("" if label == "all" else f" (MoE layer {label})"),
                  "Tokens each rank computes for each expert in the last step, per policy.", figure)
-    elif not placed:
+    else:
         page.notes.append("The replay has no per-step plans (plans=false): the placement is not drawn.")
     return page.html()
 
@@ -403,25 +376,65 @@ def balance_report(replay_path: str) -> str:
 # ------------------------------------------------------------------- main --
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse prints the usage and the message on two lines and exits;
+        # the report's errors are one line, printed by main.
+        raise ReportError(message)
+
+
+def _output_file(out: str) -> tuple[int, str]:
+    """A new temporary file beside --out, made before anything is read or
+    drawn, so an --out that cannot be written costs no work."""
+    directory = os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(out):
+        raise ReportError(f"--out {out}: is a directory; name the HTML file to write")
+    if not os.path.isdir(directory):
+        raise ReportError(f"--out {out}: its directory {directory} does not exist")
+    try:
+        descriptor, temporary = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".partial",
+                                                 dir=directory)
+    except OSError as error:
+        raise ReportError(f"--out {out}: cannot write in {directory}: {error.strerror}") from None
+    umask = os.umask(0)  # mkstemp's file is 0600; the report gets the mode any new file would
+    os.umask(umask)
+    os.fchmod(descriptor, 0o666 & ~umask)
+    return descriptor, temporary
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m epmoe.report", description=__doc__.split("\n\n")[0])
+    parser = _ArgumentParser(prog="python -m epmoe.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("metrics", nargs="?", help="epmoe train's metrics.jsonl")
     parser.add_argument("--trace", help="the run's Chrome trace (trace_file=)")
     parser.add_argument("--balance", help="epmoe balance --json output, instead of a metrics file")
     parser.add_argument("--out", required=True, help="the HTML file to write")
-    args = parser.parse_args(argv)
-    if bool(args.metrics) == bool(args.balance):
-        parser.error("give either a metrics.jsonl or --balance REPLAY.json")
+    descriptor = temporary = None
     try:
+        args = parser.parse_args(argv)
+        if bool(args.metrics) == bool(args.balance):
+            raise ReportError("give either a metrics.jsonl or --balance REPLAY.json")
+        if args.balance and args.trace:
+            raise ReportError("--trace goes with a metrics.jsonl, not with --balance")
+        descriptor, temporary = _output_file(args.out)
         text = balance_report(args.balance) if args.balance else training_report(args.metrics, args.trace)
         # Written whole or not at all: a reader never sees half a report.
-        temporary = args.out + ".partial"
-        with open(temporary, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(temporary, args.out)
-    except (ReportError, OSError) as error:
-        print(f"epmoe.report: {error}", file=sys.stderr)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+                descriptor = None
+                f.write(text)
+            os.replace(temporary, args.out)
+        except OSError as error:
+            raise ReportError(f"--out {args.out}: cannot write: {error.strerror}") from None
+        temporary = None
+    except ReportError as error:
+        message = str(error).replace("\n", " ")
+        print(f"epmoe.report: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        if temporary is not None:
+            if descriptor is not None:
+                os.close(descriptor)
+            os.unlink(temporary)
     print(f"epmoe.report: wrote {args.out} ({len(text) // 1024} KiB)")
     return 0
 

@@ -1,19 +1,24 @@
 """python -m epmoe.report on a real short training run (and its trace and
 balance replay): the HTML is well formed and self-contained, every figure
 is a real PNG, and a headless Chromium renders the page to a screenshot
-that is not blank."""
+that is not blank; the same for the report the main command (scripts/main.sh)
+wrote. Malformed, oversized or non-regular inputs and unwritable outputs:
+one line "epmoe.report: error: ..." naming the file, line and field, exit
+status 2, and no file written."""
 
 import base64
 import html.parser
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from epmoe import report
+from epmoe import _report_input, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EPMOE = os.environ.get("EPMOE_BINARY", os.path.join(REPO, "build", "epmoe"))
@@ -33,6 +38,12 @@ def run(tmp_path_factory):
          "clock=modelled", f"metrics_file={metrics}", f"trace_file={trace}"],
         capture_output=True, text=True, check=True)
     return {"dir": directory, "metrics": str(metrics), "trace": str(trace), "stdout": done.stdout}
+
+
+@pytest.fixture(scope="module")
+def training_page(run):
+    """The run's report with its trace, drawn once for the tests that read it."""
+    return report.training_report(run["metrics"], run["trace"])
 
 
 class WellFormed(html.parser.HTMLParser):
@@ -74,9 +85,8 @@ def test_train_prints_the_report_command(run):
     assert f"python -m epmoe.report {run['metrics']} --trace {run['trace']} --out" in run["stdout"]
 
 
-def test_training_report_is_well_formed_and_has_every_figure(run):
-    text = report.training_report(run["metrics"], run["trace"])
-    images = check_page(text, min_images=7)
+def test_training_report_is_well_formed_and_has_every_figure(training_page):
+    images = check_page(training_page, min_images=7)
     headings = [image["alt"] for image in images]
     for expected in ("Loss and throughput", "Expert load", "Balance", "Where the step's time goes",
                      "Bytes per collective", "Modelled beside wall time", "Timeline of the first step"):
@@ -95,7 +105,7 @@ def test_the_command_line_writes_the_file_whole(run, tmp_path):
 def test_bad_files_are_refused_naming_the_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"step": 1, "loss": 2.0}\nnot json\n{"step": 3}\n')
-    with pytest.raises(report.ReportError, match=r"bad.jsonl:2: not a JSON line"):
+    with pytest.raises(report.ReportError, match=r"bad.jsonl:2: the metrics line is not JSON"):
         report.training_report(str(bad))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -140,9 +150,8 @@ def chromium():
     pytest.fail("no headless Chromium: the test command installs Debian's chromium (scripts/test_python.sh)")
 
 
-def test_chromium_renders_the_report_to_a_screenshot_that_is_not_blank(run, tmp_path):
-    page, shot = tmp_path / "report.html", tmp_path / "shot.png"
-    page.write_text(report.training_report(run["metrics"], run["trace"]))
+def assert_chromium_renders_it(page, shot):
+    """A headless Chromium's screenshot of the page is not blank."""
     subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                     "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()],
                    capture_output=True, timeout=120, check=True)
@@ -156,6 +165,28 @@ def test_chromium_renders_the_report_to_a_screenshot_that_is_not_blank(run, tmp_
     # good part of this one.
     assert not_white > 0.05, f"only {not_white:.1%} of the screenshot is not white"
     assert rgb.std() > 0.1
+
+
+def test_chromium_renders_the_report_to_a_screenshot_that_is_not_blank(training_page, tmp_path):
+    page = tmp_path / "report.html"
+    page.write_text(training_page)
+    assert_chromium_renders_it(page, tmp_path / "shot.png")
+
+
+def test_the_main_commands_report_is_written_and_renders(tmp_path):
+    """scripts/test_python.sh runs the main command (scripts/main.sh, a short
+    run) before the tests and names its metrics directory here."""
+    run_dir = os.environ.get("EPMOE_MAIN_RUN")
+    if not run_dir:
+        pytest.fail("EPMOE_MAIN_RUN is not set: scripts/test_python.sh runs scripts/main.sh first and sets it")
+    page = Path(run_dir) / "report.html"
+    assert page.is_file(), f"the main command wrote no {page}"
+    assert os.path.getmtime(page) >= os.path.getmtime(Path(run_dir) / "metrics.jsonl"), "a stale report"
+    images = check_page(page.read_text(), min_images=5)
+    for expected in ("Loss and throughput", "Expert load", "Balance", "Where the step's time goes",
+                     "Bytes per collective"):
+        assert expected in [image["alt"] for image in images]
+    assert_chromium_renders_it(page, tmp_path / "shot.png")
 
 
 def test_epmoe_balance_report_draws_the_replay(run, tmp_path):
@@ -172,3 +203,163 @@ def test_epmoe_balance_report_draws_the_replay(run, tmp_path):
     done = subprocess.run([EPMOE, "balance", "--loads", run["metrics"], "ranks=2", "--report", str(tmp_path / "x.html")],
                           capture_output=True, text=True, env=environment)
     assert done.returncode == 2 and "needs the epmoe Python package" in done.stderr
+
+
+# ------------------------------------------------------------- bad input --
+# Each case: the files to write (name -> text or bytes) into a directory D,
+# the arguments ({d}: D, {out}: the report to write, in D/out/), and what the
+# one error line must say.
+
+PHASE = {"name": "forward", "cat": "phase", "ph": "X", "ts": 0, "dur": 1, "pid": 0}
+
+
+def jsonl(*records):
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def trace(**changes):
+    event = {key: value for key, value in {**PHASE, **changes}.items() if value is not None}
+    return json.dumps({"traceEvents": [PHASE, event]})
+
+
+def replay(copies=((0, 0, 5),), **changes):
+    policy = {"policy": "dynamic", "mean_max_over_mean": 1.0, "steps": [{"max_over_mean": 1.0, "copies": copies}]}
+    value = {"num_experts": 16, "config": {"ranks": 2, "slots": 1}, "policies": [policy], **changes}
+    return json.dumps({key: v for key, v in value.items() if v is not None})
+
+
+METRICS = ["{d}/m.jsonl", "--out", "{out}"]
+TRACED = ["{d}/m.jsonl", "--trace", "{d}/t.json", "--out", "{out}"]
+BALANCE = ["--balance", "{d}/r.json", "--out", "{out}"]
+GOOD = jsonl({"step": 1, "loss": 2.0})
+
+BAD_INPUTS = [
+    # metrics.jsonl
+    ({"m.jsonl": jsonl({"step": 1, "loss": "abc"})}, METRICS, "m.jsonl:1: loss: must be a number, got a string"),
+    ({"m.jsonl": b'{"step": 1}\n{"step": 2, "x": "\xff"}\n{"step": 3}\n'}, METRICS,
+     "m.jsonl:2: the metrics file is not UTF-8 text (byte 0xff"),
+    ({"m.jsonl": jsonl({"step": 1, "expert_counts": [[1, 2, 3]]}, {"step": 2, "expert_counts": [[1, 2]]})},
+     METRICS, "m.jsonl:2: expert_counts[0]: 2 experts, where"),
+    ({"m.jsonl": jsonl({"step": 1, "expert_counts": [[1, 2]]}, {"step": 2, "expert_counts": [[1, 2], [3, 4]]})},
+     METRICS, "m.jsonl:2: expert_counts: 2 MoE layers, where"),
+    ({"m.jsonl": jsonl({"loss": 1.0}, {"step": 2})}, METRICS, "m.jsonl:1: a metrics line must be an object with a 'step'"),
+    ({"m.jsonl": jsonl([1, 2], {"step": 2})}, METRICS, "m.jsonl:1: a metrics line must be an object"),
+    ({"m.jsonl": jsonl({"step": "1"})}, METRICS, "m.jsonl:1: step: must be an integer, got a string"),
+    ({"m.jsonl": jsonl({"step": True})}, METRICS, "m.jsonl:1: step: must be an integer, got a boolean"),
+    ({"m.jsonl": jsonl({"step": -1})}, METRICS, "m.jsonl:1: step: -1 is negative"),
+    ({"m.jsonl": jsonl({"step": 1, "expert_counts": [[1, -3]]})}, METRICS, "expert_counts[0][1]: -3 is negative"),
+    ({"m.jsonl": jsonl({"step": 1, "expert_counts": [[1, 1.5]]})}, METRICS,
+     "expert_counts[0][1]: must be an integer, got a number 1.5"),
+    ({"m.jsonl": jsonl({"step": 1, "expert_counts": [[1]] * 65})}, METRICS,
+     "expert_counts: 65 MoE layers, more than the report draws (at most 64)"),
+    ({"m.jsonl": jsonl({"step": 1, "expert_counts": [[0] * 4097]})}, METRICS,
+     "expert_counts[0]: 4097 experts, more than the report draws (at most 4096)"),
+    ({"m.jsonl": jsonl({"step": 1, "phase_seconds": [1, 2]})}, METRICS, "phase_seconds: must be an object, got an array"),
+    ({"m.jsonl": jsonl({"step": 1, "phase_seconds": {"forward": "fast"}})}, METRICS,
+     "phase_seconds.forward: must be a number"),
+    ({"m.jsonl": jsonl({"step": 1, "bytes_sent": {"all_reduce": -5}})}, METRICS, "bytes_sent.all_reduce: -5 is less than 0"),
+    ({"m.jsonl": jsonl({"step": 1, "modelled": {"per_rank": [{"compute_seconds": 1.0}]}})}, METRICS,
+     "modelled.per_rank[0]: has no 'rank'"),
+    ({"m.jsonl": jsonl({"step": 1, "modelled": {"step_seconds": "1"}})}, METRICS,
+     "modelled.step_seconds: must be a number"),
+    ({"m.jsonl": jsonl({"step": 1, "rank_load_max_over_mean_before": 1.5})}, METRICS,
+     "rank_load_max_over_mean_before: must be an array, got a number 1.5"),
+    ({"m.jsonl": '{"step": 1, "x": ' + "[" * 100000 + "]" * 100000 + "}\n" + GOOD}, METRICS,
+     "m.jsonl:1: the metrics line nests arrays or objects deeper than the report reads"),
+    ({"m.jsonl": '{"step": 1' + "0" * 5000 + "}\n" + GOOD}, METRICS, "m.jsonl:1: the metrics line is not JSON the report"),
+    ({"m.jsonl": GOOD + "not json\n" + GOOD}, METRICS, "m.jsonl:2: the metrics line is not JSON (Expecting value"),
+    ({"m.jsonl": "\n\n"}, METRICS, "m.jsonl: no step records"),
+    ({"m.jsonl/x": GOOD}, METRICS, "m.jsonl: the metrics file must be a regular file, and this is a directory"),
+    ({}, METRICS, "m.jsonl: cannot read the metrics file: No such file or directory"),
+    # --trace
+    ({"m.jsonl": GOOD, "t.json": trace(pid=None)}, TRACED, "t.json: traceEvents[1]: has no 'pid'"),
+    ({"m.jsonl": GOOD, "t.json": trace(ts="0")}, TRACED, "t.json: traceEvents[1].ts: must be a number"),
+    ({"m.jsonl": GOOD, "t.json": trace(dur=-1)}, TRACED, "t.json: traceEvents[1].dur: -1 is less than 0"),
+    ({"m.jsonl": GOOD, "t.json": trace(pid=5000)}, TRACED,
+     "t.json: traceEvents[1].pid: 5000 is more than the report draws (at most 1023)"),
+    ({"m.jsonl": GOOD, "t.json": trace(name=7)}, TRACED, "t.json: traceEvents[1].name: must be a string"),
+    ({"m.jsonl": GOOD, "t.json": b'{"traceEvents": ["\xfe"]}'}, TRACED, "t.json:1: the trace is not UTF-8 text"),
+    ({"m.jsonl": GOOD, "t.json": "3"}, TRACED, "t.json: a Chrome trace is a list of events"),
+    ({"m.jsonl": GOOD, "t.json": '{\n"traceEvents": [\n'}, TRACED, "t.json:3: the trace is not JSON"),
+    # --balance
+    ({"r.json": replay(copies=[[-1, 0, 5]])}, BALANCE, "policies[0].steps[0].copies[0][0] (expert): -1 is negative"),
+    ({"r.json": replay(copies=[[0, -1, 5]])}, BALANCE, "policies[0].steps[0].copies[0][1] (rank): -1 is negative"),
+    ({"r.json": replay(copies=[[16, 0, 5]])}, BALANCE,
+     "copies[0][0] (expert): 16 is not an index below num_experts=16"),
+    ({"r.json": replay(copies=[[0, 1]])}, BALANCE, "copies[0]: must be [expert, rank, tokens], got an array"),
+    ({"r.json": replay(num_experts=100000, config={"ranks": 100000})}, BALANCE,
+     "r.json: num_experts: 100000 is more than the report draws (at most 4096)"),
+    ({"r.json": replay(config={"ranks": 100000})}, BALANCE,
+     "r.json: config.ranks: 100000 is more than the report draws (at most 1024)"),
+    ({"r.json": replay(num_experts=None)}, BALANCE, "r.json: the top level: has no 'num_experts'"),
+    ({"r.json": replay(policies=None)}, BALANCE, "r.json: a balance replay has 'policies' (or 'layers'"),
+    ({"r.json": replay(policies=[{"steps": []}])}, BALANCE, "r.json: policies[0]: has no 'policy'"),
+    ({"r.json": "[]"}, BALANCE, "r.json: the top level: must be an object, got an array"),
+    # arguments and --out
+    ({"m.jsonl": GOOD}, ["{d}/m.jsonl", "--out", "{d}/out"], "/out: is a directory; name the HTML file"),
+    ({"m.jsonl": GOOD}, ["{d}/m.jsonl", "--out", "{d}/missing/r.html"], "/missing does not exist"),
+    ({"m.jsonl": GOOD}, ["{d}/m.jsonl"], "the following arguments are required: --out"),
+    ({}, ["--out", "{out}"], "give either a metrics.jsonl or --balance REPLAY.json"),
+    ({"r.json": replay()}, ["--balance", "{d}/r.json", "--trace", "{d}/r.json", "--out", "{out}"],
+     "--trace goes with a metrics.jsonl, not with --balance"),
+    ({"m.jsonl": GOOD}, METRICS + ["--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+def write_files(directory, files):
+    for name, content in files.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+
+
+def assert_refused(code, stdout, stderr, fragment, out_dir, before):
+    assert code == 2
+    assert stdout == ""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, f"not one line: {stderr!r}"
+    assert lines[0].startswith("epmoe.report: error: ") and fragment in lines[0], lines[0]
+    assert sorted(os.listdir(out_dir)) == before, "nothing is written (no report, no partial file)"
+
+
+@pytest.mark.parametrize("files,arguments,fragment", BAD_INPUTS, ids=lambda value: None)
+def test_bad_input_is_one_line_exit_2_and_no_file(tmp_path, capsys, files, arguments, fragment):
+    write_files(tmp_path, files)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir(exist_ok=True)
+    before = sorted(os.listdir(out_dir))
+    code = report.main([a.format(d=tmp_path, out=out_dir / "report.html") for a in arguments])
+    captured = capsys.readouterr()
+    assert_refused(code, captured.out, captured.err, fragment, out_dir, before)
+
+
+def test_a_file_larger_than_the_bound_is_refused_unread(tmp_path, capsys):
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(_report_input.MAX_INPUT_BYTES + 1)  # sparse: no disk, and never read
+    (tmp_path / "out").mkdir()
+    code = report.main([str(big), "--out", str(tmp_path / "out" / "r.html")])
+    captured = capsys.readouterr()
+    assert_refused(code, captured.out, captured.err, "big.jsonl: the metrics file is larger than the report reads "
+                   "(256 MiB)", tmp_path / "out", [])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_a_device_is_refused_without_reading(tmp_path, kind):
+    """In a child with a deadline and 4 GiB of address space: before the
+    bound, a FIFO blocked for ever and /dev/zero was read until the OOM killer."""
+    if kind == "fifo":
+        source = tmp_path / "metrics.jsonl"
+        os.mkfifo(source)
+    else:
+        source = "/dev/zero"
+    (tmp_path / "out").mkdir()
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    done = subprocess.run([sys.executable, "-m", "epmoe.report", str(source), "--out", str(tmp_path / "out" / "r.html")],
+                          capture_output=True, text=True, timeout=120, preexec_fn=limit_memory)
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    assert_refused(done.returncode, done.stdout, done.stderr,
+                   f"{source}: the metrics file must be a regular file, and this is {what}", tmp_path / "out", [])
