@@ -139,21 +139,36 @@ TEST(WholeWorldLayer, CallsKeepTheirBitsAcrossShapesAndAfterAFailure) {
   }
 }
 
-// fault_injection= belongs to the layer given it: another layer of the
-// process never fails with it (before, the spec was process-wide and the
-// other layer's ranks reached the point first). R = 2, one fault per layer.
+// fault_injection= belongs to the layer given it, its count too: another
+// layer of the process never fails with it. Before, the spec was
+// process-wide: set by the faulty layer's first call, its second hit was the
+// clean layer's next call. R = 2, forward only (one dispatch per call and
+// rank).
 TEST(WholeWorldLayer, AnotherLayersFaultInjectionNeverFailsThisLayer) {
   const Arrays small(30, 16, 12, 6, 2, 1);
   const std::map<std::string, std::string> keys = {{"ranks", "2"}, {"threads", "2"}};
+  const auto forward = [&](WholeWorldLayer& layer) {
+    Outputs out(small);
+    LayerArrays arrays = small.views();
+    arrays.dy = {};
+    const LayerOutputs all = out.views(small);
+    layer.run(arrays, {.y = all.y, .topk_ids = all.topk_ids, .topk_weights = all.topk_weights});
+    return out.y;
+  };
   WholeWorldLayer clean(keys);
-  const Outputs want = call(clean, small);
+  const std::vector<float> want = forward(clean);
   std::map<std::string, std::string> faulty_keys = keys;
-  faulty_keys["fault_injection"] = "1:dispatch:throw";
-  for (int round = 0; round < 4; ++round) {
-    WholeWorldLayer faulty(faulty_keys);  // each a fresh spec, as each configured one was
-    EXPECT_TRUE(call(clean, small) == want) << "round " << round << ": the layer without the key";
-    EXPECT_THROW(call(faulty, small), InjectedFault) << "round " << round << ": the layer with it";
-    EXPECT_TRUE(call(clean, small) == want) << "round " << round << ": the layer without the key";
+  faulty_keys["fault_injection"] = "1:dispatch:throw:2";  // the faulty layer's own 2nd call
+  WholeWorldLayer faulty(faulty_keys);
+  for (int call = 1; call <= 3; ++call) {
+    if (call == 2) {
+      EXPECT_THROW(forward(faulty), InjectedFault) << "the faulty layer's call " << call;
+    } else {
+      EXPECT_NO_THROW(forward(faulty)) << "the faulty layer's call " << call;
+    }
+    std::vector<float> got;
+    EXPECT_NO_THROW(got = forward(clean)) << "the clean layer after the faulty one's call " << call;
+    EXPECT_EQ(got, want) << "the clean layer after the faulty one's call " << call;
   }
 }
 
