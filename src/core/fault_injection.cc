@@ -69,8 +69,13 @@ std::string FaultInjector::describe() const {
   return "rank " + std::to_string(rank_) + ": injected fault at " + point_ + " (fault_injection=" + spec_ + ")";
 }
 
-void FaultInjector::rethrow_naming_stopped_rank(std::exception_ptr error) const {
-  if (!stopped()) std::rethrow_exception(error);
+void FaultInjector::rethrow_naming_stopped_rank(std::exception_ptr error) {
+  bool stopped = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopped = std::exchange(stopped_, false);
+  }
+  if (!stopped) std::rethrow_exception(error);
   try {
     std::rethrow_exception(error);
   } catch (const Error& e) {

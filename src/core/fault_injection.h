@@ -81,10 +81,11 @@ class FaultInjector {
     std::lock_guard<std::mutex> lock(mutex_);
     return stopped_;
   }
-  // Rethrows `error`; when the stop fired and it is an epmoe::Error, as a
-  // PeerError whose text ends "; rank R had stopped (fault_injection=...)",
-  // so the run's one error names the rank the others were stuck behind.
-  [[noreturn]] void rethrow_naming_stopped_rank(std::exception_ptr error) const;
+  // Rethrows `error`; when the stop fired (since the last call) and it is an
+  // epmoe::Error, as a PeerError whose text ends "; rank R had stopped at
+  // POINT (fault_injection=...)", so the run's one error names the rank the
+  // others were stuck behind. A later run's error gets no such note.
+  [[noreturn]] void rethrow_naming_stopped_rank(std::exception_ptr error);
 
  private:
   std::string spec_;

@@ -57,6 +57,7 @@ TEST(FaultInjection, AStopRunsTheScopesStopAndMarksTheInjector) {
               std::string::npos)
         << e.what();
   }
+  EXPECT_FALSE(faults.stopped()) << "a later run's error gets no note";
 }
 
 TEST(FaultInjection, MalformedSpecsAreRefusedNamingTheKey) {
