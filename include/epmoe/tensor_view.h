@@ -49,6 +49,7 @@ namespace detail {
 [[noreturn]] void throw_view_bad_rows(std::int64_t begin, std::int64_t end, std::int64_t num_rows);
 [[noreturn]] void throw_view_not_contiguous(std::string_view what, std::span<const std::int64_t> shape,
                                             std::span<const std::int64_t> strides);
+[[noreturn]] void throw_view_null_data(std::string_view what, std::span<const std::int64_t> shape);
 // "[2, 3, 4]"
 std::string dims_to_string(std::span<const std::int64_t> dims);
 
@@ -132,6 +133,15 @@ class BasicTensorView {
   // caller ("moe layer: wi0").
   void require_contiguous(std::string_view what) const {
     if (!is_contiguous()) throw_view_not_contiguous(what, shape(), strides());
+  }
+
+  // Throws epmoe::UsageError "<what>: null data pointer for a 16x8 view"
+  // when the view has elements but no memory (a caller's unset pointer,
+  // which reading would crash on). Every entry of the API checks each view it
+  // is given with this before anything reads it. A null view of no elements
+  // is an absent (or empty) one and passes.
+  void require_data(std::string_view what) const {
+    if (data_ == nullptr && numel() != 0) throw_view_null_data(what, shape());
   }
 
   Pointer raw() const { return data_; }

@@ -68,6 +68,11 @@ class WholeWorldLayer {
   // that need the arrays' dimensions (top_k <= E, ranks divides E) are checked
   // by run(). transport=mpi is refused: a process that uses MPI runs the
   // per-rank API on its own communicator (<epmoe/mpi_communicator.h>).
+  // trace_file=PATH: each successful run() writes its Chrome trace there
+  // (the last call's timeline); the path is checked here and before each
+  // call's compute (FileError naming trace_file). fault_injection= (a test
+  // hook, docs/RELIABILITY.md) applies to this layer's calls only, counted
+  // across them.
   explicit WholeWorldLayer(const std::map<std::string, std::string>& keys = {});
   ~WholeWorldLayer();
   WholeWorldLayer(WholeWorldLayer&&) noexcept;
@@ -77,11 +82,12 @@ class WholeWorldLayer {
   // LayerOutputs::topk_ids and topk_weights.
   int top_k() const;
 
-  // Runs the layer: checks every shape and dtype (ConfigError naming the
-  // array, its shape and the expected one), refuses non-finite inputs
-  // (NumericError naming the array and index), then computes and writes the
-  // outputs. Blocks until done; a rank's failure ends every rank's wait and
-  // is rethrown here.
+  // Runs the layer: checks every view (UsageError naming a view with a null
+  // data pointer and elements, "LayerArrays::x: null data pointer for a
+  // 16x8 view"), every shape and dtype (ConfigError naming the array, its
+  // shape and the expected one), refuses non-finite inputs (NumericError
+  // naming the array and index), then computes and writes the outputs. Blocks until done; a rank's failure ends every
+  // rank's wait and is rethrown here.
   void run(const LayerArrays& arrays, const LayerOutputs& outputs);
 
   // What `epmoe layer` writes to metrics.json for the last successful run(),

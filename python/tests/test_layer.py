@@ -4,8 +4,11 @@ inside each call; the per-rank layer is test_per_rank_layer.py).
 * through Python it gives `epmoe layer`'s bits on the same .npy files;
 * numpy in gives numpy out, torch in gives torch out;
 * bad arguments raise TypeError / ValueError naming the argument;
+* trace_file= writes each call's trace (or is refused up front), and
+  fault_injection= fails only the layer given it;
 * the GIL is released while the ranks compute."""
 
+import json
 import os
 import subprocess
 
@@ -88,6 +91,39 @@ def test_bad_arguments_raise_naming_the_argument(tmp_path):
         layer.forward(bad, *a[1:])
     # The layer still works after refusing.
     layer.forward(*a)
+
+
+def test_trace_file_is_written_by_each_call_or_refused_up_front(tmp_path):
+    _, arrays = inputs(tmp_path)
+    a = [arrays[n] for n in ARRAYS]
+    trace = tmp_path / "trace.json"
+    epmoe.WholeWorldLayer(ranks=2, top_k=2, trace_file=str(trace)).forward(*a)
+    # Before, the key was accepted and nothing was written.
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e.get("ph") == "X"} == {0, 1}, "both ranks' timelines"
+    (tmp_path / "d").mkdir()
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ValueError, match=r"trace_file=.*/d: is a directory"):
+        epmoe.WholeWorldLayer(ranks=2, top_k=2, trace_file=str(tmp_path / "d"))
+    assert sorted(os.listdir(tmp_path)) == before, "a refused trace_file left something behind"
+
+
+def test_one_layers_fault_injection_never_fails_another_layer(tmp_path):
+    # Before, the spec was process-wide: set by the faulty layer's first
+    # call, its second hit was the clean layer's next call. forward() makes
+    # one dispatch per call and rank.
+    _, arrays = inputs(tmp_path)
+    a = [arrays[n] for n in ARRAYS]
+    clean = epmoe.WholeWorldLayer(ranks=2, top_k=2)
+    want = clean.forward(*a)[0].tobytes()
+    faulty = epmoe.WholeWorldLayer(ranks=2, top_k=2, fault_injection="1:dispatch:throw:2")
+    for call in (1, 2, 3):
+        if call == 2:
+            with pytest.raises(RuntimeError, match=r"rank 1: injected fault at dispatch"):
+                faulty.forward(*a)
+        else:
+            faulty.forward(*a)
+        assert clean.forward(*a)[0].tobytes() == want, f"the clean layer after the faulty one's call {call}"
 
 
 def test_the_gil_is_released_while_the_ranks_compute(tmp_path):

@@ -5,6 +5,9 @@
 
 namespace epmoe {
 
-void write_npy(const std::string& path, TensorView array) { write_npy(std::filesystem::path(path), array); }
+void write_npy(const std::string& path, TensorView array) {
+  array.require_data("write_npy(" + path + ")");
+  write_npy(std::filesystem::path(path), array);
+}
 
 }  // namespace epmoe

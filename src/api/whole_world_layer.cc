@@ -12,15 +12,25 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fault_injection.h"
+#include "core/trace_recorder.h"
+#include "data/output_paths.h"
 #include "run/layer_inputs.h"
 #include "run/layer_key_groups.h"
 #include "run/layer_metrics.h"
+#include "run/run_faults.h"
 #include "run/whole_world_runner.h"
 
 namespace epmoe {
 
 struct WholeWorldLayer::State {
   run::ConfigValues values;
+  // fault_injection= (a test hook): this layer's own, counted across its
+  // calls; no other layer of the process sees it (run/run_faults.h).
+  std::unique_ptr<FaultInjector> faults;
+  // trace_file=: each call's timeline, written when the call succeeds.
+  std::string trace_file;
+  std::unique_ptr<TraceRecorder> trace;
   // Kept between calls: made at the first, again when the arrays' shape
   // changes the settings (E, H, K).
   std::unique_ptr<run::WholeWorldRunner> runner;
@@ -49,6 +59,7 @@ void check_output(const MutableTensorView& out, DType dtype, std::initializer_li
   if (out.raw() == nullptr && out.rank() == 0) {
     throw ConfigError(what + " is missing: run() writes it into the caller's buffer");
   }
+  out.require_data(what);
   if (out.dtype() != dtype || !out.has_shape(shape)) {
     throw ConfigError(what + ": " + std::string(dtype_name(out.dtype())) + " " + detail::dims_to_string(out.shape()) +
                       ", expected " + std::string(dtype_name(dtype)) + " " +
@@ -76,6 +87,13 @@ WholeWorldLayer::WholeWorldLayer(const std::map<std::string, std::string>& keys)
                       "process that uses MPI runs the per-rank API on its own communicator "
                       "(<epmoe/mpi_communicator.h>)");
   }
+  state_->faults =
+      run::fault_injector_from(state_->values, state_->values.get_int32("ranks"), run::FaultSpecSource::key);
+  state_->trace_file = state_->values.get_string("trace_file");
+  if (!state_->trace_file.empty()) {
+    check_output_paths({{"trace_file", state_->trace_file, OutputPath::Kind::file}});
+    state_->trace = std::make_unique<TraceRecorder>();
+  }
 }
 
 WholeWorldLayer::~WholeWorldLayer() = default;
@@ -92,7 +110,10 @@ void WholeWorldLayer::run(const LayerArrays& arrays, const LayerOutputs& outputs
   const run::ConfigValues& values = state_->values;
   const MoeLayerConfig config = run::moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
   run::check_bias_is_used(inputs, config);
-  const run::ExpertParallelSettings settings = run::expert_parallel_settings_from(values, config);
+  run::ExpertParallelSettings settings = run::expert_parallel_settings_from(values, config);
+  State& state = *state_;
+  settings.faults = state.faults.get();
+  settings.trace = state.trace.get();
   const std::int64_t n = inputs.num_tokens, h = inputs.hidden, e = inputs.num_experts, f = inputs.ffn;
   const std::int64_t k = config.router.top_k;
   check_output(outputs.y, DType::f32, {n, h}, "y");
@@ -113,13 +134,17 @@ void WholeWorldLayer::run(const LayerArrays& arrays, const LayerOutputs& outputs
     for (const auto& [out, name] : gradients) require_absent(*out, name);
   }
 
-  State& state = *state_;
+  // Again before this call's compute: the path may have changed since.
+  if (state.trace) check_output_paths({{"trace_file", state.trace_file, OutputPath::Kind::file}});
+
   state.last.reset();
   if (state.runner == nullptr || !(state.runner->settings().ep == settings.ep)) {
     state.runner.reset();  // its threads and ranks go before the new ones come
     state.runner = std::make_unique<run::WholeWorldRunner>(settings);
   }
+  if (state.trace) state.trace->clear();  // this call's timeline alone
   std::vector<run::RankReport> reports = state.runner->run(inputs, config, outputs);
+  if (state.trace) state.trace->write(state.trace_file);
   std::vector<std::string> names = {"y", "topk_ids", "topk_weights"};
   if (inputs.dy)
     for (const auto& [out, name] : gradients) names.push_back(name);

@@ -14,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "data/npy.h"
+#include "data/output_paths.h"
 #include "data/staged_output_dir.h"
 #include "run/config_keys.h"
 #include "run/expert_parallel_run.h"
@@ -23,6 +24,7 @@
 #include "run/layer_metrics.h"
 #include "run/modelled_time_report.h"
 #include "run/modelled_time_settings.h"
+#include "run/run_faults.h"
 #include "run/yaml_overrides.h"
 
 namespace epmoe::cli {
@@ -32,6 +34,8 @@ using run::command_assignments;
 using run::ConfigValues;
 using run::expert_parallel_settings_from;
 using run::ExpertParallelSettings;
+using run::fault_injector_from;
+using run::FaultSpecSource;
 using run::layer_key_registry;
 using run::layer_metrics;
 using run::LayerInputFiles;
@@ -82,17 +86,21 @@ std::vector<NamedOutput> layer_outputs(const LayerRunResult& run) {
 const std::vector<std::string> kGradientFiles = {"dx.npy", "dgate.npy", "dwi0.npy", "dwi1.npy", "dwo.npy"};
 
 void run_layer_command(const LayerArguments& arguments) {
-  // Validation: keys, then --out, then every input file, then the config
-  // rules that need the files' dimensions. Nothing has been computed or
-  // written when one of these throws.
+  // Validation: keys, then every output path (--out, trace_file), then every
+  // input file, then the config rules that need the files' dimensions.
+  // Nothing has been computed or written when one of these throws.
   const ConfigValues values =
       layer_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kLayerCommand));
-  StagedOutputDir::check_usable(arguments.out_dir);
+  check_output_paths({{"--out", arguments.out_dir, OutputPath::Kind::staged_directory},
+                      {"trace_file", values.get_string("trace_file"), OutputPath::Kind::file}});
   const LayerInputFiles files = read_layer_inputs(arguments.in_dir);
   const LayerInputs& inputs = files.inputs;
   const MoeLayerConfig config = moe_layer_config_from(values, inputs.hidden, inputs.ffn, inputs.num_experts);
   check_bias_is_used(inputs, config);
   ExpertParallelSettings settings = expert_parallel_settings_from(values, config);
+  const std::unique_ptr<FaultInjector> faults =
+      fault_injector_from(values, settings.num_ranks, FaultSpecSource::key_or_environment);
+  settings.faults = faults.get();
   std::optional<TraceRecorder> trace;
   if (!settings.trace_file.empty()) {
     trace.emplace();
@@ -119,8 +127,9 @@ void run_layer_command(const LayerArguments& arguments) {
   }
   const nlohmann::json metrics = layer_metrics(values, inputs, config, settings, run->ranks, file_names);
   write_json_file(staged->staged_path(kMetricsFile), metrics);
-  staged->commit(file_names, kMetricsFile, run->outputs.gradients ? std::vector<std::string>{} : kGradientFiles);
+  // Before the commit: a trace that cannot be written leaves --out as it was.
   if (trace) trace->write(settings.trace_file);
+  staged->commit(file_names, kMetricsFile, run->outputs.gradients ? std::vector<std::string>{} : kGradientFiles);
   // One line for a person at a terminal; the numbers live in metrics.json.
   char backward[64] = "";
   if (run->outputs.gradients)

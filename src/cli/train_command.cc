@@ -5,7 +5,6 @@
 // rank 0 writes the metrics and the progress line.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,12 +14,14 @@
 #include "cli/training_output.h"
 #include "core/error.h"
 #include "data/checkpoint_store.h"
+#include "data/output_paths.h"
 #include "model/trainer.h"
 #include "run/config_keys.h"
 #include "run/layer_key_groups.h"
 #include "run/modelled_time_settings.h"
 #include "run/mpi_environment.h"
 #include "run/rank_launcher.h"
+#include "run/run_faults.h"
 #include "run/train_key_groups.h"
 #include "run/yaml_overrides.h"
 
@@ -32,6 +33,8 @@ using run::data_keys;
 using run::expert_parallel_keys;
 using run::expert_parallel_settings_from;
 using run::ExpertParallelSettings;
+using run::fault_injector_from;
+using run::FaultSpecSource;
 using run::KeyGroup;
 using run::KeyRegistry;
 using run::KeySpec;
@@ -76,20 +79,6 @@ struct TrainArguments {
 // The EP group's collective tags start above the trainer's [0, 1024).
 constexpr std::uint32_t kEpGroupTagBase = 1024;
 
-// A checkpoint directory that cannot be written would fail the run at its
-// first checkpoint, after the work; found out before instead.
-void check_checkpoint_dir_writable(const std::filesystem::path& dir) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  const std::filesystem::path probe = dir / ".epmoe_write_probe";
-  if (!error) std::ofstream(probe) << "probe";
-  if (error || !std::filesystem::exists(probe)) {
-    throw FileError("checkpoint_dir=" + dir.string() + ": cannot be created or written" +
-                    (error ? ": " + error.message() : ""));
-  }
-  std::filesystem::remove(probe, error);
-}
-
 ProgressMode progress_mode(const std::string& value) {
   return value == "on" ? ProgressMode::on : value == "off" ? ProgressMode::off : ProgressMode::auto_detect;
 }
@@ -105,13 +94,25 @@ void run_train_command(const TrainArguments& arguments) {
                         : values.get_int32("ranks");
   const TrainerConfig trainer = trainer_config_from(values, model, world);
   ExpertParallelSettings settings = expert_parallel_settings_from(values, model.layer);
+  const std::unique_ptr<FaultInjector> faults =
+      fault_injector_from(values, settings.num_ranks, FaultSpecSource::key_or_environment);
+  settings.faults = faults.get();
+  const bool writes = settings.transport == TransportKind::threads ||
+                      mpi_launch_from_environment().value_or(MpiLaunch{}).world_rank == 0;
+  const std::string metrics_path = values.get_string("metrics_file");
+  // Every path the run writes, before anything is created or computed: an
+  // unwritable one would otherwise fail the run after its work (the trace is
+  // written after the last step). Other MPI ranks write none of them.
+  if (writes) {
+    check_output_paths({{"trace_file", settings.trace_file, OutputPath::Kind::file},
+                        {"metrics_file", metrics_path, OutputPath::Kind::file},
+                        {"checkpoint_dir", trainer.checkpoint_dir, OutputPath::Kind::directory}});
+  }
   std::optional<TraceRecorder> trace;
   if (!settings.trace_file.empty()) {
     trace.emplace();
     settings.trace = &*trace;
   }
-  const bool writes = settings.transport == TransportKind::threads ||
-                      mpi_launch_from_environment().value_or(MpiLaunch{}).world_rank == 0;
   // One trainer per checkpoint directory, held by the writing process for
   // the whole run. Taken before anything is read from the directory, so what
   // is read (the resume point, leftovers) cannot change under us. Other MPI
@@ -119,11 +120,8 @@ void run_train_command(const TrainArguments& arguments) {
   std::optional<CheckpointDirLock> checkpoint_lock;
   if (writes && !trainer.checkpoint_dir.empty()) {
     checkpoint_lock.emplace(trainer.checkpoint_dir);  // a second trainer is refused before writing anything
-    check_checkpoint_dir_writable(trainer.checkpoint_dir);
   }
   const std::optional<std::int64_t> resume_from = checkpoint_to_resume(trainer);
-  const std::string metrics_path = values.get_string("metrics_file");
-  if (writes && !metrics_path.empty()) MetricsFile::check_writable(metrics_path);
   if (checkpoint_lock) {
     // With the lock held no live trainer owns these: they are a killed
     // run's. Said, not silently dropped.

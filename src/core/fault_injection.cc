@@ -3,42 +3,14 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <iostream>
-#include <map>
-#include <mutex>
-#include <string>
-#include <utility>
 #include <vector>
 
 namespace epmoe {
 namespace {
 
-enum class FaultAction { throw_error, kill, stop };
-
-struct FaultSpec {
-  int rank = -1;
-  std::string point;
-  FaultAction action = FaultAction::throw_error;
-  long nth = 1;
-  std::string text;
-};
-
-struct FaultState {
-  std::mutex mutex;  // guards everything below
-  bool from_environment_read = false;
-  FaultSpec spec;
-  std::map<std::pair<int, std::string>, long> hits;  // (rank, point) -> times reached
-};
-
-FaultState& state() {
-  static FaultState fault_state;
-  return fault_state;
-}
-
-// True while a spec is set: the fast path of fault_point reads only this.
-std::atomic<int> g_configured{-1};  // -1: environment not read yet, 0: none, 1: set
+thread_local const FaultScope* tls_fault_scope = nullptr;
 
 [[noreturn]] void bad_spec(std::string_view spec, const std::string& rule) {
   throw ConfigError("fault_injection = '" + std::string(spec) + "': " + rule +
@@ -55,9 +27,9 @@ long parse_non_negative(std::string_view spec, std::string_view field, const cha
   return value;
 }
 
-FaultSpec parse(std::string_view text) {
-  FaultSpec spec;
-  spec.text = std::string(text);
+}  // namespace
+
+FaultInjector::FaultInjector(std::string_view text) : spec_(text) {
   std::vector<std::string_view> fields;
   std::size_t start = 0;
   for (;;) {
@@ -67,86 +39,92 @@ FaultSpec parse(std::string_view text) {
     start = colon + 1;
   }
   if (fields.size() < 2 || fields.size() > 4) bad_spec(text, "needs 2 to 4 fields separated by ':'");
-  spec.rank = static_cast<int>(parse_non_negative(text, fields[0], "RANK"));
+  rank_ = static_cast<int>(parse_non_negative(text, fields[0], "RANK"));
   if (fields[1].empty()) bad_spec(text, "POINT is empty");
-  spec.point = std::string(fields[1]);
+  point_ = std::string(fields[1]);
   if (fields.size() >= 3) {
     if (fields[2] == "throw") {
-      spec.action = FaultAction::throw_error;
+      action_ = Action::throw_error;
     } else if (fields[2] == "kill") {
-      spec.action = FaultAction::kill;
+      action_ = Action::kill;
     } else if (fields[2] == "stop") {
-      spec.action = FaultAction::stop;
+      action_ = Action::stop;
     } else {
       bad_spec(text, "ACTION must be throw, kill or stop, not '" + std::string(fields[2]) + "'");
     }
   }
   if (fields.size() == 4) {
-    spec.nth = parse_non_negative(text, fields[3], "NTH");
-    if (spec.nth < 1) bad_spec(text, "NTH must be >= 1");
+    nth_ = parse_non_negative(text, fields[3], "NTH");
+    if (nth_ < 1) bad_spec(text, "NTH must be >= 1");
   }
-  return spec;
 }
 
-void set_locked(FaultState& s, std::string_view text) {
-  s.hits.clear();
-  if (text.empty()) {
-    s.spec = FaultSpec{};
-    g_configured.store(0, std::memory_order_release);
-    return;
-  }
-  s.spec = parse(text);
-  g_configured.store(1, std::memory_order_release);
+bool FaultInjector::fires(std::string_view point, int rank) {
+  if (rank != rank_ || point != point_) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ++hits_[{rank, std::string(point)}] == nth_;
 }
 
-void read_environment_locked(FaultState& s) {
-  if (s.from_environment_read) return;
-  s.from_environment_read = true;
+std::string FaultInjector::describe() const {
+  return "rank " + std::to_string(rank_) + ": injected fault at " + point_ + " (fault_injection=" + spec_ + ")";
+}
+
+void FaultInjector::rethrow_naming_stopped_rank(std::exception_ptr error) {
+  bool stopped = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopped = std::exchange(stopped_, false);
+  }
+  if (!stopped) std::rethrow_exception(error);
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find(describe()) != std::string::npos) throw;  // names it already
+    throw PeerError(what + "; rank " + std::to_string(rank_) + " had stopped at " + point_ +
+                    " (fault_injection=" + spec_ + ")");
+  }
+}
+
+std::string fault_injection_from_environment() {
   const char* text = std::getenv("EPMOE_FAULT_INJECTION");
-  set_locked(s, text != nullptr ? std::string_view(text) : std::string_view());
+  return text != nullptr ? std::string(text) : std::string();
 }
 
-}  // namespace
+FaultScope::FaultScope(FaultInjector* injector, StopRank stop_rank)
+    : injector_(injector), stop_rank_(std::move(stop_rank)), previous_(set_this_thread_fault_scope(this)) {}
 
-void configure_fault_injection(std::string_view spec) {
-  FaultState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.from_environment_read = true;  // an explicit spec wins over the environment
-  set_locked(s, spec);
-}
+FaultScope::~FaultScope() { set_this_thread_fault_scope(previous_); }
 
-std::string fault_injection_spec() {
-  FaultState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  read_environment_locked(s);
-  return s.spec.text;
+const FaultScope* this_thread_fault_scope() { return tls_fault_scope; }
+
+const FaultScope* set_this_thread_fault_scope(const FaultScope* scope) {
+  const FaultScope* previous = tls_fault_scope;
+  tls_fault_scope = scope;
+  return previous;
 }
 
 void fault_point(std::string_view point, int rank) {
-  if (g_configured.load(std::memory_order_acquire) == 0) return;
-  FaultState& s = state();
-  FaultAction action;
-  std::string text;
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    read_environment_locked(s);
-    if (s.spec.text.empty() || s.spec.rank != rank || s.spec.point != point) return;
-    if (++s.hits[{rank, std::string(point)}] != s.spec.nth) return;
-    action = s.spec.action;
-    text = s.spec.text;
-  }
-  const std::string what =
-      "rank " + std::to_string(rank) + ": injected fault at " + std::string(point) + " (fault_injection=" + text + ")";
-  switch (action) {
-    case FaultAction::throw_error:
+  const FaultScope* scope = tls_fault_scope;
+  if (scope == nullptr || scope->injector() == nullptr) return;
+  FaultInjector& injector = *scope->injector();
+  if (!injector.fires(point, rank)) return;
+  const std::string what = injector.describe();
+  switch (injector.action()) {
+    case FaultInjector::Action::throw_error:
       throw InjectedFault(what);
-    case FaultAction::kill:
+    case FaultInjector::Action::kill:
       std::cerr << "epmoe: " << what << ": SIGKILL" << std::endl;
       ::kill(::getpid(), SIGKILL);
       break;
-    case FaultAction::stop:
-      std::cerr << "epmoe: " << what << ": SIGSTOP" << std::endl;
-      ::kill(::getpid(), SIGSTOP);
+    case FaultInjector::Action::stop:
+      injector.mark_stopped();
+      if (scope->stop_rank()) {
+        scope->stop_rank()(what);
+      } else {
+        std::cerr << "epmoe: " << what << ": SIGSTOP" << std::endl;
+        ::kill(::getpid(), SIGSTOP);
+      }
       break;
   }
 }

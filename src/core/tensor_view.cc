@@ -42,4 +42,15 @@ void throw_view_not_contiguous(std::string_view what, std::span<const std::int64
                    " in elements): epmoe computes on row-major data without gaps; pass a contiguous copy");
 }
 
+void throw_view_null_data(std::string_view what, std::span<const std::int64_t> shape) {
+  std::string dims;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) dims += 'x';
+    dims += std::to_string(shape[i]);
+  }
+  throw UsageError(std::string(what) + ": null data pointer for a " +
+                   (shape.size() == 1 ? "view of " + dims + " elements" : dims + " view") +
+                   ": a view with elements needs their memory (an absent input is an empty view)");
+}
+
 }  // namespace epmoe::detail

@@ -93,7 +93,17 @@ void TraceRecorder::write(const std::string& path) const {
   });
   std::map<int, std::vector<double>> lane_free_at;  // [pid][lane]
   std::map<int, int> pids;                          // pid -> lanes used
+  if (std::filesystem::is_directory(path)) throw FileError("trace_file=" + path + ": is a directory; name a file");
   const std::string temporary = path + ".tmp";
+  // Whatever fails below, the temporary goes: a failed write leaves nothing.
+  struct RemoveUnlessRenamed {
+    const std::string& temporary;
+    bool renamed = false;
+    ~RemoveUnlessRenamed() {
+      std::error_code ignored;
+      if (!renamed) std::filesystem::remove(temporary, ignored);
+    }
+  } cleanup{temporary};
   {
     std::ofstream out(temporary);
     if (!out) throw FileError("trace_file=" + path + ": cannot open " + temporary + " for writing");
@@ -155,6 +165,13 @@ void TraceRecorder::write(const std::string& path) const {
   std::error_code error;
   std::filesystem::rename(temporary, path, error);
   if (error) throw FileError("trace_file=" + path + ": cannot rename " + temporary + ": " + error.message());
+  cleanup.renamed = true;
+}
+
+void TraceRecorder::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.clear();
+  origin_ = Stopwatch();
 }
 
 TraceTrack this_thread_trace_track() { return this_thread_track; }

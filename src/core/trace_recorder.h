@@ -41,8 +41,11 @@ class TraceRecorder {
   std::size_t num_events() const;
 
   // Writes the JSON to `path` atomically (a temporary file renamed into
-  // place); FileError naming the path when it cannot.
+  // place); FileError naming the path when it cannot, leaving nothing.
   void write(const std::string& path) const;
+  // Drops every event and restarts the wall clock: the next run's timeline
+  // alone (a WholeWorldLayer traces each call). Not while events are added.
+  void clear();
 
  private:
   enum class Kind { compute, collective, message };

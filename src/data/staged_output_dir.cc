@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "data/output_paths.h"
 
 namespace epmoe {
 namespace {
@@ -65,30 +66,8 @@ void StagedOutputDir::check_usable(const std::filesystem::path& output_dir) {
   }
   // The staging directory and the lock file are created in the parent, so
   // the parent (or, when it is missing, its nearest existing ancestor, where
-  // the missing directories will be created) must accept new entries. Tried
-  // with a real mkdir: access() answers yes to root even where mkdir fails
-  // (/proc, a read-only bind mount).
-  std::filesystem::path ancestor = absolute.parent_path();
-  for (;;) {
-    const auto ancestor_status = std::filesystem::status(ancestor, error);
-    if (std::filesystem::exists(ancestor_status)) {
-      if (!std::filesystem::is_directory(ancestor_status)) {
-        throw FileError(output_dir.string() + ": " + ancestor.string() +
-                        " is not a directory (--out needs a directory)");
-      }
-      break;
-    }
-    if (ancestor == ancestor.root_path() || !ancestor.has_parent_path()) break;
-    ancestor = ancestor.parent_path();
-  }
-  std::string probe_name = ".";
-  probe_name += absolute.filename().string() + ".probe-" + std::to_string(::getpid());
-  const std::filesystem::path probe = ancestor / probe_name;
-  if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw FileError(output_dir.string() + ": cannot create files in " + ancestor.string() + ": " +
-                    std::strerror(errno) + " (--out needs a writable location)");
-  }
-  ::rmdir(probe.c_str());
+  // the missing directories will be created) must accept new entries.
+  check_can_create(absolute, output_dir.string(), "--out needs a writable location");
   if (std::filesystem::is_directory(status) && ::access(absolute.c_str(), W_OK | X_OK) != 0) {
     throw FileError(output_dir.string() + ": not writable: " + std::strerror(errno));
   }

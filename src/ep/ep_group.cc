@@ -184,6 +184,7 @@ const DispatchStats& DispatchHandle::stats() const {
 namespace {
 
 void require_view(TensorView view, DType dtype, std::initializer_list<std::int64_t> shape, const char* what) {
+  view.require_data(std::string("EP group: ") + what);
   if (view.dtype() != dtype || !view.has_shape(shape)) {
     throw UsageError(std::string("EP group: ") + what + " is " + std::string(dtype_name(view.dtype())) + " " +
                      detail::dims_to_string(view.shape()) + ", expected " + std::string(dtype_name(dtype)) + " " +

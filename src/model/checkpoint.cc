@@ -147,13 +147,13 @@ std::int64_t save_checkpoint(const CheckpointStore& store, std::int64_t step, co
   // step_<N> may appear.
   fault_point("checkpoint", rank);
   wait_for_all(context, 1);  // every rank's files are written
-  if (rank == 0) {
-    store.commit(step, files, metadata);
-    // Test hook: a run killed right after a commit (its metrics line must
-    // already be on disk).
-    fault_point("checkpoint_committed", rank);
-  }
+  if (rank == 0) store.commit(step, files, metadata);
   wait_for_all(context, 2);  // committed: no rank runs ahead of a checkpoint that may still fail
+  // Test hook: a run killed right after a commit (its metrics line must
+  // already be on disk). On every rank, once all know the commit happened:
+  // only rank 0 commits, and a point that only rank 0 reaches never fired
+  // for RANK != 0.
+  fault_point("checkpoint_committed", rank);
   return bytes;
 }
 

@@ -8,7 +8,12 @@ std::string layer_label(const MoeLayerConfig& config) {
   return config.label.empty() ? std::string("moe layer") : config.label;
 }
 
+void check_data(const MoeLayerConfig& config, std::string_view name, TensorView tensor) {
+  tensor.require_data(layer_label(config) + ": " + std::string(name));
+}
+
 void check_layout(const MoeLayerConfig& config, std::string_view name, TensorView tensor) {
+  check_data(config, name, tensor);
   EPMOE_CHECK(tensor.dtype() == DType::f32);
   tensor.require_contiguous(layer_label(config) + ": " + std::string(name));
 }
@@ -16,6 +21,11 @@ void check_layout(const MoeLayerConfig& config, std::string_view name, TensorVie
 void check_weights(const MoeLayerConfig& config, int num_local_experts, TensorView x, const MoeWeights& w) {
   const std::int64_t h = config.hidden, f = config.ffn, e = config.router.num_experts;
   const std::int64_t el = num_local_experts;
+  // Before anything below reads one: a caller's null pointer is named.
+  for (const auto& [name, view] :
+       {std::pair{"x", x}, {"gate", w.gate}, {"wi0", w.wi0}, {"wi1", w.wi1}, {"wo", w.wo}, {"bias", w.bias}}) {
+    check_data(config, name, view);
+  }
   EPMOE_CHECK(w.gate.raw() && w.wi0.raw() && w.wi1.raw() && w.wo.raw());
   EPMOE_CHECK_EQ(x.rank(), 2);
   EPMOE_CHECK_EQ(x.dim(1), h);
@@ -39,6 +49,7 @@ void check_input(const MoeLayerConfig& config, std::string_view name, TensorView
 void check_output(const MoeLayerConfig& config, std::string_view name, const MutableTensorView& out, DType dtype,
                   std::span<const std::int64_t> shape) {
   const std::string what = layer_label(config) + ": output buffer " + std::string(name);
+  out.require_data(what);
   if (out.dtype() != dtype || !out.has_shape(shape)) {
     throw UsageError(what + " is " + std::string(dtype_name(out.dtype())) + " " + detail::dims_to_string(out.shape()) +
                      ", expected " + std::string(dtype_name(dtype)) + " " + detail::dims_to_string(shape));

@@ -21,8 +21,12 @@ namespace epmoe {
 // "moe layer" or the config's label.
 std::string layer_label(const MoeLayerConfig& config);
 
-// An input the layer reads in place: f32 (InternalError otherwise, as for a
-// shape) and C-contiguous (UsageError naming it: a caller's strided view).
+// A caller's view has memory for its elements (TensorView::require_data:
+// UsageError naming it, "moe layer: x: null data pointer for a 16x8 view").
+void check_data(const MoeLayerConfig& config, std::string_view name, TensorView tensor);
+// An input the layer reads in place: has its memory (check_data), f32
+// (InternalError otherwise, as for a shape) and C-contiguous (UsageError
+// naming it: a caller's strided view).
 void check_layout(const MoeLayerConfig& config, std::string_view name, TensorView tensor);
 // x and the weights' shapes and layouts (InternalError for a shape mismatch:
 // the front ends validate files and arrays first).

@@ -430,6 +430,8 @@ void MoeLayer::begin_backward(MoeStep& step, TensorView dy, TensorView extra_d_l
   const MoeLayerConfig& config = layer.config;
   MoeStep::State& s = *step.state_;
   // Before the stage moves on: a refused dy leaves the forward's state for a retry.
+  check_data(config, "dy", dy);
+  check_data(config, "extra_d_logits", extra_d_logits);
   EPMOE_CHECK(dy.has_shape(s.x.shape()));
   check_layout(config, "dy", dy);
   if (!extra_d_logits.empty()) {
@@ -609,11 +611,25 @@ MoeGradients MoeLayer::finish_backward(MoeStep& step, const MoeGradientBuffers& 
 MoeForwardOutput MoeLayer::forward(TensorView x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version,
                                    const MoeForwardBuffers& out) {
   impl_->own_step = MoeStep();  // a forward without its backward (inference) is simply dropped
+  // A null buffer is refused before the dispatch starts (finish_forward checks the rest).
+  for (const auto& [name, view] : {std::pair{"output buffer y", out.y},
+                                   {"output buffer topk_ids", out.topk_ids},
+                                   {"output buffer topk_weights", out.topk_weights}}) {
+    check_data(impl_->config, name, view);
+  }
   impl_->own_step = begin_forward(x, weights, weight_version);
   return finish_forward(impl_->own_step, out);
 }
 
 MoeGradients MoeLayer::backward(TensorView dy, TensorView extra_d_logits, const MoeGradientBuffers& out) {
+  // A null buffer is refused before the cotangents are sent (finish_backward checks the rest).
+  for (const auto& [name, view] : {std::pair{"output buffer dx", out.dx},
+                                   {"output buffer dgate", out.dgate},
+                                   {"output buffer dwi0", out.dwi0},
+                                   {"output buffer dwi1", out.dwi1},
+                                   {"output buffer dwo", out.dwo}}) {
+    check_data(impl_->config, name, view);
+  }
   begin_backward(impl_->own_step, dy, extra_d_logits);
   return finish_backward(impl_->own_step, out);
 }

@@ -12,6 +12,7 @@
 
 #include <epmoe/ep_group.h>
 
+#include "core/fault_injection.h"
 #include "core/trace_recorder.h"
 #include "ep/ep_config.h"
 #include "transport/threads/emulated_links.h"
@@ -32,6 +33,7 @@ struct ExpertParallelSettings {
   std::string hardware;                              // clock=modelled: the device's name
   std::string trace_file;                            // empty: no trace
   TraceRecorder* trace = nullptr;                    // set by the command when trace_file is given
+  FaultInjector* faults = nullptr;                   // fault_injection= (run/run_faults.h); owned by the command
   int compute_threads_per_rank = 1;                  // OpenMP budget of each rank
 
   // True when the run needs no dispatcher: one rank on threads and no key

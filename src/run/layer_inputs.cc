@@ -61,6 +61,7 @@ LayerInputs layer_inputs_of(TensorView x, TensorView gate, TensorView wi0, Tenso
   const auto require = [&](const TensorView& view, std::size_t index, std::initializer_list<std::int64_t> shape,
                            const char* dims, const char* source) {
     const std::string& name = names[index];
+    view.require_data(name);
     if (view.dtype() != DType::f32) {
       throw ConfigError(name + ": dtype " + std::string(dtype_name(view.dtype())) + ", expected float32");
     }
@@ -94,6 +95,7 @@ LayerInputs layer_inputs_of(TensorView x, TensorView gate, TensorView wi0, Tenso
   in.wi0 = wi0;
   in.wi1 = wi1;
   in.wo = wo;
+  bias.require_data(names[5]);  // a null bias of E elements is a mistake, not an absent bias
   if (!bias.empty()) {
     require(bias, 5, {e}, "(E)", gate_name.c_str());
     in.bias = bias;

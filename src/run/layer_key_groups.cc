@@ -12,7 +12,6 @@
 #include <variant>
 
 #include "core/error.h"
-#include "core/fault_injection.h"
 #include "core/threading.h"
 #include "kernels/compute_dtype.h"
 #include "kernels/gemm.h"
@@ -341,27 +340,6 @@ void check_dispatcher_specific_keys(const ConfigValues& values, const EpConfig& 
   }
 }
 
-// fault_injection= (a test hook): configured once, here, where every command
-// that runs layers (layer, train) parses its expert-parallel keys, so the
-// spec is validated with the other keys, before any work. Left alone when
-// unset, so EPMOE_FAULT_INJECTION (passed on by mpirun -x) still applies.
-void configure_fault_injection_key(const ConfigValues& values, int num_ranks) {
-  if (!values.is_set("fault_injection")) return;
-  const std::string& spec = values.get_string("fault_injection");
-  if (spec.empty()) {
-    throw ConfigError("fault_injection='': empty; give RANK:POINT[:throw|kill|stop[:NTH]] or leave the key out");
-  }
-  configure_fault_injection(spec);  // ConfigError naming the key and the rule
-  // A rank the run does not have would never fail: the test would pass
-  // without testing anything.
-  const int rank = std::stoi(spec.substr(0, spec.find(':')));  // digits: checked above
-  if (rank >= num_ranks) {
-    configure_fault_injection("");
-    throw ConfigError("fault_injection=" + spec + ": RANK " + std::to_string(rank) +
-                      " is not a rank of this run (ranks=" + std::to_string(num_ranks) + ")");
-  }
-}
-
 }  // namespace
 
 EpConfig ep_config_from(const ConfigValues& values, const MoeLayerConfig& layer) {
@@ -419,7 +397,6 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   links.topology = transport::threads::parse_link_topology("link_topology", values.get_string("link_topology"));
   links.validate();
   configure_modelled_time(values, settings);
-  configure_fault_injection_key(values, num_ranks);
 
   // Ranks share the machine's cores: threads= is the budget of the whole
   // run, split evenly (at least one each). Under mpirun each process only

@@ -41,8 +41,8 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
 // [r*N/R, (r+1)*N/R)), transport=mpi runs under mpirun with ranks= left unset or equal to the
 // world size, each dispatcher-specific key is non-default only with the
 // dispatcher that uses it, link emulation only on threads. ConfigError naming
-// the key and the rule. Configures fault_injection= (core/fault_injection.h)
-// when it is set.
+// the key and the rule. fault_injection= is the caller's to turn into the
+// run's injector (run/run_faults.h).
 ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer);
 // Just the EP group's configuration of those keys (no rank count: not
 // validated for one; the dispatcher-specific keys are checked).

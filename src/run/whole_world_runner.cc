@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/threading.h"
+#include "run/run_faults.h"
 #include "transport/threads/rank_threads.h"
 
 namespace epmoe::run {
@@ -24,6 +25,7 @@ std::vector<RankReport> WholeWorldRunner::run(const LayerInputs& inputs, const M
   std::vector<RankReport> reports(static_cast<std::size_t>(num_ranks));
   if (settings_.single_rank_local()) {
     set_compute_threads(settings_.compute_threads_per_rank);
+    const RankFaultScope faults(settings_.faults, nullptr, settings_.ep.timeout);
     prepare_rank(ranks_[0], nullptr, config);
     built_for_ = config;
     reports[0] = run_layer_rank(ranks_[0], inputs, settings_, 0, rank_outputs(out, settings_, inputs.num_tokens, 0));
@@ -48,6 +50,7 @@ std::vector<RankReport> WholeWorldRunner::run(const LayerInputs& inputs, const M
     }
     try {
       threads_->run([&](transport::Communicator& comm) {
+        const RankFaultScope faults(settings_.faults, &comm, settings_.ep.timeout);
         const int r = comm.rank();
         LayerRank& rank = ranks_[static_cast<std::size_t>(r)];
         prepare_rank(rank, &comm, config);
@@ -56,7 +59,8 @@ std::vector<RankReport> WholeWorldRunner::run(const LayerInputs& inputs, const M
       });
     } catch (...) {
       built_for_.reset();  // whatever was built stays unused
-      throw;
+      if (settings_.faults == nullptr) throw;
+      settings_.faults->rethrow_naming_stopped_rank(std::current_exception());
     }
     built_for_ = config;
   }

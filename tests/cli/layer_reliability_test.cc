@@ -162,12 +162,22 @@ TEST_F(EpmoeCli, TrainInheritsFaultInjection) {
       << result.stderr_text;
 }
 
+// A stopped rank on threads stops its own thread, not the process (before:
+// SIGSTOP, and the run never ended): its peer times out, and the one error
+// line names the stopped rank; nothing is written.
+TEST_F(EpmoeCli, AStoppedRankOnThreadsEndsTheRunNamingIt) {
+  generate_inputs();
+  const ProcessResult result =
+      testing::run_program(scratch_,
+                           {EPMOE_BINARY, "layer", "--in", in_dir().string(), "--out", out_dir().string(), "threads=1",
+                            "ranks=2", "comm_timeout_ms=300", "fault_injection=1:dispatch:stop"},
+                           std::chrono::seconds(60));
+  expect_rejected(result, {"rank 1 had stopped at dispatch (fault_injection=1:dispatch:stop)"});
+}
+
+// The benchmarks take no fault_injection (their runs install no fault scope).
 TEST_F(EpmoeCli, FaultInjectionIsDocumentedAsATestHook) {
   std::vector<std::vector<std::string>> commands = {{EPMOE_BINARY, "layer"}, {EPMOE_BINARY, "train"}};
-#ifdef EPMOE_BENCH_BINARY
-  commands.push_back({EPMOE_BENCH_BINARY, "layer"});
-  commands.push_back({EPMOE_BENCH_BINARY, "collectives"});
-#endif
   for (const std::vector<std::string>& command : commands) {
     const ProcessResult help = testing::run_program(scratch_, {command[0], command[1], "--help"});
     EXPECT_EQ(help.exit_code, 0) << command[0] << " " << command[1];

@@ -242,20 +242,18 @@ TEST(CooperativeProgressBookkeeping, NothingInFlightMeansNoLoanAndModelledTimeTr
   });
 }
 
-class CooperativeProgressFailure : public ::testing::TestWithParam<int> {
- protected:
-  void TearDown() override { configure_fault_injection(""); }
-};
+class CooperativeProgressFailure : public ::testing::TestWithParam<int> {};
 
 TEST_P(CooperativeProgressFailure, AFaultInsideACollectiveReachesEveryDrivingRankAtOnce) {
   const int num_ranks = GetParam();
-  configure_fault_injection("1:collective");
+  FaultInjector faults("1:collective");
   std::mutex mutex;
   std::vector<std::string> errors(static_cast<std::size_t>(num_ranks));
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(
       run_ranks(num_ranks, emulated_links(),
                 [&](Communicator& comm) {
+                  const FaultScope scope(&faults);
                   std::vector<float> input(4096, 1.0f), output(4096 * num_ranks);
                   CollectiveHandle handle = ring_all_gather(
                       comm, {.input = input.data(), .output = output.data(), .num_elements_per_rank = 4096, .tag = 9});

@@ -64,13 +64,15 @@ struct Outcome {
   double seconds = 0;
 };
 
-Outcome run_failing(int num_ranks, const std::function<void(Communicator&)>& body) {
+// `faults`: the run's fault injection, in scope on every rank (nullptr: none).
+Outcome run_failing(int num_ranks, const std::function<void(Communicator&)>& body, FaultInjector* faults = nullptr) {
   Outcome outcome;
   outcome.rank_errors.assign(static_cast<std::size_t>(num_ranks), "");
   std::mutex mutex;
   const auto start = std::chrono::steady_clock::now();
   try {
     run_ranks(num_ranks, one_thread_per_rank(), [&](Communicator& comm) {
+      const FaultScope scope(faults);
       try {
         body(comm);
       } catch (const std::exception& e) {
@@ -89,33 +91,33 @@ Outcome run_failing(int num_ranks, const std::function<void(Communicator&)>& bod
   return outcome;
 }
 
-class FailurePropagation : public ::testing::TestWithParam<int> {
- protected:
-  void TearDown() override { configure_fault_injection(""); }
-};
+class FailurePropagation : public ::testing::TestWithParam<int> {};
 
 TEST_P(FailurePropagation, AFaultInsideACollectiveFailsEveryRankAtOnce) {
   const int num_ranks = GetParam();
-  configure_fault_injection("1:collective");
+  FaultInjector faults("1:collective");
   std::promise<void> others_failed;  // rank 1's own thread is busy until then
   std::once_flag once;
-  const Outcome outcome = run_failing(num_ranks, [&](Communicator& comm) {
-    std::vector<float> input(64, static_cast<float>(comm.rank())), output;
-    CollectiveHandle gather = start_gather(comm, input, output, 2);  // rank 1's algorithm throws
-    if (comm.rank() == 1) {
-      // Not waiting on the collective (computing, say): only an abort from
-      // inside its algorithm can tell the others.
-      others_failed.get_future().wait();
-      gather.wait();
-      return;
-    }
-    try {
-      gather.wait();
-    } catch (...) {
-      std::call_once(once, [&] { others_failed.set_value(); });
-      throw;
-    }
-  });
+  const Outcome outcome = run_failing(
+      num_ranks,
+      [&](Communicator& comm) {
+        std::vector<float> input(64, static_cast<float>(comm.rank())), output;
+        CollectiveHandle gather = start_gather(comm, input, output, 2);  // rank 1's algorithm throws
+        if (comm.rank() == 1) {
+          // Not waiting on the collective (computing, say): only an abort from
+          // inside its algorithm can tell the others.
+          others_failed.get_future().wait();
+          gather.wait();
+          return;
+        }
+        try {
+          gather.wait();
+        } catch (...) {
+          std::call_once(once, [&] { others_failed.set_value(); });
+          throw;
+        }
+      },
+      &faults);
   EXPECT_LT(outcome.seconds, 2.0) << "ranks waited for their deadlines instead of the abort";
   const std::string root = "rank 1: injected fault at collective (fault_injection=1:collective)";
   for (int r = 0; r < num_ranks; ++r) {

@@ -19,10 +19,7 @@
 namespace epmoe {
 namespace {
 
-class DispatchFault : public ::testing::TestWithParam<std::tuple<int, DispatchKind, const char*>> {
- protected:
-  void TearDown() override { configure_fault_injection(""); }
-};
+class DispatchFault : public ::testing::TestWithParam<std::tuple<int, DispatchKind, const char*>> {};
 
 TEST_P(DispatchFault, EveryRankStopsAtOnceWithTheFirstError) {
   const auto [num_ranks, dispatch, point] = GetParam();
@@ -31,7 +28,8 @@ TEST_P(DispatchFault, EveryRankStopsAtOnceWithTheFirstError) {
   testing::EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
   options.ep.num_chunks = 2;
   const std::string spec = std::string("1:") + point;
-  configure_fault_injection(spec);
+  FaultInjector faults(spec);
+  options.faults = &faults;
   const auto start = std::chrono::steady_clock::now();
   try {
     testing::run_ep_layer(p, options);

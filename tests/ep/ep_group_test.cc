@@ -241,6 +241,55 @@ TEST(EpGroup, DispatchOnlyCallsOutOfOrderAreRefusedNamingTheCall) {
   EXPECT_EQ(group.steps_in_flight(), 0);
 }
 
+// A view with a null data pointer and elements, as any argument of the
+// dispatch-only calls, is refused naming it and its shape before anything
+// reads it (before: a segfault); the step goes on with the right views.
+TEST(EpGroup, NullViewsAreRefusedNamingTheArgument) {
+  const RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 4, .top_k = 2};
+  const MoeProblem p = make_problem(6, 8, 8, router, 3);
+  EpGroup group(EpConfig{.num_experts = 4, .top_k = 2, .hidden = 8});
+  const RouterOutput routing = Router(p.router).forward(p.x, p.gate);
+  const auto null_like = [](const Tensor& t) {
+    return TensorView(static_cast<const void*>(nullptr), t.dtype(), t.shape());
+  };
+  const auto refused = [](auto call, const std::string& expected) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { group.dispatch(null_like(p.x), routing.topk_ids, routing.topk_weights); },
+          "EP group: x: null data pointer for a 6x8 view");
+  refused([&] { group.dispatch(p.x, null_like(routing.topk_ids), routing.topk_weights); },
+          "EP group: topk_ids: null data pointer for a 6x2 view");
+  refused([&] { group.dispatch(p.x, routing.topk_ids, null_like(routing.topk_weights)); },
+          "EP group: topk_weights: null data pointer for a 6x2 view");
+  Dispatched d = group.dispatch(p.x, routing.topk_ids, routing.topk_weights);
+  const Tensor out = d.x.clone();
+  const std::string rows = std::to_string(d.x.shape()[0]);
+  refused([&] { group.combine(d.handle, null_like(out)); },
+          "EP group: expert_outputs: null data pointer for a " + rows + "x8 view");
+  refused(
+      [&] {
+        group.combine(d.handle, out, MutableTensorView(static_cast<float*>(nullptr), {6, 8}));
+      },
+      "EP group: y: null data pointer for a 6x8 view");
+  group.combine(d.handle, out);
+  refused([&] { group.combine_backward(d.handle, null_like(p.dy), out); },
+          "EP group: dy: null data pointer for a 6x8 view");
+  refused([&] { group.combine_backward(d.handle, p.dy, null_like(out)); },
+          "EP group: expert_outputs: null data pointer for a " + rows + "x8 view");
+  const CombineGradients gc = group.combine_backward(d.handle, p.dy, out);
+  refused([&] { group.dispatch_backward(d.handle, null_like(gc.d_expert_outputs), gc.d_row_weights); },
+          "EP group: d_rows: null data pointer for a " + rows + "x8 view");
+  refused([&] { group.dispatch_backward(d.handle, gc.d_expert_outputs, null_like(gc.d_row_weights)); },
+          "EP group: d_row_weights: null data pointer for a view of " + rows + " elements");
+  group.dispatch_backward(d.handle, gc.d_expert_outputs, gc.d_row_weights);
+  EXPECT_EQ(group.steps_in_flight(), 0);
+}
+
 // --- micro-batches ------------------------------------------------------------
 
 TEST(EpGroup, TwoMicroBatchesInFlightOnOneLayerGiveEachItsOwnBits) {

@@ -7,6 +7,7 @@
 
 #include "comm/all_reduce.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/threading.h"
 #include "transport/threads/communicator.h"
 #include "transport/threads/launcher.h"
@@ -89,6 +90,7 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   threads_options.modelled = options.modelled;
   if (options.modelled.enabled) threads_options.links = options.links;
   transport::threads::run_ranks(num_ranks, threads_options, [&](transport::Communicator& comm) {
+    const FaultScope faults(options.faults);
     const int r = comm.rank();
     const auto& threads_comm = dynamic_cast<const transport::threads::ThreadsCommunicator&>(comm);
     EPMOE_CHECK_EQ(compute_threads(), options.compute_threads_per_rank, "the rank thread's OpenMP budget");

@@ -10,6 +10,7 @@
 
 #include <epmoe/moe_layer.h>
 
+#include "core/fault_injection.h"
 #include "ep/ep_config.h"
 #include "ep/replica_stats.h"
 #include "ep/step_state.h"
@@ -44,6 +45,9 @@ struct EpRunOptions {
   // R = 1 only: the layer runs on a LocalDispatcher (no communication)
   // instead of `dispatch`'s.
   bool local_dispatcher = false;
+  // The run's fault injection (core/fault_injection.h): every rank thread
+  // works in its scope; nullptr: none.
+  FaultInjector* faults = nullptr;
 };
 
 // What one rank's memory ledger and layer saw.

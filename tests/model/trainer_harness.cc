@@ -53,6 +53,7 @@ std::vector<double> train_losses(const TrainSetup& setup) {
   std::vector<double> losses;
   std::mutex mutex;
   transport::threads::run_ranks(setup.ranks, {.compute_threads_per_rank = 1}, [&](transport::Communicator& comm) {
+    const FaultScope faults(setup.faults);
     EpConfig group_config = ep;
     group_config.dispatch = setup.dispatch;
     group_config.tag_base = 1024;  // above the trainer's [0, 1024)

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fault_injection.h"
 #include "ep/ep_config.h"
 #include "model/moe_lm.h"
 #include "model/trainer.h"
@@ -15,9 +16,10 @@ namespace epmoe::testing {
 struct TrainSetup {
   int ranks = 1;
   DispatchKind dispatch = DispatchKind::alltoall;
-  EpConfig ep;            // num_experts, top_k, hidden filled from the model
-  MoeLmConfig model;      // small_model() by default
-  TrainerConfig trainer;  // small_trainer() by default
+  EpConfig ep;                      // num_experts, top_k, hidden filled from the model
+  MoeLmConfig model;                // small_model() by default
+  TrainerConfig trainer;            // small_trainer() by default
+  FaultInjector* faults = nullptr;  // the run's fault injection, in scope on every rank (nullptr: none)
 };
 
 MoeLmConfig small_model();      // V=64 H=32 F=32 E=8 K=2 L=2

@@ -41,12 +41,6 @@ TrainSetup elastic_setup(int ranks, int num_experts, const fs::path& dir) {
   return setup;
 }
 
-// Clears the process-wide fault spec however the test ends.
-struct FaultSpec {
-  explicit FaultSpec(const std::string& spec) { configure_fault_injection(spec); }
-  ~FaultSpec() { configure_fault_injection(""); }
-};
-
 struct ElasticCase {
   int saved_ranks, resumed_ranks, num_experts;
   bool replicas = false;  // balance=dynamic, one slot: its planning state is reset, not resharded
@@ -182,7 +176,7 @@ TEST(TrainerFaults, ARankFailingMidCheckpointStopsEveryRankWithinTwoSecondsAndCo
   ep.num_experts = 6;
   ep.top_k = 2;
   ep.hidden = 32;
-  const FaultSpec fault("1:checkpoint");
+  FaultInjector faults("1:checkpoint");
   std::mutex mutex;
   std::chrono::steady_clock::time_point last_step{};
   TrainObserver observer;
@@ -192,6 +186,7 @@ TEST(TrainerFaults, ARankFailingMidCheckpointStopsEveryRankWithinTwoSecondsAndCo
   std::string message = "(no error)";
   try {
     transport::threads::run_ranks(3, {.compute_threads_per_rank = 1}, [&](transport::Communicator& comm) {
+      const FaultScope scope(&faults);
       EpConfig group_config = ep;
       group_config.dispatch = DispatchKind::alltoall;
       group_config.tag_base = 1024;  // above the trainer's [0, 1024)
@@ -214,10 +209,32 @@ TEST(TrainerFaults, ARankFailingMidCheckpointStopsEveryRankWithinTwoSecondsAndCo
   EXPECT_FALSE(fs::exists(store.step_dir(10)));
 }
 
+// checkpoint_committed is reached by every rank once the commit is known to
+// all (only rank 0 commits): with RANK != 0 it fired never before.
+TEST(TrainerFaults, CheckpointCommittedFiresOnARankOtherThanZeroAfterTheCommit) {
+  ScratchDir dir;
+  TrainSetup setup = elastic_setup(2, 4, dir.path());
+  setup.trainer.steps = 2;
+  setup.trainer.checkpoint_every = 1;
+  FaultInjector faults("1:checkpoint_committed");
+  setup.faults = &faults;
+  std::string message = "(no error)";
+  try {
+    train_losses(setup);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("rank 1: injected fault at checkpoint_committed"), std::string::npos) << message;
+  EXPECT_NE(message.find("step 1: "), std::string::npos) << message;
+  // The fault came after the commit: step 1's checkpoint is whole, step 2 never ran.
+  EXPECT_EQ(CheckpointStore(dir.path()).committed_steps(), std::vector<std::int64_t>{1});
+}
+
 TEST(TrainerFaults, AnErrorInsideALayerNamesTheStep) {
   TrainSetup setup = small_setup(2);
   // Two layers, one forward dispatch each per step: the 5th is step 3's first.
-  const FaultSpec fault("0:dispatch:throw:5");
+  FaultInjector faults("0:dispatch:throw:5");
+  setup.faults = &faults;
   std::string message = "(no error)";
   try {
     train_losses(setup);

@@ -9,7 +9,8 @@
 //    (on a fresh world after a rank failed) with the right bits;
 //  * the dgate written is the ranks' parts summed, not a leftover of an
 //    earlier call.
-// Ranks: threads (R = 1, 3); arrays from a seeded generator.
+//  * fault_injection= and trace_file= belong to the layer given them.
+// Ranks: threads (R = 1, 2, 3); arrays from a seeded generator.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,13 +18,17 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <epmoe/error.h>
 #include <epmoe/whole_world_layer.h>
 
-#include "core/fault_injection.h"
+#include <nlohmann/json.hpp>
+
+#include "core/fault_injection.h"  // InjectedFault
+#include "data/test_files.h"
 
 namespace epmoe {
 namespace {
@@ -121,14 +126,110 @@ TEST(WholeWorldLayer, CallsKeepTheirBitsAcrossShapesAndAfterAFailure) {
     EXPECT_TRUE(call(kept, small) == want_small) << "the call after a refused one";
 
     // The last rank fails inside its dispatch, with its exchange in flight
-    // (the world is aborted: every rank ends); the next call runs on a fresh
-    // world and its ranks are built anew, with the right bits.
+    // and its group built (the world is aborted: every rank ends); the next
+    // call runs on a fresh world and its ranks are built anew, with the
+    // right bits.
     const int last = std::stoi(keys.at("ranks")) - 1;
     if (last == 0) continue;  // one rank: nothing to dispatch, no point to fail at
-    configure_fault_injection(std::to_string(last) + ":dispatch:throw");
-    EXPECT_THROW(call(kept, small), InjectedFault);
-    configure_fault_injection("");
-    EXPECT_TRUE(call(kept, small) == want_small) << "the call after a rank failed";
+    std::map<std::string, std::string> failing_keys = keys;
+    failing_keys["fault_injection"] = std::to_string(last) + ":dispatch:throw";
+    WholeWorldLayer failing(failing_keys);
+    EXPECT_THROW(call(failing, small), InjectedFault);
+    EXPECT_TRUE(call(failing, small) == want_small) << "the call after a rank failed";
+  }
+}
+
+// fault_injection= belongs to the layer given it, its count too: another
+// layer of the process never fails with it. Before, the spec was
+// process-wide: set by the faulty layer's first call, its second hit was the
+// clean layer's next call. R = 2, forward only (one dispatch per call and
+// rank).
+TEST(WholeWorldLayer, AnotherLayersFaultInjectionNeverFailsThisLayer) {
+  const Arrays small(30, 16, 12, 6, 2, 1);
+  const std::map<std::string, std::string> keys = {{"ranks", "2"}, {"threads", "2"}};
+  const auto forward = [&](WholeWorldLayer& layer) {
+    Outputs out(small);
+    LayerArrays arrays = small.views();
+    arrays.dy = {};
+    const LayerOutputs all = out.views(small);
+    layer.run(arrays, {.y = all.y, .topk_ids = all.topk_ids, .topk_weights = all.topk_weights});
+    return out.y;
+  };
+  WholeWorldLayer clean(keys);
+  const std::vector<float> want = forward(clean);
+  std::map<std::string, std::string> faulty_keys = keys;
+  faulty_keys["fault_injection"] = "1:dispatch:throw:2";  // the faulty layer's own 2nd call
+  WholeWorldLayer faulty(faulty_keys);
+  for (int call = 1; call <= 3; ++call) {
+    if (call == 2) {
+      EXPECT_THROW(forward(faulty), InjectedFault) << "the faulty layer's call " << call;
+    } else {
+      EXPECT_NO_THROW(forward(faulty)) << "the faulty layer's call " << call;
+    }
+    std::vector<float> got;
+    EXPECT_NO_THROW(got = forward(clean)) << "the clean layer after the faulty one's call " << call;
+    EXPECT_EQ(got, want) << "the clean layer after the faulty one's call " << call;
+  }
+}
+
+// ACTION stop on ranks as threads stops that rank's thread only (before:
+// SIGSTOP to the whole process, which never woke). Its peer times out after
+// comm_timeout_ms, and the call fails naming the stopped rank; the next call
+// runs on a fresh world.
+TEST(WholeWorldLayer, AStoppedRankOnThreadsFailsTheCallNamingIt) {
+  const Arrays small(30, 16, 12, 6, 2, 1);
+  const std::map<std::string, std::string> keys = {{"ranks", "2"}, {"threads", "2"}, {"comm_timeout_ms", "300"}};
+  WholeWorldLayer clean(keys);
+  const Outputs want = call(clean, small);
+  std::map<std::string, std::string> stopping_keys = keys;
+  stopping_keys["fault_injection"] = "1:dispatch:stop";
+  WholeWorldLayer stopping(stopping_keys);
+  try {
+    call(stopping, small);
+    ADD_FAILURE() << "no failure";
+  } catch (const PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 had stopped at dispatch (fault_injection=1:dispatch:stop)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(call(stopping, small) == want) << "the call after the stopped one";
+}
+
+// trace_file= is this layer's: each successful call writes its timeline
+// there (before: the key was accepted and nothing written); a path that
+// cannot be written is refused at construction, leaving nothing.
+TEST(WholeWorldLayer, TraceFileIsWrittenByEachCallOrRefusedUpFront) {
+  const testing::ScratchDir scratch;
+  const Arrays small(30, 16, 12, 6, 2, 1);
+  const std::filesystem::path trace = scratch / "trace.json";
+  WholeWorldLayer layer({{"ranks", "2"}, {"threads", "2"}, {"trace_file", trace.string()}});
+  call(layer, small);
+  const nlohmann::json events = nlohmann::json::parse(testing::read_bytes(trace))["traceEvents"];
+  std::set<int> ranks;
+  for (const nlohmann::json& event : events)
+    if (event["ph"] == "X") ranks.insert(event["pid"].get<int>());
+  EXPECT_EQ(ranks, (std::set<int>{0, 1})) << "both ranks' timelines";
+
+  std::filesystem::create_directory(scratch / "dir");
+  try {
+    WholeWorldLayer refused({{"ranks", "2"}, {"trace_file", (scratch / "dir").string()}});
+    ADD_FAILURE() << "a directory accepted as trace_file";
+  } catch (const FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("trace_file=" + (scratch / "dir").string() + ": is a directory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(testing::directory_entries(scratch.path()), (std::set<std::string>{"dir", "trace.json"})) << "left behind";
+}
+
+// With one rank nobody could notice a stop: refused up front.
+TEST(WholeWorldLayer, AStopWithOneRankIsRefused) {
+  try {
+    WholeWorldLayer layer({{"ranks", "1"}, {"fault_injection", "0:dispatch:stop"}});
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fault_injection=0:dispatch:stop: stop needs ranks >= 2"), std::string::npos)
+        << e.what();
   }
 }
 
