@@ -16,6 +16,7 @@
 // Public and std-only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -106,6 +107,7 @@ class Tensor {
   Shape shape_;
   std::int64_t numel_ = 0;
   void* data_ = nullptr;            // owned; release_buffer
+  std::size_t capacity_bytes_ = 0;  // of the block data_ points to (>= the bytes used)
   MemoryLedger* ledger_ = nullptr;  // not owned
   std::string ledger_name_;
 };

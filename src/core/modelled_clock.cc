@@ -3,6 +3,8 @@
 #include <time.h>
 
 #include <cmath>
+#include <iomanip>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/trace_recorder.h"
@@ -13,11 +15,35 @@ namespace {
 thread_local ModelledClock* this_thread_clock = nullptr;
 thread_local int open_compute_scopes = 0;  // a scope inside another is part of it: charged once
 
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << std::setprecision(3) << seconds << " s";
+  return text.str();
+}
+
+std::string beyond_the_clock(std::string_view what, const std::string& value) {
+  std::ostringstream msg;
+  msg << "clock=modelled: " << what << " is " << value << ", beyond the modelled clock's range (at most "
+      << std::setprecision(3) << kMaxModelledSeconds << " s, ~106 days, in int64 picoseconds)";
+  return msg.str();
+}
+
 }  // namespace
 
-Picoseconds seconds_to_picoseconds(double seconds) {
-  EPMOE_CHECK(std::isfinite(seconds) && seconds >= 0);
-  return static_cast<Picoseconds>(std::llround(seconds * static_cast<double>(kPicosecondsPerSecond)));
+Picoseconds seconds_to_picoseconds(double seconds, std::string_view what) {
+  EPMOE_CHECK(!std::isnan(seconds) && seconds >= 0, what, " = ", seconds, " s");
+  const double picoseconds = std::round(seconds * static_cast<double>(kPicosecondsPerSecond));  // as llround
+  // 2^63 is the first double past INT64_MAX (the ones below it convert exactly).
+  if (!(picoseconds < 0x1p63)) throw ConfigError(beyond_the_clock(what, seconds_text(seconds)));
+  return static_cast<Picoseconds>(picoseconds);
+}
+
+Picoseconds add_picoseconds(Picoseconds a, Picoseconds b, std::string_view what) {
+  Picoseconds sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) {
+    throw ConfigError(beyond_the_clock(what, seconds_text(to_seconds(a)) + " + " + seconds_text(to_seconds(b))));
+  }
+  return sum;
 }
 
 ModelledClock* this_thread_modelled_clock() { return this_thread_clock; }
@@ -48,7 +74,7 @@ ComputeScope::~ComputeScope() {
   --open_compute_scopes;
   if (clock_ != nullptr) {
     const double cpu = clock_->measures_compute() ? thread_cpu_seconds() - cpu_start_ : 0.0;
-    clock_->charge_compute(work_, cpu);
+    clock_->charge_compute(work_, cpu, name_);
   }
   if (traced_) {
     const TraceTrack track = this_thread_trace_track();

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace epmoe {
@@ -25,8 +26,21 @@ constexpr Picoseconds kPicosecondsPerSecond = 1'000'000'000'000;
 constexpr Picoseconds kNeverPicoseconds = INT64_MAX;
 
 inline double to_seconds(Picoseconds t) { return static_cast<double>(t) * 1e-12; }
-// Rounded to the nearest picosecond; negative and non-finite inputs are a bug.
-Picoseconds seconds_to_picoseconds(double seconds);
+
+// The clock's range: INT64_MAX picoseconds, ~9.2e6 s (~106 days). A time or
+// duration beyond it cannot be represented (issue 28 N8: link_latency_us=1e15
+// wrapped around and reported a 1.09e-8 s step), so every conversion and sum
+// on the clock is checked and refuses it with a ConfigError naming `what`
+// (e.g. "link latency (link_latency_us)") and the value: the inputs that lead
+// there are absurd rates or latencies, never a bug of the caller's program.
+constexpr double kMaxModelledSeconds = 9223372.036854775807;
+
+// Rounded to the nearest picosecond; ConfigError naming `what` when beyond
+// the clock's range (+inf included). Negative inputs and NaN are a bug.
+Picoseconds seconds_to_picoseconds(double seconds, std::string_view what = "a modelled duration");
+// a + b (times and durations on the clock); ConfigError naming `what` when
+// the sum is beyond the clock's range.
+Picoseconds add_picoseconds(Picoseconds a, Picoseconds b, std::string_view what);
 
 // What one compute operation does: what compute_time=modelled turns into time.
 struct ComputeWork {
@@ -63,7 +77,12 @@ class ModelledClock {
   // compute_time=measured: charge_compute uses cpu_seconds (times
   // compute_scale); modelled: `work` at the device's rates.
   virtual bool measures_compute() const = 0;
-  virtual void charge_compute(const ComputeWork& work, double cpu_seconds) = 0;
+  // Never throws (it runs in ComputeScope's destructor): a duration the clock
+  // cannot hold is kept as the clock's error and thrown by its next call
+  // that may throw (totals(), or the transport's next wait or send).
+  // `name`: the operation, for that error.
+  virtual void charge_compute(const ComputeWork& work, double cpu_seconds, const char* name) noexcept = 0;
+  // Throws the clock's error (above), if it has one.
   virtual ModelledTotals totals() const = 0;
   // The collectives this thread launched that have been waited for, in
   // launch order, from the `first`-th on.

@@ -32,7 +32,9 @@ Tensor::Tensor(DType dtype, Shape shape, MemoryLedger* ledger, std::string ledge
       numel_(shape_numel(shape_)),
       ledger_(ledger),
       ledger_name_(std::move(ledger_name)) {
-  data_ = acquire_buffer(static_cast<std::size_t>(size_bytes()));
+  const BufferBlock block = acquire_buffer(static_cast<std::size_t>(size_bytes()));
+  data_ = block.data;
+  capacity_bytes_ = block.capacity_bytes;
   if (ledger_ != nullptr) ledger_->on_allocate(ledger_name_, size_bytes());
 }
 
@@ -47,6 +49,7 @@ Tensor::Tensor(Tensor&& other) noexcept
       shape_(std::move(other.shape_)),
       numel_(std::exchange(other.numel_, 0)),
       data_(std::exchange(other.data_, nullptr)),
+      capacity_bytes_(std::exchange(other.capacity_bytes_, 0)),
       ledger_(std::exchange(other.ledger_, nullptr)),
       ledger_name_(std::move(other.ledger_name_)) {
   other.shape_.clear();
@@ -60,6 +63,7 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
     other.shape_.clear();
     numel_ = std::exchange(other.numel_, 0);
     data_ = std::exchange(other.data_, nullptr);
+    capacity_bytes_ = std::exchange(other.capacity_bytes_, 0);
     ledger_ = std::exchange(other.ledger_, nullptr);
     ledger_name_ = std::move(other.ledger_name_);
   }
@@ -77,8 +81,9 @@ void Tensor::release() noexcept {
     }
     ledger_ = nullptr;
   }
-  release_buffer(data_, static_cast<std::size_t>(size_bytes()));
+  release_buffer(data_, capacity_bytes_);
   data_ = nullptr;
+  capacity_bytes_ = 0;
   numel_ = 0;
 }
 

@@ -109,25 +109,31 @@ HardwareSpec load_hardware(const std::string& key, const std::string& name_or_pa
   auto scaled = [](double& field, double unit) {
     return [&field, unit](const std::string& text) { field = parse_positive(text) * unit; };
   };
+  // Rates far below any device's: the modelled clock would run past its
+  // range on them (core/modelled_clock.h), and plan's times would be absurd.
+  auto rate = [](double& field, double unit, double min_value) {
+    return [&field, unit, min_value](const std::string& text) { field = parse_at_least(text, min_value) * unit; };
+  };
   auto count = [](std::int64_t& field) { return [&field](const std::string& text) { field = parse_count(text, 1); }; };
-  read_spec_file(path, "hardware",
-                 {{"name", false, "a word", [&hw](const std::string& t) { hw.name = t; }},
-                  {"devices_per_chip", false, "an integer >= 1 (informational: the other fields are per device)",
-                   count(hw.devices_per_chip)},
-                  {"memory_gb", true, "a number > 0 (1e9 bytes)", scaled(hw.memory_bytes, kGB)},
-                  {"memory_gb_per_s", false, "a number > 0 (HBM bandwidth; needed by clock=modelled)",
-                   scaled(hw.memory_bytes_per_s, kGB)},
-                  {"peak_bf16_tflops", true, "a number > 0", scaled(hw.peak_bf16_flops, kTera)},
-                  {"peak_fp8_tflops", true, "a number > 0", scaled(hw.peak_fp8_flops, kTera)},
-                  {"interconnect", true, "torus or switched",
-                   [&hw](const std::string& t) {
-                     if (t != "torus" && t != "switched") throw std::invalid_argument(t);
-                     hw.interconnect = t == "torus" ? Interconnect::torus : Interconnect::switched;
-                   }},
-                  {"scale_up_devices", true, "an integer >= 1", count(hw.scale_up_devices)},
-                  {"link_gb_per_s", true, "a number > 0 (one direction)", scaled(hw.link_bytes_per_s, kGB)},
-                  {"links_per_device", false, "an integer >= 1", count(hw.links_per_device)},
-                  {"scale_out_gb_per_s", true, "a number > 0 (one direction)", scaled(hw.scale_out_bytes_per_s, kGB)}});
+  read_spec_file(
+      path, "hardware",
+      {{"name", false, "a word", [&hw](const std::string& t) { hw.name = t; }},
+       {"devices_per_chip", false, "an integer >= 1 (informational: the other fields are per device)",
+        count(hw.devices_per_chip)},
+       {"memory_gb", true, "a number > 0 (1e9 bytes)", scaled(hw.memory_bytes, kGB)},
+       {"memory_gb_per_s", false, "a number >= 0.001 (HBM bandwidth; needed by clock=modelled)",
+        rate(hw.memory_bytes_per_s, kGB, 1e-3)},
+       {"peak_bf16_tflops", true, "a number >= 1e-06", rate(hw.peak_bf16_flops, kTera, 1e-6)},
+       {"peak_fp8_tflops", true, "a number >= 1e-06", rate(hw.peak_fp8_flops, kTera, 1e-6)},
+       {"interconnect", true, "torus or switched",
+        [&hw](const std::string& t) {
+          if (t != "torus" && t != "switched") throw std::invalid_argument(t);
+          hw.interconnect = t == "torus" ? Interconnect::torus : Interconnect::switched;
+        }},
+       {"scale_up_devices", true, "an integer >= 1", count(hw.scale_up_devices)},
+       {"link_gb_per_s", true, "a number >= 1e-06 (one direction)", rate(hw.link_bytes_per_s, kGB, 1e-6)},
+       {"links_per_device", false, "an integer >= 1", count(hw.links_per_device)},
+       {"scale_out_gb_per_s", true, "a number >= 1e-06 (one direction)", rate(hw.scale_out_bytes_per_s, kGB, 1e-6)}});
   hw.validate(key + "=" + name_or_path);
   return hw;
 }

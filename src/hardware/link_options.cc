@@ -8,18 +8,20 @@
 namespace epmoe::hardware {
 namespace {
 
-void require_positive(double value, const char* key) {
-  if (!(value > 0.0) || !std::isfinite(value)) {
+void require_bandwidth(double value, const char* key) {
+  if (!(value >= kMinBandwidthGbPerS) || !std::isfinite(value)) {
     std::ostringstream msg;
-    msg << key << " = " << value << ": must be a finite number > 0";
+    msg << key << " = " << value << ": must be a finite number >= " << kMinBandwidthGbPerS
+        << " (GB/s, i.e. 1 kB/s; a message's modelled time soon passes the clock's range below it)";
     throw ConfigError(msg.str());
   }
 }
 
-void require_non_negative(double value, const char* key) {
-  if (!(value >= 0.0) || !std::isfinite(value)) {
+void require_latency(double value, const char* key) {
+  if (!(value >= 0.0 && value <= kMaxLatencyUs)) {
     std::ostringstream msg;
-    msg << key << " = " << value << ": must be a finite number >= 0";
+    msg << key << " = " << value << ": must be in [0, " << kMaxLatencyUs
+        << "] (microseconds: at most a second per hop)";
     throw ConfigError(msg.str());
   }
 }
@@ -27,14 +29,17 @@ void require_non_negative(double value, const char* key) {
 }  // namespace
 
 void EmulatedLinkOptions::validate() const {
-  require_positive(bandwidth_gb_per_s, "links.bandwidth_gb_per_s");
-  require_non_negative(latency_us, "links.latency_us");
+  // The keys of `epmoe layer` / `train` (or the hardware file's fields, which
+  // hardware.cc bounds the same way before they get here).
+  require_bandwidth(bandwidth_gb_per_s, "link_bandwidth_gbps");
+  require_latency(latency_us, "link_latency_us");
   if (topology == LinkTopology::two_level) {
     if (group_size < 1) {
       throw ConfigError("links.group_size = " + std::to_string(group_size) + ": must be >= 1");
     }
-    require_positive(scale_out_bandwidth_gb_per_s, "links.scale_out_bandwidth_gb_per_s");
-    require_non_negative(scale_out_latency_us, "links.scale_out_latency_us");
+    require_bandwidth(scale_out_bandwidth_gb_per_s,
+                      "links.scale_out_bandwidth_gb_per_s (the hardware's scale_out_gb_per_s)");
+    require_latency(scale_out_latency_us, "links.scale_out_latency_us");
   }
 }
 

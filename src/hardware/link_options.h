@@ -19,8 +19,15 @@ struct EmulatedLinkOptions {
   double scale_out_bandwidth_gb_per_s = 50.0;  // two_level, per port and direction
   double scale_out_latency_us = 5.0;           // two_level
 
-  void validate() const;  // throws ConfigError naming the key
+  // Throws ConfigError naming the key: bandwidths at least
+  // kMinBandwidthGbPerS, latencies at most kMaxLatencyUs (beyond them no
+  // link is meant, and a message's modelled time soon passes the clock's
+  // range, core/modelled_clock.h).
+  void validate() const;
 };
+
+constexpr double kMinBandwidthGbPerS = 1e-6;  // 1 kB/s
+constexpr double kMaxLatencyUs = 1e6;         // one second per hop
 
 std::string link_topology_name(LinkTopology topology);
 // ConfigError naming `key` and the accepted names.

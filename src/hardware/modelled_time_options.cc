@@ -1,6 +1,7 @@
 #include "hardware/modelled_time_options.h"
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -9,24 +10,22 @@ namespace epmoe::hardware {
 
 void ModelledTimeOptions::validate() const {
   if (!enabled) return;
-  auto positive = [](double value, const char* key) {
-    if (!(value > 0.0) || !std::isfinite(value)) {
-      std::ostringstream msg;
-      msg << key << " = " << value << ": must be a finite number > 0";
-      throw ConfigError(msg.str());
-    }
+  // [low, high] (or (0, high] when low is 0); NaN fails every comparison.
+  auto in_range = [](double value, double low, double high, const char* key, const char* unit) {
+    if (low == 0.0 ? value > 0.0 && value <= high : value >= low && value <= high) return;
+    std::ostringstream msg;
+    msg << key << " = " << value << ": must be in " << (low == 0.0 ? "(" : "[") << low << ", " << high << "]" << unit;
+    throw ConfigError(msg.str());
   };
   if (measured_compute) {
-    positive(compute_scale, "compute_scale");
+    in_range(compute_scale, 0.0, kMaxComputeScale, "compute_scale", "");
     return;
   }
-  positive(peak_flops, "hardware peak_bf16_tflops");
-  positive(memory_bytes_per_s, "hardware memory_gb_per_s");
-  if (!(compute_efficiency > 0.0 && compute_efficiency <= 1.0)) {
-    std::ostringstream msg;
-    msg << "compute_efficiency = " << compute_efficiency << ": must be in (0, 1]";
-    throw ConfigError(msg.str());
-  }
+  constexpr double kLargest = std::numeric_limits<double>::max();
+  in_range(peak_flops, kMinPeakFlops, kLargest, "hardware peak_bf16_tflops", " FLOP/s (1e-06 TFLOP/s at least)");
+  in_range(memory_bytes_per_s, kMinMemoryBytesPerSecond, kLargest, "hardware memory_gb_per_s",
+           " bytes/s (0.001 GB/s at least)");
+  in_range(compute_efficiency, kMinComputeEfficiency, 1.0, "compute_efficiency", " (a fraction of the peak FLOP/s)");
 }
 
 }  // namespace epmoe::hardware

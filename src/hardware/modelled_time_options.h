@@ -15,7 +15,16 @@ struct ModelledTimeOptions {
   double memory_bytes_per_s = 0;    // HBM
   double compute_scale = 1.0;       // measured CPU seconds x this
 
-  void validate() const;  // throws ConfigError naming the key
+  // Throws ConfigError naming the key and its range. The ranges keep every
+  // rate far from what makes one operation's modelled time pass the clock's
+  // range (core/modelled_clock.h); what still does (a huge operation at a
+  // low rate) is refused by the clock itself, naming the operation.
+  void validate() const;
 };
+
+constexpr double kMinComputeEfficiency = 1e-6;
+constexpr double kMaxComputeScale = 1e6;
+constexpr double kMinPeakFlops = 1e6;             // 1e-6 TFLOP/s
+constexpr double kMinMemoryBytesPerSecond = 1e6;  // 1e-3 GB/s
 
 }  // namespace epmoe::hardware

@@ -108,4 +108,10 @@ double parse_positive(const std::string& text) {
   return value;
 }
 
+double parse_at_least(const std::string& text, double min_value) {
+  const double value = parse_positive(text);
+  if (!(value >= min_value)) throw std::invalid_argument(text);
+  return value;
+}
+
 }  // namespace epmoe::hardware

@@ -30,5 +30,6 @@ void read_spec_file(const std::filesystem::path& path, const std::string& kind, 
 // Value parsers for SpecField::apply; throw std::invalid_argument with the rule.
 long long parse_count(const std::string& text, long long min_value);
 double parse_positive(const std::string& text);
+double parse_at_least(const std::string& text, double min_value);  // finite, >= min_value
 
 }  // namespace epmoe::hardware

@@ -185,6 +185,55 @@ const std::vector<BadInputCase>& bad_input_cases() {
        {},
        layer({"clock=modelled", "compute_efficiency=1.5"}),
        {"compute_efficiency=1.5", "<= 1"}},
+      // Issue 28 N8: values whose modelled times leave the clock's range
+      // (int64 picoseconds, ~9.2e6 s) are refused when parsed, naming the
+      // key and its range; what passes and still leaves it (a huge step at
+      // the smallest rates) is refused by the clock, naming what overflowed.
+      {"layer_modelled_latency_beyond_a_second",
+       true,
+       {},
+       layer({"clock=modelled", "link_latency_us=1e15"}),
+       {"link_latency_us = 1e+15", "[0, 1e+06]"}},
+      {"layer_emulated_latency_beyond_a_second",
+       true,
+       {},
+       layer({"link_bandwidth_gbps=10", "link_latency_us=1e18"}),
+       {"link_latency_us = 1e+18", "[0, 1e+06]"}},
+      {"layer_modelled_bandwidth_below_1kBps",
+       true,
+       {},
+       layer({"clock=modelled", "link_bandwidth_gbps=1e-30"}),
+       {"link_bandwidth_gbps = 1e-30", ">= 1e-06"}},
+      {"layer_compute_efficiency_below_a_millionth",
+       true,
+       {},
+       layer({"clock=modelled", "compute_efficiency=1e-300"}),
+       {"compute_efficiency = 1e-300", "[1e-06, 1]"}},
+      {"layer_compute_scale_above_1e6",
+       true,
+       {},
+       layer({"clock=modelled", "compute_time=measured", "compute_scale=1e300"}),
+       {"compute_scale = 1e+300", "(0, 1e+06]"}},
+      {"layer_hardware_file_tiny_rate",
+       true,
+       write_file("tiny.yaml",
+                  "memory_gb: 80\nmemory_gb_per_s: 3350\npeak_bf16_tflops: 1e-30\npeak_fp8_tflops: 1\n"
+                  "interconnect: switched\nscale_up_devices: 8\nlink_gb_per_s: 450\nscale_out_gb_per_s: 50\n"),
+       layer({"clock=modelled", "hardware={in}/tiny.yaml"}),
+       {"tiny.yaml:3", "peak_bf16_tflops=1e-30", ">= 1e-06"}},
+      {"layer_modelled_step_beyond_the_clock",
+       true,
+       [](const Paths& p) {
+         // The smallest rates the keys allow (1 FLOP/s with compute_efficiency
+         // 1e-6) and 8192 tokens: ~2.8e7 FLOP, past 9.2e6 s.
+         write_file("slowest.yaml",
+                    "memory_gb: 80\nmemory_gb_per_s: 0.001\npeak_bf16_tflops: 1e-6\npeak_fp8_tflops: 1e-6\n"
+                    "interconnect: switched\nscale_up_devices: 8\nlink_gb_per_s: 1e-6\nscale_out_gb_per_s: 1e-6\n")(p);
+         write_file("x.npy", npy_f32("(8192, 8)", 8192 * 8))(p);
+         write_file("dy.npy", npy_f32("(8192, 8)", 8192 * 8))(p);
+       },
+       layer({"clock=modelled", "hardware={in}/slowest.yaml", "compute_efficiency=1e-6", "ranks=2"}),
+       {"clock=modelled: ", "beyond the modelled clock's range"}},
       {"layer_modelled_link_bandwidth_zero",
        true,
        {},

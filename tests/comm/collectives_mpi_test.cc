@@ -10,12 +10,18 @@
 // compute threads per process.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <future>
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective_checks.h"
@@ -113,6 +119,57 @@ TEST(CollectivesMpi, TimeoutNamesPeerAndTag) {
     EXPECT_LT(thread_cpu_seconds() - cpu_before, 0.2 * wall) << "the wait spins";
   }
   barrier(comm, BarrierOptions{.tag = 77}).wait();
+}
+
+// A rank that is stopped while another's wait times out, and resumed while
+// that rank's liveness probe is still open, must still be named late (issue
+// 28): when the first rank to time out aborts the job, mpirun sends SIGCONT
+// to every process, and the stopped rank then answered the probes the other
+// waiting ranks had open, which named nobody (or only their neighbour).
+// Here rank 1 stops itself and rank 0 resumes it 200 ms into its probe, as
+// mpirun would; rank 0's timeout must name rank 1.
+bool process_stopped(std::int64_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::size_t state = text.rfind(") ");  // "pid (name) S ...": the state follows the name
+  return state != std::string::npos && state + 2 < text.size() && text[state + 2] == 'T';
+}
+
+TEST(CollectivesMpi, ARankResumedWhileAProbeIsOpenIsStillNamedLate) {
+  transport::Communicator& comm = *g_comm;
+  std::int64_t pid = ::getpid();
+  std::vector<std::int64_t> pids(static_cast<std::size_t>(comm.size()));
+  ring_all_gather(comm,
+                  {.input = &pid, .output = pids.data(), .num_elements_per_rank = 1, .dtype = DType::i64, .tag = 40})
+      .wait();
+  constexpr auto kWait = std::chrono::milliseconds(300);
+  if (comm.rank() == 1) {
+    ::kill(::getpid(), SIGSTOP);  // until rank 0 resumes it
+  } else if (comm.rank() == 0) {
+    std::promise<std::chrono::steady_clock::time_point> wait_started;
+    std::thread resumer([&, started = wait_started.get_future()]() mutable {
+      const auto probe_begins = started.get() + kWait;
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!process_stopped(pids[1]) && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_until(probe_begins + std::chrono::milliseconds(200));
+      ::kill(static_cast<pid_t>(pids[1]), SIGCONT);
+    });
+    int value = 0;
+    auto request = comm.irecv(1, 12346, &value, sizeof(value));
+    wait_started.set_value(std::chrono::steady_clock::now());
+    std::string message;
+    try {
+      request->wait(kWait);
+    } catch (const PeerError& e) {
+      message = e.what();
+    }
+    resumer.join();
+    EXPECT_NE(message.find("rank 1 answered a liveness probe only after not running for"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("it is the late rank"), std::string::npos) << message;
+  }
+  barrier(comm, BarrierOptions{.tag = 78}).wait();
 }
 
 }  // namespace

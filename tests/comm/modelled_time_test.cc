@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -284,6 +285,77 @@ TEST(ModelledLinks, MessagesOnOneLinkDirectionAreSerialised) {
     if (comm.rank() == 0) both = this_thread_modelled_clock()->now();
   });
   EXPECT_EQ(both, 2 * (R - 1) * serialise(4000) + us(kLatencyUs));
+}
+
+// Issue 28 N8: a modelled time past the clock's range (int64 picoseconds,
+// ~9.2e6 s) fails the run with a ConfigError naming what overflowed, on
+// every rank and at once (the others are woken, not left to their 20 s
+// deadline), instead of wrapping around into a tiny or negative time.
+// R = 2; what the error names is asserted, never how long it took.
+std::string run_error(const ThreadsOptions& options, const std::function<void(Communicator&)>& job) {
+  try {
+    run_ranks(2, options, job);
+  } catch (const ConfigError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a ConfigError: ") + e.what();
+  }
+  return "no error";
+}
+
+void all_gather_2000(Communicator& comm) {
+  std::vector<float> input(2000, 1.0f), output(2000 * static_cast<std::size_t>(comm.size()));
+  ring_all_gather(comm, {.input = input.data(),
+                         .output = output.data(),
+                         .num_elements_per_rank = 2000,
+                         .tag = 3,
+                         .timeout = std::chrono::seconds(20)})
+      .wait();
+}
+
+TEST(ModelledClockRange, AComputeBeyondTheClockFailsTheRunNamingTheCompute) {
+  const std::string error = run_error(modelled(), [](Communicator& comm) {
+    if (comm.rank() == 0) ComputeScope scope("huge matmul", {1e25, 0});  // 1e13 s at 1e12 FLOP/s
+    all_gather_2000(comm);
+  });
+  EXPECT_NE(error.find("compute 'huge matmul'"), std::string::npos) << error;
+  EXPECT_NE(error.find("beyond the modelled clock's range"), std::string::npos) << error;
+}
+
+TEST(ModelledClockRange, AnOverflowInARanksLastComputeIsNotLost) {
+  // Nothing on the timeline follows the compute: the rank's run ends with it.
+  const std::string error = run_error(modelled(), [](Communicator& comm) {
+    all_gather_2000(comm);
+    if (comm.rank() == 1) ComputeScope scope("last matmul", {1e25, 0});
+  });
+  EXPECT_NE(error.find("rank 1: "), std::string::npos) << error;
+  EXPECT_NE(error.find("compute 'last matmul'"), std::string::npos) << error;
+}
+
+TEST(ModelledClockRange, AClockThatPassesTheRangeFailsNamingTheSum) {
+  // Two computes of 5e6 s each: each fits, their sum does not.
+  const std::string error = run_error(modelled(), [](Communicator& comm) {
+    if (comm.rank() == 0) {
+      compute_for_us(5e12);
+      compute_for_us(5e12);
+    }
+    all_gather_2000(comm);
+  });
+  EXPECT_NE(error.find("a rank's modelled clock"), std::string::npos) << error;
+  EXPECT_NE(error.find("(adding compute 'work')"), std::string::npos) << error;
+}
+
+TEST(ModelledClockRange, AMessageArrivingBeyondTheClockFailsNamingIt) {
+  // Rank 0's clock ends 2 s before the range does, then its half of the
+  // all-gather (4000 bytes at 1 kB/s) takes 4 s on the link.
+  ThreadsOptions options = modelled();
+  options.links.bandwidth_gb_per_s = 1e-6;
+  const std::string error = run_error(options, [](Communicator& comm) {
+    if (comm.rank() == 0) compute_for_us((kMaxModelledSeconds - 2.0) * 1e6);
+    all_gather_2000(comm);
+  });
+  EXPECT_NE(error.find("beyond the modelled clock's range"), std::string::npos) << error;
+  EXPECT_NE(error.find("a message of 4000 bytes from rank 0 to rank 1"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "transport/mpi/liveness.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <sstream>
 
@@ -32,22 +33,34 @@ void LivenessProbe::serve() {
   std::int64_t ping = 0;
   MPI_Request recv = MPI_REQUEST_NULL;
   MPI_Irecv(&ping, 1, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
-  std::deque<std::int64_t> answers;  // stable addresses, kept until their sends complete
+  std::deque<std::array<std::int64_t, 2>> answers;  // stable addresses, kept until their sends complete
   std::vector<MPI_Request> answer_requests;
   auto sleep = kLivenessFirstSleep;
+  // The longest gap between two polls lately, and when it ended (see liveness.h).
+  auto previous_poll = std::chrono::steady_clock::now(), stall_ended = previous_poll;
+  std::chrono::microseconds stall{0};
   while (!stopping_.load(std::memory_order_acquire)) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto gap = std::chrono::duration_cast<std::chrono::microseconds>(now - previous_poll);
+    previous_poll = now;
+    if (now - stall_ended > kStallMemory) stall = std::chrono::microseconds{0};
+    if (gap >= stall) {
+      stall = gap;
+      stall_ended = now;
+    }
     int flag = 0;
     MPI_Status status;
     if (MPI_Test(&recv, &flag, &status) != MPI_SUCCESS) break;
     if (flag) {
-      answers.push_back(ping);
+      answers.push_back({ping, static_cast<std::int64_t>(stall.count())});
       answer_requests.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(&answers.back(), 1, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, control_, &answer_requests.back());
+      MPI_Isend(answers.back().data(), 2, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, control_,
+                &answer_requests.back());
       MPI_Irecv(&ping, 1, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
       sleep = kLivenessFirstSleep;
       continue;
     }
-    if (!answer_requests.empty()) {  // 8-byte sends complete at once (eager); reclaim them
+    if (!answer_requests.empty()) {  // 16-byte sends complete at once (eager); reclaim them
       int all_done = 0;
       MPI_Testall(static_cast<int>(answer_requests.size()), answer_requests.data(), &all_done, MPI_STATUSES_IGNORE);
       if (all_done) {
@@ -64,17 +77,17 @@ void LivenessProbe::serve() {
   }
 }
 
-std::vector<int> LivenessProbe::unresponsive(std::chrono::milliseconds window) {
+std::vector<ProbeAnswer> LivenessProbe::probe(std::chrono::milliseconds window) {
   std::lock_guard<std::mutex> lock(probe_mutex_);
   const std::int64_t sequence = next_sequence_++;
-  std::vector<std::int64_t> answer(static_cast<std::size_t>(size_), 0);
+  std::vector<std::array<std::int64_t, 2>> answer(static_cast<std::size_t>(size_), {0, 0});
   std::vector<MPI_Request> recvs(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
   std::vector<MPI_Request> pings(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
-  std::vector<bool> answered(static_cast<std::size_t>(size_), false);
-  answered[rank_] = true;
+  std::vector<ProbeAnswer> found(static_cast<std::size_t>(size_));
+  found[rank_].answered = true;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    MPI_Irecv(&answer[r], 1, MPI_INT64_T, r, kAnswerTag, control_, &recvs[r]);
+    MPI_Irecv(answer[r].data(), 2, MPI_INT64_T, r, kAnswerTag, control_, &recvs[r]);
     // A ping to a stopped rank may never complete: its buffer outlives the probe.
     MPI_Isend(&ping_buffers_.emplace_back(sequence), 1, MPI_INT64_T, r, kPingTag, control_, &pings[r]);
   }
@@ -83,38 +96,46 @@ std::vector<int> LivenessProbe::unresponsive(std::chrono::milliseconds window) {
   while (std::chrono::steady_clock::now() < give_up) {
     bool all = true;
     for (int r = 0; r < size_; ++r) {
-      if (answered[r]) continue;
+      if (found[r].answered) continue;
       int flag = 0;
       MPI_Test(&recvs[r], &flag, MPI_STATUS_IGNORE);
-      if (flag && answer[r] == sequence) {
-        answered[r] = true;
+      if (flag && answer[r][0] == sequence) {
+        found[r] = {true, std::chrono::microseconds(answer[r][1])};
         continue;
       }
-      if (flag) MPI_Irecv(&answer[r], 1, MPI_INT64_T, r, kAnswerTag, control_, &recvs[r]);  // a stale answer
+      if (flag) MPI_Irecv(answer[r].data(), 2, MPI_INT64_T, r, kAnswerTag, control_, &recvs[r]);  // a stale answer
       all = false;
     }
     if (all) break;
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, kLivenessMaxSleep);
   }
-  std::vector<int> late;
   for (int r = 0; r < size_; ++r) {
-    if (!answered[r]) late.push_back(r);
     cancel_and_complete(recvs[r]);
     if (pings[r] != MPI_REQUEST_NULL) MPI_Request_free(&pings[r]);
   }
-  return late;
+  return found;
 }
 
 std::string LivenessProbe::late_rank_note(int peer) {
-  (void)peer;  // the late rank is whoever does not answer, the peer or not
-  const std::vector<int> late = unresponsive(kProbeWindow);
-  if (late.empty()) return "";
+  (void)peer;  // the late rank is whoever does not answer (or was not running), the peer or not
+  const std::vector<ProbeAnswer> found = probe(kProbeWindow);
   std::ostringstream note;
-  note << (late.size() == 1 ? "; rank " : "; ranks ");
-  for (std::size_t i = 0; i < late.size(); ++i) note << (i ? ", " : "") << late[i];
-  note << (late.size() == 1 ? " did not" : " do not") << " answer a liveness probe within " << kProbeWindow.count()
-       << " ms: " << (late.size() == 1 ? "it is the late rank" : "they are late") << " (stopped or hung)";
+  int num_late = 0;
+  for (int r = 0; r < size_; ++r) {
+    const ProbeAnswer& answer = found[static_cast<std::size_t>(r)];
+    if (!answer.late()) continue;
+    ++num_late;
+    note << "; rank " << r;
+    if (answer.answered) {
+      note << " answered a liveness probe only after not running for "
+           << std::chrono::duration_cast<std::chrono::milliseconds>(answer.stall).count() << " ms";
+    } else {
+      note << " did not answer a liveness probe within " << kProbeWindow.count() << " ms";
+    }
+  }
+  if (num_late == 1) note << ": it is the late rank (stopped or hung)";
+  if (num_late > 1) note << ": they are late (stopped or hung)";
   return note.str();
 }
 

@@ -1,13 +1,14 @@
 #include "transport/threads/emulated_links.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "core/error.h"
 
 namespace epmoe::transport::threads {
 namespace {
 
-Picoseconds microseconds(double us) { return seconds_to_picoseconds(us * 1e-6); }
+Picoseconds microseconds(double us, std::string_view what) { return seconds_to_picoseconds(us * 1e-6, what); }
 
 }  // namespace
 
@@ -22,7 +23,7 @@ std::vector<LinkHop> LinkPaths::path(int src, int dst) const {
   if (src == dst) return hops;
   const int R = num_ranks_;
   const double bandwidth = options_.bandwidth_gb_per_s * 1e9;
-  const Picoseconds latency = microseconds(options_.latency_us);
+  const Picoseconds latency = microseconds(options_.latency_us, "the link latency (link_latency_us)");
   auto pair_link = [&](int a, int b) {
     LinkHop hop{{a * R + b, 0}, 1, bandwidth, latency};
     return hop;
@@ -56,7 +57,8 @@ std::vector<LinkHop> LinkPaths::path(int src, int dst) const {
         hops.push_back(ports(0, 1, bandwidth, latency));
       } else {
         hops.push_back(
-            ports(2, 3, options_.scale_out_bandwidth_gb_per_s * 1e9, microseconds(options_.scale_out_latency_us)));
+            ports(2, 3, options_.scale_out_bandwidth_gb_per_s * 1e9,
+                  microseconds(options_.scale_out_latency_us, "the scale-out latency (links.scale_out_latency_us)")));
       }
       break;
   }
@@ -65,7 +67,7 @@ std::vector<LinkHop> LinkPaths::path(int src, int dst) const {
 
 Picoseconds LinkSchedule::take_link(int resource, Picoseconds ready, Picoseconds serialise, Picoseconds not_before) {
   Picoseconds& busy = busy_until_[static_cast<std::size_t>(resource)];
-  busy = std::max(std::max(ready, busy) + serialise, not_before);
+  busy = std::max(add_picoseconds(std::max(ready, busy), serialise, "the time a link is busy until"), not_before);
   return busy;
 }
 
@@ -79,7 +81,7 @@ Picoseconds LinkSchedule::take(const LinkHop& hop, std::int64_t num_bytes, Picos
   Picoseconds done = egress_done;
   for (int i = 1; i < hop.num_resources; ++i)
     done = take_link(hop.resources[i], egress_done - serialise, serialise, done);
-  return done + hop.latency;
+  return add_picoseconds(done, hop.latency, "the arrival time of a message");
 }
 
 EmulatedLinks::EmulatedLinks(int num_ranks, const EmulatedLinkOptions& options)

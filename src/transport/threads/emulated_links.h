@@ -60,8 +60,10 @@ struct LinkHop {
   double bytes_per_second = 0;
   Picoseconds latency = 0;
 
+  // ConfigError when beyond the clock's range (core/modelled_clock.h).
   Picoseconds serialise(std::int64_t num_bytes) const {
-    return seconds_to_picoseconds(static_cast<double>(num_bytes) / bytes_per_second);
+    return seconds_to_picoseconds(static_cast<double>(num_bytes) / bytes_per_second,
+                                  "the time a message takes to cross a link (its bytes / the link's bandwidth)");
   }
 };
 
@@ -89,7 +91,8 @@ class LinkSchedule {
   Picoseconds take(const LinkHop& hop, std::int64_t num_bytes, Picoseconds ready, Picoseconds* pushed_out);
   // One link of a hop: busy from max(ready, free) for `serialise`, and not
   // done before `not_before` (the bytes of a cut-through port cannot pass
-  // before they arrived). Returns when its last byte passed.
+  // before they arrived). Returns when its last byte passed; ConfigError
+  // when that is beyond the clock's range.
   Picoseconds take_link(int resource, Picoseconds ready, Picoseconds serialise, Picoseconds not_before);
   static constexpr Picoseconds kNoBound = std::numeric_limits<Picoseconds>::min();  // for not_before
 

@@ -1,6 +1,7 @@
 #include "transport/threads/virtual_timeline.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -59,13 +60,31 @@ class VirtualStream final : public ModelledClock {
     return clock_;
   }
   bool measures_compute() const override { return timeline_.options_.measured_compute; }
-  void charge_compute(const ComputeWork& work, double cpu_seconds) override {
-    const Picoseconds duration = timeline_.compute_duration(work, cpu_seconds);
+  void charge_compute(const ComputeWork& work, double cpu_seconds, const char* name) noexcept override {
     std::lock_guard<std::mutex> lock(timeline_.mutex_);
-    timeline_.charge_locked(*this, duration);
+    auto fail = [&](const std::string& what) noexcept {
+      timeline_.overflowed_locked({});  // first: the message below needs memory
+      try {
+        timeline_.overflowed_locked("rank " + std::to_string(rank_) + ": " + what);
+      } catch (...) {
+      }
+    };
+    try {
+      const Picoseconds duration = timeline_.compute_duration(work, cpu_seconds, name);
+      try {
+        timeline_.charge_locked(*this, duration);
+      } catch (const ConfigError& e) {
+        fail(std::string(e.what()) + " (adding compute '" + name + "')");
+      }
+    } catch (const ConfigError& e) {
+      fail(e.what());
+    } catch (...) {
+      fail(std::string("clock=modelled: charging compute '") + name + "' failed");
+    }
   }
   ModelledTotals totals() const override {
     std::lock_guard<std::mutex> lock(timeline_.mutex_);
+    timeline_.throw_if_overflowed_locked();
     return totals_;
   }
   std::vector<ModelledCollective> collectives(std::size_t first) const override {
@@ -177,7 +196,10 @@ void VirtualTimeline::restart() {
   }
   // Every stream has finished or is a rank's (above), so no hop can still be
   // pending: the last finish_rank resolved them all (GVT = never).
-  EPMOE_CHECK(events_.empty(), "hops left at restart: ", events_.size());
+  EPMOE_CHECK(events_.empty() || overflowed_, "hops left at restart: ", events_.size());
+  events_ = {};
+  overflowed_ = false;
+  overflow_.clear();
   live_.clear();
   for (auto& stream : rank_streams_) {
     stream->restart();
@@ -196,17 +218,44 @@ VirtualStream& VirtualTimeline::calling_stream(const char* what) const {
   return *stream;
 }
 
-Picoseconds VirtualTimeline::compute_duration(const ComputeWork& work, double cpu_seconds) const {
-  if (options_.measured_compute) return seconds_to_picoseconds(std::max(0.0, cpu_seconds) * options_.compute_scale);
-  const double seconds = std::max(work.flops / (options_.peak_flops * options_.compute_efficiency),
-                                  work.bytes / options_.memory_bytes_per_s);
-  return seconds_to_picoseconds(seconds);
+Picoseconds VirtualTimeline::compute_duration(const ComputeWork& work, double cpu_seconds, const char* name) const {
+  std::ostringstream what;
+  if (options_.measured_compute) {
+    const double seconds = std::max(0.0, cpu_seconds) * options_.compute_scale;
+    what << "compute '" << name << "' (" << cpu_seconds << " s of CPU x compute_scale " << options_.compute_scale
+         << ")";
+    return seconds_to_picoseconds(seconds, what.str());
+  }
+  const double flop_rate = options_.peak_flops * options_.compute_efficiency;
+  const double seconds = std::max(work.flops / flop_rate, work.bytes / options_.memory_bytes_per_s);
+  if (seconds <= kMaxModelledSeconds) return seconds_to_picoseconds(seconds);
+  what << "compute '" << name << "' (" << work.flops << " FLOP at " << flop_rate
+       << " FLOP/s = the hardware's peak_bf16_tflops x compute_efficiency, " << work.bytes << " bytes at "
+       << options_.memory_bytes_per_s << " B/s = its memory_gb_per_s)";
+  return seconds_to_picoseconds(seconds, what.str());
 }
 
 void VirtualTimeline::charge_locked(VirtualStream& stream, Picoseconds duration) {
-  stream.clock_ += duration;
-  stream.totals_.compute += duration;
+  stream.clock_ = add_picoseconds(stream.clock_, duration, "a rank's modelled clock");
+  stream.totals_.compute += duration;  // at most the clock's advance
   resolve_locked();
+}
+
+void VirtualTimeline::overflowed_locked(std::string message) noexcept {
+  if (overflow_.empty()) overflow_ = std::move(message);
+  overflowed_ = true;
+  ++wake_generation_;  // every waiter re-checks, and throws it
+  changed_.notify_all();
+}
+
+void VirtualTimeline::throw_if_overflowed_locked() const {
+  if (!overflowed_) return;
+  throw ConfigError(overflow_.empty() ? "clock=modelled: a modelled time is beyond the clock's range" : overflow_);
+}
+
+void VirtualTimeline::throw_if_overflowed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  throw_if_overflowed_locked();
 }
 
 Picoseconds VirtualTimeline::floor_locked(const VirtualStream& stream) const {
@@ -236,7 +285,20 @@ Picoseconds VirtualTimeline::gvt_locked() const {
   return gvt;
 }
 
-void VirtualTimeline::resolve_locked() {
+void VirtualTimeline::resolve_locked() noexcept {
+  if (overflowed_) return;  // its times are past the clock: nothing after them is meaningful
+  try {
+    resolve_events_locked();
+  } catch (const std::exception& e) {  // ConfigError (a time past the clock's range), or out of memory
+    overflowed_locked({});
+    try {
+      overflowed_locked(e.what());
+    } catch (...) {
+    }
+  }
+}
+
+void VirtualTimeline::resolve_events_locked() {
   Picoseconds gvt = gvt_locked();
   bool resolved_any = false;
   auto lower_gvt_for = [&](VirtualRequest* request) {
@@ -247,18 +309,25 @@ void VirtualTimeline::resolve_locked() {
     events_.pop();
     VirtualMessage& m = *event.message;
     const LinkHop& hop = m.path[static_cast<std::size_t>(event.hop)];
-    const Picoseconds serialise = hop.serialise(m.num_bytes);
     resolved_any = true;
-    Picoseconds pushed_out = 0, reached = 0;
-    if (event.port == 0) {
-      pushed_out = schedule_.take_link(hop.resources[0], event.time, serialise, LinkSchedule::kNoBound);
-      if (hop.num_resources == 2) {  // the ingress port next, from when the egress starts
-        events_.push({pushed_out - serialise, event.launch_number, event.rank, event.stream_id, event.message_number,
-                      event.hop, 1, pushed_out, event.message});
+    Picoseconds serialise = 0, pushed_out = 0, reached = 0;
+    try {
+      serialise = hop.serialise(m.num_bytes);
+      if (event.port == 0) {
+        pushed_out = schedule_.take_link(hop.resources[0], event.time, serialise, LinkSchedule::kNoBound);
+        reached = add_picoseconds(pushed_out, hop.latency, "the arrival time of a message");
+      } else {
+        reached = add_picoseconds(schedule_.take_link(hop.resources[1], event.time, serialise, event.egress_done),
+                                  hop.latency, "the arrival time of a message");
       }
-      reached = pushed_out + hop.latency;
-    } else {
-      reached = schedule_.take_link(hop.resources[1], event.time, serialise, event.egress_done) + hop.latency;
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string(e.what()) + " (a message of " + std::to_string(m.num_bytes) + " bytes from rank " +
+                        std::to_string(m.src) + " to rank " + std::to_string(m.dst) + ", hop " +
+                        std::to_string(event.hop + 1) + " of " + std::to_string(m.path.size()) + ")");
+    }
+    if (event.port == 0 && hop.num_resources == 2) {  // the ingress port next, from when the egress starts
+      events_.push({pushed_out - serialise, event.launch_number, event.rank, event.stream_id, event.message_number,
+                    event.hop, 1, pushed_out, event.message});
     }
     if (event.hop == 0 && event.port == 0) {
       m.send_done = pushed_out;
@@ -288,6 +357,7 @@ void VirtualTimeline::resolve_locked() {
 std::shared_ptr<ModelledClock> VirtualTimeline::fork(const std::string& name) {
   VirtualStream& parent = calling_stream("launching a collective");
   std::lock_guard<std::mutex> lock(mutex_);
+  throw_if_overflowed_locked();
   auto child =
       std::make_shared<VirtualStream>(*this, parent.rank_, mix(parent.id_, ++parent.next_child_), parent.clock_, name);
   child->launch_number_ = parent.next_child_;
@@ -307,6 +377,7 @@ void VirtualTimeline::finish(ModelledClock& collective) {
 void VirtualTimeline::begin_wait(ModelledClock& collective) {
   VirtualStream& waiter = calling_stream("waiting for a collective");
   std::lock_guard<std::mutex> lock(mutex_);
+  throw_if_overflowed_locked();
   waiter.state_ = VirtualStream::State::blocked;
   waiter.awaiting_stream_ = &static_cast<VirtualStream&>(collective);
   resolve_locked();
@@ -340,6 +411,7 @@ void VirtualTimeline::post_send(int src, int dst, std::int64_t num_bytes, Virtua
   for (LinkHop& hop : message->path) hop.latency = std::max<Picoseconds>(hop.latency, 1);
   message->trace = this_thread_trace_track();
   std::lock_guard<std::mutex> lock(mutex_);
+  throw_if_overflowed_locked();
   message->posted = sender.clock_;
   message->sender_join = sender.name_.empty() ? sender.clock_ : sender.start_;
   message->send = &request;
@@ -388,6 +460,7 @@ void VirtualTimeline::release(VirtualRequest& request) {
 void VirtualTimeline::begin_request_wait(VirtualRequest& request) {
   VirtualStream& waiter = calling_stream("waiting for a message");
   std::lock_guard<std::mutex> lock(mutex_);
+  throw_if_overflowed_locked();
   waiter.state_ = VirtualStream::State::blocked;
   waiter.awaiting_request_ = &request;
   request.waiter = &waiter;
@@ -398,6 +471,7 @@ void VirtualTimeline::wait_for_completion(VirtualRequest& request, Deadline dead
                                           const std::function<void(bool timed_out)>& check) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
+    throw_if_overflowed_locked();  // its completion may never be known
     bool known = false;
     completion(request, &known);
     if (known) return;
@@ -445,6 +519,7 @@ void VirtualTimeline::end_request_wait(VirtualRequest& request) {
 bool VirtualTimeline::completed_by_now(const VirtualRequest& request) {
   VirtualStream& stream = calling_stream("testing a message");
   std::lock_guard<std::mutex> lock(mutex_);
+  throw_if_overflowed_locked();
   bool known = false;
   const Picoseconds done = completion(request, &known);
   return known && done <= stream.clock_;

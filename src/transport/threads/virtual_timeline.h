@@ -119,6 +119,11 @@ class VirtualTimeline final : public CollectiveClocks {
 
   void wake_all();  // abort / cancel: waiters re-check
 
+  // ConfigError when a modelled time did not fit the clock (a rank's run
+  // calls this when its job returns, so an overflow in its last compute is
+  // not lost; threads/rank_run.cc).
+  void throw_if_overflowed() const;
+
  private:
   friend class VirtualStream;
   struct HopEvent;
@@ -129,16 +134,29 @@ class VirtualTimeline final : public CollectiveClocks {
   VirtualStream& calling_stream(const char* what) const;
   Picoseconds floor_locked(const VirtualStream& stream) const;
   Picoseconds gvt_locked() const;
-  void resolve_locked();  // takes every hop below GVT, in order
+  // Takes every hop below GVT, in order. Never throws: a time past the
+  // clock's range poisons the timeline (overflowed_locked).
+  void resolve_locked() noexcept;
+  void resolve_events_locked();
   void charge_locked(VirtualStream& stream, Picoseconds duration);
-  Picoseconds compute_duration(const ComputeWork& work, double cpu_seconds) const;
+  // ConfigError naming the operation `name` when its duration does not fit the clock.
+  Picoseconds compute_duration(const ComputeWork& work, double cpu_seconds, const char* name) const;
+  // The first time that did not fit the clock (core/modelled_clock.h) ends
+  // modelled time for every rank: it is kept, every waiter is woken, and
+  // every later call that may throw throws it as a ConfigError (a stream's
+  // compute charge and the links' schedule run where throwing cannot:
+  // destructors, or another rank's thread).
+  void overflowed_locked(std::string message) noexcept;  // the first message is kept
+  void throw_if_overflowed_locked() const;
 
   int num_ranks_;
   ModelledTimeOptions options_;
   LinkPaths paths_;
   mutable std::mutex mutex_;  // guards everything below and every stream's mutable state
   std::condition_variable changed_;
-  std::uint64_t wake_generation_ = 0;  // counts wake_all() calls (abort, cancel)
+  std::uint64_t wake_generation_ = 0;  // counts wake_all() calls (abort, cancel) and the overflow
+  bool overflowed_ = false;            // a modelled time went past the clock's range
+  std::string overflow_;               // the first one's message
   LinkSchedule schedule_;
   std::vector<std::unique_ptr<VirtualStream>> rank_streams_;
   std::vector<VirtualStream*> live_;  // streams that may still post
