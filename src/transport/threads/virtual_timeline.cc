@@ -219,19 +219,20 @@ VirtualStream& VirtualTimeline::calling_stream(const char* what) const {
 }
 
 Picoseconds VirtualTimeline::compute_duration(const ComputeWork& work, double cpu_seconds, const char* name) const {
-  std::ostringstream what;
-  if (options_.measured_compute) {
-    const double seconds = std::max(0.0, cpu_seconds) * options_.compute_scale;
-    what << "compute '" << name << "' (" << cpu_seconds << " s of CPU x compute_scale " << options_.compute_scale
-         << ")";
-    return seconds_to_picoseconds(seconds, what.str());
-  }
   const double flop_rate = options_.peak_flops * options_.compute_efficiency;
-  const double seconds = std::max(work.flops / flop_rate, work.bytes / options_.memory_bytes_per_s);
+  const double seconds = options_.measured_compute
+                             ? std::max(0.0, cpu_seconds) * options_.compute_scale
+                             : std::max(work.flops / flop_rate, work.bytes / options_.memory_bytes_per_s);
   if (seconds <= kMaxModelledSeconds) return seconds_to_picoseconds(seconds);
-  what << "compute '" << name << "' (" << work.flops << " FLOP at " << flop_rate
-       << " FLOP/s = the hardware's peak_bf16_tflops x compute_efficiency, " << work.bytes << " bytes at "
-       << options_.memory_bytes_per_s << " B/s = its memory_gb_per_s)";
+  // Past the clock's range: the text of the error (only then: it costs more than the step).
+  std::ostringstream what;
+  what << "compute '" << name << "' (";
+  if (options_.measured_compute) {
+    what << cpu_seconds << " s of CPU x compute_scale " << options_.compute_scale << ")";
+  } else {
+    what << work.flops << " FLOP at " << flop_rate << " FLOP/s = the hardware's peak_bf16_tflops x compute_efficiency, "
+         << work.bytes << " bytes at " << options_.memory_bytes_per_s << " B/s = its memory_gb_per_s)";
+  }
   return seconds_to_picoseconds(seconds, what.str());
 }
 
