@@ -136,6 +136,14 @@ bool process_stopped(std::int64_t pid) {
 }
 
 TEST(CollectivesMpi, ARankResumedWhileAProbeIsOpenIsStillNamedLate) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  // Every rank skips (before any collective, so none waits for another):
+  // the test's windows (a 300 ms wait, a resume 200 ms into the probe, the
+  // 250 ms gap that names a rank late) assume the Release build's speed; it
+  // failed once in a clean run under ASan (no probe answer within the
+  // window). It runs in the Release suite under mpirun -np 2, 3 and 4.
+  GTEST_SKIP() << "timing windows of 200-300 ms are meaningless under a sanitizer (5-15x slower)";
+#endif
   transport::Communicator& comm = *g_comm;
   std::int64_t pid = ::getpid();
   std::vector<std::int64_t> pids(static_cast<std::size_t>(comm.size()));
