@@ -38,6 +38,13 @@ same_as_cli() {  # OUT_DIR R KEYS...: every output of OUT_DIR equals epmoe layer
   done
 }
 if [ -x "$work/example/embed_per_rank" ]; then
+  mpirun_same_as_cli() {  # R KEYS...: the example under mpirun -np R equals epmoe layer
+    local ranks=$1
+    rm -rf "$work/mpi"
+    mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" "$work/example/embed_per_rank" "$work/mpi" "${@:2}"
+    same_as_cli "$work/mpi" "$@"
+    runs=$((runs + 1))
+  }
   configs=(
     "dispatch=alltoall"
     "dispatch=alltoall dedup=true token_chunks=2"
@@ -58,22 +65,14 @@ if [ -x "$work/example/embed_per_rank" ]; then
       runs=$((runs + 1))
     done
     for ranks in 3; do
-      rm -rf "$work/mpi"
       # shellcheck disable=SC2086
-      mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" "$work/example/embed_per_rank" "$work/mpi" $config
-      # shellcheck disable=SC2086
-      same_as_cli "$work/mpi" "$ranks" $config
-      runs=$((runs + 1))
+      mpirun_same_as_cli "$ranks" $config
     done
   done
   for ranks in 2 4; do  # the other process counts, on two configurations
     for config in "dispatch=alltoall dedup=true token_chunks=2" "dispatch=ring balance=dynamic redundant_slots=2"; do
-      rm -rf "$work/mpi"
       # shellcheck disable=SC2086
-      mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" "$work/example/embed_per_rank" "$work/mpi" $config
-      # shellcheck disable=SC2086
-      same_as_cli "$work/mpi" "$ranks" $config
-      runs=$((runs + 1))
+      mpirun_same_as_cli "$ranks" $config
     done
   done
   echo "PASS: the per-rank API (threads R = 1..4, mpirun -np 2, 3, 4) equals epmoe layer bit for bit ($runs runs x 8 outputs)"
