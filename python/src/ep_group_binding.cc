@@ -72,8 +72,6 @@ class PyDispatchHandle final : public MpiLifetime {
   DispatchHandle handle_;
 };
 
-constexpr DType kF32 = DType::f32;
-
 // The handle's own group, or a UsageError naming the call.
 PyDispatchHandle& handle_of(nb::pointer_and_handle<PyEpGroup> self, PyDispatchHandle& handle, const char* call) {
   if (!handle.group().is(self.h)) {
@@ -93,9 +91,9 @@ nb::tuple dispatch(nb::pointer_and_handle<PyEpGroup> self, nb::handle x, nb::han
   EpGroup& group = self.p->get("dispatch");
   auto handle = std::make_unique<PyDispatchHandle>(nb::borrow(self.h), self.p->on_mpi());
   ArrayRef ids_ref, weights_ref;
-  const TensorView x_view = input_view(x, kF32, kCall, "x", handle->x());
+  const TensorView x_view = input_view(x, DType::f32, kCall, "x", handle->x());
   const TensorView ids_view = input_view(topk_ids, DType::i32, kCall, "topk_ids", ids_ref);
-  const TensorView weights_view = input_view(topk_weights, kF32, kCall, "topk_weights", weights_ref);
+  const TensorView weights_view = input_view(topk_weights, DType::f32, kCall, "topk_weights", weights_ref);
   handle->num_tokens = x_view.dim(0);
   Dispatched dispatched;
   {
@@ -114,8 +112,8 @@ nb::object combine(nb::pointer_and_handle<PyEpGroup> self, PyDispatchHandle& han
   handle_of(self, handle, "combine");
   ArrayRef outputs_ref;
   MutableArrayRef y_ref;
-  const TensorView outputs_view = input_view(expert_outputs, kF32, kCall, "expert_outputs", outputs_ref);
-  const MutableTensorView y_view = output_view(y, kF32, kCall, "y", y_ref);
+  const TensorView outputs_view = input_view(expert_outputs, DType::f32, kCall, "expert_outputs", outputs_ref);
+  const MutableTensorView y_view = output_view(y, DType::f32, kCall, "y", y_ref);
   Tensor allocated;
   {
     nb::gil_scoped_release release;
@@ -130,8 +128,8 @@ nb::tuple combine_backward(nb::pointer_and_handle<PyEpGroup> self, PyDispatchHan
   EpGroup& group = self.p->get("combine_backward");
   handle_of(self, handle, "combine_backward");
   ArrayRef dy_ref, outputs_ref;
-  const TensorView dy_view = input_view(dy, kF32, kCall, "dy", dy_ref);
-  const TensorView outputs_view = input_view(expert_outputs, kF32, kCall, "expert_outputs", outputs_ref);
+  const TensorView dy_view = input_view(dy, DType::f32, kCall, "dy", dy_ref);
+  const TensorView outputs_view = input_view(expert_outputs, DType::f32, kCall, "expert_outputs", outputs_ref);
   CombineGradients grads;
   {
     nb::gil_scoped_release release;
@@ -146,8 +144,8 @@ nb::tuple dispatch_backward(nb::pointer_and_handle<PyEpGroup> self, PyDispatchHa
   EpGroup& group = self.p->get("dispatch_backward");
   handle_of(self, handle, "dispatch_backward");
   ArrayRef rows_ref, weights_ref;
-  const TensorView rows_view = input_view(d_rows, kF32, kCall, "d_rows", rows_ref);
-  const TensorView weights_view = input_view(d_row_weights, kF32, kCall, "d_row_weights", weights_ref);
+  const TensorView rows_view = input_view(d_rows, DType::f32, kCall, "d_rows", rows_ref);
+  const TensorView weights_view = input_view(d_row_weights, DType::f32, kCall, "d_row_weights", weights_ref);
   DispatchGradients grads;
   {
     nb::gil_scoped_release release;

@@ -26,8 +26,6 @@ namespace nb = nanobind;
 namespace epmoe::python {
 namespace {
 
-constexpr DType kF32 = DType::f32;
-
 class PyMoeLayer final : public MpiLifetime {
  public:
   PyMoeLayer(nb::object group, std::int64_t ffn, std::map<std::string, std::string> keys) : group_(std::move(group)) {
@@ -95,12 +93,12 @@ std::unique_ptr<PyMoeStep> begin_forward(nb::pointer_and_handle<PyMoeLayer> self
   constexpr const char* kCall = "MoeLayer.begin_forward";
   MoeLayer& layer = self.p->get("begin_forward");
   auto step = std::make_unique<PyMoeStep>(nb::borrow(self.h), self.p->on_mpi());
-  const TensorView x_view = input_view(x, kF32, kCall, "x", step->x);
-  const MoeWeights weights{.gate = input_view(gate, kF32, kCall, "gate", step->gate),
-                           .wi0 = input_view(wi0, kF32, kCall, "wi0", step->wi0),
-                           .wi1 = input_view(wi1, kF32, kCall, "wi1", step->wi1),
-                           .wo = input_view(wo, kF32, kCall, "wo", step->wo),
-                           .bias = optional_input_view(bias, kF32, kCall, "bias", step->bias)};
+  const TensorView x_view = input_view(x, DType::f32, kCall, "x", step->x);
+  const MoeWeights weights{.gate = input_view(gate, DType::f32, kCall, "gate", step->gate),
+                           .wi0 = input_view(wi0, DType::f32, kCall, "wi0", step->wi0),
+                           .wi1 = input_view(wi1, DType::f32, kCall, "wi1", step->wi1),
+                           .wo = input_view(wo, DType::f32, kCall, "wo", step->wo),
+                           .bias = optional_input_view(bias, DType::f32, kCall, "bias", step->bias)};
   step->num_tokens = x_view.dim(0);
   {
     nb::gil_scoped_release release;
@@ -120,9 +118,10 @@ nb::tuple finish_forward(nb::pointer_and_handle<PyMoeLayer> self, PyMoeStep& ste
   MoeLayer& layer = self.p->get("finish_forward");
   step_of(self, step, "finish_forward");
   MutableArrayRef y_ref, ids_ref, weights_ref;
-  const MoeForwardBuffers buffers{.y = output_view(y, kF32, kCall, "y", y_ref),
-                                  .topk_ids = output_view(topk_ids, DType::i32, kCall, "topk_ids", ids_ref),
-                                  .topk_weights = output_view(topk_weights, kF32, kCall, "topk_weights", weights_ref)};
+  const MoeForwardBuffers buffers{
+      .y = output_view(y, DType::f32, kCall, "y", y_ref),
+      .topk_ids = output_view(topk_ids, DType::i32, kCall, "topk_ids", ids_ref),
+      .topk_weights = output_view(topk_weights, DType::f32, kCall, "topk_weights", weights_ref)};
   MoeForwardOutput out;
   {
     nb::gil_scoped_release release;
@@ -140,8 +139,8 @@ void begin_backward(nb::pointer_and_handle<PyMoeLayer> self, PyMoeStep& step, nb
   step_of(self, step, "begin_backward");
   // Into locals first: a refused call must leave the step's arrays as they were.
   ArrayRef dy_ref, extra_ref;
-  const TensorView dy_view = input_view(dy, kF32, kCall, "dy", dy_ref);
-  const TensorView extra_view = optional_input_view(extra_d_logits, kF32, kCall, "extra_d_logits", extra_ref);
+  const TensorView dy_view = input_view(dy, DType::f32, kCall, "dy", dy_ref);
+  const TensorView extra_view = optional_input_view(extra_d_logits, DType::f32, kCall, "extra_d_logits", extra_ref);
   {
     nb::gil_scoped_release release;
     layer.begin_backward(step.step(), dy_view, extra_view);
@@ -156,11 +155,11 @@ nb::tuple finish_backward(nb::pointer_and_handle<PyMoeLayer> self, PyMoeStep& st
   MoeLayer& layer = self.p->get("finish_backward");
   step_of(self, step, "finish_backward");
   MutableArrayRef refs[5];
-  const MoeGradientBuffers buffers{.dx = output_view(dx, kF32, kCall, "dx", refs[0]),
-                                   .dgate = output_view(dgate, kF32, kCall, "dgate", refs[1]),
-                                   .dwi0 = output_view(dwi0, kF32, kCall, "dwi0", refs[2]),
-                                   .dwi1 = output_view(dwi1, kF32, kCall, "dwi1", refs[3]),
-                                   .dwo = output_view(dwo, kF32, kCall, "dwo", refs[4])};
+  const MoeGradientBuffers buffers{.dx = output_view(dx, DType::f32, kCall, "dx", refs[0]),
+                                   .dgate = output_view(dgate, DType::f32, kCall, "dgate", refs[1]),
+                                   .dwi0 = output_view(dwi0, DType::f32, kCall, "dwi0", refs[2]),
+                                   .dwi1 = output_view(dwi1, DType::f32, kCall, "dwi1", refs[3]),
+                                   .dwo = output_view(dwo, DType::f32, kCall, "dwo", refs[4])};
   MoeGradients grads;
   {
     nb::gil_scoped_release release;
