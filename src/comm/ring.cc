@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "comm/collective_handle.h"
+#include "comm/forked_part.h"
 #include "core/error.h"
 
 namespace epmoe::comm::detail {
@@ -122,7 +123,7 @@ void RingAllGather::start() {
   // so a sender never waits for its receiver to get round to posting.
   // recvs_[(lane * num_steps + step) * pipe + p]; null for empty pieces.
   recvs_.resize(static_cast<std::size_t>(2 * num_steps_ * pipe_));
-  sends_.reserve(recvs_.size());
+  for (auto& sends : sends_) sends.reserve(static_cast<std::size_t>(num_steps_ * pipe_));
   for (int step = 0; step < num_steps_; ++step) {
     for (std::int64_t p = 0; p < pipe_; ++p) {
       for (int lane = 0; lane < num_lanes_; ++lane) {
@@ -139,29 +140,52 @@ void RingAllGather::start() {
     for (int lane = 0; lane < num_lanes_; ++lane) {
       const Piece out = piece(sent_block(lane, 0), lane, p);
       if (out.num_bytes == 0) continue;
-      sends_.push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
+      sends_[lane].push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
     }
   }
+}
+
+void RingAllGather::forward(int lane, int step, Deadline deadline) {
+  for (std::int64_t p = 0; p < pipe_; ++p) {
+    const Piece out = piece(sent_block(lane, step), lane, p);
+    if (out.num_bytes == 0) continue;
+    // Store and forward: piece p of step s is piece p received at s-1.
+    recvs_[recv_index(lane, step - 1, p)]->wait_until(deadline);
+    sends_[lane].push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
+  }
+}
+
+void RingAllGather::complete_lane(int lane, Deadline deadline) {
+  for (int step = 0; step < num_steps_; ++step) {
+    for (std::int64_t p = 0; p < pipe_; ++p) {
+      const auto& request = recvs_[recv_index(lane, step, p)];
+      if (request) request->wait_until(deadline);
+    }
+  }
+  for (auto& request : sends_[lane]) request->wait_until(deadline);
 }
 
 void RingAllGather::finish(Deadline deadline) {
   if (num_ranks_ == 1) return;
   collective_fault_point(comm_);  // step 0's messages are in flight
+  if (num_lanes_ == 2 && num_steps_ > 1 && comm_.collective_clocks() != nullptr) {
+    // Modelled time: the counter-clockwise lane on a clock of its own
+    // (comm/forked_part.h), so neither lane waits for the other's arrivals.
+    ForkedPart counter_clockwise(comm_, "ring counter-clockwise lane", [this, deadline] {
+      for (int step = 1; step < num_steps_; ++step) forward(1, step, deadline);
+      complete_lane(1, deadline);
+    });
+    for (int step = 1; step < num_steps_; ++step) forward(0, step, deadline);
+    complete_lane(0, deadline);
+    counter_clockwise.join();
+    return;
+  }
+  // Wall time: both lanes from this thread, step by step, so both
+  // directions of every link stay busy.
   for (int step = 1; step < num_steps_; ++step) {
-    for (std::int64_t p = 0; p < pipe_; ++p) {
-      for (int lane = 0; lane < num_lanes_; ++lane) {
-        const Piece out = piece(sent_block(lane, step), lane, p);
-        if (out.num_bytes == 0) continue;
-        // Store and forward: piece p of step s is piece p received at s-1.
-        recvs_[recv_index(lane, step - 1, p)]->wait_until(deadline);
-        sends_.push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
-      }
-    }
+    for (int lane = 0; lane < num_lanes_; ++lane) forward(lane, step, deadline);
   }
-  for (auto& request : recvs_) {
-    if (request) request->wait_until(deadline);
-  }
-  for (auto& request : sends_) request->wait_until(deadline);
+  for (int lane = 0; lane < num_lanes_; ++lane) complete_lane(lane, deadline);
 }
 
 void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout, std::size_t element_size_bytes,
