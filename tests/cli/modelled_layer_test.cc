@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
 
 #include "modelled_cli_fixture.h"
@@ -65,6 +66,45 @@ TEST_F(ModelledLayer, TheAllToAllTakesOneExchangeForTokensAndRouting) {
             << "ranks " << ranks << " chunks " << chunks << (remat ? " remat" : "");
       }
     }
+  }
+}
+
+// The ring dispatcher's token counts (one int64 per rank) travel as one
+// message to every peer, posted at once, while the rank encodes its first
+// chunk - not as a ring all-gather of R-1 store-and-forward steps that the
+// token all-gather had to wait for (issue 30: ·α, 14 us at R=8). On
+// h200's switched links (R=8) the first token all-gather starts within one
+// hop of the count exchange: the counts' latency, their serialisation of 8
+// bytes per message (picoseconds) and the chunk's encoding (nanoseconds).
+TEST_F(ModelledLayer, TheRingsTokenCountsCostOneHopBeforeTheTokensLeave) {
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = 256, .hidden = 32, .ffn = 48, .experts = 8});
+  constexpr double kLatencyUs = 2.0;
+  const std::filesystem::path trace = dir("ring_counts.json");
+  const nlohmann::json metrics =
+      layer_metrics(in, {"ranks=8", "dispatch=ring", "clock=modelled", "compute_time=modelled", "hardware=h200",
+                         "link_latency_us=2", "trace_file=" + trace.string()});
+  ASSERT_FALSE(metrics.is_null());
+  const nlohmann::json events = check_trace_structure(trace, 1e-6, "ring counts");
+  // Per rank: when the count exchange (the collective of one int64 to each
+  // of the 7 others: 56 bytes, whatever its algorithm) and the first token
+  // all-gather (thousands of bytes) began.
+  std::map<int, double> counts_us, first_tokens_us;
+  for (const nlohmann::json& e : events) {
+    if (e.value("cat", "") != "collective") continue;
+    const int rank = e.at("pid").get<int>();
+    const double ts = e.at("ts").get<double>(), bytes = e.at("args").at("bytes_sent").get<double>();
+    if (bytes == 56 && (!counts_us.contains(rank) || ts < counts_us[rank])) counts_us[rank] = ts;
+    const bool tokens = e.at("name").get<std::string>().starts_with("ring_all_gather") && bytes > 1000;
+    if (tokens && (!first_tokens_us.contains(rank) || ts < first_tokens_us[rank])) first_tokens_us[rank] = ts;
+  }
+  ASSERT_EQ(first_tokens_us.size(), 8u);
+  ASSERT_EQ(counts_us.size(), 8u);
+  for (const auto& [rank, tokens_us] : first_tokens_us) {
+    EXPECT_GE(tokens_us, counts_us[rank]) << "rank " << rank;
+    EXPECT_LE(tokens_us - counts_us[rank], kLatencyUs + 0.01)
+        << "rank " << rank << ": the token all-gather began " << tokens_us - counts_us[rank]
+        << " us after the count exchange (7 hops would be " << 7 * kLatencyUs << " us)";
   }
 }
 
