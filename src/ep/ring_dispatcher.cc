@@ -145,7 +145,7 @@ void RingDispatcher::begin_step(StepState& base, const RoutingView& routing) {
                                                         .tag = ep_tag(step.tag_base, 1, EpOp::ring_token_counts),
                                                         .timeout = cfg.timeout});
   }
-  step.stats.bytes_sent["forward/ring_all_gather token counts"] += 8 * (ranks - 1);  // one i64 per other rank
+  step.stats.bytes_sent["forward/ring token counts"] += 8 * (ranks - 1);  // one i64 per other rank
   if (static_cast<int>(step.chunks.size()) < step.num_chunks) step.chunks.resize(step.num_chunks);
   if (static_cast<int>(buffers.chunks.size()) < step.num_chunks) buffers.chunks.resize(step.num_chunks);
   for (int c = 0; c < step.num_chunks; ++c) {

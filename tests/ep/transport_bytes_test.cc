@@ -172,7 +172,7 @@ TEST(TransportBytes, DispatcherKindsSumToWhatTheTransportCarried) {
   }
   // The cases send every control stream, so the sums above hold them too.
   for (const char* kind : {"forward/all_to_all_v counts", "forward/ring_all_gather fp8 scale",
-                           "forward/ring_all_gather replica counts", "forward/ring_all_gather token counts"})
+                           "forward/ring_all_gather replica counts", "forward/ring token counts"})
     EXPECT_GT(kind_total[kind], 0) << kind;
 }
 
