@@ -101,9 +101,10 @@ struct MoeLayerConfig {
 // rank all-gathers every token with the bidirectional ring).
 enum class DispatchKind { alltoall, ring };
 // How token rows travel (key fp8_tokens): f32, or fp8 e4m3 with one scale
-// per tensor (from the global absmax) or per token. Gradients always travel
-// in f32.
-enum class TokenFormat { f32, fp8_tensor, fp8_token };
+// per tensor (from the global absmax) or per token, or bf16 (what the
+// accelerators' systems send when they compute in bf16: the baseline that
+// fp8's gain is read against). Gradients always travel in f32.
+enum class TokenFormat { f32, fp8_tensor, fp8_token, bf16 };
 // Ring of experts, backward (key cotangent_all_gather): the output
 // cotangent's all-gather is started a chunk ahead and overlapped with
 // compute (ring), or issued blocking where it is needed (plain). Same bits.

@@ -21,7 +21,8 @@ TokenFormat parse_token_format(std::string_view key, std::string_view value) {
   if (value == "off" || value == "f32") return TokenFormat::f32;
   if (value == "tensor") return TokenFormat::fp8_tensor;
   if (value == "token") return TokenFormat::fp8_token;
-  bad_choice(key, value, "off, tensor, token");
+  if (value == "bf16") return TokenFormat::bf16;
+  bad_choice(key, value, "off, tensor, token, bf16");
 }
 
 CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_view value) {
@@ -71,6 +72,8 @@ std::string to_string(TokenFormat format) {
       return "tensor";
     case TokenFormat::fp8_token:
       return "token";
+    case TokenFormat::bf16:
+      return "bf16";
   }
   return "?";
 }

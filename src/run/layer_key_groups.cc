@@ -159,9 +159,10 @@ KeyGroup expert_parallel_keys() {
           {.name = "fp8_tokens",
            .type = KeyType::choice,
            .default_value = "off",
-           .help = "forward tokens travel as fp8 e4m3 with one global scale (tensor) or one per token; "
-                   "the backward gradients (dy rows, dx, weight gradients) always travel in fp32",
-           .choices = {"off", "tensor", "token"}},
+           .help = "forward tokens travel as fp8 e4m3 with one global scale (tensor) or one per token, "
+                   "or as bf16 (the baseline fp8 halves); the backward gradients (dy rows, dx, weight "
+                   "gradients) always travel in fp32",
+           .choices = {"off", "tensor", "token", "bf16"}},
           {.name = "cotangent_all_gather",
            .type = KeyType::choice,
            .default_value = "ring",

@@ -61,7 +61,7 @@ TEST_F(EpmoeCli, HelpListsSubcommandsAndEveryLayerKey) {
                                 "dedup",
                                 "capacity_factor",
                                 "token_chunks",
-                                "off|tensor|token",
+                                "off|tensor|token|bf16",
                                 "cotangent_all_gather",
                                 "ring|plain",
                                 "link_bandwidth_gbps",
