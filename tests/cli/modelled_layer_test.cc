@@ -196,10 +196,10 @@ TEST_F(ModelledLayer, ARankWithTwiceTheRowsIsTheCriticalPath) {
 // picosecond rounding differs). D(n), K(n): one chunk's dispatch / combine
 // alone, a fixed latency part plus bytes/n at the port's rate:
 //   D(n) = a_D + (D_1 - a_D)/n,  K(n) = a_K + (K_1 - a_K)/n
-// all-to-all: a_D = 2L (the send-count exchange, then the rows), a_K = L
-// (the counts are known); ring: a_D = (R-1)L + L (the R-1-step all-gather of
-// token counts, then the rows; the ring's steps pipeline their latencies
-// behind the serialisation), a_K = L. D_1, K_1, C per rank from the n=1 run
+// a_D = 2L for both dispatchers: the count exchange (all-to-all: the send
+// counts; ring: the token counts, one message per peer posted at once), then
+// the rows (the ring's steps pipeline their latencies behind the
+// serialisation); a_K = L (the counts are known). D_1, K_1, C per rank from the n=1 run
 // (nothing overlaps there, so C = fwd_1 - D_1 - K_1, and C is the same on
 // every rank: asserted). Per rank, not one for all: although every rank
 // sends and receives the same bytes, ports serve whole messages first come
@@ -236,7 +236,7 @@ TEST_F(ModelledLayer, TokenChunksPipelineAsTheFormulaSays) {
       ASSERT_FALSE(m.is_null()) << what;
       const double latency = m.at("modelled").at("links").at("latency_us").get<double>() * 1e-6;
       ASSERT_EQ(latency, 1e-9);
-      const double a_d = dispatch == "alltoall" ? 2 * latency : kRanks * latency, a_k = latency;
+      const double a_d = 2 * latency, a_k = latency;
       for (int r = 0; r < kRanks; ++r) {
         const double fwd = rank_modelled(m, r, "forward_seconds");
         if (n == 1) {
