@@ -92,7 +92,8 @@ void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& la
                             std::uint32_t collective_tag, transport::Deadline deadline);
 
 // Sums block b of every rank's input into output (this rank's block), for
-// dtype f32 or bf16; partial sums travel as f32. Bidirectional: the first
+// dtype f32 or bf16; partial sums travel as wire_dtype (f32 or bf16) and are
+// accumulated in f32 at every rank. Bidirectional: the first
 // ceil(n/2) elements of a block (split_lanes) are reduced clockwise, the rest
 // counter-clockwise, each half crossing R-1 links as in the all-gather.
 // Summation order is fixed, per lane: element i of block b is accumulated
@@ -101,7 +102,7 @@ void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& la
 //   out_b[i] = ((x_{b+d}[i] + x_{b+2d}[i]) + ...) + x_b[i]      (ranks mod R)
 // so results are identical run to run and independent of timing and threads.
 // `output` may alias this rank's block inside `input`.
-void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout, DType dtype,
+void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout, DType dtype, DType wire_dtype,
                                 const std::byte* input, std::byte* output, bool bidirectional, CollectiveKind kind,
                                 std::uint32_t collective_tag, transport::Deadline deadline);
 

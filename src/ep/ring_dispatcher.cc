@@ -34,11 +34,13 @@ std::int64_t all_gather_bytes_sent(const std::vector<std::int64_t>& elements, in
   return sent * element_bytes;
 }
 
-// A ring reduce-scatter sends a partial sum of every block but this rank's, as f32.
-std::int64_t reduce_scatter_bytes_sent(const std::vector<std::int64_t>& elements, int rank) {
+// A ring reduce-scatter sends a partial sum of every block but this rank's,
+// `element_bytes` per element (its wire_dtype).
+std::int64_t reduce_scatter_bytes_sent(const std::vector<std::int64_t>& elements, int rank,
+                                       std::int64_t element_bytes) {
   std::int64_t sent = 0;
   for (std::size_t b = 0; b < elements.size(); ++b)
-    if (static_cast<int>(b) != rank) sent += elements[b] * 4;
+    if (static_cast<int>(b) != rank) sent += elements[b] * element_bytes;
   return sent;
 }
 
@@ -93,10 +95,12 @@ struct RingDispatcher::Buffers final : PhaseBuffers {
     std::vector<const std::byte*> row_address;            // per slot: its token row in gathered_blocks
     std::vector<float> y_rows;                            // forward: this rank's rows of y, reduce-scattered
     std::vector<float> slot_dweights, dx_rows, dweight_rows;
+    // wire_dtype=bf16: this rank's dy rows and every rank's, as they travel.
+    std::vector<bf16_t> local_dy, gathered_dy;
 
     std::int64_t capacity_bytes() const {
       return vector_capacity_bytes(local_block, gathered_blocks, row_address, y_rows, slot_dweights, dx_rows,
-                                   dweight_rows);
+                                   dweight_rows, local_dy, gathered_dy);
     }
   };
   std::vector<Chunk> chunks;
@@ -277,10 +281,12 @@ void RingDispatcher::start_combine(StepState& base, int c, Tensor slot_outputs) 
   chunk.slot_outputs = std::move(slot_outputs);
   buffers.y_rows.resize(static_cast<std::size_t>(n * hidden));
   const std::vector<std::int64_t> output_elements = times(chunk.rows_by_rank, hidden);
-  step.stats.bytes_sent["forward/reduce_scatter combine"] += reduce_scatter_bytes_sent(output_elements, rank());
+  step.stats.bytes_sent["forward/reduce_scatter combine"] +=
+      reduce_scatter_bytes_sent(output_elements, rank(), wire_element_bytes());
   chunk.combine_in_flight = comm::reduce_scatter(comm(), {.input = chunk.slot_outputs.raw(),
                                                           .output = buffers.y_rows.data(),
                                                           .num_elements_per_rank = output_elements,
+                                                          .wire_dtype = wire_dtype(),
                                                           .tag = ep_tag(step.tag_base, c, EpOp::forward_combine),
                                                           .timeout = config().timeout});
 }
@@ -298,23 +304,35 @@ void RingDispatcher::finish_combine(StepState& base, int c, float* y) {
 void RingDispatcher::start_cotangents(StepState& base, int c) {
   Step& step = static_cast<Step&>(base);
   Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const std::int64_t hidden = config().hidden;
   // Handed to the experts as it is (collect_cotangents): the layer's.
   chunk.gathered_dy = Tensor(DType::f32, {chunk.num_slots, hidden});
   const std::vector<std::int64_t> dy_elements = times(chunk.rows_by_rank, hidden);
-  step.stats.bytes_sent["backward/ring_all_gather cotangent"] += all_gather_bytes_sent(dy_elements, rank(), 4);
-  chunk.cotangent_in_flight =
-      comm::ring_all_gather(comm(), {.input = step.dy.data<float>() + chunk.range.begin * hidden,
-                                     .output = chunk.gathered_dy.raw(),
-                                     .num_elements_by_rank = dy_elements,
-                                     .dtype = DType::f32,
-                                     .tag = ep_tag(step.tag_base, c, EpOp::backward_cotangent),
-                                     .timeout = config().timeout});
+  step.stats.bytes_sent["backward/ring_all_gather cotangent"] +=
+      all_gather_bytes_sent(dy_elements, rank(), wire_element_bytes());
+  const float* own_dy = step.dy.data<float>() + chunk.range.begin * hidden;
+  // bf16 wire: rounded once by its owner, forwarded as it is (every rank's
+  // experts see the same values, this rank's own rows included).
+  if (bf16_wire()) {
+    to_wire(own_dy, chunk.range.size() * hidden, buffers.local_dy);
+    buffers.gathered_dy.resize(static_cast<std::size_t>(chunk.num_slots * hidden));
+  }
+  chunk.cotangent_in_flight = comm::ring_all_gather(
+      comm(), {.input = bf16_wire() ? static_cast<const void*>(buffers.local_dy.data()) : own_dy,
+               .output = bf16_wire() ? static_cast<void*>(buffers.gathered_dy.data()) : chunk.gathered_dy.raw(),
+               .num_elements_by_rank = dy_elements,
+               .dtype = wire_dtype(),
+               .tag = ep_tag(step.tag_base, c, EpOp::backward_cotangent),
+               .timeout = config().timeout});
 }
 
 Tensor RingDispatcher::collect_cotangents(StepState& base, int c) {
-  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
+  Step& step = static_cast<Step&>(base);
+  Step::Chunk& chunk = step.chunks[c];
   chunk.cotangent_in_flight.wait();
+  if (bf16_wire())
+    from_wire(static_cast<Buffers&>(*step.buffers).chunks[c].gathered_dy, chunk.gathered_dy.data<float>());
   return std::move(chunk.gathered_dy);
 }
 
@@ -335,11 +353,13 @@ void RingDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx, std
   buffers.dweight_rows.resize(static_cast<std::size_t>(n * top_k));
   const std::vector<std::int64_t> dx_elements = times(chunk.rows_by_rank, hidden);
   const std::vector<std::int64_t> dweight_elements = times(chunk.rows_by_rank, top_k);
-  step.stats.bytes_sent["backward/reduce_scatter dx"] += reduce_scatter_bytes_sent(dx_elements, rank());
-  step.stats.bytes_sent["backward/reduce_scatter dweights"] += reduce_scatter_bytes_sent(dweight_elements, rank());
+  step.stats.bytes_sent["backward/reduce_scatter dx"] +=
+      reduce_scatter_bytes_sent(dx_elements, rank(), wire_element_bytes());
+  step.stats.bytes_sent["backward/reduce_scatter dweights"] += reduce_scatter_bytes_sent(dweight_elements, rank(), 4);
   chunk.dx_in_flight = comm::reduce_scatter(comm(), {.input = chunk.slot_dx.raw(),
                                                      .output = buffers.dx_rows.data(),
                                                      .num_elements_per_rank = dx_elements,
+                                                     .wire_dtype = wire_dtype(),
                                                      .tag = ep_tag(step.tag_base, c, EpOp::backward_dx),
                                                      .timeout = config().timeout});
   chunk.dweights_in_flight = comm::reduce_scatter(comm(), {.input = buffers.slot_dweights.data(),

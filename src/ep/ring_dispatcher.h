@@ -18,6 +18,10 @@
 // rank 0's chunk-c tokens, then rank 1's, ... - the all-gathers and
 // reduce-scatters move blocks of unequal size (comm/all_gather.h).
 //
+// Combine outputs, dy and dx travel as wire_dtype: f32, or bf16 (dy rounded
+// once by its owner; a reduce-scatter's partial sums rounded once per link,
+// summed in f32 at every rank: comm/reduce_scatter.h).
+//
 // Per rank and chunk of n tokens it receives ·n·row_bytes of tokens,
 // against ≈ K·n·row_bytes·(R-1)/R for the all-to-all: the ring wins when R < K.
 //
