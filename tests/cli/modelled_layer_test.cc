@@ -108,6 +108,44 @@ TEST_F(ModelledLayer, TheRingsTokenCountsCostOneHopBeforeTheTokensLeave) {
   }
 }
 
+// wire_dtype=bf16 halves the combine's, the cotangent's and dx's bytes, and
+// the modelled clock charges what travels: the collectives' modelled bytes
+// drop by exactly half those streams' f32 bytes, and their time and the step
+// shrink. Tokens stay f32 (fp8_tokens=off) so only those three streams
+// change. R=4, 2 chunks, h200's links, modelled compute.
+TEST_F(ModelledLayer, ABf16WireHalvesTheBytesTheClockCharges) {
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = 256, .hidden = 256, .ffn = 64, .experts = 8});
+  for (const std::string dispatch : {"alltoall", "ring"}) {
+    std::map<std::string, nlohmann::json> runs;
+    for (const std::string wire : {"f32", "bf16"}) {
+      runs[wire] =
+          layer_metrics(in, {"ranks=4", "dispatch=" + dispatch, "token_chunks=2", "clock=modelled",
+                             "compute_time=modelled", "hardware=h200", "fp8_tokens=off", "wire_dtype=" + wire});
+      ASSERT_FALSE(runs[wire].is_null()) << dispatch << " " << wire;
+    }
+    const std::string exchange = dispatch == "ring" ? "reduce_scatter " : "all_to_all_v ";
+    const std::string gather = dispatch == "ring" ? "ring_all_gather " : "all_to_all_v ";
+    const nlohmann::json& sent = runs["f32"].at("expert_parallel").at("total").at("bytes_sent");
+    const double halved = sent.at("forward/" + exchange + "combine").get<double>() +
+                          sent.at("backward/" + gather + "cotangent").get<double>() +
+                          sent.at("backward/" + exchange + "dx").get<double>();
+    ASSERT_GT(halved, 0) << dispatch;
+    std::map<std::string, double> bytes, seconds;
+    for (const auto& [wire, m] : runs) {
+      for (const auto& [name, collective] : m.at("modelled").at("collectives").items()) {
+        bytes[wire] += collective.at("bytes_sent").get<double>();
+        seconds[wire] += collective.at("seconds").get<double>();
+      }
+    }
+    EXPECT_EQ(bytes["f32"] - bytes["bf16"], halved / 2) << dispatch;
+    EXPECT_LT(seconds["bf16"], seconds["f32"]) << dispatch;
+    EXPECT_LT(runs["bf16"].at("modelled").at("step_seconds").get<double>(),
+              runs["f32"].at("modelled").at("step_seconds").get<double>())
+        << dispatch;
+  }
+}
+
 // --- 3. imbalance ------------------------------------------------------------
 
 TEST_F(ModelledLayer, ARankWithTwiceTheRowsIsTheCriticalPath) {
