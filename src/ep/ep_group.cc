@@ -138,6 +138,8 @@ EpGroup::EpGroup(const EpConfig& config, MemoryLedger* ledger) : impl_(std::make
   if (config.dispatch != DispatchKind::alltoall) refuse("dispatch=" + to_string(config.dispatch));
   if (config.dedup) refuse("dedup=true");
   if (config.capacity_factor != 0) refuse("capacity_factor=" + std::to_string(config.capacity_factor));
+  // Checked before fp8_tokens: wire_dtype=bf16 makes the key layer's tokens bf16 too.
+  if (config.wire_dtype != WireDType::f32) refuse("wire_dtype=" + to_string(config.wire_dtype));
   if (config.token_format != TokenFormat::f32) refuse("fp8_tokens=" + to_string(config.token_format));
   if (config.replicas_enabled()) refuse("balance=" + to_string(config.balance));
   impl_->dispatcher = std::make_unique<ep::LocalDispatcher>(config);
