@@ -4,11 +4,12 @@
 // of the configuration: one run each, no repetitions, no spread.
 //
 //  links:   bidirectional vs unidirectional ring all-gather of C bytes per
-//           rank, against the bound ·C/(2B) of a ring of full-duplex
-//           links (each rank receives ·C over its two incoming links)
-//           and the latency-inclusive estimates ·(C/(2B) + α)
-//           bidirectional and ·(C/B + α) unidirectional (pipe=1: R-1
-//           steps, each one message per lane and direction).
+//           rank, against the bandwidth bound of the ring on the preset's
+//           topology - what its busiest link direction must carry, over
+//           that link's bandwidth (ring_bound_seconds below) - and the
+//           latency-inclusive estimates ·(C/(2B) + α) bidirectional
+//           and ·(C/B + α) unidirectional (pipe=1: R-1 steps, each one
+//           message per lane and direction; B the scale-up link's).
 //  overlap: the async bidirectional all-gather beside charged compute of the
 //           same modelled length (a ComputeScope of FLOPs): overlapped time
 //           over the sum and over the max of the two.
@@ -53,6 +54,32 @@ comm::AllGatherOptions gather_options(const std::vector<std::byte>& input, std::
   return gather;
 }
 
+// The bidirectional ring's bound on these links: every rank forwards
+// halves C/2 on each lane, and the busiest link direction sets it.
+//  ring, full_mesh: each lane has a link of its own: ·C/(2B);
+//  switched: both lanes leave through the rank's one egress port: ·C/B;
+//  two_level (groups of G < R): inside a group as switched, and at a group
+//    boundary each NIC direction carries one lane, (R-1)·C/(2S) - the
+//    bottleneck when S < B/2, as on every NVIDIA preset (issue 30: the
+//    column used B there); groups of one send both lanes over the NIC.
+double ring_bound_seconds(const transport::threads::EmulatedLinkOptions& links, int num_ranks, double chunk_bytes) {
+  using transport::threads::LinkTopology;
+  const double steps = num_ranks - 1, b = links.bandwidth_gb_per_s * 1e9;
+  const double s = links.scale_out_bandwidth_gb_per_s * 1e9;
+  switch (links.topology) {
+    case LinkTopology::ring:
+    case LinkTopology::full_mesh:
+      return steps * chunk_bytes / (2 * b);
+    case LinkTopology::switched:
+      return steps * chunk_bytes / b;
+    case LinkTopology::two_level:
+      if (num_ranks <= links.group_size) return steps * chunk_bytes / b;
+      if (links.group_size == 1) return steps * chunk_bytes / s;
+      return std::max(steps * chunk_bytes / b, steps * chunk_bytes / (2 * s));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_modelled_links_part(const BenchArgs& args) {
@@ -66,7 +93,7 @@ int run_modelled_links_part(const BenchArgs& args) {
       const double latency = hw.threads.links.latency_us * 1e-6;
       std::printf("\n%s, R=%d, links %s\n", hw.name.c_str(), num_ranks, describe_links(hw.threads.links).c_str());
       std::printf(
-          "| chunk C | bidirectional us | unidirectional us | uni / bi | bound (R-1)C/(2B) us | bi / bound "
+          "| chunk C | bidirectional us | unidirectional us | uni / bi | bound (busiest link) us | bi / bound "
           "| (R-1)(C/2B+a) us | (R-1)(C/B+a) us |\n");
       std::printf("|---|---|---|---|---|---|---|---|\n");
       for (std::int64_t chunk_bytes : args.sizes("chunks", "64K,1M,8M")) {
@@ -88,7 +115,7 @@ int run_modelled_links_part(const BenchArgs& args) {
           });
         }
         const double c = static_cast<double>(chunk_bytes);
-        const double bound = (num_ranks - 1) * c / (2 * bandwidth);
+        const double bound = ring_bound_seconds(hw.threads.links, num_ranks, c);
         const double bi_estimate = (num_ranks - 1) * (c / (2 * bandwidth) + latency);
         const double uni_estimate = (num_ranks - 1) * (c / bandwidth + latency);
         const double bi = to_seconds(times[0]), uni = to_seconds(times[1]);

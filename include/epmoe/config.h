@@ -101,9 +101,18 @@ struct MoeLayerConfig {
 // rank all-gathers every token with the bidirectional ring).
 enum class DispatchKind { alltoall, ring };
 // How token rows travel (key fp8_tokens): f32, or fp8 e4m3 with one scale
-// per tensor (from the global absmax) or per token. Gradients always travel
-// in f32.
-enum class TokenFormat { f32, fp8_tensor, fp8_token };
+// per tensor (from the global absmax) or per token, or bf16 (what the
+// accelerators' systems send when they compute in bf16: the baseline that
+// fp8's gain is read against). Gradients always travel in f32.
+enum class TokenFormat { f32, fp8_tensor, fp8_token, bf16 };
+// How the other rows travel (key wire_dtype): the combine's outputs, the
+// backward's cotangents (dy rows) and dx, as f32 or as bf16 (rounded to
+// nearest even; every sum is still taken in f32, docs/NUMERICS.md derives
+// the bound). The key's `auto` is bf16 with compute_dtype=bf16, else f32 (the
+// real systems' wire formats), and with bf16 the key layer also sends the
+// tokens as bf16 unless fp8_tokens says otherwise; here the two fields are
+// independent. The routing-weight gradients always travel in f32.
+enum class WireDType { f32, bf16 };
 // Ring of experts, backward (key cotangent_all_gather): the output
 // cotangent's all-gather is started a chunk ahead and overlapped with
 // compute (ring), or issued blocking where it is needed (plain). Same bits.
@@ -129,6 +138,7 @@ struct EpConfig {
   bool dedup = false;            // alltoall: one row per (token, destination rank)
   double capacity_factor = 0.0;  // alltoall: 0 = exact buffers, never drop
   TokenFormat token_format = TokenFormat::f32;
+  WireDType wire_dtype = WireDType::f32;
   CotangentAllGather cotangent_all_gather = CotangentAllGather::ring;
   // Redundant experts: B slots per rank (key redundant_slots, 0 = none),
   // filled per step until max/mean rank load <= rebalance_threshold.
@@ -160,6 +170,7 @@ inline constexpr std::uint32_t kEpGroupTagRange = 1024u * (kEpGroupMaxStepsInFli
 // The key vocabulary's words for the enums ("alltoall", "tensor", ...).
 std::string to_string(DispatchKind kind);
 std::string to_string(TokenFormat format);
+std::string to_string(WireDType dtype);
 std::string to_string(BalanceMode mode);
 std::string to_string(ReplicaChoice choice);
 std::string to_string(ComputeDType dtype);

@@ -36,9 +36,10 @@ struct LayerConfigs {
 LayerConfigs config_from_keys(const std::map<std::string, std::string>& keys, std::int64_t hidden, std::int64_t ffn,
                               int num_experts);
 // The group's keys alone (dispatch, dedup, capacity_factor, token_chunks,
-// fp8_tokens, cotangent_all_gather, balance, redundant_slots,
+// fp8_tokens, wire_dtype, cotangent_all_gather, balance, redundant_slots,
 // rebalance_threshold, balance_window, balance_period, replica_choice,
 // comm_timeout_ms); a layer's key is refused, naming where it belongs.
+// wire_dtype=auto means f32 here (no layer, so no compute_dtype to follow).
 EpConfig ep_config_from_keys(const std::map<std::string, std::string>& keys, int num_experts, int top_k,
                              std::int64_t hidden);
 // The layer's keys alone (top_k, router, norm_topk_prob, n_groups,

@@ -10,10 +10,12 @@ and the ranks compare their configurations, so a rank made with another
 num_experts, top_k, hidden, dispatch or any other group key is refused on
 every rank with a ValueError naming the rank and the key (never a hang).
 Keys: the group's keys of `epmoe layer` (dispatch, dedup, capacity_factor,
-token_chunks, fp8_tokens, cotangent_all_gather, balance, redundant_slots,
+token_chunks, fp8_tokens, wire_dtype, cotangent_all_gather, balance, redundant_slots,
 rebalance_threshold, balance_window, balance_period, replica_choice,
 comm_timeout_ms); a layer's key (router, compute_dtype, ...) is refused,
-naming where it belongs (epmoe.MoeLayer).
+naming where it belongs (epmoe.MoeLayer). wire_dtype="auto" means f32
+here (the group does not know its layers' compute_dtype): pass
+wire_dtype="bf16" for bf16 combine outputs, cotangents and dx.
 
 Dispatch and combine without the experts, for callers with their own
 expert compute (DeepEP's dispatch / combine; epmoe.torch.dispatch and

@@ -69,7 +69,7 @@ class WholeWorldLayer:
 
     Keys: every key of `epmoe layer` (`epmoe layer --help`), as keyword
     arguments: ranks, dispatch, top_k, router, dedup, token_chunks,
-    fp8_tokens, balance, redundant_slots, capacity_factor, threads, ... A bad
+    fp8_tokens, wire_dtype, balance, redundant_slots, capacity_factor, threads, ... A bad
     key or value raises ValueError naming it."""
 
     def __init__(self, **keys):

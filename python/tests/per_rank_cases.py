@@ -28,6 +28,7 @@ CASES = {
     "chunks": {"top_k": 2, "token_chunks": 3},
     "fp8_tokens": {"top_k": 2, "fp8_tokens": "token", "dedup": True},
     "ring": {"top_k": 2, "dispatch": "ring", "token_chunks": 2},
+    "ring_bf16_wire": {"top_k": 2, "dispatch": "ring", "wire_dtype": "bf16"},
     "replicas": {"top_k": 3, "dedup": True, "balance": "dynamic", "redundant_slots": 1},
 }
 
@@ -72,7 +73,8 @@ def single_rank_local(keys, num_ranks):
     combines in another order (y differs in the last bit), so the per-rank
     run mirrors the tool's choice."""
     return num_ranks == 1 and keys.get("dispatch", "alltoall") == "alltoall" and not keys.get("dedup") and \
-        keys.get("fp8_tokens", "off") == "off" and keys.get("balance", "off") == "off"
+        keys.get("fp8_tokens", "off") == "off" and keys.get("balance", "off") == "off" and \
+        keys.get("wire_dtype", "auto") in ("auto", "f32")
 
 
 def run_rank(epmoe, communicator, arrays, keys, num_ranks, rank):

@@ -211,6 +211,10 @@ def test_keys_go_to_their_part_and_run_keys_are_refused():
         epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8, compute_dtype="bf16")
     with pytest.raises(ValueError, match="dispatch=ring .*a key of the EP group, not of an MoE layer on it"):
         epmoe.MoeLayer(epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8), ffn=8, dispatch="ring")
+    with pytest.raises(ValueError, match="wire_dtype=fp16: expected one of auto, f32, bf16"):
+        epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8, wire_dtype="fp16")
+    with pytest.raises(ValueError, match="wire_dtype=bf16: a single-rank EP group moves no tokens"):
+        epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8, wire_dtype="bf16")
     with pytest.raises(ValueError, match="ranks=2 .*describes a run, not a layer on a rank"):
         epmoe.EpGroup(None, num_experts=4, top_k=2, hidden=8, ranks=2)
     with pytest.raises(ValueError, match="top_k=3 but its EP group has top_k=2"):

@@ -34,7 +34,7 @@ CollectiveHandle all_reduce(transport::Communicator& comm, const AllReduceOption
         const std::size_t esize = dtype_size_bytes(options.dtype);
         auto* data = static_cast<std::byte*>(options.data);
         std::byte* own_block = data + layout.offset[comm.rank()] * esize;
-        detail::ring_reduce_scatter_blocks(comm, layout, options.dtype, data, own_block,
+        detail::ring_reduce_scatter_blocks(comm, layout, options.dtype, DType::f32, data, own_block,
                                            /*bidirectional=*/true, CollectiveKind::all_reduce, options.tag, deadline);
         detail::ring_all_gather_blocks(comm, layout, esize, data, /*bidirectional=*/true, /*pipe=*/1,
                                        CollectiveKind::all_reduce, options.tag, deadline);

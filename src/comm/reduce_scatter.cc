@@ -22,8 +22,12 @@ void ReduceScatterOptions::validate(const transport::Communicator& comm) const {
     throw ConfigError(std::string(kName) + ": dtype = " + std::string(dtype_name(dtype)) +
                       ": must be f32 or bf16 (sums are taken in f32)");
   }
-  if (algorithm == Algorithm::native && dtype != DType::f32) {
-    throw ConfigError(std::string(kName) + ": algorithm = native supports dtype f32 only");
+  if (wire_dtype != DType::f32 && wire_dtype != DType::bf16) {
+    throw ConfigError(std::string(kName) + ": wire_dtype = " + std::string(dtype_name(wire_dtype)) +
+                      ": must be f32 or bf16");
+  }
+  if (algorithm == Algorithm::native && (dtype != DType::f32 || wire_dtype != DType::f32)) {
+    throw ConfigError(std::string(kName) + ": algorithm = native supports dtype and wire_dtype f32 only");
   }
   const auto esize = static_cast<std::int64_t>(dtype_size_bytes(dtype));
   detail::check_buffer(kName, "input", input, total * esize);
@@ -49,7 +53,7 @@ CollectiveHandle reduce_scatter(transport::Communicator& comm, const ReduceScatt
   }
   return launch_collective(comm, detail::collective_name("reduce_scatter", options.tag), options.timeout,
                            [&comm, options, layout = std::move(layout)](transport::Deadline deadline) {
-                             detail::ring_reduce_scatter_blocks(comm, layout, options.dtype,
+                             detail::ring_reduce_scatter_blocks(comm, layout, options.dtype, options.wire_dtype,
                                                                 static_cast<const std::byte*>(options.input),
                                                                 static_cast<std::byte*>(options.output),
                                                                 options.direction == RingDirection::bidirectional,

@@ -6,9 +6,13 @@
 // (comm/ring.h): element i of block b is summed starting with rank b+1's
 // contribution (b-1's on the counter-clockwise half) and ending with rank
 // b's own, so results are identical run to run, and independent of timing and
-// thread counts. dtype f32 or bf16; bf16 partial
-// sums travel as f32 (twice the bytes) so each result is rounded once, as the
-// fp32-accumulation contract (DESIGN.md §3) asks.
+// thread counts. dtype f32 or bf16. Partial sums travel as
+// wire_dtype: f32 by default (for bf16 input too: twice its bytes, so each
+// result is rounded once, as the fp32-accumulation contract of DESIGN.md §3
+// asks), or bf16 (half the bytes of f32: what the accelerators' systems send
+// when they compute in bf16). Either way every sum is taken in f32 and the
+// output is `dtype`; with a bf16 wire each partial sum is rounded once per
+// link it crosses, R-1 roundings in all (docs/NUMERICS.md derives the bound).
 //
 // Built on point-to-point messages only - never on MPI_Reduce_scatter(_block),
 // which runs at ~0.1 GB/s on this machine (DESIGN.md §7). algorithm=native is
@@ -32,6 +36,7 @@ struct ReduceScatterOptions {
   void* output = nullptr;                           // num_elements_per_rank[rank] elements
   std::vector<std::int64_t> num_elements_per_rank;  // [size()], counts may differ, 0 allowed
   DType dtype = DType::f32;                         // f32 or bf16
+  DType wire_dtype = DType::f32;                    // partial sums on the links: f32 or bf16
   RingDirection direction = RingDirection::bidirectional;
   Algorithm algorithm = Algorithm::ring;
   std::uint32_t tag = 0;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "comm/collective_handle.h"
+#include "comm/forked_part.h"
 #include "core/error.h"
 
 namespace epmoe::comm::detail {
@@ -38,6 +39,15 @@ std::uint16_t f32_to_bf16(float value) {
 std::vector<float>& scratch(int which, std::int64_t num_elements) {
   thread_local std::vector<float> buffers[6];  // [lane * 3 + {partial 0, partial 1, f32 copy}]
   std::vector<float>& buffer = buffers[which];
+  if (static_cast<std::int64_t>(buffer.size()) < num_elements) buffer.resize(num_elements);
+  return buffer;
+}
+
+// The same for partial sums that travel as bf16: [lane * 3 + {receive 0,
+// receive 1, send}].
+std::vector<std::uint16_t>& wire_scratch(int which, std::int64_t num_elements) {
+  thread_local std::vector<std::uint16_t> buffers[6];
+  std::vector<std::uint16_t>& buffer = buffers[which];
   if (static_cast<std::int64_t>(buffer.size()) < num_elements) buffer.resize(num_elements);
   return buffer;
 }
@@ -122,7 +132,7 @@ void RingAllGather::start() {
   // so a sender never waits for its receiver to get round to posting.
   // recvs_[(lane * num_steps + step) * pipe + p]; null for empty pieces.
   recvs_.resize(static_cast<std::size_t>(2 * num_steps_ * pipe_));
-  sends_.reserve(recvs_.size());
+  for (auto& sends : sends_) sends.reserve(static_cast<std::size_t>(num_steps_ * pipe_));
   for (int step = 0; step < num_steps_; ++step) {
     for (std::int64_t p = 0; p < pipe_; ++p) {
       for (int lane = 0; lane < num_lanes_; ++lane) {
@@ -139,29 +149,52 @@ void RingAllGather::start() {
     for (int lane = 0; lane < num_lanes_; ++lane) {
       const Piece out = piece(sent_block(lane, 0), lane, p);
       if (out.num_bytes == 0) continue;
-      sends_.push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
+      sends_[lane].push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
     }
   }
+}
+
+void RingAllGather::forward(int lane, int step, Deadline deadline) {
+  for (std::int64_t p = 0; p < pipe_; ++p) {
+    const Piece out = piece(sent_block(lane, step), lane, p);
+    if (out.num_bytes == 0) continue;
+    // Store and forward: piece p of step s is piece p received at s-1.
+    recvs_[recv_index(lane, step - 1, p)]->wait_until(deadline);
+    sends_[lane].push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
+  }
+}
+
+void RingAllGather::complete_lane(int lane, Deadline deadline) {
+  for (int step = 0; step < num_steps_; ++step) {
+    for (std::int64_t p = 0; p < pipe_; ++p) {
+      const auto& request = recvs_[recv_index(lane, step, p)];
+      if (request) request->wait_until(deadline);
+    }
+  }
+  for (auto& request : sends_[lane]) request->wait_until(deadline);
 }
 
 void RingAllGather::finish(Deadline deadline) {
   if (num_ranks_ == 1) return;
   collective_fault_point(comm_);  // step 0's messages are in flight
+  if (num_lanes_ == 2 && num_steps_ > 1 && comm_.collective_clocks() != nullptr) {
+    // Modelled time: the counter-clockwise lane on a clock of its own
+    // (comm/forked_part.h), so neither lane waits for the other's arrivals.
+    ForkedPart counter_clockwise(comm_, "ring counter-clockwise lane", [this, deadline] {
+      for (int step = 1; step < num_steps_; ++step) forward(1, step, deadline);
+      complete_lane(1, deadline);
+    });
+    for (int step = 1; step < num_steps_; ++step) forward(0, step, deadline);
+    complete_lane(0, deadline);
+    counter_clockwise.join();
+    return;
+  }
+  // Wall time: both lanes from this thread, step by step, so both
+  // directions of every link stay busy.
   for (int step = 1; step < num_steps_; ++step) {
-    for (std::int64_t p = 0; p < pipe_; ++p) {
-      for (int lane = 0; lane < num_lanes_; ++lane) {
-        const Piece out = piece(sent_block(lane, step), lane, p);
-        if (out.num_bytes == 0) continue;
-        // Store and forward: piece p of step s is piece p received at s-1.
-        recvs_[recv_index(lane, step - 1, p)]->wait_until(deadline);
-        sends_.push_back(comm_.isend(peer_to_[lane], tags_[lane], out.data, out.num_bytes));
-      }
-    }
+    for (int lane = 0; lane < num_lanes_; ++lane) forward(lane, step, deadline);
   }
-  for (auto& request : recvs_) {
-    if (request) request->wait_until(deadline);
-  }
-  for (auto& request : sends_) request->wait_until(deadline);
+  for (int lane = 0; lane < num_lanes_; ++lane) complete_lane(lane, deadline);
 }
 
 void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout, std::size_t element_size_bytes,
@@ -172,10 +205,18 @@ void ring_all_gather_blocks(Communicator& comm, const BlockLayout& layout, std::
   gather.finish(deadline);
 }
 
-void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, DType dtype, const std::byte* input,
-                                std::byte* output, bool bidirectional, CollectiveKind kind,
+void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, DType dtype, DType wire_dtype,
+                                const std::byte* input, std::byte* output, bool bidirectional, CollectiveKind kind,
                                 std::uint32_t collective_tag, Deadline deadline) {
   EPMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16);
+  EPMOE_CHECK(wire_dtype == DType::f32 || wire_dtype == DType::bf16);
+  // A bf16 wire rounds what crosses a link and nothing else: each rank adds
+  // its contribution to the f32 value of the bf16 it received, in f32, and
+  // rounds that sum once to send it on; the last rank's sum is not rounded
+  // (for an f32 output). Rounding the partials held in memory as well would
+  // add nothing to the bytes saved and could only add error.
+  const bool bf16_wire = wire_dtype == DType::bf16;
+  const std::int64_t wire_esize = bf16_wire ? 2 : 4;
   const int num_ranks = comm.size();
   const int rank = comm.rank();
   const std::size_t esize = dtype_size_bytes(dtype);
@@ -210,40 +251,70 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
     int direction;
     transport::Tag tag;
     float* partials[2];  // received partial sums, alternating by step
+    // bf16 wire: what arrives (alternating by step) and what leaves.
+    std::uint16_t* wire_in[2];
+    std::uint16_t* wire_out;
     std::unique_ptr<Request> send;
     std::unique_ptr<Request> recv;
   };
   const int num_lanes = bidirectional ? 2 : 1;
   std::int64_t max_block = 0;
   for (std::int64_t n : layout.num_elements) max_block = std::max(max_block, n);
-  Lane lanes[2] = {
-      {+1, make_tag(kind, collective_tag, Slot::reduce), {nullptr, nullptr}, nullptr, nullptr},
-      {-1, make_tag(kind, collective_tag, Slot::reduce_counter_clockwise), {nullptr, nullptr}, nullptr, nullptr}};
+  Lane lanes[2] = {{+1,
+                    make_tag(kind, collective_tag, Slot::reduce),
+                    {nullptr, nullptr},
+                    {nullptr, nullptr},
+                    nullptr,
+                    nullptr,
+                    nullptr},
+                   {-1,
+                    make_tag(kind, collective_tag, Slot::reduce_counter_clockwise),
+                    {nullptr, nullptr},
+                    {nullptr, nullptr},
+                    nullptr,
+                    nullptr,
+                    nullptr}};
   // Where lane `l` of block `b` sits inside the block.
   auto lane_begin = [&](int l, int b) { return split_lanes(layout.num_elements[b], bidirectional).lane_begin[l]; };
   auto lane_size = [&](int l, int b) { return split_lanes(layout.num_elements[b], bidirectional).lane_size[l]; };
-  auto lane_bytes = [&](int l, int b) { return lane_size(l, b) * static_cast<std::int64_t>(sizeof(float)); };
+  auto lane_bytes = [&](int l, int b) { return lane_size(l, b) * wire_esize; };
+  // Where lane `lane` receives step `step`'s partial sum.
+  auto recv_target = [&](const Lane& lane, int step) -> void* {
+    return bf16_wire ? static_cast<void*>(lane.wire_in[step % 2]) : static_cast<void*>(lane.partials[step % 2]);
+  };
+  // A bf16 wire's send buffer for `count` f32 values (the previous send from
+  // it has completed).
+  auto to_wire = [&](const Lane& lane, const float* values, std::int64_t count) {
+    for (std::int64_t i = 0; i < count; ++i) lane.wire_out[i] = f32_to_bf16(values[i]);
+    return static_cast<const void*>(lane.wire_out);
+  };
   auto received_block = [&](const Lane& lane, int step) { return wrap(rank - lane.direction * (step + 2), num_ranks); };
 
   for (int l = 0; l < num_lanes; ++l) {
     Lane& lane = lanes[l];
     lane.partials[0] = scratch(3 * l, max_block).data();
     lane.partials[1] = scratch(3 * l + 1, max_block).data();
+    if (bf16_wire) {
+      lane.wire_in[0] = wire_scratch(3 * l, max_block).data();
+      lane.wire_in[1] = wire_scratch(3 * l + 1, max_block).data();
+      lane.wire_out = wire_scratch(3 * l + 2, max_block).data();
+    }
     const int first_block = wrap(rank - lane.direction, num_ranks);
     const std::int64_t begin = lane_begin(l, first_block);
     const std::int64_t count = lane_size(l, first_block);
-    const float* first_send;
+    const float* first_values;
     if (is_f32) {
-      first_send = reinterpret_cast<const float*>(input) + layout.offset[first_block] + begin;
+      first_values = reinterpret_cast<const float*>(input) + layout.offset[first_block] + begin;
     } else {
       float* converted = scratch(3 * l + 2, count).data();
       for (std::int64_t i = 0; i < count; ++i) converted[i] = input_value(first_block, begin + i);
-      first_send = converted;
+      first_values = converted;
     }
+    const void* first_send = bf16_wire ? to_wire(lane, first_values, count) : first_values;
     const int next = wrap(rank + lane.direction, num_ranks);
     const int prev = wrap(rank - lane.direction, num_ranks);
     lane.send = comm.isend(next, lane.tag, first_send, lane_bytes(l, first_block));
-    lane.recv = comm.irecv(prev, lane.tag, lane.partials[0], lane_bytes(l, received_block(lane, 0)));
+    lane.recv = comm.irecv(prev, lane.tag, recv_target(lane, 0), lane_bytes(l, received_block(lane, 0)));
   }
   collective_fault_point(comm);  // the first partial sums are in flight
 
@@ -256,6 +327,10 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
       const int block = received_block(lane, step);
       const std::int64_t begin = lane_begin(l, block);
       const std::int64_t count = lane_size(l, block);
+      if (bf16_wire) {
+        const std::uint16_t* arrived = lane.wire_in[step % 2];
+        for (std::int64_t i = 0; i < count; ++i) partial[i] = bf16_to_f32(arrived[i]);
+      }
       if (step == num_steps - 1) {  // this rank's block: sum = partial + own, rounded once
         EPMOE_CHECK_EQ(block, rank);
         for (std::int64_t i = 0; i < count; ++i) {
@@ -280,8 +355,8 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
       const int next = wrap(rank + lane.direction, num_ranks);
       const int prev = wrap(rank - lane.direction, num_ranks);
       lane.recv =
-          comm.irecv(prev, lane.tag, lane.partials[(step + 1) % 2], lane_bytes(l, received_block(lane, step + 1)));
-      lane.send = comm.isend(next, lane.tag, partial, lane_bytes(l, block));
+          comm.irecv(prev, lane.tag, recv_target(lane, step + 1), lane_bytes(l, received_block(lane, step + 1)));
+      lane.send = comm.isend(next, lane.tag, bf16_wire ? to_wire(lane, partial, count) : partial, lane_bytes(l, block));
     }
   }
   for (int l = 0; l < num_lanes; ++l) lanes[l].send->wait_until(deadline);

@@ -48,7 +48,10 @@ LaneSplit split_lanes(std::int64_t num_elements, bool bidirectional);
 // (launch_collective's prologue, comm/collective_handle.h): start() posts
 // every receive and step 0's sends (this rank's own block) and never waits;
 // finish() forwards steps 1..R-2 as their pieces arrive and waits for
-// everything. At R=2 start() is all the work a core is needed for.
+// everything. At R=2 start() is all the work a core is needed for. In
+// modelled time the two lanes forward on clocks of their own
+// (comm/forked_part.h): each lane's step s leaves when that lane's step
+// s-1 arrived, whatever the other lane does.
 class RingAllGather {
  public:
   RingAllGather(transport::Communicator& comm, BlockLayout layout, std::size_t element_size_bytes, std::byte* output,
@@ -65,6 +68,10 @@ class RingAllGather {
   int sent_block(int lane, int step) const;
   int received_block(int lane, int step) const;
   std::size_t recv_index(int lane, int step, std::int64_t p) const;
+  // Forwards lane's pieces of `step` (>= 1) as those of step-1 arrive.
+  void forward(int lane, int step, transport::Deadline deadline);
+  // Waits for every receive and send of the lane.
+  void complete_lane(int lane, transport::Deadline deadline);
 
   transport::Communicator& comm_;
   BlockLayout layout_;
@@ -76,7 +83,7 @@ class RingAllGather {
   int peer_to_[2];
   transport::Tag tags_[2];
   std::vector<std::unique_ptr<transport::Request>> recvs_;
-  std::vector<std::unique_ptr<transport::Request>> sends_;
+  std::vector<std::unique_ptr<transport::Request>> sends_[2];  // [lane]: each lane's own (modelled time: own thread)
 };
 
 // Both parts at once, on the calling thread.
@@ -85,7 +92,8 @@ void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& la
                             std::uint32_t collective_tag, transport::Deadline deadline);
 
 // Sums block b of every rank's input into output (this rank's block), for
-// dtype f32 or bf16; partial sums travel as f32. Bidirectional: the first
+// dtype f32 or bf16; partial sums travel as wire_dtype (f32 or bf16) and are
+// accumulated in f32 at every rank. Bidirectional: the first
 // ceil(n/2) elements of a block (split_lanes) are reduced clockwise, the rest
 // counter-clockwise, each half crossing R-1 links as in the all-gather.
 // Summation order is fixed, per lane: element i of block b is accumulated
@@ -94,7 +102,7 @@ void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& la
 //   out_b[i] = ((x_{b+d}[i] + x_{b+2d}[i]) + ...) + x_b[i]      (ranks mod R)
 // so results are identical run to run and independent of timing and threads.
 // `output` may alias this rank's block inside `input`.
-void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout, DType dtype,
+void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout, DType dtype, DType wire_dtype,
                                 const std::byte* input, std::byte* output, bool bidirectional, CollectiveKind kind,
                                 std::uint32_t collective_tag, transport::Deadline deadline);
 

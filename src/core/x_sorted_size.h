@@ -8,7 +8,8 @@
 //  * fp8_tensor, fp8_token: as they travelled (fp8_tokens=tensor|token):
 //    e4m3 bytes, plus an f32 scale per row (token) or one per chunk (tensor);
 //    the forward computed on their decoding, so decoding again is exact;
-//  * bf16: when the GEMMs take bf16 operands and the rows travelled as f32
+//  * bf16: when the rows travelled as bf16 (fp8_tokens=bf16: they are bf16
+//    values), or the GEMMs take bf16 operands and the rows travelled as f32
 //    (every use of x_sorted in the backward rounds it to bf16 first);
 //  * f32: otherwise.
 // Plus the routing metadata: per row an f32 weight and an i64 output slot,

@@ -66,10 +66,12 @@ struct AllToAllDispatcher::Buffers final : PhaseBuffers {
     std::vector<float> send_dy;   // backward: dy rows, the forward way
     std::vector<float> entry_dweights;
     std::vector<float> dx_back, dweights_back;
+    // wire_dtype=bf16: the combine's, dy's and dx's rows as they travel.
+    std::vector<bf16_t> combine_out, combine_in, dy_out, dy_in, dx_out, dx_in;
 
     std::int64_t capacity_bytes() const {
       return vector_capacity_bytes(send_message, recv_message, combined, send_dy, entry_dweights, dx_back,
-                                   dweights_back);
+                                   dweights_back, combine_out, combine_in, dy_out, dy_in, dx_out, dx_in);
     }
   };
   std::vector<Chunk> chunks;
@@ -332,15 +334,21 @@ void AllToAllDispatcher::start_combine(StepState& base, int c, Tensor slot_outpu
   for (const std::int64_t count : chunk.rows_in_elements) total += count;
   EPMOE_CHECK_EQ(slot_outputs.numel(), total, "expert outputs of chunk ", c, ": one H-row per row received");
   chunk.slot_outputs = std::move(slot_outputs);
-  count_bytes(step, "forward/all_to_all_v combine", chunk.rows_in_elements, 4);
+  count_bytes(step, "forward/all_to_all_v combine", chunk.rows_in_elements, wire_element_bytes());
   buffers.combined.resize(chunk.send_row_token.size() * config().hidden);
-  chunk.combine_in_flight = comm::all_to_all_v(comm(), {.input = chunk.slot_outputs.raw(),
-                                                        .send_counts = chunk.rows_in_elements,
-                                                        .dtype = DType::f32,
-                                                        .known_recv_counts = &chunk.rows_out_elements,
-                                                        .recv_buffer = buffers.combined.data(),
-                                                        .tag = ep_tag(step.tag_base, c, EpOp::forward_combine),
-                                                        .timeout = config().timeout});
+  // bf16 wire: every row rounded once (this rank's own too: one code path).
+  if (bf16_wire()) {
+    to_wire(chunk.slot_outputs.data<float>(), total, buffers.combine_out);
+    buffers.combine_in.resize(buffers.combined.size());
+  }
+  chunk.combine_in_flight = comm::all_to_all_v(
+      comm(), {.input = bf16_wire() ? static_cast<const void*>(buffers.combine_out.data()) : chunk.slot_outputs.raw(),
+               .send_counts = chunk.rows_in_elements,
+               .dtype = wire_dtype(),
+               .known_recv_counts = &chunk.rows_out_elements,
+               .recv_buffer = bf16_wire() ? static_cast<void*>(buffers.combine_in.data()) : buffers.combined.data(),
+               .tag = ep_tag(step.tag_base, c, EpOp::forward_combine),
+               .timeout = config().timeout});
 }
 
 namespace {
@@ -363,8 +371,9 @@ void AllToAllDispatcher::finish_combine(StepState& base, int c, float* y) {
   Step& step = static_cast<Step&>(base);
   Step::Chunk& chunk = step.chunks[c];
   chunk.combine_in_flight.wait();
-  sum_rows_into_tokens(static_cast<Buffers&>(*step.buffers).chunks[c].combined.data(), chunk.send_row_token,
-                       chunk.range, config().hidden, y);
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  if (bf16_wire()) from_wire(buffers.combine_in, buffers.combined.data());
+  sum_rows_into_tokens(buffers.combined.data(), chunk.send_row_token, chunk.range, config().hidden, y);
   chunk.slot_outputs = Tensor();
 }
 
@@ -377,23 +386,30 @@ void AllToAllDispatcher::start_cotangents(StepState& base, int c) {
   for (std::size_t i = 0; i < chunk.send_row_token.size(); ++i)
     std::memcpy(&buffers.send_dy[i * hidden], step.dy.data<float>() + chunk.send_row_token[i] * hidden,
                 hidden * sizeof(float));
-  count_bytes(step, "backward/all_to_all_v cotangent", chunk.rows_out_elements, 4);
+  count_bytes(step, "backward/all_to_all_v cotangent", chunk.rows_out_elements, wire_element_bytes());
   std::int64_t rows_in = 0;
   for (const std::int64_t count : chunk.recv_rows_per_rank) rows_in += count;
   // Handed to the experts as they are (collect_cotangents): the layer's.
   chunk.recv_dy = Tensor(DType::f32, {rows_in, hidden});
-  chunk.cotangent_in_flight = comm::all_to_all_v(comm(), {.input = buffers.send_dy.data(),
-                                                          .send_counts = chunk.rows_out_elements,
-                                                          .dtype = DType::f32,
-                                                          .known_recv_counts = &chunk.rows_in_elements,
-                                                          .recv_buffer = chunk.recv_dy.raw(),
-                                                          .tag = ep_tag(step.tag_base, c, EpOp::backward_cotangent),
-                                                          .timeout = config().timeout});
+  if (bf16_wire()) {
+    to_wire(buffers.send_dy.data(), static_cast<std::int64_t>(buffers.send_dy.size()), buffers.dy_out);
+    buffers.dy_in.resize(static_cast<std::size_t>(rows_in * hidden));
+  }
+  chunk.cotangent_in_flight = comm::all_to_all_v(
+      comm(), {.input = bf16_wire() ? static_cast<const void*>(buffers.dy_out.data()) : buffers.send_dy.data(),
+               .send_counts = chunk.rows_out_elements,
+               .dtype = wire_dtype(),
+               .known_recv_counts = &chunk.rows_in_elements,
+               .recv_buffer = bf16_wire() ? static_cast<void*>(buffers.dy_in.data()) : chunk.recv_dy.raw(),
+               .tag = ep_tag(step.tag_base, c, EpOp::backward_cotangent),
+               .timeout = config().timeout});
 }
 
 Tensor AllToAllDispatcher::collect_cotangents(StepState& base, int c) {
-  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
+  Step& step = static_cast<Step&>(base);
+  Step::Chunk& chunk = step.chunks[c];
   chunk.cotangent_in_flight.wait();
+  if (bf16_wire()) from_wire(static_cast<Buffers&>(*step.buffers).chunks[c].dy_in, chunk.recv_dy.data<float>());
   return std::move(chunk.recv_dy);
 }
 
@@ -407,17 +423,22 @@ void AllToAllDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx,
   buffers.entry_dweights.assign(row_dweights.size(), 0.0f);
   for (std::size_t r = 0; r < row_dweights.size(); ++r) buffers.entry_dweights[chunk.entry_of_row[r]] = row_dweights[r];
   chunk.slot_dx = std::move(slot_dx);
-  count_bytes(step, "backward/all_to_all_v dx", chunk.rows_in_elements, 4);
+  count_bytes(step, "backward/all_to_all_v dx", chunk.rows_in_elements, wire_element_bytes());
   count_bytes(step, "backward/all_to_all_v dweights", chunk.recv_entries_per_rank, 4);
   buffers.dx_back.resize(chunk.send_row_token.size() * hidden);
   buffers.dweights_back.resize(chunk.send_entry_pair.size());
-  chunk.dx_in_flight = comm::all_to_all_v(comm(), {.input = chunk.slot_dx.raw(),
-                                                   .send_counts = chunk.rows_in_elements,
-                                                   .dtype = DType::f32,
-                                                   .known_recv_counts = &chunk.rows_out_elements,
-                                                   .recv_buffer = buffers.dx_back.data(),
-                                                   .tag = ep_tag(step.tag_base, c, EpOp::backward_dx),
-                                                   .timeout = config().timeout});
+  if (bf16_wire()) {
+    to_wire(chunk.slot_dx.data<float>(), chunk.slot_dx.numel(), buffers.dx_out);
+    buffers.dx_in.resize(buffers.dx_back.size());
+  }
+  chunk.dx_in_flight = comm::all_to_all_v(
+      comm(), {.input = bf16_wire() ? static_cast<const void*>(buffers.dx_out.data()) : chunk.slot_dx.raw(),
+               .send_counts = chunk.rows_in_elements,
+               .dtype = wire_dtype(),
+               .known_recv_counts = &chunk.rows_out_elements,
+               .recv_buffer = bf16_wire() ? static_cast<void*>(buffers.dx_in.data()) : buffers.dx_back.data(),
+               .tag = ep_tag(step.tag_base, c, EpOp::backward_dx),
+               .timeout = config().timeout});
   chunk.dweights_in_flight = comm::all_to_all_v(comm(), {.input = buffers.entry_dweights.data(),
                                                          .send_counts = chunk.recv_entries_per_rank,
                                                          .dtype = DType::f32,
@@ -430,9 +451,10 @@ void AllToAllDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx,
 void AllToAllDispatcher::finish_gradients(StepState& base, int c, float* dx, float* d_topk_weights) {
   Step& step = static_cast<Step&>(base);
   Step::Chunk& chunk = step.chunks[c];
-  const Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   chunk.dx_in_flight.wait();
   chunk.dweights_in_flight.wait();
+  if (bf16_wire()) from_wire(buffers.dx_in, buffers.dx_back.data());
   sum_rows_into_tokens(buffers.dx_back.data(), chunk.send_row_token, chunk.range, config().hidden, dx);
   // Pairs a capacity dropped keep a zero weight gradient.
   const int top_k = step.top_k;

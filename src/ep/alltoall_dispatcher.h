@@ -14,11 +14,11 @@
 //
 // Wire format of one destination's message, one all_to_all_v per chunk:
 // routing metadata as 32-bit words, per row [n, (local expert, weight
-// bits) x n], then the token rows (TokenCodec). The combine returns one f32
-// row per received row; the backward sends dy rows the forward way and
-// returns dx rows and one f32 weight gradient per entry the reverse way,
-// with the counts the forward learnt (no count round). Gradients always
-// travel in f32.
+// bits) x n], then the token rows (TokenCodec). The combine returns one row
+// per received row; the backward sends dy rows the forward way and returns
+// dx rows and one f32 weight gradient per entry the reverse way, with the
+// counts the forward learnt (no count round). Combine, dy and dx rows travel
+// as wire_dtype (f32, or bf16 rounded once and summed in f32 at home).
 #pragma once
 
 #include <memory>

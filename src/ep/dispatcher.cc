@@ -1,12 +1,14 @@
 #include "ep/dispatcher.h"
 
 #include <algorithm>
+#include <span>
 #include <utility>
 
 #include "core/error.h"
 #include "ep/alltoall_dispatcher.h"
 #include "ep/collective_tags.h"
 #include "ep/ring_dispatcher.h"
+#include "kernels/convert.h"
 #include "transport/communicator.h"
 
 namespace epmoe::ep {
@@ -128,6 +130,15 @@ void Dispatcher::count_bytes(StepState& step, const std::string& name, const std
   for (int r = 0; r < num_ranks_; ++r)
     if (r != rank_) bytes += counts[r] * element_bytes;
   step.stats.bytes_sent[name] += bytes;
+}
+
+void Dispatcher::to_wire(const float* values, std::int64_t num_values, std::vector<bf16_t>& wire) {
+  wire.resize(static_cast<std::size_t>(num_values));
+  convert(std::span<const float>(values, wire.size()), std::span<bf16_t>(wire));
+}
+
+void Dispatcher::from_wire(const std::vector<bf16_t>& wire, float* values) {
+  convert(std::span<const bf16_t>(wire), std::span<float>(values, wire.size()));
 }
 
 std::unique_ptr<Dispatcher> make_dispatcher(transport::Communicator& comm, const EpConfig& config) {

@@ -96,6 +96,14 @@ class Dispatcher {
   // dispatchers read step.tensor_scales.scale(c) when they send chunk c.
   void start_tensor_scales(StepState& step) const;
   const TokenCodec& codec() const { return codec_; }
+  // How combine outputs, dy rows and dx travel (key wire_dtype): the dtype
+  // the exchange moves and its bytes per element.
+  bool bf16_wire() const { return config_.wire_dtype == WireDType::bf16; }
+  DType wire_dtype() const { return bf16_wire() ? DType::bf16 : DType::f32; }
+  std::int64_t wire_element_bytes() const { return bf16_wire() ? 2 : 4; }
+  // bf16 wire: `num_values` f32 values rounded into `wire` (resized), and back.
+  static void to_wire(const float* values, std::int64_t num_values, std::vector<bf16_t>& wire);
+  static void from_wire(const std::vector<bf16_t>& wire, float* values);
   // Bytes this rank sends to the others under `counts` (per destination) x
   // `element_bytes`, added to the step's statistics under `name`.
   void count_bytes(StepState& step, const std::string& name, const std::vector<std::int64_t>& counts,

@@ -21,7 +21,15 @@ TokenFormat parse_token_format(std::string_view key, std::string_view value) {
   if (value == "off" || value == "f32") return TokenFormat::f32;
   if (value == "tensor") return TokenFormat::fp8_tensor;
   if (value == "token") return TokenFormat::fp8_token;
-  bad_choice(key, value, "off, tensor, token");
+  if (value == "bf16") return TokenFormat::bf16;
+  bad_choice(key, value, "off, tensor, token, bf16");
+}
+
+WireDType parse_wire_dtype(std::string_view key, std::string_view value, ComputeDType compute_dtype) {
+  if (value == "auto") return compute_dtype == ComputeDType::bf16 ? WireDType::bf16 : WireDType::f32;
+  if (value == "f32") return WireDType::f32;
+  if (value == "bf16") return WireDType::bf16;
+  bad_choice(key, value, "auto, f32, bf16");
 }
 
 CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_view value) {
@@ -71,9 +79,13 @@ std::string to_string(TokenFormat format) {
       return "tensor";
     case TokenFormat::fp8_token:
       return "token";
+    case TokenFormat::bf16:
+      return "bf16";
   }
   return "?";
 }
+
+std::string to_string(WireDType dtype) { return dtype == WireDType::bf16 ? "bf16" : "f32"; }
 
 void EpConfig::validate(int num_ranks) const {
   if (num_ranks < 1) throw ConfigError("ranks=" + std::to_string(num_ranks) + ": must be at least 1");

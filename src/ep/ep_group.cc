@@ -41,6 +41,7 @@ std::string show_double(std::int64_t bits) {
 std::string show_bool(std::int64_t value) { return value != 0 ? "true" : "false"; }
 std::string show_dispatch(std::int64_t value) { return to_string(static_cast<DispatchKind>(value)); }
 std::string show_format(std::int64_t value) { return to_string(static_cast<TokenFormat>(value)); }
+std::string show_wire(std::int64_t value) { return to_string(static_cast<WireDType>(value)); }
 std::string show_balance(std::int64_t value) { return to_string(static_cast<BalanceMode>(value)); }
 std::string show_choice(std::int64_t value) { return to_string(static_cast<ReplicaChoice>(value)); }
 std::string show_cotangent(std::int64_t value) {
@@ -58,6 +59,8 @@ constexpr AgreedField kAgreedFields[] = {
     {"capacity_factor", [](const EpConfig& c) { return bits_of(c.capacity_factor); }, show_double},
     {"fp8_tokens", [](const EpConfig& c) -> std::int64_t { return static_cast<std::int64_t>(c.token_format); },
      show_format},
+    {"wire_dtype", [](const EpConfig& c) -> std::int64_t { return static_cast<std::int64_t>(c.wire_dtype); },
+     show_wire},
     {"cotangent_all_gather",
      [](const EpConfig& c) -> std::int64_t { return static_cast<std::int64_t>(c.cotangent_all_gather); },
      show_cotangent},
@@ -135,6 +138,8 @@ EpGroup::EpGroup(const EpConfig& config, MemoryLedger* ledger) : impl_(std::make
   if (config.dispatch != DispatchKind::alltoall) refuse("dispatch=" + to_string(config.dispatch));
   if (config.dedup) refuse("dedup=true");
   if (config.capacity_factor != 0) refuse("capacity_factor=" + std::to_string(config.capacity_factor));
+  // Checked before fp8_tokens: wire_dtype=bf16 makes the key layer's tokens bf16 too.
+  if (config.wire_dtype != WireDType::f32) refuse("wire_dtype=" + to_string(config.wire_dtype));
   if (config.token_format != TokenFormat::f32) refuse("fp8_tokens=" + to_string(config.token_format));
   if (config.replicas_enabled()) refuse("balance=" + to_string(config.balance));
   impl_->dispatcher = std::make_unique<ep::LocalDispatcher>(config);

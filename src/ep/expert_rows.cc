@@ -63,10 +63,10 @@ ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale, std::s
   ExpertRows rows = sorted_metadata(entries, num_local_experts, num_slots, source_of_row, entry_of_row);
   const std::int64_t num_rows = rows.num_rows(), row_bytes = codec.row_bytes();
   rows.x = Tensor(DType::f32, {num_rows, codec.hidden()});
-  // f32 rows are gathered straight into x; fp8 rows into the transfer form,
+  // f32 rows are gathered straight into x; fp8 and bf16 rows into the transfer form,
   // then decoded (one pass over the sorted rows).
   std::byte* gathered = reinterpret_cast<std::byte*>(rows.x.raw());
-  if (codec.is_fp8()) {
+  if (codec.is_encoded()) {
     rows.transfer = {.bytes = std::vector<std::byte>(static_cast<std::size_t>(num_rows * row_bytes)),
                      .format = codec.format(),
                      .tensor_scale = tensor_scale};
@@ -79,7 +79,7 @@ ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale, std::s
       std::memcpy(gathered + r * row_bytes, row_address[source], static_cast<std::size_t>(row_bytes));
     }
   });
-  if (codec.is_fp8()) codec.decode(rows.transfer.bytes.data(), num_rows, tensor_scale, rows.x.data<float>());
+  if (codec.is_encoded()) codec.decode(rows.transfer.bytes.data(), num_rows, tensor_scale, rows.x.data<float>());
   return rows;
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "comm/all_gather.h"
+#include "comm/all_to_all_v.h"
 #include "comm/reduce_scatter.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
@@ -33,11 +34,13 @@ std::int64_t all_gather_bytes_sent(const std::vector<std::int64_t>& elements, in
   return sent * element_bytes;
 }
 
-// A ring reduce-scatter sends a partial sum of every block but this rank's, as f32.
-std::int64_t reduce_scatter_bytes_sent(const std::vector<std::int64_t>& elements, int rank) {
+// A ring reduce-scatter sends a partial sum of every block but this rank's,
+// `element_bytes` per element (its wire_dtype).
+std::int64_t reduce_scatter_bytes_sent(const std::vector<std::int64_t>& elements, int rank,
+                                       std::int64_t element_bytes) {
   std::int64_t sent = 0;
   for (std::size_t b = 0; b < elements.size(); ++b)
-    if (static_cast<int>(b) != rank) sent += elements[b] * 4;
+    if (static_cast<int>(b) != rank) sent += elements[b] * element_bytes;
   return sent;
 }
 
@@ -70,10 +73,16 @@ struct RingDispatcher::Step final : StepState {
   };
   std::vector<Chunk> chunks;                 // grown to the most chunks a step had; capacity kept
   std::vector<std::int64_t> tokens_by_rank;  // [R] this step's token count of every rank
+  // The count exchange in flight (begin_step), its send buffer (this rank's
+  // count once per peer) and its known receive counts (one each); the chunk
+  // layouts are planned once it is in (plan_chunks).
+  std::vector<std::int64_t> own_count_per_peer, one_per_rank;
+  comm::CollectiveHandle counts_in_flight;
+  bool chunks_planned = false;
 
   std::int64_t capacity_bytes() const override {
-    std::int64_t bytes =
-        vector_capacity_bytes(tokens_by_rank) + static_cast<std::int64_t>(chunks.capacity() * sizeof(Chunk));
+    std::int64_t bytes = vector_capacity_bytes(tokens_by_rank, own_count_per_peer, one_per_rank) +
+                         static_cast<std::int64_t>(chunks.capacity() * sizeof(Chunk));
     for (const Chunk& chunk : chunks) bytes += chunk.capacity_bytes();
     return bytes;
   }
@@ -86,10 +95,12 @@ struct RingDispatcher::Buffers final : PhaseBuffers {
     std::vector<const std::byte*> row_address;            // per slot: its token row in gathered_blocks
     std::vector<float> y_rows;                            // forward: this rank's rows of y, reduce-scattered
     std::vector<float> slot_dweights, dx_rows, dweight_rows;
+    // wire_dtype=bf16: this rank's dy rows and every rank's, as they travel.
+    std::vector<bf16_t> local_dy, gathered_dy;
 
     std::int64_t capacity_bytes() const {
       return vector_capacity_bytes(local_block, gathered_blocks, row_address, y_rows, slot_dweights, dx_rows,
-                                   dweight_rows);
+                                   dweight_rows, local_dy, gathered_dy);
     }
   };
   std::vector<Chunk> chunks;
@@ -112,36 +123,38 @@ std::unique_ptr<StepState> RingDispatcher::make_step_state() const { return std:
 
 std::unique_ptr<PhaseBuffers> RingDispatcher::make_phase_buffers() const { return std::make_unique<Buffers>(); }
 
+// The token counts go out first, one message to every peer posted at once
+// (all_to_all_v with known counts), not as a ring all-gather: one int64
+// cannot be split over the ring's two lanes, and a ring would take R-1
+// store-and-forward steps, (R-1)·α (issue 30: 14 us at R=8 on 2 us hops,
+// 2-9% of the ring step) where a direct message takes one hop on switched
+// links and at most R/2 on a ring of links. The exchange moves while this
+// rank builds every chunk's routing words and encodes chunk 0's tokens; only
+// then does start_dispatch wait for it (plan_chunks).
 void RingDispatcher::begin_step(StepState& base, const RoutingView& routing) {
   Step& step = static_cast<Step&>(base);
   Buffers& buffers = static_cast<Buffers&>(*step.buffers);
   const EpConfig& cfg = config();
   const int ranks = num_ranks(), top_k = step.top_k;
   step.tokens_by_rank.assign(static_cast<std::size_t>(ranks), routing.num_tokens);
+  step.chunks_planned = false;
   if (ranks > 1) {
-    const std::int64_t own = routing.num_tokens;
-    comm::ring_all_gather(comm(), {.input = &own,
-                                   .output = step.tokens_by_rank.data(),
-                                   .num_elements_per_rank = 1,
-                                   .dtype = DType::i64,
-                                   .tag = ep_tag(step.tag_base, 1, EpOp::ring_token_counts),
-                                   .timeout = cfg.timeout})
-        .wait();
+    step.own_count_per_peer.assign(static_cast<std::size_t>(ranks), routing.num_tokens);
+    step.one_per_rank.assign(static_cast<std::size_t>(ranks), 1);
+    step.counts_in_flight = comm::all_to_all_v(comm(), {.input = step.own_count_per_peer.data(),
+                                                        .send_counts = step.one_per_rank,
+                                                        .dtype = DType::i64,
+                                                        .known_recv_counts = &step.one_per_rank,
+                                                        .recv_buffer = step.tokens_by_rank.data(),
+                                                        .tag = ep_tag(step.tag_base, 1, EpOp::ring_token_counts),
+                                                        .timeout = cfg.timeout});
   }
-  step.stats.bytes_sent["forward/ring_all_gather token counts"] += 8 * (ranks - 1);  // one i64 per other rank
+  step.stats.bytes_sent["forward/ring token counts"] += 8 * (ranks - 1);  // one i64 per other rank
   if (static_cast<int>(step.chunks.size()) < step.num_chunks) step.chunks.resize(step.num_chunks);
   if (static_cast<int>(buffers.chunks.size()) < step.num_chunks) buffers.chunks.resize(step.num_chunks);
   for (int c = 0; c < step.num_chunks; ++c) {
     Step::Chunk& chunk = step.chunks[c];
     chunk.range = chunk_range(routing.num_tokens, step.num_chunks, c);
-    chunk.rows_by_rank.clear();
-    chunk.slot_offset.clear();
-    chunk.num_slots = 0;
-    for (int r = 0; r < ranks; ++r) {
-      chunk.slot_offset.push_back(chunk.num_slots);
-      chunk.rows_by_rank.push_back(chunk_range(step.tokens_by_rank[r], step.num_chunks, c).size());
-      chunk.num_slots += chunk.rows_by_rank.back();
-    }
     // The routing travels with the tokens (one ring, not two), so the
     // words are made now, from the routing this call alone sees.
     const std::int64_t n = chunk.range.size();
@@ -153,6 +166,25 @@ void RingDispatcher::begin_step(StepState& base, const RoutingView& routing) {
         std::memcpy(&chunk.local_routing[(t * 2 + 1) * top_k + k], &routing.topk_weights[pair], 4);
       }
   }
+}
+
+// Waits for the token counts (the first time) and lays out every chunk's
+// gathered slots: rank 0's chunk-c tokens, then rank 1's, ...
+void RingDispatcher::plan_chunks(Step& step) const {
+  if (step.chunks_planned) return;
+  step.counts_in_flight.wait();
+  for (int c = 0; c < step.num_chunks; ++c) {
+    Step::Chunk& chunk = step.chunks[c];
+    chunk.rows_by_rank.clear();
+    chunk.slot_offset.clear();
+    chunk.num_slots = 0;
+    for (int r = 0; r < num_ranks(); ++r) {
+      chunk.slot_offset.push_back(chunk.num_slots);
+      chunk.rows_by_rank.push_back(chunk_range(step.tokens_by_rank[r], step.num_chunks, c).size());
+      chunk.num_slots += chunk.rows_by_rank.back();
+    }
+  }
+  step.chunks_planned = true;
 }
 
 // Starts chunk c's all-gather of tokens and their routing, one block per
@@ -170,6 +202,7 @@ void RingDispatcher::start_dispatch(StepState& base, int c, bool remat) {
   if (n > 0) std::memcpy(buffers.local_block.data(), chunk.local_routing.data(), n * routing_bytes);
   codec().encode(step.x.data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
                  buffers.local_block.data() + n * routing_bytes);
+  plan_chunks(step);  // the first chunk's own work is done: now the counts are needed
   buffers.gathered_blocks.resize(static_cast<std::size_t>(chunk.num_slots * (routing_bytes + row_bytes)));
   const std::string prefix = remat ? "backward/remat " : "forward/";
   step.stats.bytes_sent[prefix + "ring_all_gather tokens"] +=
@@ -248,10 +281,12 @@ void RingDispatcher::start_combine(StepState& base, int c, Tensor slot_outputs) 
   chunk.slot_outputs = std::move(slot_outputs);
   buffers.y_rows.resize(static_cast<std::size_t>(n * hidden));
   const std::vector<std::int64_t> output_elements = times(chunk.rows_by_rank, hidden);
-  step.stats.bytes_sent["forward/reduce_scatter combine"] += reduce_scatter_bytes_sent(output_elements, rank());
+  step.stats.bytes_sent["forward/reduce_scatter combine"] +=
+      reduce_scatter_bytes_sent(output_elements, rank(), wire_element_bytes());
   chunk.combine_in_flight = comm::reduce_scatter(comm(), {.input = chunk.slot_outputs.raw(),
                                                           .output = buffers.y_rows.data(),
                                                           .num_elements_per_rank = output_elements,
+                                                          .wire_dtype = wire_dtype(),
                                                           .tag = ep_tag(step.tag_base, c, EpOp::forward_combine),
                                                           .timeout = config().timeout});
 }
@@ -269,23 +304,35 @@ void RingDispatcher::finish_combine(StepState& base, int c, float* y) {
 void RingDispatcher::start_cotangents(StepState& base, int c) {
   Step& step = static_cast<Step&>(base);
   Step::Chunk& chunk = step.chunks[c];
+  Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const std::int64_t hidden = config().hidden;
   // Handed to the experts as it is (collect_cotangents): the layer's.
   chunk.gathered_dy = Tensor(DType::f32, {chunk.num_slots, hidden});
   const std::vector<std::int64_t> dy_elements = times(chunk.rows_by_rank, hidden);
-  step.stats.bytes_sent["backward/ring_all_gather cotangent"] += all_gather_bytes_sent(dy_elements, rank(), 4);
-  chunk.cotangent_in_flight =
-      comm::ring_all_gather(comm(), {.input = step.dy.data<float>() + chunk.range.begin * hidden,
-                                     .output = chunk.gathered_dy.raw(),
-                                     .num_elements_by_rank = dy_elements,
-                                     .dtype = DType::f32,
-                                     .tag = ep_tag(step.tag_base, c, EpOp::backward_cotangent),
-                                     .timeout = config().timeout});
+  step.stats.bytes_sent["backward/ring_all_gather cotangent"] +=
+      all_gather_bytes_sent(dy_elements, rank(), wire_element_bytes());
+  const float* own_dy = step.dy.data<float>() + chunk.range.begin * hidden;
+  // bf16 wire: rounded once by its owner, forwarded as it is (every rank's
+  // experts see the same values, this rank's own rows included).
+  if (bf16_wire()) {
+    to_wire(own_dy, chunk.range.size() * hidden, buffers.local_dy);
+    buffers.gathered_dy.resize(static_cast<std::size_t>(chunk.num_slots * hidden));
+  }
+  chunk.cotangent_in_flight = comm::ring_all_gather(
+      comm(), {.input = bf16_wire() ? static_cast<const void*>(buffers.local_dy.data()) : own_dy,
+               .output = bf16_wire() ? static_cast<void*>(buffers.gathered_dy.data()) : chunk.gathered_dy.raw(),
+               .num_elements_by_rank = dy_elements,
+               .dtype = wire_dtype(),
+               .tag = ep_tag(step.tag_base, c, EpOp::backward_cotangent),
+               .timeout = config().timeout});
 }
 
 Tensor RingDispatcher::collect_cotangents(StepState& base, int c) {
-  Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
+  Step& step = static_cast<Step&>(base);
+  Step::Chunk& chunk = step.chunks[c];
   chunk.cotangent_in_flight.wait();
+  if (bf16_wire())
+    from_wire(static_cast<Buffers&>(*step.buffers).chunks[c].gathered_dy, chunk.gathered_dy.data<float>());
   return std::move(chunk.gathered_dy);
 }
 
@@ -306,11 +353,13 @@ void RingDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx, std
   buffers.dweight_rows.resize(static_cast<std::size_t>(n * top_k));
   const std::vector<std::int64_t> dx_elements = times(chunk.rows_by_rank, hidden);
   const std::vector<std::int64_t> dweight_elements = times(chunk.rows_by_rank, top_k);
-  step.stats.bytes_sent["backward/reduce_scatter dx"] += reduce_scatter_bytes_sent(dx_elements, rank());
-  step.stats.bytes_sent["backward/reduce_scatter dweights"] += reduce_scatter_bytes_sent(dweight_elements, rank());
+  step.stats.bytes_sent["backward/reduce_scatter dx"] +=
+      reduce_scatter_bytes_sent(dx_elements, rank(), wire_element_bytes());
+  step.stats.bytes_sent["backward/reduce_scatter dweights"] += reduce_scatter_bytes_sent(dweight_elements, rank(), 4);
   chunk.dx_in_flight = comm::reduce_scatter(comm(), {.input = chunk.slot_dx.raw(),
                                                      .output = buffers.dx_rows.data(),
                                                      .num_elements_per_rank = dx_elements,
+                                                     .wire_dtype = wire_dtype(),
                                                      .tag = ep_tag(step.tag_base, c, EpOp::backward_dx),
                                                      .timeout = config().timeout});
   chunk.dweights_in_flight = comm::reduce_scatter(comm(), {.input = buffers.slot_dweights.data(),

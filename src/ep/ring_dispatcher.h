@@ -12,10 +12,15 @@
 // on the others, so its reduce-scatter sum is exact.
 //
 // Ranks may hold different numbers of tokens (N = 7 over 2 ranks: 4 and 3).
-// The step starts by all-gathering every rank's token count (one int64 each,
-// a blocking collective of a few microseconds), and chunk c's slots are then
+// The step starts by exchanging every rank's token count (one int64 each,
+// one message per peer, overlapped with the first chunk's own work; see
+// begin_step), and chunk c's slots are then
 // rank 0's chunk-c tokens, then rank 1's, ... - the all-gathers and
 // reduce-scatters move blocks of unequal size (comm/all_gather.h).
+//
+// Combine outputs, dy and dx travel as wire_dtype: f32, or bf16 (dy rounded
+// once by its owner; a reduce-scatter's partial sums rounded once per link,
+// summed in f32 at every rank: comm/reduce_scatter.h).
 //
 // Per rank and chunk of n tokens it receives ·n·row_bytes of tokens,
 // against ≈ K·n·row_bytes·(R-1)/R for the all-to-all: the ring wins when R < K.
@@ -46,6 +51,7 @@ class RingDispatcher final : public Dispatcher {
   std::unique_ptr<StepState> make_step_state() const override;
   std::unique_ptr<PhaseBuffers> make_phase_buffers() const override;
   void begin_step(StepState& step, const RoutingView& routing) override;
+  void plan_chunks(Step& step) const;
   void start_dispatch(StepState& step, int chunk, bool remat) override;
   ExpertRows collect_rows(StepState& step, int chunk, bool remat) override;
   void start_combine(StepState& step, int chunk, Tensor slot_outputs) override;

@@ -25,6 +25,8 @@ std::int64_t TokenCodec::row_bytes() const {
       return hidden_;
     case TokenFormat::fp8_token:
       return hidden_ + 4;
+    case TokenFormat::bf16:
+      return hidden_ * 2;
   }
   return 0;
 }
@@ -123,6 +125,11 @@ void TokenCodec::encode(const float* rows, const std::int64_t* row_index, std::i
         std::memcpy(dst, src, static_cast<std::size_t>(row_size));
         continue;
       }
+      if (format_ == TokenFormat::bf16) {  // rounded to nearest even, as the bf16 GEMM operands are
+        auto* values = reinterpret_cast<bf16_t*>(dst);
+        for (std::int64_t j = 0; j < hidden; ++j) values[j] = float_to_bf16(src[j]);
+        continue;
+      }
       if (find_non_finite({src, static_cast<std::size_t>(hidden)}) >= 0) {
         std::int64_t seen = first_bad_row.load(std::memory_order_relaxed);
         while (row < seen && !first_bad_row.compare_exchange_weak(seen, row, std::memory_order_relaxed)) {
@@ -154,6 +161,11 @@ void TokenCodec::decode(const std::byte* in, std::int64_t num_rows, float tensor
       float* dst = out + i * hidden;
       if (format_ == TokenFormat::f32) {
         std::memcpy(dst, src, static_cast<std::size_t>(row_size));
+        continue;
+      }
+      if (format_ == TokenFormat::bf16) {  // exact: every bf16 is an f32
+        const auto* values = reinterpret_cast<const bf16_t*>(src);
+        for (std::int64_t j = 0; j < hidden; ++j) dst[j] = bf16_to_float(values[j]);
         continue;
       }
       float scale = tensor_scale;

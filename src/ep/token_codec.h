@@ -1,5 +1,6 @@
 // TokenCodec: how token rows travel (key fp8_tokens). f32 rows go as they
-// are; fp8 rows are e4m3 bytes with a scale, so that the largest magnitude
+// are; bf16 rows are rounded to nearest even (2 bytes per value, no scale);
+// fp8 rows are e4m3 bytes with a scale, so that the largest magnitude
 // maps to 448 (e4m3's max): one scale per tensor (the global absmax, which
 // the dispatcher agrees on with its peers) or one per token (stored as 4
 // bytes after the row's H bytes). A row of all zeros gets scale 1.
@@ -40,7 +41,8 @@ class TokenCodec {
 
   TokenFormat format() const { return format_; }
   std::int64_t hidden() const { return hidden_; }
-  bool is_fp8() const { return format_ != TokenFormat::f32; }
+  // Rows travel in another form than the f32 they are computed in (fp8, bf16).
+  bool is_encoded() const { return format_ != TokenFormat::f32; }
   std::int64_t row_bytes() const;
 
   // Encodes rows[row_index[i]] (or rows[i] when row_index is null) into

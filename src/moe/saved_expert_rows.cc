@@ -11,6 +11,8 @@ namespace epmoe {
 SavedRowForm SavedExpertRows::form_of(const ep::ExpertRows& rows, ComputeDType compute_dtype) {
   if (rows.transfer.format == TokenFormat::fp8_tensor) return SavedRowForm::fp8_tensor;
   if (rows.transfer.format == TokenFormat::fp8_token) return SavedRowForm::fp8_token;
+  // Rows that travelled as bf16 are bf16 values: kept as bf16, exactly.
+  if (rows.transfer.format == TokenFormat::bf16) return SavedRowForm::bf16;
   return compute_dtype == ComputeDType::bf16 ? SavedRowForm::bf16 : SavedRowForm::f32;
 }
 
@@ -36,6 +38,7 @@ SavedExpertRows::SavedExpertRows(ep::ExpertRows rows, std::int64_t hidden, Compu
       bf16_rows_ = Tensor(DType::bf16, {num_rows, hidden_});
       convert(rows_.x.span<float>(), bf16_rows_.span<bf16_t>());
       rows_.x = Tensor();
+      rows_.transfer.bytes = {};  // fp8_tokens=bf16: the same values, held once
       held += bf16_rows_.size_bytes();
       break;
     case SavedRowForm::f32:

@@ -56,7 +56,7 @@ std::vector<CollectiveBytes> ring_collective_bytes(const DispatchShape& s, bool 
     out.push_back({"backward/remat ring_all_gather tokens", out[0].bytes});
     out.push_back({"backward/remat ring_all_gather routing", out[1].bytes});
   }
-  out.push_back({"forward/ring_all_gather token counts", double(s.num_ranks - 1) * 8});
+  out.push_back({"forward/ring token counts", double(s.num_ranks - 1) * 8});
   add_configured_streams(s, out);
   return out;
 }

@@ -9,7 +9,7 @@
 //   backward/ring_all_gather cotangent      ·N_l·H·a
 //   backward/reduce_scatter dx              ·N_l·H·a
 //   backward/reduce_scatter dweights        ·N_l·K·4
-//   forward/ring_all_gather token counts    ·8          (each rank's N_l, one i64)
+//   forward/ring token counts               ·8          (each rank's N_l, one i64 to every peer)
 // All-to-all (DESIGN.md §4.5), from the rows and (token, expert) pairs a rank
 // sends to / receives from other ranks (a row is one (token, expert) pair, or
 // with dedup one (token, destination rank)):

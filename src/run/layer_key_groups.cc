@@ -159,9 +159,17 @@ KeyGroup expert_parallel_keys() {
           {.name = "fp8_tokens",
            .type = KeyType::choice,
            .default_value = "off",
-           .help = "forward tokens travel as fp8 e4m3 with one global scale (tensor) or one per token; "
-                   "the backward gradients (dy rows, dx, weight gradients) always travel in fp32",
-           .choices = {"off", "tensor", "token"}},
+           .help = "forward tokens travel as fp8 e4m3 with one global scale (tensor) or one per token, "
+                   "or as bf16 (the baseline fp8 halves); dy rows and dx travel as wire_dtype says, the "
+                   "routing-weight gradients in fp32",
+           .choices = {"off", "tensor", "token", "bf16"}},
+          {.name = "wire_dtype",
+           .type = KeyType::choice,
+           .default_value = "auto",
+           .help = "how combine outputs, cotangents (dy rows) and dx travel: f32, or bf16 (rounded once per "
+                   "link crossed, summed in f32; then tokens travel as bf16 too unless fp8_tokens is set); "
+                   "auto = bf16 with compute_dtype=bf16, else f32",
+           .choices = {"auto", "f32", "bf16"}},
           {.name = "cotangent_all_gather",
            .type = KeyType::choice,
            .default_value = "ring",
@@ -352,6 +360,10 @@ EpConfig ep_config_from(const ConfigValues& values, const MoeLayerConfig& layer)
   ep.dedup = values.get_bool("dedup");
   ep.capacity_factor = values.get_float("capacity_factor");
   ep.token_format = ep::parse_token_format("fp8_tokens", values.get_string("fp8_tokens"));
+  ep.wire_dtype = ep::parse_wire_dtype("wire_dtype", values.get_string("wire_dtype"), layer.compute_dtype);
+  // The accelerators' systems that send bf16 send their tokens in bf16 too;
+  // an explicit fp8_tokens (fp8, or off for f32 tokens) still decides.
+  if (ep.wire_dtype == WireDType::bf16 && !values.is_set("fp8_tokens")) ep.token_format = TokenFormat::bf16;
   ep.cotangent_all_gather =
       ep::parse_cotangent_all_gather("cotangent_all_gather", values.get_string("cotangent_all_gather"));
   ep.timeout = std::chrono::milliseconds(values.get_int("comm_timeout_ms"));

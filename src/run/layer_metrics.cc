@@ -51,7 +51,8 @@ nlohmann::json dispatcher_echo(const ExpertParallelSettings& settings) {
           {"capacity_factor", ep.capacity_factor},
           {"token_chunks", ep.num_chunks},
           {"fp8_tokens", to_string(ep.token_format)},
-          {"backward_gradient_dtype", "f32"},
+          {"wire_dtype", to_string(ep.wire_dtype)},
+          {"backward_gradient_dtype", to_string(ep.wire_dtype)},  // dy rows and dx; dweights f32
           {"cotangent_all_gather", settings.cotangent_all_gather},
           {"comm_timeout_ms", ep.timeout.count()},
           {"balance", to_string(ep.balance)},

@@ -147,6 +147,7 @@ const std::vector<BadInputCase>& bad_input_cases() {
       {"layer_nan_capacity", true, {}, layer({"capacity_factor=nan"}), {"capacity_factor=nan", "finite"}},
       {"layer_inf_scaling", true, {}, layer({"routed_scaling_factor=inf"}), {"routed_scaling_factor=inf"}},
       {"layer_bad_choice", true, {}, layer({"router=best"}), {"router=best", "expected one of"}},
+      {"layer_bad_wire_dtype", true, {}, layer({"wire_dtype=fp16"}), {"wire_dtype=fp16", "expected one of"}},
       {"layer_bad_bool", true, {}, layer({"dedup=yes"}), {"dedup=yes", "expected true, false"}},
       {"layer_mpi_without_mpirun", true, {}, layer({"transport=mpi"}), {"transport=mpi", "mpirun"}},
       {"layer_dedup_with_ring", true, {}, layer({"ranks=2", "dispatch=ring", "dedup=true"}), {"dedup=true"}},

@@ -61,14 +61,16 @@ TEST_F(EpmoeCli, HelpListsSubcommandsAndEveryLayerKey) {
                                 "dedup",
                                 "capacity_factor",
                                 "token_chunks",
-                                "off|tensor|token",
+                                "off|tensor|token|bf16",
+                                "wire_dtype",
+                                "auto|f32|bf16",
                                 "cotangent_all_gather",
                                 "ring|plain",
                                 "link_bandwidth_gbps",
                                 "link_latency_us",
                                 "full_mesh|ring",
                                 "comm_timeout_ms",
-                                "backward gradients (dy rows, dx, weight gradients) always travel in fp32"}) {
+                                "dy rows and dx travel as wire_dtype says, the routing-weight gradients in fp32"}) {
     EXPECT_NE(layer.stdout_text.find(key), std::string::npos) << "missing " << key << " in\n" << layer.stdout_text;
   }
 }

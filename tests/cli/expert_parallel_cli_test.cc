@@ -284,6 +284,27 @@ TEST_F(ExpertParallelCli, MetricsEchoTheResolvedDispatcher) {
   EXPECT_EQ(metrics["config"]["ranks"], 2);
 }
 
+// wire_dtype: auto is f32 with compute_dtype=f32 (the default path); bf16
+// puts the combine, dy and dx on a bf16 wire and the tokens too, unless
+// fp8_tokens chooses their format.
+TEST_F(ExpertParallelCli, WireDtypeResolvesWithTheTokenFormat) {
+  prepare();
+  struct Case {
+    std::vector<std::string> keys;
+    std::string wire, tokens;
+  };
+  for (const Case& c : {Case{{}, "f32", "off"}, Case{{"wire_dtype=bf16"}, "bf16", "bf16"},
+                        Case{{"wire_dtype=bf16", "fp8_tokens=token"}, "bf16", "token"}}) {
+    std::vector<std::string> keys = {"ranks=2"};
+    keys.insert(keys.end(), c.keys.begin(), c.keys.end());
+    const nlohmann::json dispatcher =
+        read_metrics(run_ep("wire_" + c.wire + "_" + c.tokens, keys))["expert_parallel"]["dispatcher"];
+    EXPECT_EQ(dispatcher["wire_dtype"], c.wire) << c.tokens;
+    EXPECT_EQ(dispatcher["backward_gradient_dtype"], c.wire) << c.tokens;
+    EXPECT_EQ(dispatcher["fp8_tokens"], c.tokens) << c.wire;
+  }
+}
+
 // --- bad input -------------------------------------------------------------------
 
 // N need not divide by R: with N=22 and R=4 the ranks hold 5, 6, 5 and 6

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
 
 #include "modelled_cli_fixture.h"
@@ -65,6 +66,83 @@ TEST_F(ModelledLayer, TheAllToAllTakesOneExchangeForTokensAndRouting) {
             << "ranks " << ranks << " chunks " << chunks << (remat ? " remat" : "");
       }
     }
+  }
+}
+
+// The ring dispatcher's token counts (one int64 per rank) travel as one
+// message to every peer, posted at once, while the rank encodes its first
+// chunk - not as a ring all-gather of R-1 store-and-forward steps that the
+// token all-gather had to wait for (issue 30: ·α, 14 us at R=8). On
+// h200's switched links (R=8) the first token all-gather starts within one
+// hop of the count exchange: the counts' latency, their serialisation of 8
+// bytes per message (picoseconds) and the chunk's encoding (nanoseconds).
+TEST_F(ModelledLayer, TheRingsTokenCountsCostOneHopBeforeTheTokensLeave) {
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = 256, .hidden = 32, .ffn = 48, .experts = 8});
+  constexpr double kLatencyUs = 2.0;
+  const std::filesystem::path trace = dir("ring_counts.json");
+  const nlohmann::json metrics =
+      layer_metrics(in, {"ranks=8", "dispatch=ring", "clock=modelled", "compute_time=modelled", "hardware=h200",
+                         "link_latency_us=2", "trace_file=" + trace.string()});
+  ASSERT_FALSE(metrics.is_null());
+  const nlohmann::json events = check_trace_structure(trace, 1e-6, "ring counts");
+  // Per rank: when the count exchange (the collective of one int64 to each
+  // of the 7 others: 56 bytes, whatever its algorithm) and the first token
+  // all-gather (thousands of bytes) began.
+  std::map<int, double> counts_us, first_tokens_us;
+  for (const nlohmann::json& e : events) {
+    if (e.value("cat", "") != "collective") continue;
+    const int rank = e.at("pid").get<int>();
+    const double ts = e.at("ts").get<double>(), bytes = e.at("args").at("bytes_sent").get<double>();
+    if (bytes == 56 && (!counts_us.contains(rank) || ts < counts_us[rank])) counts_us[rank] = ts;
+    const bool tokens = e.at("name").get<std::string>().starts_with("ring_all_gather") && bytes > 1000;
+    if (tokens && (!first_tokens_us.contains(rank) || ts < first_tokens_us[rank])) first_tokens_us[rank] = ts;
+  }
+  ASSERT_EQ(first_tokens_us.size(), 8u);
+  ASSERT_EQ(counts_us.size(), 8u);
+  for (const auto& [rank, tokens_us] : first_tokens_us) {
+    EXPECT_GE(tokens_us, counts_us[rank]) << "rank " << rank;
+    EXPECT_LE(tokens_us - counts_us[rank], kLatencyUs + 0.01)
+        << "rank " << rank << ": the token all-gather began " << tokens_us - counts_us[rank]
+        << " us after the count exchange (7 hops would be " << 7 * kLatencyUs << " us)";
+  }
+}
+
+// wire_dtype=bf16 halves the combine's, the cotangent's and dx's bytes, and
+// the modelled clock charges what travels: the collectives' modelled bytes
+// drop by exactly half those streams' f32 bytes, and their time and the step
+// shrink. Tokens stay f32 (fp8_tokens=off) so only those three streams
+// change. R=4, 2 chunks, h200's links, modelled compute.
+TEST_F(ModelledLayer, ABf16WireHalvesTheBytesTheClockCharges) {
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = 256, .hidden = 256, .ffn = 64, .experts = 8});
+  for (const std::string dispatch : {"alltoall", "ring"}) {
+    std::map<std::string, nlohmann::json> runs;
+    for (const std::string wire : {"f32", "bf16"}) {
+      runs[wire] =
+          layer_metrics(in, {"ranks=4", "dispatch=" + dispatch, "token_chunks=2", "clock=modelled",
+                             "compute_time=modelled", "hardware=h200", "fp8_tokens=off", "wire_dtype=" + wire});
+      ASSERT_FALSE(runs[wire].is_null()) << dispatch << " " << wire;
+    }
+    const std::string exchange = dispatch == "ring" ? "reduce_scatter " : "all_to_all_v ";
+    const std::string gather = dispatch == "ring" ? "ring_all_gather " : "all_to_all_v ";
+    const nlohmann::json& sent = runs["f32"].at("expert_parallel").at("total").at("bytes_sent");
+    const double halved = sent.at("forward/" + exchange + "combine").get<double>() +
+                          sent.at("backward/" + gather + "cotangent").get<double>() +
+                          sent.at("backward/" + exchange + "dx").get<double>();
+    ASSERT_GT(halved, 0) << dispatch;
+    std::map<std::string, double> bytes, seconds;
+    for (const auto& [wire, m] : runs) {
+      for (const auto& [name, collective] : m.at("modelled").at("collectives").items()) {
+        bytes[wire] += collective.at("bytes_sent").get<double>();
+        seconds[wire] += collective.at("seconds").get<double>();
+      }
+    }
+    EXPECT_EQ(bytes["f32"] - bytes["bf16"], halved / 2) << dispatch;
+    EXPECT_LT(seconds["bf16"], seconds["f32"]) << dispatch;
+    EXPECT_LT(runs["bf16"].at("modelled").at("step_seconds").get<double>(),
+              runs["f32"].at("modelled").at("step_seconds").get<double>())
+        << dispatch;
   }
 }
 
@@ -156,10 +234,10 @@ TEST_F(ModelledLayer, ARankWithTwiceTheRowsIsTheCriticalPath) {
 // picosecond rounding differs). D(n), K(n): one chunk's dispatch / combine
 // alone, a fixed latency part plus bytes/n at the port's rate:
 //   D(n) = a_D + (D_1 - a_D)/n,  K(n) = a_K + (K_1 - a_K)/n
-// all-to-all: a_D = 2L (the send-count exchange, then the rows), a_K = L
-// (the counts are known); ring: a_D = (R-1)L + L (the R-1-step all-gather of
-// token counts, then the rows; the ring's steps pipeline their latencies
-// behind the serialisation), a_K = L. D_1, K_1, C per rank from the n=1 run
+// a_D = 2L for both dispatchers: the count exchange (all-to-all: the send
+// counts; ring: the token counts, one message per peer posted at once), then
+// the rows (the ring's steps pipeline their latencies behind the
+// serialisation); a_K = L (the counts are known). D_1, K_1, C per rank from the n=1 run
 // (nothing overlaps there, so C = fwd_1 - D_1 - K_1, and C is the same on
 // every rank: asserted). Per rank, not one for all: although every rank
 // sends and receives the same bytes, ports serve whole messages first come
@@ -196,7 +274,7 @@ TEST_F(ModelledLayer, TokenChunksPipelineAsTheFormulaSays) {
       ASSERT_FALSE(m.is_null()) << what;
       const double latency = m.at("modelled").at("links").at("latency_us").get<double>() * 1e-6;
       ASSERT_EQ(latency, 1e-9);
-      const double a_d = dispatch == "alltoall" ? 2 * latency : kRanks * latency, a_k = latency;
+      const double a_d = 2 * latency, a_k = latency;
       for (int r = 0; r < kRanks; ++r) {
         const double fwd = rank_modelled(m, r, "forward_seconds");
         if (n == 1) {

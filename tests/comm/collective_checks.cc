@@ -55,14 +55,20 @@ namespace {
 // Element `index` (global) of block `block` summed in the order comm/ring.h
 // documents: the first ceil(n/2) elements of a block of n from rank block+1
 // onwards (clockwise lane), the rest from rank block-1 backwards, rank
-// `block` itself last; one direction only: all clockwise.
+// `block` itself last; one direction only: all clockwise. A bf16 wire
+// rounds every partial sum that crosses a link (R-1 of them), nothing else.
 float ring_order_sum(const std::vector<std::vector<float>>& inputs, int block, std::int64_t index_in_block,
-                     std::int64_t index, std::int64_t block_size, bool bidirectional) {
+                     std::int64_t index, std::int64_t block_size, bool bidirectional, bool bf16_wire) {
   const int num_ranks = static_cast<int>(inputs.size());
   const int d = bidirectional && index_in_block >= (block_size + 1) / 2 ? -1 : 1;
   auto rank_at = [&](int k) { return ((block + k * d) % num_ranks + num_ranks) % num_ranks; };
+  auto sent = [&](float partial) { return bf16_wire ? bf16_bits_to_float(float_to_bf16_bits(partial)) : partial; };
   float sum = inputs[rank_at(1)][index];
-  for (int k = 2; k <= num_ranks; ++k) sum += inputs[rank_at(k)][index];
+  if (num_ranks > 1) sum = sent(sum);
+  for (int k = 2; k <= num_ranks; ++k) {
+    sum += inputs[rank_at(k)][index];
+    if (k < num_ranks) sum = sent(sum);
+  }
   return sum;
 }
 
@@ -142,7 +148,7 @@ void check_all_gather_v(transport::Communicator& comm, const std::vector<std::in
 }
 
 void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::int64_t>& counts, DType dtype,
-                          RingDirection direction, Algorithm algorithm, std::uint32_t tag) {
+                          RingDirection direction, Algorithm algorithm, std::uint32_t tag, DType wire_dtype) {
   const int num_ranks = comm.size();
   const int rank = comm.rank();
   std::int64_t total = 0;
@@ -176,6 +182,7 @@ void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::
     options.output = output.data();
     options.num_elements_per_rank = counts;
     options.dtype = dtype;
+    options.wire_dtype = wire_dtype;
     options.direction = direction;
     options.algorithm = algorithm;
     options.tag = tag;
@@ -195,7 +202,8 @@ void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::
   run_once();
   const std::vector<std::byte> first = output;
   for (std::int64_t i = 0; i < n; ++i) {
-    const float ordered = ring_order_sum(inputs, rank, i, begin + i, n, direction == RingDirection::bidirectional);
+    const float ordered = ring_order_sum(inputs, rank, i, begin + i, n, direction == RingDirection::bidirectional,
+                                         wire_dtype == DType::bf16);
     double exact = 0.0;
     double magnitude = 0.0;
     for (int r = 0; r < num_ranks; ++r) {
@@ -209,7 +217,11 @@ void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::
           << "reduce-scatter element " << i << " of rank " << rank << ": " << got << " != ring-order sum " << expected;
     }
     const double epsilon = dtype == DType::f32 ? std::numeric_limits<float>::epsilon() : 1.0 / 128;
-    ASSERT_LE(std::fabs(got - exact), num_ranks * epsilon * magnitude + 1e-30)
+    // A bf16 wire (docs/NUMERICS.md): R-1 roundings of u = 2^-8 on partial
+    // sums no larger than sum|x|, each after an f32 addition.
+    const double v = 1.0 / 256 + 1.0 / (1 << 24) + 1.0 / 256 / (1 << 24);
+    const double wire_factor = wire_dtype == DType::bf16 ? std::pow(1 + v, num_ranks - 1) - 1 : 0.0;
+    ASSERT_LE(std::fabs(got - exact), (num_ranks * epsilon + wire_factor) * magnitude + 1e-30)
         << "element " << i << " of rank " << rank;
   }
   // Same inputs, same bits, every run.
@@ -307,7 +319,8 @@ void check_all_reduce(transport::Communicator& comm, std::int64_t num_elements, 
   for (int block = 0; block < num_ranks; ++block) {
     const std::int64_t count = num_elements / num_ranks + (block < num_elements % num_ranks ? 1 : 0);
     for (std::int64_t i = offset; i < offset + count; ++i) {
-      const float ordered = ring_order_sum(inputs, block, i - offset, i, count, /*bidirectional=*/true);
+      const float ordered =
+          ring_order_sum(inputs, block, i - offset, i, count, /*bidirectional=*/true, /*bf16_wire=*/false);
       double exact = 0.0;
       double magnitude = 0.0;
       for (int r = 0; r < num_ranks; ++r) {
@@ -431,6 +444,8 @@ void check_everything(transport::Communicator& comm, Algorithm algorithm) {
       for (auto direction : {RingDirection::bidirectional, RingDirection::unidirectional}) {
         check_reduce_scatter(comm, counts, dtype, direction, algorithm, tag++);
         if (algorithm == Algorithm::native) break;  // MPI has no direction
+        // Partial sums on a bf16 wire (the dispatchers' wire_dtype=bf16).
+        if (dtype == DType::f32) check_reduce_scatter(comm, counts, dtype, direction, algorithm, tag++, DType::bf16);
       }
     }
   }

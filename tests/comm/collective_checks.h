@@ -32,9 +32,11 @@ void check_all_gather_v(transport::Communicator& comm, const std::vector<std::in
                         RingDirection direction, std::int64_t pipe, Algorithm algorithm, std::uint32_t tag);
 // counts[r] elements in block r. Ring: bit-equal to the documented ring
 // order; every algorithm: within R * epsilon * sum|x| of a double reference;
-// a second run gives the same bits.
+// a second run gives the same bits. wire_dtype bf16: partial sums rounded to
+// bf16 at every link, within the derived bound of docs/NUMERICS.md.
 void check_reduce_scatter(transport::Communicator& comm, const std::vector<std::int64_t>& counts, DType dtype,
-                          RingDirection direction, Algorithm algorithm, std::uint32_t tag);
+                          RingDirection direction, Algorithm algorithm, std::uint32_t tag,
+                          DType wire_dtype = DType::f32);
 // Random counts in [0, max_count], some forced to 0.
 void check_all_to_all_v(transport::Communicator& comm, std::uint64_t seed, std::int64_t max_count, DType dtype,
                         Algorithm algorithm, std::uint32_t tag);

@@ -217,6 +217,14 @@ TEST(CollectivesThreadsErrors, BadOptionsAreConfigErrorsNamingTheField) {
     reduce.num_elements_per_rank = {1, 1};
     reduce.dtype = DType::fp8_e4m3;  // no sums in fp8
     EXPECT_THROW(reduce_scatter(comm, reduce), ConfigError);
+    reduce.dtype = DType::f32;
+    reduce.wire_dtype = DType::fp8_e4m3;  // partial sums travel as f32 or bf16
+    try {
+      reduce_scatter(comm, reduce);
+      ADD_FAILURE() << "fp8 wire accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("wire_dtype"), std::string::npos) << e.what();
+    }
   });
 }
 

@@ -57,6 +57,8 @@ TEST(EpGroup, RanksWithDifferentConfigurationsAreRefusedOnEveryRankNamingTheRank
        "rank 1 has dispatch=ring but rank 0 has dispatch=alltoall"},
       {"token_chunks", [](EpConfig& c) { c.num_chunks = 2; },
        "rank 1 has token_chunks=2 but rank 0 has token_chunks=1"},
+      {"wire_dtype", [](EpConfig& c) { c.wire_dtype = WireDType::bf16; },
+       "rank 1 has wire_dtype=bf16 but rank 0 has wire_dtype=f32"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.key);

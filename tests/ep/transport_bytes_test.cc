@@ -13,8 +13,9 @@
 // R in {1, 2, 3, 4}; experts E = max(4, 2R), rank r homes [E·r/R, E·(r+1)/R);
 // 6 tokens per rank or tokens_by_rank with a rank holding none; every step of
 // each run checked per rank. Dispatchers: local (R = 1), alltoall (dedup
-// on/off, fp8 tokens, 2-3 chunks, x_sorted recomputed, dynamic replicas),
-// ring (fp8 tokens, chunks, x_sorted recomputed, replicas).
+// on/off, fp8 tokens, 2-3 chunks, x_sorted recomputed, dynamic replicas,
+// a bf16 wire), ring (fp8 tokens, chunks, x_sorted recomputed, replicas, a
+// bf16 wire).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -106,6 +107,17 @@ std::vector<BytesCase> cases() {
   add("alltoall dedup chunks3 remat R3", 3, DispatchKind::alltoall, dedup_chunks_remat);
   add("ring fp8_token R3", 3, DispatchKind::ring, fp8);
   add("ring fp8_tensor chunks2 R4", 4, DispatchKind::ring, fp8_tensor_chunks);
+  // wire_dtype=bf16 with bf16 tokens (what the key layer makes of it).
+  auto bf16_wire_chunks = [](EpRunOptions& o) {
+    o.ep.wire_dtype = WireDType::bf16;
+    o.ep.token_format = TokenFormat::bf16;
+    o.ep.num_chunks = 2;
+  };
+  add("alltoall dedup bf16 wire chunks2 R3", 3, DispatchKind::alltoall, [&](EpRunOptions& o) {
+    bf16_wire_chunks(o);
+    o.ep.dedup = true;
+  });
+  add("ring bf16 wire chunks2 R3", 3, DispatchKind::ring, bf16_wire_chunks);
   add("ring chunks3 remat R3", 3, DispatchKind::ring, [](EpRunOptions& o) {
     o.ep.num_chunks = 3;
     o.remat.save_x_sorted = false;
@@ -172,7 +184,7 @@ TEST(TransportBytes, DispatcherKindsSumToWhatTheTransportCarried) {
   }
   // The cases send every control stream, so the sums above hold them too.
   for (const char* kind : {"forward/all_to_all_v counts", "forward/ring_all_gather fp8 scale",
-                           "forward/ring_all_gather replica counts", "forward/ring_all_gather token counts"})
+                           "forward/ring_all_gather replica counts", "forward/ring token counts"})
     EXPECT_GT(kind_total[kind], 0) << kind;
 }
 

@@ -171,7 +171,8 @@ namespace {
 template <typename T>
 BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<std::int32_t>& given_ids,
                                        const Tensor* given_logits, double u, const std::vector<bool>& dropped = {},
-                                       const std::vector<T>& expert_x = {}) {
+                                       const std::vector<T>& expert_x = {},
+                                       ContributionMagnitudes* magnitudes = nullptr) {
   const std::int64_t N = p.num_tokens, H = p.hidden, F = p.ffn;
   const int E = p.router.num_experts, K = p.router.top_k;
   auto to_scalars = [](const Tensor& t) {
@@ -195,6 +196,10 @@ BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<st
   r.dwi1.assign(static_cast<std::size_t>(E * H * F), T(0.0));
   r.dwo.assign(static_cast<std::size_t>(E * F * H), T(0.0));
 
+  if (magnitudes != nullptr) {
+    magnitudes->y.assign(static_cast<std::size_t>(N * H), 0.0);
+    magnitudes->dx.assign(static_cast<std::size_t>(N * H), 0.0);
+  }
   std::vector<T> logits(static_cast<std::size_t>(E));
   std::vector<T> h0(F), h1(F), act(F), out(H), dact(F), dh0(F), dh1(F), d_out(H);
   for (std::int64_t t = 0; t < N; ++t) {
@@ -235,6 +240,7 @@ BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<st
         out[j] = 0;
         for (std::int64_t f = 0; f < F; ++f) out[j] += q(act[f]) * q(w2[f * H + j]);
         r.y[t * H + j] += w[k] * out[j];
+        if (magnitudes != nullptr) magnitudes->y[t * H + j] += magnitude(w[k] * out[j]);
       }
       // Backward of this (token, expert) pair.
       for (std::int64_t j = 0; j < H; ++j) {
@@ -251,12 +257,16 @@ BasicReferenceResult<T> reference_loop(const MoeProblem& p, const std::vector<st
         dh0[f] = dact[f] * h1[f] * (s + h0[f] * s * (T(1) - s));
         dh1[f] = dact[f] * h0[f] * s;
       }
-      for (std::int64_t j = 0; j < H; ++j)
+      for (std::int64_t j = 0; j < H; ++j) {
+        T dx_pair = 0;  // this pair's part of dx[t, j]
         for (std::int64_t f = 0; f < F; ++f) {
           r.dwi0[e * H * F + j * F + f] += q(xe[j]) * q(dh0[f]);
           r.dwi1[e * H * F + j * F + f] += q(xe[j]) * q(dh1[f]);
-          r.dx[t * H + j] += q(dh0[f]) * q(w0[j * F + f]) + q(dh1[f]) * q(w1[j * F + f]);
+          dx_pair += q(dh0[f]) * q(w0[j * F + f]) + q(dh1[f]) * q(w1[j * F + f]);
         }
+        r.dx[t * H + j] += dx_pair;
+        if (magnitudes != nullptr) magnitudes->dx[t * H + j] += magnitude(dx_pair);
+      }
     }
     if (uses_gate) {
       const std::vector<T> dl = routing_weights_backward<T>(p.router, logits, ids, w, dw);
@@ -314,6 +324,13 @@ ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem, const std
 BoundedReferenceResult reference_moe_bounded(const MoeProblem& problem, double operand_roundoff,
                                              const std::vector<std::int32_t>& ids, const Tensor* logits) {
   return reference_loop<BoundedValue>(problem, ids, logits, operand_roundoff);
+}
+
+ContributionMagnitudes reference_contribution_magnitudes(const MoeProblem& problem,
+                                                         const std::vector<std::int32_t>& ids) {
+  ContributionMagnitudes magnitudes;
+  reference_loop<double>(problem, ids, nullptr, 0.0, {}, {}, &magnitudes);
+  return magnitudes;
 }
 
 double relative_error(const Tensor& got, const std::vector<double>& ref) {

@@ -68,6 +68,16 @@ BoundedReferenceResult reference_moe_with_lossy_tokens(const MoeProblem& problem
 // path does: what that path computes, up to fp32 accumulation order.
 ReferenceResult reference_moe_bf16_emulated(const MoeProblem& problem, const std::vector<std::int32_t>& ids);
 
+// Per element of y and of dx's expert part, the sum over the token's K pairs
+// of |that pair's contribution| (y: |w_k · expert_k(x)|; dx: |w_k · J_k^T dy|),
+// in double: a bound on every partial sum of the contributions, whichever
+// ranks hold which pairs (the derived bound of a bf16 wire, NUMERICS.md).
+struct ContributionMagnitudes {
+  std::vector<double> y, dx;  // [N, H]
+};
+ContributionMagnitudes reference_contribution_magnitudes(const MoeProblem& problem,
+                                                         const std::vector<std::int32_t>& ids);
+
 // max|got - ref| / max|ref| (0 when both are all zero).
 double relative_error(const Tensor& got, const std::vector<double>& ref);
 

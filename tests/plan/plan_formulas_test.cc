@@ -81,7 +81,7 @@ TEST(Communication, RingAndAllToAllBytesByHand) {
   EXPECT_EQ(ring[5].bytes, 15 * 2 * 4);      // dweights
   ASSERT_EQ(ring.size(), 9u);
   EXPECT_EQ(ring[6].bytes, ring[0].bytes);  // remat repeats the gather
-  EXPECT_EQ(ring[8].name, "forward/ring_all_gather token counts");
+  EXPECT_EQ(ring[8].name, "forward/ring token counts");
   EXPECT_EQ(ring[8].bytes, 3 * 8);  // this rank's N_l, one i64 to each of the 3 others
   // Uniform routing, no dedup: N_l·K·(R-1)/R = 7.5 pairs leave the rank.
   const AllToAllTraffic t = expected_alltoall_traffic(s, false);
@@ -118,9 +118,9 @@ TEST(Communication, ControlStreamsByHand) {
     s.fp8_tensor_scale = s.replicas = configured;
     auto ring = by_name(ring_collective_bytes(s, false));
     auto a2a = by_name(alltoall_collective_bytes(s, t, false));
-    EXPECT_EQ(ring.at("forward/ring_all_gather token counts"), 3 * 8);  // one i64 to each other rank, once a step
-    EXPECT_EQ(a2a.at("forward/all_to_all_v counts"), 3 * 8 * 3);        // one i64 to each other rank, per chunk
-    EXPECT_EQ(ring.count("forward/all_to_all_v counts") + a2a.count("forward/ring_all_gather token counts"), 0u);
+    EXPECT_EQ(ring.at("forward/ring token counts"), 3 * 8);       // one i64 to each other rank, once a step
+    EXPECT_EQ(a2a.at("forward/all_to_all_v counts"), 3 * 8 * 3);  // one i64 to each other rank, per chunk
+    EXPECT_EQ(ring.count("forward/all_to_all_v counts") + a2a.count("forward/ring token counts"), 0u);
     for (auto* bytes : {&ring, &a2a}) {
       EXPECT_EQ(bytes->count("forward/ring_all_gather fp8 scale"), configured ? 1u : 0u);
       EXPECT_EQ(bytes->count("forward/ring_all_gather replica counts"), configured ? 1u : 0u);

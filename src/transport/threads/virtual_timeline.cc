@@ -397,6 +397,9 @@ void VirtualTimeline::end_wait(ModelledClock& collective) {
     waiter.clock_ = end;
   }
   waiter.collectives_.push_back({child.name_, child.start_, end, std::min(w, end), child.bytes_sent_});
+  // A collective waiting for a part it forked (comm/forked_part.h: a ring
+  // lane) owns the part's bytes.
+  if (!waiter.name_.empty()) waiter.bytes_sent_ += child.bytes_sent_;
   waiter.state_ = VirtualStream::State::running;
   waiter.awaiting_stream_ = nullptr;
 }
