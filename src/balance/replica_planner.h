@@ -34,6 +34,23 @@
 // where a cleverer assignment of runs to receivers would fit within B slots
 // and the greedy one does not, the bisection settles above the true optimum
 // (docs/BALANCE.md has the measured gap).
+//
+// Cost-aware plans (ReplicaCosts, issue 31). Balance is not free: a replica
+// moves its expert's weights in and its gradient home, and with the
+// all-to-all may send token rows over links they did not cross before. With
+// costs given, the planner
+//   * refuses any run that opens a slot unless its rows' compute pays for
+//     the slot's own transfers (a kept slot whose weights are current pays
+//     only its gradient; in inference, nothing);
+//   * prices whole plans: saving = (busiest rank's load before - after) x a
+//     row's compute; cost = the busiest link's weight transfers + its
+//     gradient transfers + the token rows the busiest link gains, each at the
+//     link's rate (transfers on different links overlap, on one add up);
+//   * takes, among the balance plan and plans that stop short of it (targets
+//     at 1/8 .. 7/8 of the way back to the homes' max load), the one with
+//     the largest saving - cost, and no replicas at all unless that is > 0.
+// So a plan is never predicted slower than no replicas; what it did not
+// take is reported in ReplicaPlan's refused_* fields.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +60,26 @@
 #include "balance/replica_plan.h"
 
 namespace epmoe::balance {
+
+// Seconds on the clock the plan is judged on (modelled, or the wall clock's
+// assumed rates): see docs/BALANCE.md "Cost model". row_seconds = 0 turns
+// costs off: the plan balances as far as the threshold asks, whatever it
+// costs (the planner of issues 6-13).
+struct ReplicaCosts {
+  double row_seconds = 0;        // one (token, k) row's expert compute, forward (+ backward when training)
+  double weight_seconds = 0;     // one expert's weights over one link into a slot, latency included
+  double gradient_seconds = 0;   // one slot's gradient over one link home; 0 without a backward
+  double token_row_seconds = 0;  // one token row more over a link (all-to-all); 0 for the ring
+  // The previous plan's slots (previous_slot_experts) still hold current
+  // weights (same weight version: inference, micro-batches of one optimizer
+  // step): keeping a replica there moves no weights.
+  bool previous_weights_current = false;
+  // [R * E] per-source counts (counts[r * E + e]) for the token rows a plan
+  // adds (token_row_seconds); empty: no token cost.
+  std::span<const std::int64_t> source_counts;
+
+  bool enabled() const { return row_seconds > 0; }
+};
 
 struct ReplicaPlannerOptions {
   int num_ranks = 1;
@@ -61,7 +98,9 @@ std::vector<int> contiguous_home_ranks(int num_experts, int num_ranks);
 // `home_rank_of_expert` [E]: any placement (hybrid re-homes experts).
 // `previous_slot_experts` [R * B] or empty: the last plan's slot_experts, so
 // experts that stay on a rank keep their slot (see ReplicaPlan).
+// `costs`: off by default (balance whatever it costs).
 ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
-                          const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts = {});
+                          const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts = {},
+                          const ReplicaCosts& costs = {});
 
 }  // namespace epmoe::balance
