@@ -11,13 +11,16 @@
 #include "comm/all_gather.h"
 #include "comm/tag.h"
 #include "core/error.h"
+#include "core/modelled_clock.h"
 #include "ep/collective_tags.h"
+#include "kernels/convert.h"
 
 namespace epmoe::ep {
 
-ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config)
+ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config, const ReplicaExpertShape& shape)
     : comm_(comm),
       config_(config),
+      shape_(shape),
       num_ranks_(comm.size()),
       num_experts_(config.num_experts),
       num_local_experts_(config.num_experts / comm.size()),
@@ -28,7 +31,30 @@ ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& 
   EPMOE_CHECK(config.replicas_enabled());
 }
 
-void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base) {
+balance::ReplicaCosts ReplicaExchange::costs() const {
+  balance::ReplicaCosts costs;
+  const ReplicaCostRates& rates = config_.replica_costs;
+  if (!rates.priced() || shape_.ffn <= 0) return costs;
+  const double hidden = static_cast<double>(config_.hidden), ffn = static_cast<double>(shape_.ffn);
+  // A row's forward is three H x F products (2 H F FLOPs each); its backward
+  // twice that (dlhs and drhs). The layer cannot know whether a backward
+  // follows, so the plan assumes training: dearer, never optimistic.
+  costs.row_seconds = 18 * hidden * ffn / rates.compute_flops_per_s;
+  const double matrices = 3 * hidden * ffn;
+  costs.weight_seconds = matrices * weight_element_bytes() / rates.link_bytes_per_s + rates.link_latency_s;
+  costs.gradient_seconds = matrices * 4 / rates.link_bytes_per_s + rates.link_latency_s;
+  if (config_.dispatch == DispatchKind::alltoall) {
+    // A row on the wire: the token forward (f32 or fp8), its expert output
+    // back, the output cotangent out and dx back (f32). The ring moves every
+    // token to every rank anyway: a replica adds no token rows there.
+    const double token_bytes = config_.token_format == TokenFormat::f32 ? 4 : 1;
+    costs.token_row_seconds = hidden * (token_bytes + 12) / rates.link_bytes_per_s;
+  }
+  return costs;
+}
+
+void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base,
+                                std::optional<std::uint64_t> weight_version) {
   stats_.reset();
   std::vector<std::int64_t> local(static_cast<std::size_t>(num_experts_), 0);
   for (const std::int32_t expert : topk_ids) {
@@ -66,11 +92,19 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
     if (static_cast<int>(count_history_.size()) > config_.balance_window) count_history_.pop_front();
     ++step_;
   } else {
+    balance::ReplicaCosts priced = costs();
+    if (priced.token_row_seconds > 0) priced.source_counts = counts_;
+    priced.previous_weights_current = weight_version.has_value() && weight_version == last_weight_version_;
     plan_ = balance::plan_replicas(global, homes_,
                                    {.num_ranks = num_ranks_,
                                     .num_redundant_slots_per_rank = num_slots_,
                                     .rebalance_threshold = config_.rebalance_threshold},
-                                   held_expert_);
+                                   held_expert_, priced);
+    stats_.predicted_saving_seconds = plan_.predicted_saving_seconds;
+    stats_.predicted_cost_seconds = plan_.predicted_cost_seconds;
+    stats_.refused_replicas = plan_.refused_replicas;
+    stats_.refused_saving_seconds = plan_.refused_saving_seconds;
+    stats_.refused_cost_seconds = plan_.refused_cost_seconds;
   }
   stats_.planner_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -223,6 +257,8 @@ float* ReplicaExchange::slot_gradients(int part, int slot) {
   return slot_gradients_[part].data<float>() + slot * hidden_ * ffn_;
 }
 
+int ReplicaExchange::weight_element_bytes() const { return shape_.compute_dtype == ComputeDType::bf16 ? 2 : 4; }
+
 void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uint64_t version, std::uint32_t tag_base) {
   EPMOE_CHECK(weight_requests_.empty());  // finish_slot_weights ends every start
   const std::int64_t hidden = home.wi0.dim(1), ffn = home.wi0.dim(2);
@@ -243,8 +279,14 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
   const std::int64_t n = hidden_ * ffn_;
   const float* home_parts[3] = {home.wi0.data<float>(), home.wi1.data<float>(), home.wo.data<float>()};
   const int me = comm_.rank();
-  std::int64_t bytes = 0;
-  int refreshed = 0;
+  // This step's transfers: (peer, slot, home local expert) sent, (peer, slot) received.
+  struct Transfer {
+    int peer, slot;
+    std::int64_t local_expert;
+  };
+  std::vector<Transfer> sends;
+  refreshed_slots_.clear();
+  std::vector<int> receive_from;
   for (int r = 0; r < num_ranks_; ++r)
     for (int b = 0; b < num_slots_; ++b) {
       const std::size_t at = static_cast<std::size_t>(r) * num_slots_ + b;
@@ -258,22 +300,49 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
       held_version_[at] = version;
       const int home_rank = homes_[expert];
       if (r == me) {
-        ++refreshed;
-        for (int p = 0; p < 3; ++p)
-          weight_requests_.push_back(comm_.irecv(home_rank, slot_tag(tag_base, b, EpOp::replica_wi0, p),
-                                                 slot_weights_[p].data<float>() + b * n, n * 4));
+        refreshed_slots_.push_back(b);
+        receive_from.push_back(home_rank);
       }
-      if (home_rank == me) {
-        const std::int64_t local = expert - me * num_local_experts_;
-        for (int p = 0; p < 3; ++p) {
-          weight_requests_.push_back(
-              comm_.isend(r, slot_tag(tag_base, b, EpOp::replica_wi0, p), home_parts[p] + local * n, n * 4));
-          bytes += n * 4;
-        }
-      }
+      if (home_rank == me) sends.push_back({r, b, expert - me * num_local_experts_});
+    }
+  // compute_dtype=bf16: the weights travel as the bf16 the experts' GEMMs
+  // read (kernels/convert.h, the same rounding the GEMM's own conversion
+  // does), half the bytes; the slot is expanded back to f32, which the GEMM
+  // turns into the very same bf16 bits (a bf16 value converts exactly).
+  const bool narrow = weight_element_bytes() == 2;
+  const std::int64_t message_bytes = n * weight_element_bytes();
+  if (narrow) {
+    outgoing_bf16_.resize(sends.size() * 3 * n);
+    incoming_bf16_.resize(refreshed_slots_.size() * 3 * n);
+  }
+  if (narrow && !sends.empty()) {
+    ComputeScope scope("replica weights to bf16", {.flops = 0, .bytes = static_cast<double>(sends.size() * 3 * n * 6)});
+    for (std::size_t i = 0; i < sends.size(); ++i)
+      for (int p = 0; p < 3; ++p)
+        convert(std::span<const float>(home_parts[p] + sends[i].local_expert * n, n),
+                std::span<bf16_t>(outgoing_bf16_.data() + (i * 3 + p) * n, n));
+  }
+  for (std::size_t i = 0; i < refreshed_slots_.size(); ++i) {
+    const int b = refreshed_slots_[i];
+    for (int p = 0; p < 3; ++p) {
+      void* into = narrow ? static_cast<void*>(incoming_bf16_.data() + (i * 3 + p) * n)
+                          : static_cast<void*>(slot_weights_[p].data<float>() + b * n);
+      weight_requests_.push_back(
+          comm_.irecv(receive_from[i], slot_tag(tag_base, b, EpOp::replica_wi0, p), into, message_bytes));
+    }
+  }
+  std::int64_t bytes = 0;
+  for (std::size_t i = 0; i < sends.size(); ++i)
+    for (int p = 0; p < 3; ++p) {
+      const void* from = narrow ? static_cast<const void*>(outgoing_bf16_.data() + (i * 3 + p) * n)
+                                : static_cast<const void*>(home_parts[p] + sends[i].local_expert * n);
+      weight_requests_.push_back(
+          comm_.isend(sends[i].peer, slot_tag(tag_base, sends[i].slot, EpOp::replica_wi0, p), from, message_bytes));
+      bytes += message_bytes;
     }
   weight_bytes_in_flight_ = bytes;
-  stats_.slots_refreshed = refreshed;
+  stats_.slots_refreshed = static_cast<int>(refreshed_slots_.size());
+  last_weight_version_ = version;
 }
 
 std::int64_t ReplicaExchange::finish_slot_weights() {
@@ -284,6 +353,15 @@ std::int64_t ReplicaExchange::finish_slot_weights() {
     ~ClearOnExit() { requests.clear(); }
   } clear_on_exit{weight_requests_};
   for (auto& request : weight_requests_) request->wait(config_.timeout);
+  if (weight_element_bytes() == 2 && !refreshed_slots_.empty()) {
+    const std::int64_t n = hidden_ * ffn_;
+    ComputeScope scope("replica weights from bf16",
+                       {.flops = 0, .bytes = static_cast<double>(refreshed_slots_.size() * 3 * n * 6)});
+    for (std::size_t i = 0; i < refreshed_slots_.size(); ++i)
+      for (int p = 0; p < 3; ++p)
+        convert(std::span<const bf16_t>(incoming_bf16_.data() + (i * 3 + p) * n, n),
+                std::span<float>(slot_weights_[p].data<float>() + refreshed_slots_[i] * n, n));
+  }
   stats_.bytes_sent["forward/replica weights"] += weight_bytes_in_flight_;
   return std::exchange(weight_bytes_in_flight_, 0);
 }
@@ -336,6 +414,7 @@ std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& h
 std::int64_t ReplicaExchange::buffer_bytes() const {
   std::int64_t bytes = static_cast<std::int64_t>(incoming_gradients_.capacity() * sizeof(float));
   for (int p = 0; p < 3; ++p) bytes += slot_weights_[p].size_bytes() + slot_gradients_[p].size_bytes();
+  bytes += static_cast<std::int64_t>((outgoing_bf16_.capacity() + incoming_bf16_.capacity()) * sizeof(bf16_t));
   return bytes;
 }
 
