@@ -50,6 +50,9 @@ struct ReplicaStats {
   double predicted_saving_seconds = 0.0, predicted_cost_seconds = 0.0;
   int refused_replicas = 0;
   double refused_saving_seconds = 0.0, refused_cost_seconds = 0.0;
+  // Priced: this step had no counts round and no plan, the last plans having
+  // placed nothing (every pair went home; the loads above are not known).
+  bool skipped_planning = false;
   // Bytes this rank sent for the replicas (also in DispatchStats::bytes_sent
   // of a layer's step): "forward/ring_all_gather replica counts",
   // "forward/replica weights", "backward/replica gradients".

@@ -61,7 +61,9 @@ class WaterFill {
       per_rank_.assign(static_cast<std::size_t>(4) * num_ranks_, 0);
       if (prices_tokens()) {
         // Pairs each rank's tokens bring, and those computed where they are
-        // (at their home), with every expert at home.
+        // (at their home), with every expert at home; and the rows that
+        // cross each rank's link, in and out: the pairs, or with dedup the
+        // measured rows (ReplicaCosts::source_rows).
         source_pairs_.assign(num_ranks_, 0);
         home_local_.assign(num_ranks_, 0);
         for (int r = 0; r < num_ranks_; ++r)
@@ -69,11 +71,22 @@ class WaterFill {
             source_pairs_[r] += source_count(r, e);
             if (homes_[e] == r) home_local_[r] += source_count(r, e);
           }
-        home_link_rows_ = 0;
+        rows_in_.assign(num_ranks_, 0);
+        rows_out_.assign(num_ranks_, 0);
         for (int r = 0; r < num_ranks_; ++r) {
-          home_link_rows_ =
-              std::max({home_link_rows_, home_loads_[r] - home_local_[r], source_pairs_[r] - home_local_[r]});
+          if (costs_.source_rows.empty()) {
+            rows_in_[r] = home_loads_[r] - home_local_[r];
+            rows_out_[r] = source_pairs_[r] - home_local_[r];
+          } else {
+            for (int other = 0; other < num_ranks_; ++other) {
+              if (other == r) continue;
+              rows_in_[r] += costs_.source_rows[static_cast<std::size_t>(other) * num_ranks_ + r];
+              rows_out_[r] += costs_.source_rows[static_cast<std::size_t>(r) * num_ranks_ + other];
+            }
+          }
+          home_link_rows_ = std::max({home_link_rows_, rows_in_[r], rows_out_[r]});
         }
+        scratch_.assign(static_cast<std::size_t>(2) * num_ranks_, 0);
       }
     }
   }
@@ -118,8 +131,11 @@ class WaterFill {
     value.cost = static_cast<double>(weight_link) * costs_.weight_seconds +
                  static_cast<double>(gradient_link) * costs_.gradient_seconds;
     if (prices_tokens() && value.replicas > 0) {
-      value.cost += static_cast<double>(std::max<std::int64_t>(0, link_rows_after() - home_link_rows_)) *
-                    costs_.token_row_seconds;
+      // Rows off the busiest link save as much as they cost when added: the
+      // all-to-all's time goes to its busiest link (the hot home's, under
+      // packed hot experts).
+      const double rows = link_rows_after() - static_cast<double>(home_link_rows_);
+      (rows < 0 ? value.saving : value.cost) += std::abs(rows) * costs_.token_row_seconds;
     }
     return value;
   }
@@ -227,26 +243,50 @@ class WaterFill {
   }
 
   // The most token rows any rank's link carries one way under the last
-  // fill: a rank receives the rows it computes that are not its own tokens'
+  // fill. A rank receives the rows it computes that are not its own tokens'
   // and sends its tokens' pairs computed elsewhere. Each copy computes its
-  // own rank's pairs first (balance/replica_plan.h), so only the rank's
-  // pairs computed locally change: for a replicated expert, its home keeps
-  // min(home quota, its own pairs), a replica min(quota, its rank's pairs).
-  std::int64_t link_rows_after() {
-    std::int64_t* local = per_rank_.data();  // evaluate() is done with it
+  // own rank's pairs first (balance/replica_plan.h), so for a replicated
+  // expert its home keeps min(home quota, its own pairs) local, a replica
+  // min(quota, its rank's pairs). With dedup (source_rows), a home's
+  // remaining remote pairs keep the rows per pair measured without
+  // replicas, while every remote pair a replica takes is a row of its own
+  // and a rank's sends never shrink below the measured rows: replicas
+  // break dedup's sharing, and the estimate takes the worst of it.
+  double link_rows_after() {
+    std::int64_t* local = scratch_.data();
+    std::int64_t* home_remote = local + num_ranks_;
     std::copy(home_local_.begin(), home_local_.end(), local);
+    for (int r = 0; r < num_ranks_; ++r) home_remote[r] = home_loads_[r] - home_local_[r];
     for (int e = 0; e < num_experts_; ++e) {
       if (home_quota_[e] == counts_[e]) continue;  // not replicated
       const int home = homes_[e];
-      local[home] += std::min(home_quota_[e], source_count(home, e)) - source_count(home, e);
+      const std::int64_t own = source_count(home, e), kept = std::min(home_quota_[e], own);
+      local[home] += kept - own;
+      home_remote[home] += (home_quota_[e] - kept) - (counts_[e] - own);
     }
+    std::fill(per_rank_.begin(), per_rank_.begin() + num_ranks_, 0);  // replica remote pairs
     for (int r = 0; r < num_ranks_; ++r)
       for (int b = 0; b < used_slots_[r]; ++b) {
         const std::size_t slot = static_cast<std::size_t>(r) * num_slots_ + b;
-        local[r] += std::min(slot_quota_[slot], source_count(r, slot_experts_[slot]));
+        const std::int64_t kept = std::min(slot_quota_[slot], source_count(r, slot_experts_[slot]));
+        local[r] += kept;
+        per_rank_[r] += slot_quota_[slot] - kept;
       }
-    std::int64_t rows = 0;
-    for (int r = 0; r < num_ranks_; ++r) rows = std::max({rows, loads_[r] - local[r], source_pairs_[r] - local[r]});
+    const bool dedup = !costs_.source_rows.empty();
+    double rows = 0;
+    for (int r = 0; r < num_ranks_; ++r) {
+      const std::int64_t home_pairs_before = home_loads_[r] - home_local_[r];
+      const double in_per_pair = dedup && home_pairs_before > 0
+                                     ? static_cast<double>(rows_in_[r]) / static_cast<double>(home_pairs_before)
+                                     : 1;
+      const double in = static_cast<double>(home_remote[r]) * in_per_pair + static_cast<double>(per_rank_[r]);
+      const std::int64_t out_pairs = source_pairs_[r] - local[r];
+      const double out =
+          dedup ? static_cast<double>(rows_out_[r] +
+                                      std::max<std::int64_t>(0, out_pairs - (source_pairs_[r] - home_local_[r])))
+                : static_cast<double>(out_pairs);
+      rows = std::max({rows, in, out});
+    }
     return rows;
   }
 
@@ -357,6 +397,7 @@ class WaterFill {
   // Costs (enabled only): scratch [4 * R]; per rank its tokens' pairs and
   // those computed at home with no replicas; the busiest link's rows then.
   std::vector<std::int64_t> per_rank_, source_pairs_, home_local_;
+  std::vector<std::int64_t> rows_in_, rows_out_, scratch_;  // [R] rows without replicas; [2 * R]
   std::int64_t home_link_rows_ = 0;
   bool price_runs_ = false;
 };
@@ -414,6 +455,9 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
                           const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts,
                           const ReplicaCosts& costs) {
   check_planner_inputs(expert_counts, home_rank_of_expert, options);
+  if (!costs.source_rows.empty()) {
+    EPMOE_CHECK_EQ(costs.source_rows.size(), static_cast<std::size_t>(options.num_ranks) * options.num_ranks);
+  }
   if (!costs.source_counts.empty()) {
     EPMOE_CHECK_EQ(costs.source_counts.size(), expert_counts.size() * static_cast<std::size_t>(options.num_ranks));
   }

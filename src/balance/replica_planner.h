@@ -44,8 +44,10 @@
 //     only its gradient; in inference, nothing);
 //   * prices whole plans: saving = (busiest rank's load before - after) x a
 //     row's compute; cost = the busiest link's weight transfers + its
-//     gradient transfers + the token rows the busiest link gains, each at the
-//     link's rate (transfers on different links overlap, on one add up);
+//     gradient transfers, each at the link's rate (transfers on different
+//     links overlap, on one add up); the token rows the busiest link gains
+//     count as cost, those it loses as saving (the all-to-all's time goes to
+//     its busiest link: under packed hot experts, the hot home's);
 //   * takes, among the balance plan and plans that stop short of it (targets
 //     at 1/8 .. 7/8 of the way back to the homes' max load), the one with
 //     the largest saving - cost, and no replicas at all unless that is > 0.
@@ -77,6 +79,10 @@ struct ReplicaCosts {
   // [R * E] per-source counts (counts[r * E + e]) for the token rows a plan
   // adds (token_row_seconds); empty: no token cost.
   std::span<const std::int64_t> source_counts;
+  // With dedup: [R * R] rows source s sends rank d with every expert at home
+  // (at s * R + d: s's tokens with an expert homed on d); empty: a pair is a
+  // row.
+  std::span<const std::int64_t> source_rows;
 
   bool enabled() const { return row_seconds > 0; }
 };

@@ -31,6 +31,11 @@ ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& 
   EPMOE_CHECK(config.replicas_enabled());
 }
 
+bool ReplicaExchange::dedup_rows_priced() const {
+  return config_.balance == BalanceMode::dynamic && config_.dispatch == DispatchKind::alltoall && config_.dedup &&
+         costs().token_row_seconds > 0;
+}
+
 balance::ReplicaCosts ReplicaExchange::costs() const {
   balance::ReplicaCosts costs;
   const ReplicaCostRates& rates = config_.replica_costs;
@@ -56,20 +61,50 @@ balance::ReplicaCosts ReplicaExchange::costs() const {
 void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base,
                                 std::optional<std::uint64_t> weight_version) {
   stats_.reset();
-  std::vector<std::int64_t> local(static_cast<std::size_t>(num_experts_), 0);
+  skipped_ = false;
+  if (skip_left_ > 0) {
+    // Priced plans placed nothing lately: no counts round this step (every
+    // rank skips the same steps: the counters follow the identical plans).
+    --skip_left_;
+    skip_planning();
+    return;
+  }
+  // Per rank: its E expert counts and, when dedup prices token rows, the
+  // rows it sends each rank with every expert at home (its tokens with an
+  // expert homed there): R more, in the same all-gather.
+  const bool rows_measured = dedup_rows_priced();
+  const int per_rank = num_experts_ + (rows_measured ? num_ranks_ : 0);
+  std::vector<std::int64_t> local(static_cast<std::size_t>(per_rank), 0);
   for (const std::int32_t expert : topk_ids) {
     EPMOE_CHECK(expert >= 0 && expert < num_experts_);
     local[expert] += 1;
   }
-  counts_.assign(static_cast<std::size_t>(num_ranks_) * num_experts_, 0);
+  if (rows_measured) {
+    const std::size_t top_k = static_cast<std::size_t>(config_.top_k);
+    std::vector<char> hit(static_cast<std::size_t>(num_ranks_));
+    for (std::size_t t = 0; t < topk_ids.size() / top_k; ++t) {
+      std::fill(hit.begin(), hit.end(), 0);
+      for (std::size_t k = 0; k < top_k; ++k) hit[homes_[topk_ids[t * top_k + k]]] = 1;
+      for (int r = 0; r < num_ranks_; ++r) local[num_experts_ + r] += hit[r];
+    }
+  }
+  std::vector<std::int64_t> gathered(static_cast<std::size_t>(num_ranks_) * per_rank, 0);
   comm::ring_all_gather(comm_, {.input = local.data(),
-                                .output = counts_.data(),
-                                .num_elements_per_rank = num_experts_,
+                                .output = gathered.data(),
+                                .num_elements_per_rank = per_rank,
                                 .dtype = DType::i64,
                                 .tag = ep_tag(tag_base, 0, EpOp::replica_counts),
                                 .timeout = config_.timeout})
       .wait();
-  stats_.bytes_sent["forward/ring_all_gather replica counts"] += 8 * num_experts_ * (num_ranks_ - 1);  // R-1 rows of E
+  stats_.bytes_sent["forward/ring_all_gather replica counts"] += 8 * per_rank * (num_ranks_ - 1);  // R-1 rows
+  counts_.assign(static_cast<std::size_t>(num_ranks_) * num_experts_, 0);
+  source_rows_.assign(rows_measured ? static_cast<std::size_t>(num_ranks_) * num_ranks_ : 0, 0);
+  for (int r = 0; r < num_ranks_; ++r) {
+    const std::int64_t* row = gathered.data() + static_cast<std::size_t>(r) * per_rank;
+    std::copy(row, row + num_experts_, counts_.begin() + static_cast<std::ptrdiff_t>(r) * num_experts_);
+    if (rows_measured)
+      std::copy(row + num_experts_, row + per_rank, source_rows_.begin() + static_cast<std::ptrdiff_t>(r) * num_ranks_);
+  }
   std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
   for (int r = 0; r < num_ranks_; ++r)
     for (int e = 0; e < num_experts_; ++e) global[e] += counts_[r * num_experts_ + e];
@@ -94,6 +129,7 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
   } else {
     balance::ReplicaCosts priced = costs();
     if (priced.token_row_seconds > 0) priced.source_counts = counts_;
+    priced.source_rows = source_rows_;
     priced.previous_weights_current = weight_version.has_value() && weight_version == last_weight_version_;
     plan_ = balance::plan_replicas(global, homes_,
                                    {.num_ranks = num_ranks_,
@@ -105,6 +141,17 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
     stats_.refused_replicas = plan_.refused_replicas;
     stats_.refused_saving_seconds = plan_.refused_saving_seconds;
     stats_.refused_cost_seconds = plan_.refused_cost_seconds;
+    if (priced.enabled()) {
+      // Nothing pays: the next 1, 2, 4, ... 16 steps skip the counts round
+      // (its latency-bound all-gather is all balancing would cost them), and
+      // the next plan looks again; a plan that places replicas resets it.
+      if (plan_.num_replicas() == 0) {
+        skip_left_ = next_skip_;
+        next_skip_ = std::min(2 * next_skip_, kMaxStepsSkipped);
+      } else {
+        next_skip_ = 1;
+      }
+    }
   }
   stats_.planner_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -154,6 +201,20 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
   stats_.num_replicas = plan_.num_replicas();
 }
 
+void ReplicaExchange::skip_planning() {
+  skipped_ = true;
+  stats_.skipped_planning = true;
+  // Homes only, every slot empty; no global counts behind it (quotas are
+  // not known, so the plan's loads are this rank's view and not reported).
+  plan_ = balance::plan_replicas(std::vector<std::int64_t>(static_cast<std::size_t>(num_experts_), 0), homes_,
+                                 {.num_ranks = num_ranks_,
+                                  .num_redundant_slots_per_rank = num_slots_,
+                                  .rebalance_threshold = static_cast<double>(num_ranks_)});
+  stats_.slot_experts.assign(static_cast<std::size_t>(num_slots_), balance::kEmptySlot);
+  stats_.slot_quotas.assign(static_cast<std::size_t>(num_slots_), 0);
+  stats_.rows_per_slot.assign(static_cast<std::size_t>(num_slots_), 0);
+}
+
 void ReplicaExchange::count_slot_rows(const ExpertRows& rows) {
   std::vector<std::int64_t>& slot_rows = stats_.rows_per_slot;  // [B] once a step is planned
   for (std::size_t b = 0; b < slot_rows.size(); ++b) slot_rows[b] += rows.group_sizes[num_local_experts_ + b];
@@ -173,6 +234,13 @@ PairDestination ReplicaExchange::destination(int source, int expert, std::int64_
 void ReplicaExchange::destinations(std::span<const std::int32_t> topk_ids, int top_k, std::int32_t* out) const {
   const std::int64_t num_pairs = static_cast<std::int64_t>(topk_ids.size());
   const int me = comm_.rank(), stride = experts_per_rank();
+  if (skipped_) {
+    for (std::int64_t i = 0; i < num_pairs; ++i) {
+      const int expert = topk_ids[i], home = homes_[expert];
+      out[i] = home * stride + (expert - home * num_local_experts_);
+    }
+    return;
+  }
   if (config_.dispatch == DispatchKind::alltoall && config_.dedup && config_.replica_choice == ReplicaChoice::dedup) {
     // Same per-(source, copy) sub-quotas as the positional rule, so every
     // copy still computes exactly its quota; receivers learn their rows from
@@ -203,7 +271,8 @@ transport::Tag slot_tag(std::uint32_t tag_base, int slot, EpOp op, int part) {
 }  // namespace
 
 namespace {
-constexpr std::int64_t kPlanningStateFormat = 1;
+// 2 appends the priced plans' skip counters; 1 (before them) is read with 0s.
+constexpr std::int64_t kPlanningStateFormat = 2;
 }  // namespace
 
 // Layout: format, R, B, E, step, held experts [R*B], periodic placement
@@ -215,6 +284,8 @@ std::vector<std::int64_t> ReplicaExchange::planning_state() const {
   state.insert(state.end(), periodic_slots_.begin(), periodic_slots_.end());
   state.push_back(static_cast<std::int64_t>(count_history_.size()));
   for (const auto& counts : count_history_) state.insert(state.end(), counts.begin(), counts.end());
+  state.push_back(skip_left_);
+  state.push_back(next_skip_);
   return state;
 }
 
@@ -222,7 +293,7 @@ void ReplicaExchange::restore_planning_state(const std::vector<std::int64_t>& st
   const auto fail = [](const std::string& why) {
     throw ConfigError("the checkpoint's replica balancing state " + why);
   };
-  if (state.size() < 5 || state[0] != kPlanningStateFormat) fail("has an unknown format");
+  if (state.size() < 5 || (state[0] != kPlanningStateFormat && state[0] != 1)) fail("has an unknown format");
   if (state[1] != num_ranks_ || state[2] != num_slots_ || state[3] != num_experts_) {
     fail("was saved for ranks=" + std::to_string(state[1]) + " redundant_slots=" + std::to_string(state[2]) +
          " num_experts=" + std::to_string(state[3]) + "; this run has ranks=" + std::to_string(num_ranks_) +
@@ -244,6 +315,15 @@ void ReplicaExchange::restore_planning_state(const std::vector<std::int64_t>& st
   const std::int64_t window = take(1)[0];
   count_history_.clear();
   for (std::int64_t w = 0; w < window; ++w) count_history_.push_back(take(static_cast<std::size_t>(num_experts_)));
+  skip_left_ = 0;
+  next_skip_ = 1;
+  if (state[0] == kPlanningStateFormat) {
+    const std::vector<std::int64_t> skips = take(2);
+    if (skips[0] < 0 || skips[0] > kMaxStepsSkipped || skips[1] < 1 || skips[1] > kMaxStepsSkipped)
+      fail("has skip counters out of range");
+    skip_left_ = static_cast<int>(skips[0]);
+    next_skip_ = static_cast<int>(skips[1]);
+  }
   if (at != state.size()) fail("has trailing values");
 }
 

@@ -47,7 +47,10 @@
 // docs/BALANCE.md "Cost model"): plan_step prices every candidate replica
 // (balance::ReplicaCosts) from the rates, the expert shape, the weights'
 // wire format and, for the all-to-all, the all-gathered per-source counts;
-// a slot kept at an unchanged weight version costs no weights.
+// a slot kept at an unchanged weight version costs no weights. When a
+// priced plan places nothing, the next 1, 2, 4, ..., 16 steps skip the counts
+// round and the plan (every pair goes home), so a layer whose replicas do
+// not pay spends (almost) nothing on balancing; the next plan looks again.
 //
 // Local expert indices on a rank: [0, E_l) home experts, E_l + b slot b.
 #pragma once
@@ -178,7 +181,18 @@ class ReplicaExchange {
   std::optional<std::uint64_t> last_weight_version_;  // what every occupied slot holds
   int num_ranks_, num_experts_, num_local_experts_, num_slots_;
   std::vector<int> homes_;
-  std::vector<std::int64_t> counts_;  // [R * E] all-gathered
+  // Whether plan_step all-gathers each rank's rows per destination rank
+  // (the all-to-all with dedup, priced): the token rows dedup leaves.
+  bool dedup_rows_priced() const;
+  // A step without counts round or plan (priced plans placed nothing
+  // lately): every pair goes home.
+  void skip_planning();
+  static constexpr int kMaxStepsSkipped = 16;
+  bool skipped_ = false;                   // this step
+  int skip_left_ = 0;                      // steps still to skip
+  int next_skip_ = 1;                      // steps the next refused plan skips
+  std::vector<std::int64_t> counts_;       // [R * E] all-gathered
+  std::vector<std::int64_t> source_rows_;  // [R * R] with dedup_rows_priced(), else empty
   balance::ReplicaPlan plan_;
   // [R * copies]: per source, the running sum of the locality-first
   // sub-quotas over each expert's copies (where each copy's run among the

@@ -104,6 +104,7 @@ nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const std
   out["refused_replicas"] = first.refused_replicas;
   out["refused_saving_us"] = first.refused_saving_seconds * 1e6;
   out["refused_cost_us"] = first.refused_cost_seconds * 1e6;
+  out["skipped_planning"] = first.skipped_planning;
   return out;
 }
 

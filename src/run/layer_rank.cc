@@ -119,6 +119,7 @@ RankReport run_layer_rank(LayerRank& rank, const LayerInputs& inputs, const Expe
   report.refused_replicas = replicas.refused_replicas;
   report.refused_saving_seconds = replicas.refused_saving_seconds;
   report.refused_cost_seconds = replicas.refused_cost_seconds;
+  report.skipped_planning = replicas.skipped_planning;
   return report;
 }
 

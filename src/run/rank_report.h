@@ -71,6 +71,7 @@ struct RankReport {
   double predicted_saving_seconds = 0, predicted_cost_seconds = 0;
   int refused_replicas = 0;
   double refused_saving_seconds = 0, refused_cost_seconds = 0;
+  bool skipped_planning = false;
   // clock=modelled only (then phase_seconds are modelled seconds too).
   std::optional<ModelledRankTime> modelled;
 };
@@ -84,6 +85,6 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, fi
                                    rank_loads_before, rank_loads_after, max_over_mean_before, max_over_mean_after,
                                    ideal_max_over_mean, num_replicas, planner_seconds, predicted_saving_seconds,
                                    predicted_cost_seconds, refused_replicas, refused_saving_seconds,
-                                   refused_cost_seconds, modelled)
+                                   refused_cost_seconds, skipped_planning, modelled)
 
 }  // namespace epmoe::run

@@ -209,14 +209,15 @@ TEST(Replicas, WeightsResentOnlyWhenVersionChanges) {
 }
 
 // Priced plans (issue 31, EpConfig::replica_costs) in the engine. Rows cost
-// 18·H·F / 1e9 s = 0.86 us; a slot's weights and gradient 576 B each. Links
-// at 1 GB/s: a slot costs 1.15 us and pays from 2 rows, so replicas are
-// placed; at 1 MB/s it costs 1.15 ms, more than every row of the step
-// saves, so none is. Either way every copy computes its quota and the
-// results match the double reference.
-EpRunOptions priced_replicas(int num_ranks, DispatchKind dispatch, double link_bytes_per_s) {
+// 18·H·F / 1e9 s = 0.86 us of compute (and 128 B on the all-to-all's
+// links); a slot's weights and gradient 576 B each. Links at 1 GB/s with no
+// latency: a slot costs 1.15 us and pays from 2 rows, so replicas are
+// placed; with 1 ms of latency per message it costs 2 ms, more than every
+// row of the step saves, so none is. Either way every copy computes its
+// quota and the results match the double reference.
+EpRunOptions priced_replicas(int num_ranks, DispatchKind dispatch, double link_latency_s) {
   EpRunOptions on = dynamic_replicas(num_ranks, dispatch, 2);
-  on.ep.replica_costs = {.compute_flops_per_s = 1e9, .link_bytes_per_s = link_bytes_per_s, .link_latency_s = 0};
+  on.ep.replica_costs = {.compute_flops_per_s = 1e9, .link_bytes_per_s = 1e9, .link_latency_s = link_latency_s};
   return on;
 }
 
@@ -226,7 +227,7 @@ TEST(Replicas, PricedPlansPlaceWhatPaysRefuseWhatDoesNotAndMatchTheReference) {
        {ReplicaVariant{DispatchKind::alltoall, false}, ReplicaVariant{DispatchKind::alltoall, true},
         ReplicaVariant{DispatchKind::ring, false}}) {
     const std::string what = to_string(variant.dispatch) + (variant.dedup ? " dedup" : "");
-    EpRunOptions cheap = priced_replicas(4, variant.dispatch, 1e9);
+    EpRunOptions cheap = priced_replicas(4, variant.dispatch, 0);
     cheap.ep.dedup = variant.dedup;
     const EpRunResult placed = testing::run_ep_layer(p, cheap);
     ASSERT_GT(expect_quotas_met(placed, what), 0) << what;
@@ -235,7 +236,7 @@ TEST(Replicas, PricedPlansPlaceWhatPaysRefuseWhatDoesNotAndMatchTheReference) {
     EXPECT_GT(chosen.predicted_cost_seconds, 0) << what;
     expect_matches_reference(p, placed, what + " cheap links");
 
-    EpRunOptions dear = priced_replicas(4, variant.dispatch, 1e6);
+    EpRunOptions dear = priced_replicas(4, variant.dispatch, 1e-3);
     dear.ep.dedup = variant.dedup;
     const EpRunResult refused = testing::run_ep_layer(p, dear);
     EXPECT_EQ(expect_quotas_met(refused, what), 0) << what;
@@ -252,7 +253,7 @@ TEST(Replicas, PricedPlansPlaceWhatPaysRefuseWhatDoesNotAndMatchTheReference) {
 // its replicas, moves no weight bytes, and is priced without them.
 TEST(Replicas, AKeptReplicaAtTheSameWeightVersionMovesNoBytesAndCostsNoWeights) {
   const MoeProblem p = skewed_problem(4);
-  EpRunOptions on = priced_replicas(4, DispatchKind::ring, 1e9);
+  EpRunOptions on = priced_replicas(4, DispatchKind::ring, 0);
   on.weight_versions = {7, 7};
   const EpRunResult run = testing::run_ep_layer(p, on);
   const ep::ReplicaStats& first = run.step_replica_stats[0][0];
@@ -266,6 +267,31 @@ TEST(Replicas, AKeptReplicaAtTheSameWeightVersionMovesNoBytesAndCostsNoWeights) 
   EXPECT_EQ(second.predicted_saving_seconds, first.predicted_saving_seconds);
   EXPECT_LT(second.predicted_cost_seconds, first.predicted_cost_seconds);
   expect_matches_reference(p, run, "kept replicas");
+}
+
+// When a priced plan places nothing, the next 1, then 2, ... steps skip the
+// counts round (no bytes, every pair home), then a plan looks again: steps
+// plan, skip, plan, skip, skip, plan.
+TEST(Replicas, RefusedPlansSkipTheCountsRoundForGrowingSpells) {
+  const MoeProblem p = skewed_problem(4);
+  EpRunOptions dear = priced_replicas(4, DispatchKind::alltoall, 1e-3);
+  dear.ep.dedup = true;  // the dedup-aware choice must not run on a skipped step
+  dear.weight_versions = {1, 2, 3, 4, 5, 6};
+  const EpRunResult run = testing::run_ep_layer(p, dear);
+  const std::vector<bool> skipped = {false, true, false, true, true, false};
+  for (std::size_t step = 0; step < skipped.size(); ++step) {
+    for (std::size_t r = 0; r < run.replica_stats.size(); ++r) {
+      const ep::ReplicaStats& stats = run.step_replica_stats[step][r];
+      EXPECT_EQ(stats.skipped_planning, skipped[step]) << "step " << step << " rank " << r;
+      EXPECT_EQ(stats.num_replicas, 0) << "step " << step;
+    }
+    const std::int64_t counts_bytes = total_bytes(run.step_stats[step], "forward/ring_all_gather replica counts");
+    if (skipped[step])
+      EXPECT_EQ(counts_bytes, 0) << "step " << step;
+    else
+      EXPECT_GT(counts_bytes, 0) << "step " << step;
+  }
+  expect_matches_reference(p, run, "skipped planning");
 }
 
 // Recomputed x_sorted: the ring re-collects a chunk's rows with the same
