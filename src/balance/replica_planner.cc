@@ -129,7 +129,8 @@ class WaterFill {
       gradient_link = std::max({gradient_link, gradients_in[r], gradients_out[r]});
     }
     value.cost = static_cast<double>(weight_link) * costs_.weight_seconds +
-                 static_cast<double>(gradient_link) * costs_.gradient_seconds;
+                 static_cast<double>(gradient_link) * costs_.gradient_seconds +
+                 (value.replicas > 0 ? costs_.plan_seconds : 0);
     if (prices_tokens() && value.replicas > 0) {
       // Rows off the busiest link save as much as they cost when added: the
       // all-to-all's time goes to its busiest link (the hot home's, under

@@ -72,6 +72,9 @@ struct ReplicaCosts {
   double weight_seconds = 0;     // one expert's weights over one link into a slot, latency included
   double gradient_seconds = 0;   // one slot's gradient over one link home; 0 without a backward
   double token_row_seconds = 0;  // one token row more over a link (all-to-all); 0 for the ring
+  // What planning itself costs a step (the counts round): a plan with
+  // replicas pays it, one without lets the engine skip it next time.
+  double plan_seconds = 0;
   // The previous plan's slots (previous_slot_experts) still hold current
   // weights (same weight version: inference, micro-batches of one optimizer
   // step): keeping a replica there moves no weights.

@@ -48,6 +48,10 @@ balance::ReplicaCosts ReplicaExchange::costs() const {
   const double matrices = 3 * hidden * ffn;
   costs.weight_seconds = matrices * weight_element_bytes() / rates.link_bytes_per_s + rates.link_latency_s;
   costs.gradient_seconds = matrices * 4 / rates.link_bytes_per_s + rates.link_latency_s;
+  // The counts round: a bidirectional ring all-gather of E (+ R) i64 per
+  // rank, R - 1 hops of latency. Refused plans skip it (plan_step).
+  const double count_bytes = 8.0 * (config_.num_experts + (config_.dedup ? comm_.size() : 0));
+  costs.plan_seconds = (comm_.size() - 1) * (rates.link_latency_s + count_bytes / rates.link_bytes_per_s);
   if (config_.dispatch == DispatchKind::alltoall) {
     // A row on the wire: the token forward (f32 or fp8), its expert output
     // back, the output cotangent out and dx back (f32). The ring moves every

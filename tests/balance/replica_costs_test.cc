@@ -42,6 +42,18 @@ TEST(ReplicaCosts, PlacesAReplicaThatSavesMoreThanItCosts) {
   EXPECT_EQ(plan.refused_replicas, 0);
 }
 
+// Planning itself (the counts round a plan with replicas keeps paying)
+// tips the balance: 90 + 20 > 100.
+TEST(ReplicaCosts, APlanPaysForItsCountsRound) {
+  ReplicaCosts c = costs(60, 30);
+  c.plan_seconds = 20;
+  const ReplicaPlan plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, c);
+  EXPECT_EQ(plan.num_replicas(), 0);
+  EXPECT_EQ(plan.refused_cost_seconds, 110);
+  c.plan_seconds = 5;
+  EXPECT_EQ(plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, c).predicted_cost_seconds, 95);
+}
+
 TEST(ReplicaCosts, RefusesAReplicaWhoseTransfersCostMoreThanItSaves) {
   const ReplicaPlan plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, costs(80, 30));
   EXPECT_EQ(plan.num_replicas(), 0);

@@ -102,6 +102,7 @@ TEST(ReplicaExchange, PricesWeightsAtTheBytesTheySend) {
     EXPECT_DOUBLE_EQ(f32.costs().row_seconds, 18.0 * kElements / 1e12);
     // The all-to-all's rows: token out, output back, cotangent out, dx back.
     EXPECT_DOUBLE_EQ(f32.costs().token_row_seconds, kHidden * 16 / 1e9);
+    EXPECT_EQ(f32.costs().plan_seconds, 0);  // one rank: no counts round
   });
 }
 
