@@ -96,6 +96,11 @@ int main(int argc, char** argv) {
     costs.gradient_seconds = 3.0 * 7168 * 2048 * 4 / 450e9 + 2e-6;
     costs.token_row_seconds = 7168.0 * 16 / 450e9;
     costs.source_counts = source;
+    // Each rank's pairs, as the engine all-gathers them with the counts.
+    std::vector<std::int64_t> pairs(static_cast<std::size_t>(c.num_ranks), 0);
+    for (int r = 0; r < c.num_ranks; ++r)
+      for (int e = 0; e < c.num_experts; ++e) pairs[r] += source[static_cast<std::size_t>(r) * c.num_experts + e];
+    costs.source_pairs = pairs;
     std::int64_t sink = 0;  // keeps the calls from being optimised away
     const auto stats = epmoe::bench::measure_interleaved(
         {[&] { sink += plan_replicas(counts, homes, planner).after.max_load; },

@@ -66,11 +66,17 @@ class WaterFill {
         // measured rows (ReplicaCosts::source_rows).
         source_pairs_.assign(num_ranks_, 0);
         home_local_.assign(num_ranks_, 0);
-        for (int r = 0; r < num_ranks_; ++r)
-          for (int e = 0; e < num_experts_; ++e) {
-            source_pairs_[r] += source_count(r, e);
-            if (homes_[e] == r) home_local_[r] += source_count(r, e);
+        for (int r = 0; r < num_ranks_; ++r) {
+          const std::int64_t* row = source_counts_.data() + static_cast<std::size_t>(r) * num_experts_;
+          if (costs_.source_pairs.empty()) {
+            std::int64_t pairs = 0;  // a plain row sum: vectorised
+            for (int e = 0; e < num_experts_; ++e) pairs += row[e];
+            source_pairs_[r] = pairs;
+          } else {
+            source_pairs_[r] = costs_.source_pairs[r];
           }
+          for (int i = home_offsets_[r]; i < home_offsets_[r + 1]; ++i) home_local_[r] += row[experts_by_home_[i]];
+        }
         rows_in_.assign(num_ranks_, 0);
         rows_out_.assign(num_ranks_, 0);
         for (int r = 0; r < num_ranks_; ++r) {
@@ -143,11 +149,15 @@ class WaterFill {
 
   // Whether a run of `rows` of `expert` into a new slot of `receiver` pays
   // for that slot's own transfers.
-  bool pays(int receiver, int expert, std::int64_t rows) const {
-    if (!price_runs_) return true;
+  bool pays(int receiver, int expert, std::int64_t rows) {
+    if (!costs_.enabled()) return true;
     const double slot_cost = costs_.gradient_seconds + (weights_current(receiver, expert) ? 0 : costs_.weight_seconds);
-    return static_cast<double>(rows) * costs_.row_seconds > slot_cost;
+    const bool paid = static_cast<double>(rows) * costs_.row_seconds > slot_cost;
+    unpaid_runs_ += !paid;  // what pricing the runs would have refused
+    return paid || !price_runs_;
   }
+  // Runs of the last fill that did not pay for their slot (placed or not).
+  int unpaid_runs() const { return unpaid_runs_; }
 
   const std::vector<std::int64_t>& home_loads() const { return home_loads_; }
   // Costs on: whether fill() refuses the runs that do not pay for their slot.
@@ -157,6 +167,7 @@ class WaterFill {
   // the slots allowed it). The state holds the plan afterwards.
   std::int64_t fill(std::int64_t target, RunRule rule) {
     reset();
+    unpaid_runs_ = 0;
     std::int64_t excess = 0;
     donors_.clear();
     receivers_.clear();
@@ -401,6 +412,7 @@ class WaterFill {
   std::vector<std::int64_t> rows_in_, rows_out_, scratch_;  // [R] rows without replicas; [2 * R]
   std::int64_t home_link_rows_ = 0;
   bool price_runs_ = false;
+  int unpaid_runs_ = 0;
 };
 
 void check_planner_inputs(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
@@ -456,6 +468,8 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
                           const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts,
                           const ReplicaCosts& costs) {
   check_planner_inputs(expert_counts, home_rank_of_expert, options);
+  if (!costs.source_pairs.empty())
+    EPMOE_CHECK_EQ(costs.source_pairs.size(), static_cast<std::size_t>(options.num_ranks));
   if (!costs.source_rows.empty()) {
     EPMOE_CHECK_EQ(costs.source_rows.size(), static_cast<std::size_t>(options.num_ranks) * options.num_ranks);
   }
@@ -515,7 +529,7 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
 
   // Cost-aware: the balance plan (what the threshold asks, whatever it
   // costs) against plans that refuse the runs that do not pay for their slot,
-  // aimed at the balance target and at 1/8 .. 7/8 of the way back to the
+  // aimed at the balance target and at 1/4, 1/2, 3/4 of the way back to the
   // homes' max load; and no replicas (net 0). Each candidate is one fill and
   // one pricing, O(E + R * B), so the search keeps the plan within
   // microseconds.
@@ -526,20 +540,26 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
     RunRule rule;
     bool priced;
   };
-  Choice chosen{balanced, best_target, best.rule, false};
-  constexpr int kFractions = 8;
+  Choice chosen{balanced, best_target, best.rule, false}, last = chosen;
+  // A fill costs a few microseconds at E=256 R=64 (bench/balance): four
+  // candidates, the first skipped when every run of the balance plan pays
+  // (pricing would not change it), keep the plan under 20 us there.
+  constexpr int kFractions = 3;
+  const bool balance_plan_pays = fill.unpaid_runs() == 0;
   fill.price_runs(true);
-  for (int j = 0; j < kFractions; ++j) {
+  for (int j = balance_plan_pays ? 1 : 0; j < kFractions; ++j) {
     const std::int64_t at = j == 0 ? best_target : best.reached + (homes.max_load - best.reached) * j / kFractions;
     if (at >= homes.max_load) break;
     const RunRule rule = j == 0 ? best.rule : RunRule::finish_or_fill;
     fill.fill(at, rule);
-    const WaterFill::Value value = fill.evaluate();
-    if (value.net() > chosen.value.net()) chosen = {value, at, rule, true};
+    last = {fill.evaluate(), at, rule, true};
+    if (last.value.net() > chosen.value.net()) chosen = last;
   }
   if (!(chosen.value.net() > 0)) chosen = {{}, homes.max_load, RunRule::largest, false};
-  fill.price_runs(chosen.priced);
-  fill.fill(chosen.target, chosen.rule);
+  if (chosen.target != last.target || chosen.rule != last.rule || chosen.priced != last.priced) {
+    fill.price_runs(chosen.priced);
+    fill.fill(chosen.target, chosen.rule);
+  }
   ReplicaPlan plan = fill.finish();
   plan.predicted_saving_seconds = chosen.value.saving;
   plan.predicted_cost_seconds = chosen.value.cost;

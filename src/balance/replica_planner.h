@@ -49,7 +49,7 @@
 //     count as cost, those it loses as saving (the all-to-all's time goes to
 //     its busiest link: under packed hot experts, the hot home's);
 //   * takes, among the balance plan and plans that stop short of it (targets
-//     at 1/8 .. 7/8 of the way back to the homes' max load), the one with
+//     at 1/4, 1/2, 3/4 of the way back to the homes' max load), the one with
 //     the largest saving - cost, and no replicas at all unless that is > 0.
 // So a plan is never predicted slower than no replicas; what it did not
 // take is reported in ReplicaPlan's refused_* fields.
@@ -82,6 +82,10 @@ struct ReplicaCosts {
   // [R * E] per-source counts (counts[r * E + e]) for the token rows a plan
   // adds (token_row_seconds); empty: no token cost.
   std::span<const std::int64_t> source_counts;
+  // [R] each rank's pairs (row sums of source_counts), when the caller has
+  // them (the engine all-gathers them with the counts): spares the planner
+  // a pass over R * E counts (half its time at E=256 R=64); empty: summed.
+  std::span<const std::int64_t> source_pairs;
   // With dedup: [R * R] rows source s sends rank d with every expert at home
   // (at s * R + d: s's tokens with an expert homed on d); empty: a pair is a
   // row.

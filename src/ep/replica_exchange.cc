@@ -50,7 +50,9 @@ balance::ReplicaCosts ReplicaExchange::costs() const {
   costs.gradient_seconds = matrices * 4 / rates.link_bytes_per_s + rates.link_latency_s;
   // The counts round: a bidirectional ring all-gather of E (+ R) i64 per
   // rank, R - 1 hops of latency. Refused plans skip it (plan_step).
-  const double count_bytes = 8.0 * (config_.num_experts + (config_.dedup ? comm_.size() : 0));
+  const bool all_to_all = config_.dispatch == DispatchKind::alltoall;
+  const double count_bytes =
+      8.0 * (config_.num_experts + (all_to_all ? 1 : 0) + (all_to_all && config_.dedup ? comm_.size() : 0));
   costs.plan_seconds = (comm_.size() - 1) * (rates.link_latency_s + count_bytes / rates.link_bytes_per_s);
   if (config_.dispatch == DispatchKind::alltoall) {
     // A row on the wire: the token forward (f32 or fp8), its expert output
@@ -77,19 +79,24 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
   // rows it sends each rank with every expert at home (its tokens with an
   // expert homed there): R more, in the same all-gather.
   const bool rows_measured = dedup_rows_priced();
-  const int per_rank = num_experts_ + (rows_measured ? num_ranks_ : 0);
+  // [E counts], and when token rows are priced (the all-to-all) [its pairs]
+  // and with dedup [R rows]: the plan formulas' ·E·8 bytes otherwise.
+  const bool pairs_sent = costs().token_row_seconds > 0;
+  const int pairs_at = num_experts_, rows_at = num_experts_ + (pairs_sent ? 1 : 0);
+  const int per_rank = rows_at + (rows_measured ? num_ranks_ : 0);
   std::vector<std::int64_t> local(static_cast<std::size_t>(per_rank), 0);
   for (const std::int32_t expert : topk_ids) {
     EPMOE_CHECK(expert >= 0 && expert < num_experts_);
     local[expert] += 1;
   }
+  if (pairs_sent) local[pairs_at] = static_cast<std::int64_t>(topk_ids.size());
   if (rows_measured) {
     const std::size_t top_k = static_cast<std::size_t>(config_.top_k);
     std::vector<char> hit(static_cast<std::size_t>(num_ranks_));
     for (std::size_t t = 0; t < topk_ids.size() / top_k; ++t) {
       std::fill(hit.begin(), hit.end(), 0);
       for (std::size_t k = 0; k < top_k; ++k) hit[homes_[topk_ids[t * top_k + k]]] = 1;
-      for (int r = 0; r < num_ranks_; ++r) local[num_experts_ + r] += hit[r];
+      for (int r = 0; r < num_ranks_; ++r) local[rows_at + r] += hit[r];
     }
   }
   std::vector<std::int64_t> gathered(static_cast<std::size_t>(num_ranks_) * per_rank, 0);
@@ -102,12 +109,14 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
       .wait();
   stats_.bytes_sent["forward/ring_all_gather replica counts"] += 8 * per_rank * (num_ranks_ - 1);  // R-1 rows
   counts_.assign(static_cast<std::size_t>(num_ranks_) * num_experts_, 0);
+  source_pairs_.assign(pairs_sent ? static_cast<std::size_t>(num_ranks_) : 0, 0);
   source_rows_.assign(rows_measured ? static_cast<std::size_t>(num_ranks_) * num_ranks_ : 0, 0);
   for (int r = 0; r < num_ranks_; ++r) {
     const std::int64_t* row = gathered.data() + static_cast<std::size_t>(r) * per_rank;
     std::copy(row, row + num_experts_, counts_.begin() + static_cast<std::ptrdiff_t>(r) * num_experts_);
+    if (pairs_sent) source_pairs_[r] = row[pairs_at];
     if (rows_measured)
-      std::copy(row + num_experts_, row + per_rank, source_rows_.begin() + static_cast<std::ptrdiff_t>(r) * num_ranks_);
+      std::copy(row + rows_at, row + per_rank, source_rows_.begin() + static_cast<std::ptrdiff_t>(r) * num_ranks_);
   }
   std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
   for (int r = 0; r < num_ranks_; ++r)
@@ -132,7 +141,10 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
     ++step_;
   } else {
     balance::ReplicaCosts priced = costs();
-    if (priced.token_row_seconds > 0) priced.source_counts = counts_;
+    if (priced.token_row_seconds > 0) {
+      priced.source_counts = counts_;
+      priced.source_pairs = source_pairs_;
+    }
     priced.source_rows = source_rows_;
     priced.previous_weights_current = weight_version.has_value() && weight_version == last_weight_version_;
     plan_ = balance::plan_replicas(global, homes_,

@@ -188,11 +188,12 @@ class ReplicaExchange {
   // lately): every pair goes home.
   void skip_planning();
   static constexpr int kMaxStepsSkipped = 16;
-  bool skipped_ = false;                   // this step
-  int skip_left_ = 0;                      // steps still to skip
-  int next_skip_ = 1;                      // steps the next refused plan skips
-  std::vector<std::int64_t> counts_;       // [R * E] all-gathered
-  std::vector<std::int64_t> source_rows_;  // [R * R] with dedup_rows_priced(), else empty
+  bool skipped_ = false;                    // this step
+  int skip_left_ = 0;                       // steps still to skip
+  int next_skip_ = 1;                       // steps the next refused plan skips
+  std::vector<std::int64_t> counts_;        // [R * E] all-gathered
+  std::vector<std::int64_t> source_rows_;   // [R * R] with dedup_rows_priced(), else empty
+  std::vector<std::int64_t> source_pairs_;  // [R] each rank's (token, k) pairs this step
   balance::ReplicaPlan plan_;
   // [R * copies]: per source, the running sum of the locality-first
   // sub-quotas over each expert's copies (where each copy's run among the
