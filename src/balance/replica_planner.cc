@@ -529,7 +529,7 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
 
   // Cost-aware: the balance plan (what the threshold asks, whatever it
   // costs) against plans that refuse the runs that do not pay for their slot,
-  // aimed at the balance target and at 1/4, 1/2, 3/4 of the way back to the
+  // aimed at the balance target and at 1/3 and 2/3 of the way back to the
   // homes' max load; and no replicas (net 0). Each candidate is one fill and
   // one pricing, O(E + R * B), so the search keeps the plan within
   // microseconds.
@@ -541,9 +541,9 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
     bool priced;
   };
   Choice chosen{balanced, best_target, best.rule, false}, last = chosen;
-  // A fill costs a few microseconds at E=256 R=64 (bench/balance): four
+  // A fill costs a few microseconds at E=256 R=64 (bench/balance): three
   // candidates, the first skipped when every run of the balance plan pays
-  // (pricing would not change it), keep the plan under 20 us there.
+  // (pricing would not change it).
   constexpr int kFractions = 3;
   const bool balance_plan_pays = fill.unpaid_runs() == 0;
   fill.price_runs(true);

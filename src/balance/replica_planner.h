@@ -49,7 +49,7 @@
 //     count as cost, those it loses as saving (the all-to-all's time goes to
 //     its busiest link: under packed hot experts, the hot home's);
 //   * takes, among the balance plan and plans that stop short of it (targets
-//     at 1/4, 1/2, 3/4 of the way back to the homes' max load), the one with
+//     at 1/3 and 2/3 of the way back to the homes' max load), the one with
 //     the largest saving - cost, and no replicas at all unless that is > 0.
 // So a plan is never predicted slower than no replicas; what it did not
 // take is reported in ReplicaPlan's refused_* fields.
