@@ -5,7 +5,8 @@
 // generated Zipf loads (s=1.2, K=8, 4096 tokens per rank; hot experts spread
 // and packed). Peer in the same run: eplb_global_placement() for the same
 // loads and slot budget, interleaved with the planner so that background load
-// hits both alike. Every plan is verified (quotas sum to the counts, no expert
+// hits both alike; and the cost-aware plan (issue 31, priced at the rates
+// below) beside them. Every plan is verified (quotas sum to the counts, no expert
 // twice on a rank, slot limits) before it is timed.
 //
 //   bench_balance_planner [--quick]   (--quick: shorter repetitions)
@@ -57,8 +58,8 @@ int main(int argc, char** argv) {
       {64, 8, 2, HotExpertPlacement::spread, 1.05},   {128, 16, 2, HotExpertPlacement::spread, 1.05},
       {256, 32, 2, HotExpertPlacement::spread, 1.05}, {1024, 128, 2, HotExpertPlacement::spread, 1.05},
   };
-  std::printf("%5s %4s %2s %-6s %5s | %9s %9s %9s %7s | %8s %15s | %9s %7s\n", "E", "R", "B", "hot", "thr", "plan us",
-              "min", "max", "spread", "replicas", "max/mean", "eplb us", "ratio");
+  std::printf("%5s %4s %2s %-6s %5s | %9s %9s %9s %7s | %8s %15s | %9s %7s | %9s %8s\n", "E", "R", "B", "hot", "thr",
+              "plan us", "min", "max", "spread", "replicas", "max/mean", "eplb us", "ratio", "priced us", "replicas");
   for (const BenchCase& c : cases) {
     LoadGeneratorOptions generator;
     generator.num_experts = c.num_experts;
@@ -80,18 +81,41 @@ int main(int argc, char** argv) {
       return 1;
     }
     const int slots_per_rank = c.num_experts / c.num_ranks + c.num_slots;
+    // Priced (issue 31): a DeepSeek-V3 expert (H=7168, F=2048) on an H200
+    // (989 TFLOP/s bf16 x 0.5, 450 GB/s, 2 us), bf16 weights, with
+    // per-source counts for the token rows (each expert's count spread evenly
+    // over the ranks).
+    std::vector<std::int64_t> source(static_cast<std::size_t>(c.num_ranks) * c.num_experts);
+    for (int r = 0; r < c.num_ranks; ++r)
+      for (int e = 0; e < c.num_experts; ++e)
+        source[static_cast<std::size_t>(r) * c.num_experts + e] =
+            counts[e] / c.num_ranks + (r < counts[e] % c.num_ranks ? 1 : 0);
+    ReplicaCosts costs;
+    costs.row_seconds = 18.0 * 7168 * 2048 / 494.5e12;
+    costs.weight_seconds = 3.0 * 7168 * 2048 * 2 / 450e9 + 2e-6;
+    costs.gradient_seconds = 3.0 * 7168 * 2048 * 4 / 450e9 + 2e-6;
+    costs.token_row_seconds = 7168.0 * 16 / 450e9;
+    costs.source_counts = source;
+    // Each rank's pairs, as the engine all-gathers them with the counts.
+    std::vector<std::int64_t> pairs(static_cast<std::size_t>(c.num_ranks), 0);
+    for (int r = 0; r < c.num_ranks; ++r)
+      for (int e = 0; e < c.num_experts; ++e) pairs[r] += source[static_cast<std::size_t>(r) * c.num_experts + e];
+    costs.source_pairs = pairs;
     std::int64_t sink = 0;  // keeps the calls from being optimised away
     const auto stats = epmoe::bench::measure_interleaved(
         {[&] { sink += plan_replicas(counts, homes, planner).after.max_load; },
-         [&] { sink += eplb_global_placement(counts, c.num_ranks, slots_per_rank, nullptr).slot_experts[0]; }},
+         [&] { sink += eplb_global_placement(counts, c.num_ranks, slots_per_rank, nullptr).slot_experts[0]; },
+         [&] { sink += plan_replicas(counts, homes, planner, {}, costs).after.max_load; }},
         options);
+    const ReplicaPlan priced = plan_replicas(counts, homes, planner, {}, costs);
     char balance[32];
     std::snprintf(balance, sizeof balance, "%.2f -> %.3f", plan.before.max_over_mean(), plan.after.max_over_mean());
-    std::printf("%5d %4d %2d %-6s %5.2f | %9.2f %9.2f %9.2f %6.0f%% | %8d %15s | %9.2f %6.1fx\n", c.num_experts,
-                c.num_ranks, c.num_slots, c.placement == HotExpertPlacement::spread ? "spread" : "packed", c.threshold,
-                stats[0].median_seconds * 1e6, stats[0].min_seconds * 1e6, stats[0].max_seconds * 1e6,
-                100 * stats[0].relative_spread(), plan.num_replicas(), balance, stats[1].median_seconds * 1e6,
-                stats[1].median_seconds / stats[0].median_seconds);
+    std::printf(
+        "%5d %4d %2d %-6s %5.2f | %9.2f %9.2f %9.2f %6.0f%% | %8d %15s | %9.2f %6.1fx | %9.2f %8d\n", c.num_experts,
+        c.num_ranks, c.num_slots, c.placement == HotExpertPlacement::spread ? "spread" : "packed", c.threshold,
+        stats[0].median_seconds * 1e6, stats[0].min_seconds * 1e6, stats[0].max_seconds * 1e6,
+        100 * stats[0].relative_spread(), plan.num_replicas(), balance, stats[1].median_seconds * 1e6,
+        stats[1].median_seconds / stats[0].median_seconds, stats[2].median_seconds * 1e6, priced.num_replicas());
     if (sink == 42) std::printf(" ");
   }
   return 0;

@@ -22,6 +22,9 @@
 //              routing (sigmoid_grouped with a Zipf selection bias, hot
 //              experts on rank 0, balance/routing_skew.h): step time, the
 //              busiest rank's compute, rank loads before/after the plan;
+//   replica_costs  balance=dynamic priced (issue 31) vs balance-only vs no
+//              replicas, every dispatcher, hot experts packed and spread:
+//              step time, replicas, forward token bytes, the plan's verdict;
 //   fp8        fp8 tokens (per tensor, per token) vs f32: token bytes and time.
 //
 // compute_time is modelled (FLOPs at the device's bf16 peak x
@@ -50,6 +53,7 @@
 #include "core/trace_recorder.h"
 #include "ep/collective_tags.h"
 #include "ep/ep_config.h"
+#include "hardware/replica_cost_rates.h"
 #include "layer_shape.h"
 #include "modelled_hardware.h"
 
@@ -73,10 +77,13 @@ struct Case {
   CotangentAllGather cotangent = CotangentAllGather::ring;
   RematPolicy remat = {};  // save everything (remat_policy=minimal)
   int slots = 0;           // balance=dynamic redundant_slots
-  bool skewed = false;     // packed Zipf routing
+  bool skewed = false;     // Zipf routing, hot experts packed on rank 0 (or spread)
+  bool spread = false;     // skewed: hot experts spread over the ranks
+  bool priced = false;     // balance=dynamic with replica_costs from the hardware
 };
 
 struct RankOutcome {
+  Picoseconds start = 0;  // of the last step (steps=N runs N; the first N-1 are not timed)
   Picoseconds forward_end = 0, end = 0;
   ModelledTotals totals;
   std::vector<ModelledCollective> collectives;
@@ -90,15 +97,20 @@ struct Outcome {
   std::vector<RankOutcome> ranks;
   std::vector<float> y, dx;  // rank 0's
 
+  Picoseconds first_start() const {
+    Picoseconds t = kNeverPicoseconds;
+    for (const RankOutcome& r : ranks) t = std::min(t, r.start);
+    return t;
+  }
   Picoseconds step() const {
     Picoseconds t = 0;
     for (const RankOutcome& r : ranks) t = std::max(t, r.end);
-    return t;
+    return t - first_start();
   }
   Picoseconds forward() const {
     Picoseconds t = 0;
     for (const RankOutcome& r : ranks) t = std::max(t, r.forward_end);
-    return t;
+    return t - first_start();
   }
   Picoseconds backward() const {
     Picoseconds t = 0;
@@ -184,11 +196,14 @@ class Runner {
  public:
   Runner(const BenchArgs& args, const LayerShape& shape, const ModelledHardware& hardware)
       : args_(args), shape_(shape), hardware_(hardware) {
-    bias_ = balance::zipf_selection_bias({.num_experts = shape.num_experts,
-                                          .num_ranks = shape.num_ranks,
-                                          .zipf_exponent = args.number("zipf", 1.2),
-                                          .placement = balance::HotExpertPlacement::packed,
-                                          .scale = args.number("skew_scale", 0.15)});
+    for (const auto placement : {balance::HotExpertPlacement::packed, balance::HotExpertPlacement::spread}) {
+      (placement == balance::HotExpertPlacement::packed ? bias_ : spread_bias_) =
+          balance::zipf_selection_bias({.num_experts = shape.num_experts,
+                                        .num_ranks = shape.num_ranks,
+                                        .zipf_exponent = args.number("zipf", 1.2),
+                                        .placement = placement,
+                                        .scale = args.number("skew_scale", 0.15)});
+    }
   }
 
   // Runs `c` once; the tables share their baselines (ring f32 with one
@@ -220,7 +235,8 @@ class Runner {
       Tensor wi1 = random_tensor({el, s.hidden, s.ffn}, rng, 1.0 / std::sqrt(double(s.hidden)));
       Tensor wo = random_tensor({el, s.ffn, s.hidden}, rng, 1.0 / std::sqrt(double(s.ffn)));
       Tensor bias(DType::f32, {s.num_experts});
-      for (int e = 0; e < s.num_experts; ++e) bias.data<float>()[e] = bias_[static_cast<std::size_t>(e)];
+      const std::vector<float>& chosen_bias = c.spread ? spread_bias_ : bias_;
+      for (int e = 0; e < s.num_experts; ++e) bias.data<float>()[e] = chosen_bias[static_cast<std::size_t>(e)];
       EpConfig config{.num_experts = s.num_experts,
                       .top_k = s.top_k,
                       .hidden = s.hidden,
@@ -232,6 +248,10 @@ class Runner {
       config.balance = c.slots > 0 ? BalanceMode::dynamic : BalanceMode::off;
       config.redundant_slots = c.slots;
       config.rebalance_threshold = args_.number("rebalance_threshold", 1.05);
+      if (c.priced) {
+        config.replica_costs = hardware::replica_cost_rates(hardware_.threads.modelled, hardware_.threads.links,
+                                                            hardware_.threads.compute_threads_per_rank);
+      }
       MemoryLedger ledger;
       EpConfig group_config = config;
       group_config.dispatch = c.dispatch;
@@ -246,6 +266,14 @@ class Runner {
       const MoeWeights weights{gate, wi0, wi1, wo, c.skewed ? bias.view() : TensorView()};
       ModelledClock& clock = *this_thread_modelled_clock();
       RankOutcome mine;
+      // steps=N: the last of N steps is timed (a training step's steady
+      // state: weights change every step, priced plans skip what does not pay).
+      const int num_steps = static_cast<int>(args_.number("steps", 1));
+      for (int step = 1; step < num_steps; ++step) {
+        layer.forward(x, weights);
+        layer.backward(dy);
+      }
+      mine.start = clock.now();
       const Tensor y = layer.forward(x, weights).y;
       mine.forward_end = clock.now();
       const MoeGradients grads = layer.backward(dy);
@@ -271,13 +299,14 @@ class Runner {
   static std::string describe(const Case& c) {
     return to_string(c.dispatch) + (c.dedup ? " dedup" : "") + " chunks=" + std::to_string(c.chunks) + " " +
            to_string(c.tokens) + (c.cotangent == CotangentAllGather::plain ? " plain" : " ring") + " " +
-           c.remat.describe() + " slots=" + std::to_string(c.slots) + (c.skewed ? " skewed" : "");
+           c.remat.describe() + " slots=" + std::to_string(c.slots) + (c.skewed ? " skewed" : "") +
+           (c.spread ? " spread" : "") + (c.priced ? " priced" : "");
   }
 
   const BenchArgs& args_;
   LayerShape shape_;
   const ModelledHardware& hardware_;
-  std::vector<float> bias_;
+  std::vector<float> bias_, spread_bias_;  // Zipf selection bias, hot experts packed / spread
   mutable std::map<std::string, Outcome> cache_;
 };
 
@@ -482,6 +511,55 @@ void replicas_table(const BenchArgs& args, const Runner& runner, const LayerShap
   (void)s;
 }
 
+// Issue 31: the cost-aware plan (replica_costs=priced, the default of
+// `epmoe layer`) against the balance-only plan and no replicas, for every
+// dispatcher, hot experts packed and spread, B = 1, 2.
+void replica_costs_table(const BenchArgs& args, const Runner& runner) {
+  std::printf(
+      "\n**replica costs** (balance=dynamic rebalance_threshold=%.2f) under Zipf routing (s=%.2f scale %.2f), "
+      "hot experts packed on rank 0 or spread. step: off = no replicas; balance = the plan that balances "
+      "whatever it costs (replica_costs=off); priced = the cost-aware plan (replica_costs=priced). "
+      "fwd token MB: forward token bytes per rank after dedup. predicted: the priced plan's saving / cost "
+      "(rank 0's plan), refused: replicas of the balance plan it did not place\n\n",
+      args.number("rebalance_threshold", 1.05), args.number("zipf", 1.2), args.number("skew_scale", 0.15));
+  std::printf(
+      "| dispatch | hot | B | step off us | balance us | x off | priced us | x off | replicas balance / priced | "
+      "fwd token MB off / balance / priced | predicted save / cost us | refused |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  struct Row {
+    DispatchKind dispatch;
+    bool dedup;
+    const char* name;
+  };
+  for (const Row row : {Row{DispatchKind::alltoall, false, "alltoall"},
+                        Row{DispatchKind::alltoall, true, "alltoall dedup"}, Row{DispatchKind::ring, false, "ring"}}) {
+    const std::string key =
+        row.dispatch == DispatchKind::ring ? "forward/ring_all_gather tokens" : "forward/all_to_all_v tokens";
+    for (const bool spread : {false, true}) {
+      const Case off_case{.dispatch = row.dispatch, .dedup = row.dedup, .skewed = true, .spread = spread};
+      const Outcome& off = runner.run(off_case);
+      for (const int b : args.ints("slots", "1,2")) {
+        Case balance_case = off_case, priced_case = off_case;
+        balance_case.slots = priced_case.slots = b;
+        priced_case.priced = true;
+        const Outcome& balance = runner.run(balance_case);
+        const Outcome& priced = runner.run(priced_case);
+        verify_same(args, std::string(row.name) + " balance", off, balance);
+        verify_same(args, std::string(row.name) + " priced", off, priced);
+        const ReplicaStats& plan = priced.ranks[0].replicas;
+        std::printf(
+            "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %d / %d | %.3f / %.3f / %.3f | %.2f / %.2f | %d |\n",
+            row.name, spread ? "spread" : "packed", b, us(off.step()), us(balance.step()),
+            double(off.step()) / double(balance.step()), us(priced.step()), double(off.step()) / double(priced.step()),
+            balance.ranks[0].replicas.num_replicas, plan.num_replicas, mb(off.mean_bytes(key)),
+            mb(balance.mean_bytes(key)), mb(priced.mean_bytes(key)), plan.predicted_saving_seconds * 1e6,
+            plan.predicted_cost_seconds * 1e6, plan.refused_replicas);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 void fp8_table(const BenchArgs& args, const Runner& runner) {
   (void)args;
   std::printf(
@@ -515,7 +593,8 @@ void fp8_table(const BenchArgs& args, const Runner& runner) {
 }
 
 const std::vector<std::string>& table_names() {
-  static const std::vector<std::string> names = {"cotangent", "chunks", "remat", "dedup", "replicas", "fp8"};
+  static const std::vector<std::string> names = {"cotangent", "chunks",        "remat", "dedup",
+                                                 "replicas",  "replica_costs", "fp8"};
   return names;
 }
 
@@ -576,6 +655,7 @@ int run_modelled_layer_bench(const BenchArgs& args) {
     if (tables.count("remat")) remat_table(args, runner);
     if (tables.count("dedup")) dedup_table(args, runner, shape);
     if (tables.count("replicas")) replicas_table(args, runner, shape);
+    if (tables.count("replica_costs")) replica_costs_table(args, runner);
     if (tables.count("fp8")) fp8_table(args, runner);
     std::fflush(stdout);
   }

@@ -128,6 +128,19 @@ enum class BalanceMode { off, dynamic, periodic };
 // steered to ranks that already receive the token). The ring and the
 // all-to-all without dedup always use the positional rule.
 enum class ReplicaChoice { dedup, position };
+// The rates balance=dynamic prices replicas at (docs/BALANCE.md "Cost
+// model"): a replica is placed only when the expert compute it takes off
+// the busiest rank outweighs its weight, gradient and token transfers.
+// All 0 (the default here): unpriced, the plan balances whatever it costs.
+// `epmoe layer` / `train` fill them from the hardware (clock=modelled) or
+// the link settings and an assumed CPU rate (clock=wall).
+struct ReplicaCostRates {
+  double compute_flops_per_s = 0;  // one rank's expert GEMMs (peak x efficiency)
+  double link_bytes_per_s = 0;     // one link, one direction
+  double link_latency_s = 0;
+  bool priced() const { return compute_flops_per_s > 0 && link_bytes_per_s > 0; }
+  bool operator==(const ReplicaCostRates&) const = default;
+};
 
 struct EpConfig {
   DispatchKind dispatch = DispatchKind::alltoall;
@@ -148,6 +161,7 @@ struct EpConfig {
   int balance_window = 50;                              // periodic: steps of counts a placement is made from
   int balance_period = 50;                              // periodic: steps between placements
   ReplicaChoice replica_choice = ReplicaChoice::dedup;  // alltoall with dedup only
+  ReplicaCostRates replica_costs;                       // balance=dynamic; unpriced by default
   // The group's collective tags: [tag_base, tag_base + kEpGroupTagRange)
   // (a multiple of 1024); other collectives on the same communicator must
   // stay out of that range.

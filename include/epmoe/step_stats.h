@@ -43,6 +43,16 @@ struct ReplicaStats {
   int num_replicas = 0;          // occupied slots over all ranks
   int slots_refreshed = 0;       // this rank's slots that received weights this step
   double planner_seconds = 0.0;  // counts all-gather excluded
+  // balance=dynamic with priced replicas (EpConfig::replica_costs): the
+  // plan's predicted critical-path seconds saved and spent, and what the
+  // plan that balanced whatever it cost would have added beyond it
+  // (replicas it refused, their saving and their cost). All 0 unpriced.
+  double predicted_saving_seconds = 0.0, predicted_cost_seconds = 0.0;
+  int refused_replicas = 0;
+  double refused_saving_seconds = 0.0, refused_cost_seconds = 0.0;
+  // Priced: this step had no counts round and no plan, the last plans having
+  // placed nothing (every pair went home; the loads above are not known).
+  bool skipped_planning = false;
   // Bytes this rank sent for the replicas (also in DispatchStats::bytes_sent
   // of a layer's step): "forward/ring_all_gather replica counts",
   // "forward/replica weights", "backward/replica gradients".

@@ -67,6 +67,18 @@ struct ReplicaPlan {
   LoadImbalance before;
   LoadImbalance after;
 
+  // Cost-aware planning (ReplicaCosts in balance/replica_planner.h): the
+  // predicted critical-path seconds this plan saves (rows off the busiest
+  // rank x a row's compute) and costs (weights in, gradients home, token
+  // rows added, on the busiest link of each), and what the plan that
+  // balanced as far as the threshold asked would have saved and cost beyond
+  // this one, with its replicas this plan refused. All 0 when costs are off.
+  double predicted_saving_seconds = 0;
+  double predicted_cost_seconds = 0;
+  int refused_replicas = 0;
+  double refused_saving_seconds = 0;
+  double refused_cost_seconds = 0;
+
   std::span<const ExpertCopy> copies_of(int expert) const;
   int home_rank(int expert) const { return copies[copy_offsets[expert]].rank; }
   int slot_expert(int rank, int slot) const {

@@ -25,9 +25,12 @@ constexpr int kFinishingLookahead = 8;
 class WaterFill {
  public:
   WaterFill(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
-            const ReplicaPlannerOptions& options)
+            const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts, const ReplicaCosts& costs)
       : counts_(expert_counts),
         homes_(home_rank_of_expert),
+        costs_(costs),
+        source_counts_(costs.source_counts),
+        previous_slots_(previous_slot_experts),
         num_experts_(static_cast<int>(expert_counts.size())),
         num_ranks_(options.num_ranks),
         num_slots_(options.num_redundant_slots_per_rank),
@@ -54,14 +57,117 @@ class WaterFill {
     experts_by_count_ = experts_by_home_;
     donors_.reserve(num_ranks_);
     receivers_.reserve(num_ranks_);
+    if (costs_.enabled()) {
+      per_rank_.assign(static_cast<std::size_t>(4) * num_ranks_, 0);
+      if (prices_tokens()) {
+        // Pairs each rank's tokens bring, and those computed where they are
+        // (at their home), with every expert at home; and the rows that
+        // cross each rank's link, in and out: the pairs, or with dedup the
+        // measured rows (ReplicaCosts::source_rows).
+        source_pairs_.assign(num_ranks_, 0);
+        home_local_.assign(num_ranks_, 0);
+        for (int r = 0; r < num_ranks_; ++r) {
+          const std::int64_t* row = source_counts_.data() + static_cast<std::size_t>(r) * num_experts_;
+          if (costs_.source_pairs.empty()) {
+            std::int64_t pairs = 0;  // a plain row sum: vectorised
+            for (int e = 0; e < num_experts_; ++e) pairs += row[e];
+            source_pairs_[r] = pairs;
+          } else {
+            source_pairs_[r] = costs_.source_pairs[r];
+          }
+          for (int i = home_offsets_[r]; i < home_offsets_[r + 1]; ++i) home_local_[r] += row[experts_by_home_[i]];
+        }
+        rows_in_.assign(num_ranks_, 0);
+        rows_out_.assign(num_ranks_, 0);
+        for (int r = 0; r < num_ranks_; ++r) {
+          if (costs_.source_rows.empty()) {
+            rows_in_[r] = home_loads_[r] - home_local_[r];
+            rows_out_[r] = source_pairs_[r] - home_local_[r];
+          } else {
+            for (int other = 0; other < num_ranks_; ++other) {
+              if (other == r) continue;
+              rows_in_[r] += costs_.source_rows[static_cast<std::size_t>(other) * num_ranks_ + r];
+              rows_out_[r] += costs_.source_rows[static_cast<std::size_t>(r) * num_ranks_ + other];
+            }
+          }
+          home_link_rows_ = std::max({home_link_rows_, rows_in_[r], rows_out_[r]});
+        }
+        scratch_.assign(static_cast<std::size_t>(2) * num_ranks_, 0);
+      }
+    }
   }
 
+  // A plan's predicted seconds (ReplicaCosts).
+  struct Value {
+    double saving = 0, cost = 0;
+    int replicas = 0;
+    double net() const { return saving - cost; }
+  };
+
+  // Prices the plan the last fill left (replica_planner.h).
+  Value evaluate() {
+    Value value;
+    if (!costs_.enabled()) return value;
+    const std::int64_t max_after = *std::max_element(loads_.begin(), loads_.end());
+    const std::int64_t max_before = *std::max_element(home_loads_.begin(), home_loads_.end());
+    value.saving = static_cast<double>(max_before - max_after) * costs_.row_seconds;
+    // Per rank: weights in, weights out, gradients out, gradients in.
+    std::fill(per_rank_.begin(), per_rank_.end(), 0);
+    std::int64_t* weights_in = per_rank_.data();
+    std::int64_t* weights_out = weights_in + num_ranks_;
+    std::int64_t* gradients_out = weights_out + num_ranks_;
+    std::int64_t* gradients_in = gradients_out + num_ranks_;
+    for (int r = 0; r < num_ranks_; ++r)
+      for (int b = 0; b < used_slots_[r]; ++b) {
+        const int expert = slot_experts_[static_cast<std::size_t>(r) * num_slots_ + b];
+        const int home = homes_[expert];
+        ++value.replicas;
+        ++gradients_out[r];
+        ++gradients_in[home];
+        if (!weights_current(r, expert)) {
+          ++weights_in[r];
+          ++weights_out[home];
+        }
+      }
+    std::int64_t weight_link = 0, gradient_link = 0;
+    for (int r = 0; r < num_ranks_; ++r) {
+      weight_link = std::max({weight_link, weights_in[r], weights_out[r]});
+      gradient_link = std::max({gradient_link, gradients_in[r], gradients_out[r]});
+    }
+    value.cost = static_cast<double>(weight_link) * costs_.weight_seconds +
+                 static_cast<double>(gradient_link) * costs_.gradient_seconds +
+                 (value.replicas > 0 ? costs_.plan_seconds : 0);
+    if (prices_tokens() && value.replicas > 0) {
+      // Rows off the busiest link save as much as they cost when added: the
+      // all-to-all's time goes to its busiest link (the hot home's, under
+      // packed hot experts).
+      const double rows = link_rows_after() - static_cast<double>(home_link_rows_);
+      (rows < 0 ? value.saving : value.cost) += std::abs(rows) * costs_.token_row_seconds;
+    }
+    return value;
+  }
+
+  // Whether a run of `rows` of `expert` into a new slot of `receiver` pays
+  // for that slot's own transfers.
+  bool pays(int receiver, int expert, std::int64_t rows) {
+    if (!costs_.enabled()) return true;
+    const double slot_cost = costs_.gradient_seconds + (weights_current(receiver, expert) ? 0 : costs_.weight_seconds);
+    const bool paid = static_cast<double>(rows) * costs_.row_seconds > slot_cost;
+    unpaid_runs_ += !paid;  // what pricing the runs would have refused
+    return paid || !price_runs_;
+  }
+  // Runs of the last fill that did not pay for their slot (placed or not).
+  int unpaid_runs() const { return unpaid_runs_; }
+
   const std::vector<std::int64_t>& home_loads() const { return home_loads_; }
+  // Costs on: whether fill() refuses the runs that do not pay for their slot.
+  void price_runs(bool on) { price_runs_ = on && costs_.enabled(); }
 
   // Fills towards `target`; returns the max rank load reached (<= target when
   // the slots allowed it). The state holds the plan afterwards.
   std::int64_t fill(std::int64_t target, RunRule rule) {
     reset();
+    unpaid_runs_ = 0;
     std::int64_t excess = 0;
     donors_.clear();
     receivers_.clear();
@@ -79,10 +185,16 @@ class WaterFill {
     std::sort(donors_.begin(), donors_.end(), [&](int a, int b) { return gives_before(a, b, target); });
     for (const int receiver : receivers_) {
       while (excess > 0 && used_slots_[receiver] < num_slots_ && loads_[receiver] < target) {
-        const int at = choose_donor(target - loads_[receiver], used_slots_[receiver] + 1 == num_slots_, target, rule);
+        int at = choose_donor(target - loads_[receiver], used_slots_[receiver] + 1 == num_slots_, target, rule);
         if (at < 0) break;
+        std::int64_t run = std::min(run_of(donors_[at], target), target - loads_[receiver]);
+        if (!pays(receiver, largest_expert(donors_[at]), run)) {
+          // The largest run is the last chance for this receiver's slot.
+          at = 0;
+          run = std::min(run_of(donors_[at], target), target - loads_[receiver]);
+          if (!pays(receiver, largest_expert(donors_[at]), run)) break;
+        }
         const int donor = donors_[at];
-        const std::int64_t run = std::min(run_of(donor, target), target - loads_[receiver]);
         give_run(donor, receiver, run);
         excess -= run;
         // The donor's run only shrank: sink it to its place.
@@ -95,10 +207,8 @@ class WaterFill {
     return *std::max_element(loads_.begin(), loads_.end());
   }
 
-  ReplicaPlan finish(std::span<const int> previous_slot_experts) {
-    if (!previous_slot_experts.empty()) {
-      keep_previous_slot_positions(slot_experts_, previous_slot_experts, num_slots_, slot_quota_);
-    }
+  ReplicaPlan finish() {
+    if (!previous_slots_.empty()) keep_previous_slot_positions(slot_experts_, previous_slots_, num_slots_, slot_quota_);
     ReplicaPlan plan;
     plan.num_experts = num_experts_;
     plan.num_ranks = num_ranks_;
@@ -130,6 +240,68 @@ class WaterFill {
   }
 
  private:
+  bool prices_tokens() const { return costs_.token_row_seconds > 0 && !source_counts_.empty(); }
+  std::int64_t source_count(int rank, int expert) const {
+    return source_counts_[static_cast<std::size_t>(rank) * num_experts_ + expert];
+  }
+  int largest_expert(int donor) const { return experts_by_home_[home_offsets_[donor]]; }
+
+  // Whether `receiver` held `expert` in a slot at the previous plan, with
+  // its weights still current.
+  bool weights_current(int receiver, int expert) const {
+    if (!costs_.previous_weights_current || previous_slots_.empty()) return false;
+    const int* held = previous_slots_.data() + static_cast<std::size_t>(receiver) * num_slots_;
+    return std::find(held, held + num_slots_, expert) != held + num_slots_;
+  }
+
+  // The most token rows any rank's link carries one way under the last
+  // fill. A rank receives the rows it computes that are not its own tokens'
+  // and sends its tokens' pairs computed elsewhere. Each copy computes its
+  // own rank's pairs first (balance/replica_plan.h), so for a replicated
+  // expert its home keeps min(home quota, its own pairs) local, a replica
+  // min(quota, its rank's pairs). With dedup (source_rows), a home's
+  // remaining remote pairs keep the rows per pair measured without
+  // replicas, while every remote pair a replica takes is a row of its own
+  // and a rank's sends never shrink below the measured rows: replicas
+  // break dedup's sharing, and the estimate takes the worst of it.
+  double link_rows_after() {
+    std::int64_t* local = scratch_.data();
+    std::int64_t* home_remote = local + num_ranks_;
+    std::copy(home_local_.begin(), home_local_.end(), local);
+    for (int r = 0; r < num_ranks_; ++r) home_remote[r] = home_loads_[r] - home_local_[r];
+    for (int e = 0; e < num_experts_; ++e) {
+      if (home_quota_[e] == counts_[e]) continue;  // not replicated
+      const int home = homes_[e];
+      const std::int64_t own = source_count(home, e), kept = std::min(home_quota_[e], own);
+      local[home] += kept - own;
+      home_remote[home] += (home_quota_[e] - kept) - (counts_[e] - own);
+    }
+    std::fill(per_rank_.begin(), per_rank_.begin() + num_ranks_, 0);  // replica remote pairs
+    for (int r = 0; r < num_ranks_; ++r)
+      for (int b = 0; b < used_slots_[r]; ++b) {
+        const std::size_t slot = static_cast<std::size_t>(r) * num_slots_ + b;
+        const std::int64_t kept = std::min(slot_quota_[slot], source_count(r, slot_experts_[slot]));
+        local[r] += kept;
+        per_rank_[r] += slot_quota_[slot] - kept;
+      }
+    const bool dedup = !costs_.source_rows.empty();
+    double rows = 0;
+    for (int r = 0; r < num_ranks_; ++r) {
+      const std::int64_t home_pairs_before = home_loads_[r] - home_local_[r];
+      const double in_per_pair = dedup && home_pairs_before > 0
+                                     ? static_cast<double>(rows_in_[r]) / static_cast<double>(home_pairs_before)
+                                     : 1;
+      const double in = static_cast<double>(home_remote[r]) * in_per_pair + static_cast<double>(per_rank_[r]);
+      const std::int64_t out_pairs = source_pairs_[r] - local[r];
+      const double out =
+          dedup ? static_cast<double>(rows_out_[r] +
+                                      std::max<std::int64_t>(0, out_pairs - (source_pairs_[r] - home_local_[r])))
+                : static_cast<double>(out_pairs);
+      rows = std::max({rows, in, out});
+    }
+    return rows;
+  }
+
   // The largest run `donor` can give: min(its excess, its largest remaining
   // home quota).
   std::int64_t run_of(int donor, std::int64_t target) const {
@@ -215,6 +387,9 @@ class WaterFill {
 
   std::span<const std::int64_t> counts_;
   std::span<const int> homes_;
+  ReplicaCosts costs_;
+  std::span<const std::int64_t> source_counts_;  // [R * E] or empty
+  std::span<const int> previous_slots_;          // [R * B] or empty
   int num_experts_, num_ranks_, num_slots_;
 
   // Fixed for the step.
@@ -230,6 +405,14 @@ class WaterFill {
   std::vector<std::int64_t> slot_quota_;  // [R * B]
   std::vector<int> experts_by_home_;      // [E] as experts_by_count_, by remaining home quota
   std::vector<int> donors_, receivers_;   // ranks above / below the target
+
+  // Costs (enabled only): scratch [4 * R]; per rank its tokens' pairs and
+  // those computed at home with no replicas; the busiest link's rows then.
+  std::vector<std::int64_t> per_rank_, source_pairs_, home_local_;
+  std::vector<std::int64_t> rows_in_, rows_out_, scratch_;  // [R] rows without replicas; [2 * R]
+  std::int64_t home_link_rows_ = 0;
+  bool price_runs_ = false;
+  int unpaid_runs_ = 0;
 };
 
 void check_planner_inputs(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
@@ -282,14 +465,23 @@ std::vector<int> contiguous_home_ranks(int num_experts, int num_ranks) {
 }
 
 ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
-                          const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts) {
+                          const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts,
+                          const ReplicaCosts& costs) {
   check_planner_inputs(expert_counts, home_rank_of_expert, options);
-  WaterFill fill(expert_counts, home_rank_of_expert, options);
+  if (!costs.source_pairs.empty())
+    EPMOE_CHECK_EQ(costs.source_pairs.size(), static_cast<std::size_t>(options.num_ranks));
+  if (!costs.source_rows.empty()) {
+    EPMOE_CHECK_EQ(costs.source_rows.size(), static_cast<std::size_t>(options.num_ranks) * options.num_ranks);
+  }
+  if (!costs.source_counts.empty()) {
+    EPMOE_CHECK_EQ(costs.source_counts.size(), expert_counts.size() * static_cast<std::size_t>(options.num_ranks));
+  }
+  WaterFill fill(expert_counts, home_rank_of_expert, options, previous_slot_experts, costs);
   const LoadImbalance homes = measure_load_imbalance(fill.home_loads());
   const std::int64_t target = target_max_load(homes, options.rebalance_threshold);
   if (homes.max_load <= target || options.num_redundant_slots_per_rank == 0) {
     fill.fill(homes.max_load, RunRule::largest);  // nothing moves
-    return fill.finish(previous_slot_experts);
+    return fill.finish();
   }
   // One attempt at a target: each rule in turn until one reaches it; the
   // lowest load reached and the rule that reached it.
@@ -333,7 +525,50 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
     }
   }
   if (last_target != best_target || last_rule != best.rule) fill.fill(best_target, best.rule);
-  return fill.finish(previous_slot_experts);
+  if (!costs.enabled()) return fill.finish();
+
+  // Cost-aware: the balance plan (what the threshold asks, whatever it
+  // costs) against plans that refuse the runs that do not pay for their slot,
+  // aimed at the balance target and at 1/3 and 2/3 of the way back to the
+  // homes' max load; and no replicas (net 0). Each candidate is one fill and
+  // one pricing, O(E + R * B), so the search keeps the plan within
+  // microseconds.
+  const WaterFill::Value balanced = fill.evaluate();
+  struct Choice {
+    WaterFill::Value value;
+    std::int64_t target;
+    RunRule rule;
+    bool priced;
+  };
+  Choice chosen{balanced, best_target, best.rule, false}, last = chosen;
+  // A fill costs a few microseconds at E=256 R=64 (bench/balance): three
+  // candidates, the first skipped when every run of the balance plan pays
+  // (pricing would not change it).
+  constexpr int kFractions = 3;
+  const bool balance_plan_pays = fill.unpaid_runs() == 0;
+  fill.price_runs(true);
+  for (int j = balance_plan_pays ? 1 : 0; j < kFractions; ++j) {
+    const std::int64_t at = j == 0 ? best_target : best.reached + (homes.max_load - best.reached) * j / kFractions;
+    if (at >= homes.max_load) break;
+    const RunRule rule = j == 0 ? best.rule : RunRule::finish_or_fill;
+    fill.fill(at, rule);
+    last = {fill.evaluate(), at, rule, true};
+    if (last.value.net() > chosen.value.net()) chosen = last;
+  }
+  if (!(chosen.value.net() > 0)) chosen = {{}, homes.max_load, RunRule::largest, false};
+  if (chosen.target != last.target || chosen.rule != last.rule || chosen.priced != last.priced) {
+    fill.price_runs(chosen.priced);
+    fill.fill(chosen.target, chosen.rule);
+  }
+  ReplicaPlan plan = fill.finish();
+  plan.predicted_saving_seconds = chosen.value.saving;
+  plan.predicted_cost_seconds = chosen.value.cost;
+  if (chosen.priced || chosen.target != best_target) {
+    plan.refused_replicas = balanced.replicas - chosen.value.replicas;
+    plan.refused_saving_seconds = balanced.saving - chosen.value.saving;
+    plan.refused_cost_seconds = balanced.cost - chosen.value.cost;
+  }
+  return plan;
 }
 
 }  // namespace epmoe::balance

@@ -34,6 +34,25 @@
 // where a cleverer assignment of runs to receivers would fit within B slots
 // and the greedy one does not, the bisection settles above the true optimum
 // (docs/BALANCE.md has the measured gap).
+//
+// Cost-aware plans (ReplicaCosts, issue 31). Balance is not free: a replica
+// moves its expert's weights in and its gradient home, and with the
+// all-to-all may send token rows over links they did not cross before. With
+// costs given, the planner
+//   * refuses any run that opens a slot unless its rows' compute pays for
+//     the slot's own transfers (a kept slot whose weights are current pays
+//     only its gradient; in inference, nothing);
+//   * prices whole plans: saving = (busiest rank's load before - after) x a
+//     row's compute; cost = the busiest link's weight transfers + its
+//     gradient transfers, each at the link's rate (transfers on different
+//     links overlap, on one add up); the token rows the busiest link gains
+//     count as cost, those it loses as saving (the all-to-all's time goes to
+//     its busiest link: under packed hot experts, the hot home's);
+//   * takes, among the balance plan and plans that stop short of it (targets
+//     at 1/3 and 2/3 of the way back to the homes' max load), the one with
+//     the largest saving - cost, and no replicas at all unless that is > 0.
+// So a plan is never predicted slower than no replicas; what it did not
+// take is reported in ReplicaPlan's refused_* fields.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +62,37 @@
 #include "balance/replica_plan.h"
 
 namespace epmoe::balance {
+
+// Seconds on the clock the plan is judged on (modelled, or the wall clock's
+// assumed rates): see docs/BALANCE.md "Cost model". row_seconds = 0 turns
+// costs off: the plan balances as far as the threshold asks, whatever it
+// costs (the planner of issues 6-13).
+struct ReplicaCosts {
+  double row_seconds = 0;        // one (token, k) row's expert compute, forward (+ backward when training)
+  double weight_seconds = 0;     // one expert's weights over one link into a slot, latency included
+  double gradient_seconds = 0;   // one slot's gradient over one link home; 0 without a backward
+  double token_row_seconds = 0;  // one token row more over a link (all-to-all); 0 for the ring
+  // What planning itself costs a step (the counts round): a plan with
+  // replicas pays it, one without lets the engine skip it next time.
+  double plan_seconds = 0;
+  // The previous plan's slots (previous_slot_experts) still hold current
+  // weights (same weight version: inference, micro-batches of one optimizer
+  // step): keeping a replica there moves no weights.
+  bool previous_weights_current = false;
+  // [R * E] per-source counts (counts[r * E + e]) for the token rows a plan
+  // adds (token_row_seconds); empty: no token cost.
+  std::span<const std::int64_t> source_counts;
+  // [R] each rank's pairs (row sums of source_counts), when the caller has
+  // them (the engine all-gathers them with the counts): spares the planner
+  // a pass over R * E counts (half its time at E=256 R=64); empty: summed.
+  std::span<const std::int64_t> source_pairs;
+  // With dedup: [R * R] rows source s sends rank d with every expert at home
+  // (at s * R + d: s's tokens with an expert homed on d); empty: a pair is a
+  // row.
+  std::span<const std::int64_t> source_rows;
+
+  bool enabled() const { return row_seconds > 0; }
+};
 
 struct ReplicaPlannerOptions {
   int num_ranks = 1;
@@ -61,7 +111,9 @@ std::vector<int> contiguous_home_ranks(int num_experts, int num_ranks);
 // `home_rank_of_expert` [E]: any placement (hybrid re-homes experts).
 // `previous_slot_experts` [R * B] or empty: the last plan's slot_experts, so
 // experts that stay on a rank keep their slot (see ReplicaPlan).
+// `costs`: off by default (balance whatever it costs).
 ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span<const int> home_rank_of_expert,
-                          const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts = {});
+                          const ReplicaPlannerOptions& options, std::span<const int> previous_slot_experts = {},
+                          const ReplicaCosts& costs = {});
 
 }  // namespace epmoe::balance

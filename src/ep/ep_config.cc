@@ -1,5 +1,8 @@
 #include "ep/ep_config.h"
 
+#include <limits>
+#include <utility>
+
 #include "core/error.h"
 
 namespace epmoe::ep {
@@ -112,6 +115,14 @@ void EpConfig::validate(int num_ranks) const {
   if (replicas_enabled() && capacity_factor > 0)
     throw ConfigError("capacity_factor=" + std::to_string(capacity_factor) + ": not yet supported with balance=" +
                       to_string(balance) + " (replica quotas are exact; use capacity_factor=0)");
+  for (const auto& [name, rate] :
+       {std::pair<const char*, double>{"compute_flops_per_s", replica_costs.compute_flops_per_s},
+        {"link_bytes_per_s", replica_costs.link_bytes_per_s},
+        {"link_latency_s", replica_costs.link_latency_s}}) {
+    if (!(rate >= 0) || rate == std::numeric_limits<double>::infinity())
+      throw ConfigError(std::string("replica_costs.") + name + "=" + std::to_string(rate) +
+                        ": must be finite and >= 0 (0 = not priced)");
+  }
   if (tag_base % 1024 != 0) throw ConfigError("tag_base must be a multiple of 1024");
 }
 

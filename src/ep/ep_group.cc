@@ -71,6 +71,12 @@ constexpr AgreedField kAgreedFields[] = {
     {"balance_period", [](const EpConfig& c) -> std::int64_t { return c.balance_period; }, show_integer},
     {"replica_choice", [](const EpConfig& c) -> std::int64_t { return static_cast<std::int64_t>(c.replica_choice); },
      show_choice},
+    {"replica_costs.compute_flops_per_s",
+     [](const EpConfig& c) { return bits_of(c.replica_costs.compute_flops_per_s); }, show_double},
+    {"replica_costs.link_bytes_per_s", [](const EpConfig& c) { return bits_of(c.replica_costs.link_bytes_per_s); },
+     show_double},
+    {"replica_costs.link_latency_s", [](const EpConfig& c) { return bits_of(c.replica_costs.link_latency_s); },
+     show_double},
     {"tag_base", [](const EpConfig& c) -> std::int64_t { return c.tag_base; }, show_integer},
 };
 constexpr std::size_t kNumAgreedFields = std::size(kAgreedFields);

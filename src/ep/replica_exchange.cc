@@ -11,13 +11,16 @@
 #include "comm/all_gather.h"
 #include "comm/tag.h"
 #include "core/error.h"
+#include "core/modelled_clock.h"
 #include "ep/collective_tags.h"
+#include "kernels/convert.h"
 
 namespace epmoe::ep {
 
-ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config)
+ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& config, const ReplicaExpertShape& shape)
     : comm_(comm),
       config_(config),
+      shape_(shape),
       num_ranks_(comm.size()),
       num_experts_(config.num_experts),
       num_local_experts_(config.num_experts / comm.size()),
@@ -28,22 +31,93 @@ ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& 
   EPMOE_CHECK(config.replicas_enabled());
 }
 
-void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base) {
+bool ReplicaExchange::dedup_rows_priced() const {
+  return config_.balance == BalanceMode::dynamic && config_.dispatch == DispatchKind::alltoall && config_.dedup &&
+         costs().token_row_seconds > 0;
+}
+
+balance::ReplicaCosts ReplicaExchange::costs() const {
+  balance::ReplicaCosts costs;
+  const ReplicaCostRates& rates = config_.replica_costs;
+  if (!rates.priced() || shape_.ffn <= 0) return costs;
+  const double hidden = static_cast<double>(config_.hidden), ffn = static_cast<double>(shape_.ffn);
+  // A row's forward is three H x F products (2 H F FLOPs each); its backward
+  // twice that (dlhs and drhs). The layer cannot know whether a backward
+  // follows, so the plan assumes training: dearer, never optimistic.
+  costs.row_seconds = 18 * hidden * ffn / rates.compute_flops_per_s;
+  const double matrices = 3 * hidden * ffn;
+  costs.weight_seconds = matrices * weight_element_bytes() / rates.link_bytes_per_s + rates.link_latency_s;
+  costs.gradient_seconds = matrices * 4 / rates.link_bytes_per_s + rates.link_latency_s;
+  // The counts round: a bidirectional ring all-gather of E (+ R) i64 per
+  // rank, R - 1 hops of latency. Refused plans skip it (plan_step).
+  const bool all_to_all = config_.dispatch == DispatchKind::alltoall;
+  const double count_bytes =
+      8.0 * (config_.num_experts + (all_to_all ? 1 : 0) + (all_to_all && config_.dedup ? comm_.size() : 0));
+  costs.plan_seconds = (comm_.size() - 1) * (rates.link_latency_s + count_bytes / rates.link_bytes_per_s);
+  if (config_.dispatch == DispatchKind::alltoall) {
+    // A row on the wire: the token forward (f32 or fp8), its expert output
+    // back, the output cotangent out and dx back (f32). The ring moves every
+    // token to every rank anyway: a replica adds no token rows there.
+    const double token_bytes = config_.token_format == TokenFormat::f32 ? 4 : 1;
+    costs.token_row_seconds = hidden * (token_bytes + 12) / rates.link_bytes_per_s;
+  }
+  return costs;
+}
+
+void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base,
+                                std::optional<std::uint64_t> weight_version) {
   stats_.reset();
-  std::vector<std::int64_t> local(static_cast<std::size_t>(num_experts_), 0);
+  skipped_ = false;
+  if (skip_left_ > 0) {
+    // Priced plans placed nothing lately: no counts round this step (every
+    // rank skips the same steps: the counters follow the identical plans).
+    --skip_left_;
+    skip_planning();
+    return;
+  }
+  // Per rank: its E expert counts and, when dedup prices token rows, the
+  // rows it sends each rank with every expert at home (its tokens with an
+  // expert homed there): R more, in the same all-gather.
+  const bool rows_measured = dedup_rows_priced();
+  // [E counts], and when token rows are priced (the all-to-all) [its pairs]
+  // and with dedup [R rows]: the plan formulas' ·E·8 bytes otherwise.
+  const bool pairs_sent = costs().token_row_seconds > 0;
+  const int pairs_at = num_experts_, rows_at = num_experts_ + (pairs_sent ? 1 : 0);
+  const int per_rank = rows_at + (rows_measured ? num_ranks_ : 0);
+  std::vector<std::int64_t> local(static_cast<std::size_t>(per_rank), 0);
   for (const std::int32_t expert : topk_ids) {
     EPMOE_CHECK(expert >= 0 && expert < num_experts_);
     local[expert] += 1;
   }
-  counts_.assign(static_cast<std::size_t>(num_ranks_) * num_experts_, 0);
+  if (pairs_sent) local[pairs_at] = static_cast<std::int64_t>(topk_ids.size());
+  if (rows_measured) {
+    const std::size_t top_k = static_cast<std::size_t>(config_.top_k);
+    std::vector<char> hit(static_cast<std::size_t>(num_ranks_));
+    for (std::size_t t = 0; t < topk_ids.size() / top_k; ++t) {
+      std::fill(hit.begin(), hit.end(), 0);
+      for (std::size_t k = 0; k < top_k; ++k) hit[homes_[topk_ids[t * top_k + k]]] = 1;
+      for (int r = 0; r < num_ranks_; ++r) local[rows_at + r] += hit[r];
+    }
+  }
+  std::vector<std::int64_t> gathered(static_cast<std::size_t>(num_ranks_) * per_rank, 0);
   comm::ring_all_gather(comm_, {.input = local.data(),
-                                .output = counts_.data(),
-                                .num_elements_per_rank = num_experts_,
+                                .output = gathered.data(),
+                                .num_elements_per_rank = per_rank,
                                 .dtype = DType::i64,
                                 .tag = ep_tag(tag_base, 0, EpOp::replica_counts),
                                 .timeout = config_.timeout})
       .wait();
-  stats_.bytes_sent["forward/ring_all_gather replica counts"] += 8 * num_experts_ * (num_ranks_ - 1);  // R-1 rows of E
+  stats_.bytes_sent["forward/ring_all_gather replica counts"] += 8 * per_rank * (num_ranks_ - 1);  // R-1 rows
+  counts_.assign(static_cast<std::size_t>(num_ranks_) * num_experts_, 0);
+  source_pairs_.assign(pairs_sent ? static_cast<std::size_t>(num_ranks_) : 0, 0);
+  source_rows_.assign(rows_measured ? static_cast<std::size_t>(num_ranks_) * num_ranks_ : 0, 0);
+  for (int r = 0; r < num_ranks_; ++r) {
+    const std::int64_t* row = gathered.data() + static_cast<std::size_t>(r) * per_rank;
+    std::copy(row, row + num_experts_, counts_.begin() + static_cast<std::ptrdiff_t>(r) * num_experts_);
+    if (pairs_sent) source_pairs_[r] = row[pairs_at];
+    if (rows_measured)
+      std::copy(row + rows_at, row + per_rank, source_rows_.begin() + static_cast<std::ptrdiff_t>(r) * num_ranks_);
+  }
   std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
   for (int r = 0; r < num_ranks_; ++r)
     for (int e = 0; e < num_experts_; ++e) global[e] += counts_[r * num_experts_ + e];
@@ -66,11 +140,34 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
     if (static_cast<int>(count_history_.size()) > config_.balance_window) count_history_.pop_front();
     ++step_;
   } else {
+    balance::ReplicaCosts priced = costs();
+    if (priced.token_row_seconds > 0) {
+      priced.source_counts = counts_;
+      priced.source_pairs = source_pairs_;
+    }
+    priced.source_rows = source_rows_;
+    priced.previous_weights_current = weight_version.has_value() && weight_version == last_weight_version_;
     plan_ = balance::plan_replicas(global, homes_,
                                    {.num_ranks = num_ranks_,
                                     .num_redundant_slots_per_rank = num_slots_,
                                     .rebalance_threshold = config_.rebalance_threshold},
-                                   held_expert_);
+                                   held_expert_, priced);
+    stats_.predicted_saving_seconds = plan_.predicted_saving_seconds;
+    stats_.predicted_cost_seconds = plan_.predicted_cost_seconds;
+    stats_.refused_replicas = plan_.refused_replicas;
+    stats_.refused_saving_seconds = plan_.refused_saving_seconds;
+    stats_.refused_cost_seconds = plan_.refused_cost_seconds;
+    if (priced.enabled()) {
+      // Nothing pays: the next 1, 2, 4, ... 16 steps skip the counts round
+      // (its latency-bound all-gather is all balancing would cost them), and
+      // the next plan looks again; a plan that places replicas resets it.
+      if (plan_.num_replicas() == 0) {
+        skip_left_ = next_skip_;
+        next_skip_ = std::min(2 * next_skip_, kMaxStepsSkipped);
+      } else {
+        next_skip_ = 1;
+      }
+    }
   }
   stats_.planner_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -120,6 +217,20 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
   stats_.num_replicas = plan_.num_replicas();
 }
 
+void ReplicaExchange::skip_planning() {
+  skipped_ = true;
+  stats_.skipped_planning = true;
+  // Homes only, every slot empty; no global counts behind it (quotas are
+  // not known, so the plan's loads are this rank's view and not reported).
+  plan_ = balance::plan_replicas(std::vector<std::int64_t>(static_cast<std::size_t>(num_experts_), 0), homes_,
+                                 {.num_ranks = num_ranks_,
+                                  .num_redundant_slots_per_rank = num_slots_,
+                                  .rebalance_threshold = static_cast<double>(num_ranks_)});
+  stats_.slot_experts.assign(static_cast<std::size_t>(num_slots_), balance::kEmptySlot);
+  stats_.slot_quotas.assign(static_cast<std::size_t>(num_slots_), 0);
+  stats_.rows_per_slot.assign(static_cast<std::size_t>(num_slots_), 0);
+}
+
 void ReplicaExchange::count_slot_rows(const ExpertRows& rows) {
   std::vector<std::int64_t>& slot_rows = stats_.rows_per_slot;  // [B] once a step is planned
   for (std::size_t b = 0; b < slot_rows.size(); ++b) slot_rows[b] += rows.group_sizes[num_local_experts_ + b];
@@ -139,6 +250,13 @@ PairDestination ReplicaExchange::destination(int source, int expert, std::int64_
 void ReplicaExchange::destinations(std::span<const std::int32_t> topk_ids, int top_k, std::int32_t* out) const {
   const std::int64_t num_pairs = static_cast<std::int64_t>(topk_ids.size());
   const int me = comm_.rank(), stride = experts_per_rank();
+  if (skipped_) {
+    for (std::int64_t i = 0; i < num_pairs; ++i) {
+      const int expert = topk_ids[i], home = homes_[expert];
+      out[i] = home * stride + (expert - home * num_local_experts_);
+    }
+    return;
+  }
   if (config_.dispatch == DispatchKind::alltoall && config_.dedup && config_.replica_choice == ReplicaChoice::dedup) {
     // Same per-(source, copy) sub-quotas as the positional rule, so every
     // copy still computes exactly its quota; receivers learn their rows from
@@ -169,7 +287,8 @@ transport::Tag slot_tag(std::uint32_t tag_base, int slot, EpOp op, int part) {
 }  // namespace
 
 namespace {
-constexpr std::int64_t kPlanningStateFormat = 1;
+// 2 appends the priced plans' skip counters; 1 (before them) is read with 0s.
+constexpr std::int64_t kPlanningStateFormat = 2;
 }  // namespace
 
 // Layout: format, R, B, E, step, held experts [R*B], periodic placement
@@ -181,6 +300,8 @@ std::vector<std::int64_t> ReplicaExchange::planning_state() const {
   state.insert(state.end(), periodic_slots_.begin(), periodic_slots_.end());
   state.push_back(static_cast<std::int64_t>(count_history_.size()));
   for (const auto& counts : count_history_) state.insert(state.end(), counts.begin(), counts.end());
+  state.push_back(skip_left_);
+  state.push_back(next_skip_);
   return state;
 }
 
@@ -188,7 +309,7 @@ void ReplicaExchange::restore_planning_state(const std::vector<std::int64_t>& st
   const auto fail = [](const std::string& why) {
     throw ConfigError("the checkpoint's replica balancing state " + why);
   };
-  if (state.size() < 5 || state[0] != kPlanningStateFormat) fail("has an unknown format");
+  if (state.size() < 5 || (state[0] != kPlanningStateFormat && state[0] != 1)) fail("has an unknown format");
   if (state[1] != num_ranks_ || state[2] != num_slots_ || state[3] != num_experts_) {
     fail("was saved for ranks=" + std::to_string(state[1]) + " redundant_slots=" + std::to_string(state[2]) +
          " num_experts=" + std::to_string(state[3]) + "; this run has ranks=" + std::to_string(num_ranks_) +
@@ -210,6 +331,15 @@ void ReplicaExchange::restore_planning_state(const std::vector<std::int64_t>& st
   const std::int64_t window = take(1)[0];
   count_history_.clear();
   for (std::int64_t w = 0; w < window; ++w) count_history_.push_back(take(static_cast<std::size_t>(num_experts_)));
+  skip_left_ = 0;
+  next_skip_ = 1;
+  if (state[0] == kPlanningStateFormat) {
+    const std::vector<std::int64_t> skips = take(2);
+    if (skips[0] < 0 || skips[0] > kMaxStepsSkipped || skips[1] < 1 || skips[1] > kMaxStepsSkipped)
+      fail("has skip counters out of range");
+    skip_left_ = static_cast<int>(skips[0]);
+    next_skip_ = static_cast<int>(skips[1]);
+  }
   if (at != state.size()) fail("has trailing values");
 }
 
@@ -222,6 +352,8 @@ float* ReplicaExchange::slot_gradients(int part, int slot) {
   EPMOE_CHECK(part >= 0 && part < 3 && slot >= 0 && slot < num_slots_ && !slot_gradients_[part].empty());
   return slot_gradients_[part].data<float>() + slot * hidden_ * ffn_;
 }
+
+int ReplicaExchange::weight_element_bytes() const { return shape_.compute_dtype == ComputeDType::bf16 ? 2 : 4; }
 
 void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uint64_t version, std::uint32_t tag_base) {
   EPMOE_CHECK(weight_requests_.empty());  // finish_slot_weights ends every start
@@ -243,8 +375,14 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
   const std::int64_t n = hidden_ * ffn_;
   const float* home_parts[3] = {home.wi0.data<float>(), home.wi1.data<float>(), home.wo.data<float>()};
   const int me = comm_.rank();
-  std::int64_t bytes = 0;
-  int refreshed = 0;
+  // This step's transfers: (peer, slot, home local expert) sent, (peer, slot) received.
+  struct Transfer {
+    int peer, slot;
+    std::int64_t local_expert;
+  };
+  std::vector<Transfer> sends;
+  refreshed_slots_.clear();
+  std::vector<int> receive_from;
   for (int r = 0; r < num_ranks_; ++r)
     for (int b = 0; b < num_slots_; ++b) {
       const std::size_t at = static_cast<std::size_t>(r) * num_slots_ + b;
@@ -258,22 +396,49 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
       held_version_[at] = version;
       const int home_rank = homes_[expert];
       if (r == me) {
-        ++refreshed;
-        for (int p = 0; p < 3; ++p)
-          weight_requests_.push_back(comm_.irecv(home_rank, slot_tag(tag_base, b, EpOp::replica_wi0, p),
-                                                 slot_weights_[p].data<float>() + b * n, n * 4));
+        refreshed_slots_.push_back(b);
+        receive_from.push_back(home_rank);
       }
-      if (home_rank == me) {
-        const std::int64_t local = expert - me * num_local_experts_;
-        for (int p = 0; p < 3; ++p) {
-          weight_requests_.push_back(
-              comm_.isend(r, slot_tag(tag_base, b, EpOp::replica_wi0, p), home_parts[p] + local * n, n * 4));
-          bytes += n * 4;
-        }
-      }
+      if (home_rank == me) sends.push_back({r, b, expert - me * num_local_experts_});
+    }
+  // compute_dtype=bf16: the weights travel as the bf16 the experts' GEMMs
+  // read (kernels/convert.h, the same rounding the GEMM's own conversion
+  // does), half the bytes; the slot is expanded back to f32, which the GEMM
+  // turns into the very same bf16 bits (a bf16 value converts exactly).
+  const bool narrow = weight_element_bytes() == 2;
+  const std::int64_t message_bytes = n * weight_element_bytes();
+  if (narrow) {
+    outgoing_bf16_.resize(sends.size() * 3 * n);
+    incoming_bf16_.resize(refreshed_slots_.size() * 3 * n);
+  }
+  if (narrow && !sends.empty()) {
+    ComputeScope scope("replica weights to bf16", {.flops = 0, .bytes = static_cast<double>(sends.size() * 3 * n * 6)});
+    for (std::size_t i = 0; i < sends.size(); ++i)
+      for (int p = 0; p < 3; ++p)
+        convert(std::span<const float>(home_parts[p] + sends[i].local_expert * n, n),
+                std::span<bf16_t>(outgoing_bf16_.data() + (i * 3 + p) * n, n));
+  }
+  for (std::size_t i = 0; i < refreshed_slots_.size(); ++i) {
+    const int b = refreshed_slots_[i];
+    for (int p = 0; p < 3; ++p) {
+      void* into = narrow ? static_cast<void*>(incoming_bf16_.data() + (i * 3 + p) * n)
+                          : static_cast<void*>(slot_weights_[p].data<float>() + b * n);
+      weight_requests_.push_back(
+          comm_.irecv(receive_from[i], slot_tag(tag_base, b, EpOp::replica_wi0, p), into, message_bytes));
+    }
+  }
+  std::int64_t bytes = 0;
+  for (std::size_t i = 0; i < sends.size(); ++i)
+    for (int p = 0; p < 3; ++p) {
+      const void* from = narrow ? static_cast<const void*>(outgoing_bf16_.data() + (i * 3 + p) * n)
+                                : static_cast<const void*>(home_parts[p] + sends[i].local_expert * n);
+      weight_requests_.push_back(
+          comm_.isend(sends[i].peer, slot_tag(tag_base, sends[i].slot, EpOp::replica_wi0, p), from, message_bytes));
+      bytes += message_bytes;
     }
   weight_bytes_in_flight_ = bytes;
-  stats_.slots_refreshed = refreshed;
+  stats_.slots_refreshed = static_cast<int>(refreshed_slots_.size());
+  last_weight_version_ = version;
 }
 
 std::int64_t ReplicaExchange::finish_slot_weights() {
@@ -284,6 +449,15 @@ std::int64_t ReplicaExchange::finish_slot_weights() {
     ~ClearOnExit() { requests.clear(); }
   } clear_on_exit{weight_requests_};
   for (auto& request : weight_requests_) request->wait(config_.timeout);
+  if (weight_element_bytes() == 2 && !refreshed_slots_.empty()) {
+    const std::int64_t n = hidden_ * ffn_;
+    ComputeScope scope("replica weights from bf16",
+                       {.flops = 0, .bytes = static_cast<double>(refreshed_slots_.size() * 3 * n * 6)});
+    for (std::size_t i = 0; i < refreshed_slots_.size(); ++i)
+      for (int p = 0; p < 3; ++p)
+        convert(std::span<const bf16_t>(incoming_bf16_.data() + (i * 3 + p) * n, n),
+                std::span<float>(slot_weights_[p].data<float>() + refreshed_slots_[i] * n, n));
+  }
   stats_.bytes_sent["forward/replica weights"] += weight_bytes_in_flight_;
   return std::exchange(weight_bytes_in_flight_, 0);
 }
@@ -336,6 +510,7 @@ std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& h
 std::int64_t ReplicaExchange::buffer_bytes() const {
   std::int64_t bytes = static_cast<std::int64_t>(incoming_gradients_.capacity() * sizeof(float));
   for (int p = 0; p < 3; ++p) bytes += slot_weights_[p].size_bytes() + slot_gradients_[p].size_bytes();
+  bytes += static_cast<std::int64_t>((outgoing_bf16_.capacity() + incoming_bf16_.capacity()) * sizeof(bf16_t));
   return bytes;
 }
 

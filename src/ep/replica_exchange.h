@@ -43,6 +43,15 @@
 //     (rank, slot) order: deterministic, each replica's contribution counted
 //     once. No collective over all experts' weights anywhere.
 //
+// Cost-aware plans (balance=dynamic with EpConfig::replica_costs priced,
+// docs/BALANCE.md "Cost model"): plan_step prices every candidate replica
+// (balance::ReplicaCosts) from the rates, the expert shape, the weights'
+// wire format and, for the all-to-all, the all-gathered per-source counts;
+// a slot kept at an unchanged weight version costs no weights. When a
+// priced plan places nothing, the next 1, 2, 4, ..., 16 steps skip the counts
+// round and the plan (every pair goes home), so a layer whose replicas do
+// not pay spends (almost) nothing on balancing; the next plan looks again.
+//
 // Local expert indices on a rank: [0, E_l) home experts, E_l + b slot b.
 #pragma once
 
@@ -50,12 +59,14 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <epmoe/config.h>
 #include "balance/replica_plan.h"
+#include "balance/replica_planner.h"
 #include "core/tensor.h"
 
 #include "ep/expert_rows.h"
@@ -85,9 +96,19 @@ struct HomeExpertGradients {
   float* dwo = nullptr;
 };
 
+// What the cost model needs of the experts beyond EpConfig.
+struct ReplicaExpertShape {
+  std::int64_t ffn = 0;  // F; 0: unknown, replicas unpriced
+  ComputeDType compute_dtype = ComputeDType::f32;
+};
+
 class ReplicaExchange {
  public:
-  ReplicaExchange(transport::Communicator& comm, const EpConfig& config);
+  ReplicaExchange(transport::Communicator& comm, const EpConfig& config, const ReplicaExpertShape& shape = {});
+
+  // The seconds plan_step prices a replica at (all 0 when unpriced), from
+  // EpConfig::replica_costs and the shape; source_counts not set.
+  balance::ReplicaCosts costs() const;
 
   int num_local_experts() const { return num_local_experts_; }  // E_l
   int num_slots() const { return num_slots_; }                  // B
@@ -99,7 +120,10 @@ class ReplicaExchange {
   // Starts the step's statistics afresh. topk_ids [num_tokens * top_k]:
   // this rank's logical experts, in (token, k) order; `tag_base`: the
   // step's (DispatchHandle::tag_base).
-  void plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base);
+  // `weight_version`: the version start_slot_weights will be given (a kept
+  // slot at the same version moves no weights, so it is priced so).
+  void plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base,
+                 std::optional<std::uint64_t> weight_version = std::nullopt);
   // Adds a chunk's rows of the B slots (local experts E_l + b) to
   // stats().rows_per_slot; the layer calls it beside
   // DispatchStats::count_rows, which counts the home experts'.
@@ -152,10 +176,24 @@ class ReplicaExchange {
 
   transport::Communicator& comm_;
   EpConfig config_;
+  ReplicaExpertShape shape_;
   ReplicaStats stats_;
+  std::optional<std::uint64_t> last_weight_version_;  // what every occupied slot holds
   int num_ranks_, num_experts_, num_local_experts_, num_slots_;
   std::vector<int> homes_;
-  std::vector<std::int64_t> counts_;  // [R * E] all-gathered
+  // Whether plan_step all-gathers each rank's rows per destination rank
+  // (the all-to-all with dedup, priced): the token rows dedup leaves.
+  bool dedup_rows_priced() const;
+  // A step without counts round or plan (priced plans placed nothing
+  // lately): every pair goes home.
+  void skip_planning();
+  static constexpr int kMaxStepsSkipped = 16;
+  bool skipped_ = false;                    // this step
+  int skip_left_ = 0;                       // steps still to skip
+  int next_skip_ = 1;                       // steps the next refused plan skips
+  std::vector<std::int64_t> counts_;        // [R * E] all-gathered
+  std::vector<std::int64_t> source_rows_;   // [R * R] with dedup_rows_priced(), else empty
+  std::vector<std::int64_t> source_pairs_;  // [R] each rank's (token, k) pairs this step
   balance::ReplicaPlan plan_;
   // [R * copies]: per source, the running sum of the locality-first
   // sub-quotas over each expert's copies (where each copy's run among the
@@ -174,7 +212,14 @@ class ReplicaExchange {
   // allocated at the first step (H and F come with the weights) and kept.
   std::int64_t hidden_ = 0, ffn_ = 0;
   Tensor slot_weights_[3], slot_gradients_[3];
+  // Bytes of one weight element on the wire: the compute format (bf16 when
+  // compute_dtype=bf16).
+  int weight_element_bytes() const;
   std::vector<std::unique_ptr<transport::Request>> weight_requests_;  // in flight between start and finish
+  std::vector<int> refreshed_slots_;                                  // this rank's slots receiving weights this step
+  // compute_dtype=bf16: the weights this rank sends and receives, as bf16,
+  // alive from start to finish and kept across steps.
+  std::vector<bf16_t> outgoing_bf16_, incoming_bf16_;
   std::int64_t weight_bytes_in_flight_ = 0;
   // Received slot gradients (a home rank's), kept across steps.
   std::vector<float> incoming_gradients_;

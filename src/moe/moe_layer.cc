@@ -136,6 +136,7 @@ struct MoeStep::State {
   LocalExpertWeights expert_weights;  // the caller's; with replicas, per-group pointers (homes, then slots)
   RouterOutput routing;
   std::vector<std::int32_t> destinations;      // replicas: each pair's physical destination
+  std::uint64_t weight_version = 0;            // replicas: the slots' weight version this step
   std::vector<ep::ExpertRows> rows;            // [chunk] the chunk's rows while it computes
   std::vector<SavedExpertRows> saved_rows;     // [chunk] x_sorted kept for the backward
   std::vector<ExpertActivations> activations;  // [chunk]
@@ -185,7 +186,9 @@ MoeLayer::MoeLayer(const MoeLayerConfig& config, EpGroup& group, MemoryLedger* l
   if (router.top_k != ep.top_k) mismatch("top_k", router.top_k, ep.top_k);
   if (impl_->config.hidden != ep.hidden) mismatch("hidden", impl_->config.hidden, ep.hidden);
   if (ep.replicas_enabled()) {
-    impl_->replicas = std::make_unique<ep::ReplicaExchange>(group.communicator(), ep);
+    impl_->replicas = std::make_unique<ep::ReplicaExchange>(
+        group.communicator(), ep,
+        ep::ReplicaExpertShape{.ffn = impl_->config.ffn, .compute_dtype = impl_->config.compute_dtype});
     impl_->replica_buffers = LedgerCharge(ledger, "buffer/replica slots", 0);
   }
 }
@@ -317,7 +320,9 @@ MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::op
     // Every rank plans the same replicas from the all-gathered counts; this
     // rank's pairs then go to the copies the plan gives them.
     ScopedPhase phase(times, "balance");
-    layer.replicas->plan_step(topk_ids, s.dispatch.tag_base());
+    // Automatic versions have the top bit set so they never equal a caller's.
+    s.weight_version = weight_version ? *weight_version : (std::uint64_t{1} << 63) | ++layer.auto_version;
+    layer.replicas->plan_step(topk_ids, s.dispatch.tag_base(), s.weight_version);
     s.destinations.resize(topk_ids.size());
     layer.replicas->destinations(topk_ids, top_k, s.destinations.data());
     destinations = s.destinations.data();
@@ -332,9 +337,7 @@ MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::op
     // the experts compute on per-group pointers: the caller's home weights
     // as they are, the slots' from the exchange's buffers.
     ScopedPhase phase(times, "replica_weights");
-    // Automatic versions have the top bit set so they never equal a caller's.
-    const std::uint64_t version = weight_version ? *weight_version : (std::uint64_t{1} << 63) | ++layer.auto_version;
-    replicas->start_slot_weights({weights.wi0, weights.wi1, weights.wo}, version, s.dispatch.tag_base());
+    replicas->start_slot_weights({weights.wi0, weights.wi1, weights.wo}, s.weight_version, s.dispatch.tag_base());
     const std::int64_t home = replicas->num_local_experts(), hf = config.hidden * config.ffn;
     LocalExpertWeights& w = s.expert_weights;
     for (std::int64_t e = 0; e < home; ++e) {

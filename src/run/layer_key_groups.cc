@@ -1,5 +1,6 @@
 #include "run/layer_key_groups.h"
 
+#include "hardware/replica_cost_rates.h"
 #include "run/modelled_time_settings.h"
 
 #include <algorithm>
@@ -215,6 +216,14 @@ KeyGroup expert_parallel_keys() {
            .default_value = "1.05",
            .help = "balance=dynamic: stop adding replicas once max/mean rank load (rows) is at or below this",
            .min_value = 1},
+          {.name = "replica_costs",
+           .type = KeyType::choice,
+           .default_value = "priced",
+           .help = "balance=dynamic: priced = a replica is placed only when the compute it takes off the busiest "
+                   "rank outweighs its weight, gradient and token transfers at the hardware's (clock=modelled) or "
+                   "the links' and an assumed CPU's rates (docs/BALANCE.md, Cost model); off = balance as far "
+                   "as rebalance_threshold asks, whatever it costs",
+           .choices = {"priced", "off"}},
           {.name = "balance_window",
            .type = KeyType::integer,
            .default_value = "50",
@@ -422,6 +431,10 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
   } else {
     const int local_size = mpi_launch_from_environment().value_or(MpiLaunch{}).local_size;
     settings.compute_threads_per_rank = std::max(1, hardware_cores() / local_size);
+  }
+  if (values.get_string("replica_costs") == "priced") {
+    settings.ep.replica_costs =
+        hardware::replica_cost_rates(settings.modelled, settings.links, settings.compute_threads_per_rank);
   }
   return settings;
 }

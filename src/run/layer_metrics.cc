@@ -98,6 +98,14 @@ nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const std
   out["replica_weight_bytes_forward"] = weight_bytes;
   out["replica_gradient_bytes_backward"] = gradient_bytes;
   out["planner_us"] = planner_seconds * 1e6;
+  // The cost model's verdict (docs/BALANCE.md "Cost model"; 0 unpriced).
+  out["priced"] = settings.ep.replica_costs.priced();
+  out["predicted_saving_us"] = first.predicted_saving_seconds * 1e6;
+  out["predicted_cost_us"] = first.predicted_cost_seconds * 1e6;
+  out["refused_replicas"] = first.refused_replicas;
+  out["refused_saving_us"] = first.refused_saving_seconds * 1e6;
+  out["refused_cost_us"] = first.refused_cost_seconds * 1e6;
+  out["skipped_planning"] = first.skipped_planning;
   return out;
 }
 

@@ -114,6 +114,12 @@ RankReport run_layer_rank(LayerRank& rank, const LayerInputs& inputs, const Expe
   report.ideal_max_over_mean = replicas.ideal_max_over_mean;
   report.num_replicas = replicas.num_replicas;
   report.planner_seconds = replicas.planner_seconds;
+  report.predicted_saving_seconds = replicas.predicted_saving_seconds;
+  report.predicted_cost_seconds = replicas.predicted_cost_seconds;
+  report.refused_replicas = replicas.refused_replicas;
+  report.refused_saving_seconds = replicas.refused_saving_seconds;
+  report.refused_cost_seconds = replicas.refused_cost_seconds;
+  report.skipped_planning = replicas.skipped_planning;
   return report;
 }
 

@@ -12,6 +12,9 @@
 //    and are resent when it changes;
 //  * the exchange's statistics (ep/replica_stats.h) are each step's own:
 //    rows per slot and slots refreshed do not carry over between steps;
+//  * priced plans (EpConfig::replica_costs): replicas that pay are placed,
+//    those that do not are refused, both match the reference; a kept
+//    replica at an unchanged weight version moves no bytes;
 //  * locality-first sub-quotas: every copy computes its own rank's pairs
 //    first (min(quota, own count)), checked through the all-to-all's bytes;
 //  * the dedup-aware replica choice (balance/dedup_aware_choice.h) under
@@ -21,6 +24,7 @@
 // compute thread per rank; R in {1, 2, 3, 4, 8}.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -204,6 +208,92 @@ TEST(Replicas, WeightsResentOnlyWhenVersionChanges) {
   }
 }
 
+// Priced plans (issue 31, EpConfig::replica_costs) in the engine. Rows cost
+// 18·H·F / 1e9 s = 0.86 us of compute (and 128 B on the all-to-all's
+// links); a slot's weights and gradient 576 B each. Links at 1 GB/s with no
+// latency: a slot costs 1.15 us and pays from 2 rows, so replicas are
+// placed; with 1 ms of latency per message it costs 2 ms, more than every
+// row of the step saves, so none is. Either way every copy computes its
+// quota and the results match the double reference.
+EpRunOptions priced_replicas(int num_ranks, DispatchKind dispatch, double link_latency_s) {
+  EpRunOptions on = dynamic_replicas(num_ranks, dispatch, 2);
+  on.ep.replica_costs = {.compute_flops_per_s = 1e9, .link_bytes_per_s = 1e9, .link_latency_s = link_latency_s};
+  return on;
+}
+
+TEST(Replicas, PricedPlansPlaceWhatPaysRefuseWhatDoesNotAndMatchTheReference) {
+  const MoeProblem p = skewed_problem(4);
+  for (const ReplicaVariant variant :
+       {ReplicaVariant{DispatchKind::alltoall, false}, ReplicaVariant{DispatchKind::alltoall, true},
+        ReplicaVariant{DispatchKind::ring, false}}) {
+    const std::string what = to_string(variant.dispatch) + (variant.dedup ? " dedup" : "");
+    EpRunOptions cheap = priced_replicas(4, variant.dispatch, 0);
+    cheap.ep.dedup = variant.dedup;
+    const EpRunResult placed = testing::run_ep_layer(p, cheap);
+    ASSERT_GT(expect_quotas_met(placed, what), 0) << what;
+    const ep::ReplicaStats& chosen = placed.replica_stats[0];
+    EXPECT_GT(chosen.predicted_saving_seconds, chosen.predicted_cost_seconds) << what;
+    EXPECT_GT(chosen.predicted_cost_seconds, 0) << what;
+    expect_matches_reference(p, placed, what + " cheap links");
+
+    EpRunOptions dear = priced_replicas(4, variant.dispatch, 1e-3);
+    dear.ep.dedup = variant.dedup;
+    const EpRunResult refused = testing::run_ep_layer(p, dear);
+    EXPECT_EQ(expect_quotas_met(refused, what), 0) << what;
+    const ep::ReplicaStats& none = refused.replica_stats[0];
+    EXPECT_GT(none.refused_replicas, 0) << what;
+    EXPECT_LT(none.refused_saving_seconds, none.refused_cost_seconds) << what;
+    EXPECT_EQ(total_bytes(refused.stats, "forward/replica weights"), 0) << what;
+    EXPECT_EQ(total_bytes(refused.stats, "backward/replica gradients"), 0) << what;
+    expect_matches_reference(p, refused, what + " dear links");
+  }
+}
+
+// Stickiness in the engine: the second step at the same weight version keeps
+// its replicas, moves no weight bytes, and is priced without them.
+TEST(Replicas, AKeptReplicaAtTheSameWeightVersionMovesNoBytesAndCostsNoWeights) {
+  const MoeProblem p = skewed_problem(4);
+  EpRunOptions on = priced_replicas(4, DispatchKind::ring, 0);
+  on.weight_versions = {7, 7};
+  const EpRunResult run = testing::run_ep_layer(p, on);
+  const ep::ReplicaStats& first = run.step_replica_stats[0][0];
+  const ep::ReplicaStats& second = run.step_replica_stats[1][0];
+  ASSERT_GT(first.num_replicas, 0);
+  EXPECT_EQ(second.num_replicas, first.num_replicas);
+  for (std::size_t r = 0; r < run.replica_stats.size(); ++r)
+    EXPECT_EQ(run.step_replica_stats[1][r].slot_experts, run.step_replica_stats[0][r].slot_experts) << r;
+  EXPECT_GT(total_bytes(run.step_stats[0], "forward/replica weights"), 0);
+  EXPECT_EQ(total_bytes(run.step_stats[1], "forward/replica weights"), 0);
+  EXPECT_EQ(second.predicted_saving_seconds, first.predicted_saving_seconds);
+  EXPECT_LT(second.predicted_cost_seconds, first.predicted_cost_seconds);
+  expect_matches_reference(p, run, "kept replicas");
+}
+
+// When a priced plan places nothing, the next 1, then 2, ... steps skip the
+// counts round (no bytes, every pair home), then a plan looks again: steps
+// plan, skip, plan, skip, skip, plan.
+TEST(Replicas, RefusedPlansSkipTheCountsRoundForGrowingSpells) {
+  const MoeProblem p = skewed_problem(4);
+  EpRunOptions dear = priced_replicas(4, DispatchKind::alltoall, 1e-3);
+  dear.ep.dedup = true;  // the dedup-aware choice must not run on a skipped step
+  dear.weight_versions = {1, 2, 3, 4, 5, 6};
+  const EpRunResult run = testing::run_ep_layer(p, dear);
+  const std::vector<bool> skipped = {false, true, false, true, true, false};
+  for (std::size_t step = 0; step < skipped.size(); ++step) {
+    for (std::size_t r = 0; r < run.replica_stats.size(); ++r) {
+      const ep::ReplicaStats& stats = run.step_replica_stats[step][r];
+      EXPECT_EQ(stats.skipped_planning, skipped[step]) << "step " << step << " rank " << r;
+      EXPECT_EQ(stats.num_replicas, 0) << "step " << step;
+    }
+    const std::int64_t counts_bytes = total_bytes(run.step_stats[step], "forward/ring_all_gather replica counts");
+    if (skipped[step])
+      EXPECT_EQ(counts_bytes, 0) << "step " << step;
+    else
+      EXPECT_GT(counts_bytes, 0) << "step " << step;
+  }
+  expect_matches_reference(p, run, "skipped planning");
+}
+
 // Recomputed x_sorted: the ring re-collects a chunk's rows with the same
 // replica positions, the all-to-all re-sends the same plan.
 TEST(Replicas, RematDispatchKeepsTheSameRows) {
@@ -225,6 +315,17 @@ TEST(Replicas, ConfigErrors) {
   EXPECT_THROW(config.validate(2), ConfigError);
   config.balance_period = 5;
   EXPECT_NO_THROW(config.validate(2));
+  // Cost rates: finite and >= 0, the message naming the field.
+  for (double bad : {-1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    EpConfig priced = config;
+    priced.replica_costs.link_bytes_per_s = bad;
+    try {
+      priced.validate(2);
+      ADD_FAILURE() << "link_bytes_per_s=" << bad << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("replica_costs.link_bytes_per_s"), std::string::npos) << e.what();
+    }
+  }
   config.balance = BalanceMode::dynamic;
   config.redundant_slots = 1;
   config.capacity_factor = 1.5;

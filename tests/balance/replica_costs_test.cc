@@ -1,0 +1,167 @@
+// Cost-aware replica plans (balance/replica_planner.h, ReplicaCosts; issue
+// 31) on constructed loads whose costs are worked out by hand, in whole
+// "seconds" so that every comparison is exact:
+//  * R = 2, one expert per rank, B = 1, counts {300, 100}, a row costs 1:
+//    the balance plan moves 100 rows of expert 0 to rank 1 (max 300 -> 200,
+//    saving 100), for one weight transfer and one gradient transfer;
+//  * the same with per-source counts, where the moved rows either newly
+//    cross the link (token cost) or are rank 1's own (no token rows);
+//  * R = 4, one hot expert: a plan that stops short of the balance target
+//    nets more than the balance plan;
+//  * random loads and costs: a plan is never predicted to cost more than it
+//    saves, and without replicas it predicts nothing.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "balance/replica_planner.h"
+#include "core/rng.h"
+
+namespace epmoe::balance {
+namespace {
+
+const std::vector<std::int64_t> kTwoRanks = {300, 100};
+const std::vector<int> kTwoHomes = {0, 1};
+const ReplicaPlannerOptions kTwoRanksOneSlot{2, 1, 1.0};
+
+ReplicaCosts costs(double weight_seconds, double gradient_seconds) {
+  ReplicaCosts c;
+  c.row_seconds = 1;
+  c.weight_seconds = weight_seconds;
+  c.gradient_seconds = gradient_seconds;
+  return c;
+}
+
+TEST(ReplicaCosts, PlacesAReplicaThatSavesMoreThanItCosts) {
+  const ReplicaPlan plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, costs(60, 30));
+  ASSERT_EQ(plan.num_replicas(), 1);
+  EXPECT_EQ(plan.slot_expert(1, 0), 0);
+  EXPECT_EQ(plan.after.max_load, 200);
+  EXPECT_EQ(plan.predicted_saving_seconds, 100);
+  EXPECT_EQ(plan.predicted_cost_seconds, 90);
+  EXPECT_EQ(plan.refused_replicas, 0);
+}
+
+// Planning itself (the counts round a plan with replicas keeps paying)
+// tips the balance: 90 + 20 > 100.
+TEST(ReplicaCosts, APlanPaysForItsCountsRound) {
+  ReplicaCosts c = costs(60, 30);
+  c.plan_seconds = 20;
+  const ReplicaPlan plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, c);
+  EXPECT_EQ(plan.num_replicas(), 0);
+  EXPECT_EQ(plan.refused_cost_seconds, 110);
+  c.plan_seconds = 5;
+  EXPECT_EQ(plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, c).predicted_cost_seconds, 95);
+}
+
+TEST(ReplicaCosts, RefusesAReplicaWhoseTransfersCostMoreThanItSaves) {
+  const ReplicaPlan plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, costs(80, 30));
+  EXPECT_EQ(plan.num_replicas(), 0);
+  EXPECT_EQ(plan.after.max_load, 300);
+  EXPECT_EQ(plan.predicted_saving_seconds, 0);
+  EXPECT_EQ(plan.predicted_cost_seconds, 0);
+  // What it refused: the balance plan's replica, saving 100 for 110.
+  EXPECT_EQ(plan.refused_replicas, 1);
+  EXPECT_EQ(plan.refused_saving_seconds, 100);
+  EXPECT_EQ(plan.refused_cost_seconds, 110);
+}
+
+TEST(ReplicaCosts, WithoutCostsThePlanBalancesWhateverItCosts) {
+  const ReplicaPlan plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot);
+  EXPECT_EQ(plan.num_replicas(), 1);
+  EXPECT_EQ(plan.predicted_cost_seconds, 0);
+  EXPECT_EQ(plan.refused_replicas, 0);
+}
+
+// Stickiness: rank 1 held expert 0 at the previous step. With its weights
+// current (inference, or another micro-batch of the same optimizer step),
+// keeping it moves no weights, so the replica too dear to open pays.
+TEST(ReplicaCosts, AKeptReplicaWithCurrentWeightsCostsNoWeights) {
+  const std::vector<int> previous = {kEmptySlot, 0};
+  ReplicaCosts kept = costs(80, 30);
+  kept.previous_weights_current = true;
+  const ReplicaPlan plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, previous, kept);
+  ASSERT_EQ(plan.num_replicas(), 1);
+  EXPECT_EQ(plan.slot_expert(1, 0), 0);
+  EXPECT_EQ(plan.predicted_cost_seconds, 30);  // its gradient only
+
+  ReplicaCosts inference = kept;
+  inference.gradient_seconds = 0;
+  EXPECT_EQ(plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, previous, inference).predicted_cost_seconds, 0);
+
+  // The same slot with new weights (a training step): they move again.
+  ReplicaCosts stale = kept;
+  stale.previous_weights_current = false;
+  EXPECT_EQ(plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, previous, stale).num_replicas(), 0);
+  // Another expert in the slot is no help either.
+  const std::vector<int> other = {kEmptySlot, 1};
+  EXPECT_EQ(plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, other, kept).num_replicas(), 0);
+}
+
+// All-to-all token rows: with every pair of expert 0 from rank 0, the 100
+// rows moved to rank 1 cross the link both ways (the busiest link goes from
+// 0 to 100 rows); with them from rank 1, the replica computes rank 1's own
+// pairs and the busiest link carries fewer rows than with no replicas.
+TEST(ReplicaCosts, TokenRowsAReplicaAddsArePriced) {
+  const std::vector<std::int64_t> from_home = {300, 0, 0, 100};  // [R, E]: rank 0's pairs of expert 0 and 1, rank 1's
+  ReplicaCosts c = costs(10, 10);
+  c.source_counts = from_home;
+  c.token_row_seconds = 0.5;
+  ReplicaPlan plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, c);
+  ASSERT_EQ(plan.num_replicas(), 1);
+  EXPECT_EQ(plan.predicted_cost_seconds, 10 + 10 + 100 * 0.5);
+
+  c.token_row_seconds = 1;  // 120 > 100
+  plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, c);
+  EXPECT_EQ(plan.num_replicas(), 0);
+  EXPECT_EQ(plan.refused_cost_seconds, 120);
+
+  const std::vector<std::int64_t> from_receiver = {100, 0, 200, 100};
+  c.source_counts = from_receiver;
+  plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, c);
+  ASSERT_EQ(plan.num_replicas(), 1);
+  EXPECT_EQ(plan.predicted_cost_seconds, 20);  // no token rows added
+}
+
+// One hot expert on rank 0 of 4: the balance plan (max 325) needs three
+// replicas, all fed by rank 0's link (3 weight and 3 gradient transfers on
+// it, 450 for a saving of 675); a plan with fewer replicas nets more.
+TEST(ReplicaCosts, StopsShortOfTheBalanceTargetWhenThatNetsMore) {
+  const std::vector<std::int64_t> counts = {1000, 100, 100, 100};
+  const std::vector<int> homes = {0, 1, 2, 3};
+  const ReplicaPlan plan = plan_replicas(counts, homes, {4, 1, 1.0}, {}, costs(100, 50));
+  EXPECT_GT(plan.num_replicas(), 0);
+  EXPECT_LT(plan.num_replicas(), 3);
+  EXPECT_GT(plan.after.max_load, 325);
+  EXPECT_GT(plan.predicted_saving_seconds, plan.predicted_cost_seconds);
+  // The balance plan it refused nets less: its extra saving costs more.
+  EXPECT_GT(plan.refused_replicas, 0);
+  EXPECT_LT(plan.refused_saving_seconds, plan.refused_cost_seconds);
+}
+
+TEST(ReplicaCosts, NeverPredictedSlowerThanNoReplicas) {
+  Rng rng(31);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int R = 2 + static_cast<int>(rng.next_u64() % 7), E_l = 1 + static_cast<int>(rng.next_u64() % 4);
+    const int B = 1 + static_cast<int>(rng.next_u64() % 3);
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(R) * E_l), source(counts.size() * R);
+    for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<std::int64_t>(rng.next_u64() % 50);
+    for (int s = 0; s < R; ++s)
+      for (std::size_t e = 0; e < counts.size(); ++e) counts[e] += source[s * counts.size() + e];
+    ReplicaCosts c = costs(static_cast<double>(rng.next_u64() % 400), static_cast<double>(rng.next_u64() % 200));
+    c.token_row_seconds = static_cast<double>(rng.next_u64() % 3) * 0.5;
+    c.source_counts = source;
+    const ReplicaPlan plan = plan_replicas(counts, contiguous_home_ranks(R * E_l, R), {R, B, 1.0}, {}, c);
+    SCOPED_TRACE(testing::Message() << "trial " << trial << " R " << R << " E_l " << E_l << " B " << B);
+    if (plan.num_replicas() == 0) {
+      EXPECT_EQ(plan.predicted_saving_seconds, 0);
+      EXPECT_EQ(plan.predicted_cost_seconds, 0);
+    } else {
+      EXPECT_GT(plan.predicted_saving_seconds, plan.predicted_cost_seconds);
+    }
+    EXPECT_LE(plan.after.max_load, plan.before.max_load);
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::balance
