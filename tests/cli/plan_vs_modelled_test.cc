@@ -48,6 +48,7 @@ struct RankCompute {
   double flops = 0;
   double flop_seconds = 0;     // sum of flops / (peak · efficiency)
   double charged_seconds = 0;  // sum of max(flops / (peak · eff), bytes / HBM): what the clock charges
+  double encode_seconds = 0;   // of that, packing its tokens ("token encode"), before it launches the exchange
 };
 
 // Per rank, from the trace's compute events (f32: no nested scopes).
@@ -61,6 +62,7 @@ std::vector<RankCompute> compute_from_trace(const nlohmann::json& events, const 
     r.flops += flops;
     r.flop_seconds += flop_seconds;
     r.charged_seconds += std::max(flop_seconds, bytes / hw.memory_bytes_per_s);
+    if (e.at("name") == "token encode") r.encode_seconds += std::max(flop_seconds, bytes / hw.memory_bytes_per_s);
   }
   return out;
 }
@@ -112,14 +114,16 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
   // Compute time is not within 5%, and that is what it is: the plan counts
   // matmul FLOPs only, the clock also charges the memory-bound steps at HBM
   // bandwidth (SwiGLU 12 + 20 B per element forward / backward, the row
-  // gathers, the router): modelled compute = FLOP time + sum over operations
-  // of max(0, HBM time - FLOP time), which the identity above holds; here
-  // that excess is ~40% of the FLOP time (measured 2.64e-5 s vs 1.87e-5 s
-  // on rank 0). Asserted: it is positive and below 60%.
+  // gathers, token packing, the combine's weighted sums and their backward,
+  // docs/MODELLED_TIME.md): modelled compute = FLOP time + sum over
+  // operations of max(0, HBM time - FLOP time), which the identity above
+  // holds; here that excess is ~100% of the FLOP time (measured 0.97-1.00
+  // per rank; ~40% before issue 30 charged the dispatchers' and the
+  // combine's data movement). Asserted: it is positive and below 130%.
   for (int r = 0; r < kRanks; ++r) {
     const double excess = traced[r].charged_seconds / traced[r].flop_seconds - 1;
     EXPECT_GT(excess, 0.1) << "rank " << r;
-    EXPECT_LT(excess, 0.6) << "rank " << r;
+    EXPECT_LT(excess, 1.3) << "rank " << r;
   }
   // EP communication: the plan's bytes / 450 GB/s against the time each
   // rank waited on its collectives (communication + idle; token_chunks=1,
@@ -132,11 +136,22 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
   // ports themselves run at full rate: tests/comm/modelled_time_test.cc,
   // ASwitchedAllToAllRunsAtTheInjectionBandwidth); plus the count and
   // routing exchanges and one latency per round. Asserted: within 1.3x.
+  // Lower bound: since issue 30 charges the dispatchers' data movement, a
+  // rank packs its tokens ("token encode") and, in the backward, sums and
+  // copies rows while its peers' messages, posted when they finished the
+  // same work on their (randomly routed, ±5%) rows, already travel towards
+  // it: per rank the waits are no longer bounded by the plan's mean-bytes
+  // time (ranks 2, 3 waited 0.87-0.90x of it), but over the ranks every
+  // byte still crosses a port: the mean wait is at least the plan's time
+  // less the mean packing.
+  double mean_waits = 0, mean_encode = 0;
   for (int r = 0; r < kRanks; ++r) {
     const double waits = rank_modelled(uniform, r, "communication_seconds") + rank_modelled(uniform, r, "idle_seconds");
-    EXPECT_GE(waits, estimate.ep_seconds) << "rank " << r;
+    mean_waits += waits / kRanks;
+    mean_encode += traced[r].encode_seconds / kRanks;
     EXPECT_LE(waits, 1.3 * estimate.ep_seconds) << "rank " << r;
   }
+  EXPECT_GE(mean_waits, estimate.ep_seconds - mean_encode);
 
   // Skewed routing (the plan's input is the same config, so its estimate is
   // the same): rank 0's experts get 80% of the (token, expert) pairs' first
