@@ -110,21 +110,24 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
     EXPECT_NEAR(rank_modelled(uniform, r, "compute_seconds"), traced[r].charged_seconds, 1e-9) << "rank " << r;
   }
   EXPECT_NEAR(mean_flops / estimate.model_flops, 1.0, 0.01);
-  EXPECT_NEAR(mean_flop_seconds / estimate.compute_seconds, 1.0, 0.01);
-  // Compute time is not within 5%, and that is what it is: the plan counts
-  // matmul FLOPs only, the clock also charges the memory-bound steps at HBM
-  // bandwidth (SwiGLU 12 + 20 B per element forward / backward, the row
-  // gathers, token packing, the combine's weighted sums and their backward,
-  // docs/MODELLED_TIME.md): modelled compute = FLOP time + sum over
-  // operations of max(0, HBM time - FLOP time), which the identity above
-  // holds; here that excess is ~100% of the FLOP time (measured 0.97-1.00
-  // per rank; ~40% before issue 30 charged the dispatchers' and the
-  // combine's data movement). Asserted: it is positive and below 130%.
+  EXPECT_NEAR(mean_flop_seconds / estimate.flop_seconds, 1.0, 0.01);
+  // Compute time: the clock charges max(FLOP time, HBM time) per
+  // operation, so beside the FLOP-bound GEMMs it charges every memory-bound
+  // step (SwiGLU, the row gathers, token packing, the combine's weighted
+  // sums and their backward, docs/MODELLED_TIME.md) at HBM bandwidth; the
+  // plan charges the same bytes (plan::moe_data_movement_bytes, for the
+  // mean rows N_l·K). Here the data movement is ~100% of the FLOP time
+  // (measured 0.97-1.00 per rank), so without it the plan was off by half;
+  // with it, per rank within 10% (random routing: a rank's rows are
+  // N_l·K ± ~5%; the memory-bound steps' own FLOPs and the GEMMs' few
+  // memory-bound groups are the rest), and in the mean over ranks within 5%.
+  double mean_charged = 0;
   for (int r = 0; r < kRanks; ++r) {
-    const double excess = traced[r].charged_seconds / traced[r].flop_seconds - 1;
-    EXPECT_GT(excess, 0.1) << "rank " << r;
-    EXPECT_LT(excess, 1.3) << "rank " << r;
+    mean_charged += traced[r].charged_seconds / kRanks;
+    EXPECT_NEAR(traced[r].charged_seconds / estimate.compute_seconds, 1.0, 0.1) << "rank " << r;
   }
+  EXPECT_NEAR(mean_charged / estimate.compute_seconds, 1.0, 0.05);
+  EXPECT_GT(estimate.data_movement_seconds, 0.5 * estimate.flop_seconds);
   // EP communication: the plan's bytes / 450 GB/s against the time each
   // rank waited on its collectives (communication + idle; token_chunks=1,
   // so nothing is hidden except the small routing exchange beside the
@@ -172,7 +175,7 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
   const std::vector<RankCompute> skewed_compute =
       compute_from_trace(check_trace_structure(dir("skewed.json"), 1e-6, "skewed"), config.hardware);
   EXPECT_EQ(skewed.at("modelled").at("critical_path_rank").get<int>(), 0);
-  EXPECT_GT(skewed_compute[0].flop_seconds, 1.5 * estimate.compute_seconds);
+  EXPECT_GT(skewed_compute[0].flop_seconds, 1.5 * estimate.flop_seconds);
   const double uniform_step = uniform.at("modelled").at("step_seconds").get<double>();
   const double skewed_step = skewed.at("modelled").at("step_seconds").get<double>();
   EXPECT_GT(skewed_step, uniform_step);
