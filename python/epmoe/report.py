@@ -230,12 +230,12 @@ def _draw_modelled(page: _Page, records: list[dict]) -> None:
     plt = _pyplot()
     steps = [r["step"] for r in rows]
     figure, (times, split) = plt.subplots(1, 2, figsize=(11, 3.5))
-    times.plot(steps, [r.get("step_seconds", math.nan) * 1e3 for r in rows], label="wall (this machine)")
+    # A modelled run's step_seconds is the modelled step too (no wall time
+    # in its metrics, docs/MODELLED_TIME.md): one line.
     times.plot(steps, [r["modelled"]["step_seconds"] * 1e3 for r in rows], label="modelled")
     times.set_yscale("log")
     times.set_xlabel("step")
-    times.set_ylabel("ms per step")
-    times.legend()
+    times.set_ylabel("modelled ms per step")
     last = rows[-1]["modelled"].get("per_rank", [])
     if last:
         ranks = [p["rank"] for p in last]

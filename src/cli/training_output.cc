@@ -133,11 +133,9 @@ void ProgressLine::update(const StepRecord& record) {
   const double eta = done > 0 ? elapsed / done * static_cast<double>(total_steps_ - record.step) : 0;
   double load = 1.0;
   for (const double l : record.expert_load_max_over_mean) load = std::max(load, l);
-  char modelled[48] = "";
-  if (!record.modelled.is_null()) {
-    std::snprintf(modelled, sizeof modelled, " (modelled %.1fk)",
-                  record.modelled["tokens_per_second"].get<double>() / 1e3);
-  }
+  // A modelled run's tokens_per_second is the modelled rate (no wall time
+  // in its records): said so, not printed twice.
+  const char* const modelled = record.modelled.is_null() ? "" : " (modelled)";
   char line[384];
   // Dropped pairs always show (0 included): a capacity limit never loses
   // tokens out of sight.

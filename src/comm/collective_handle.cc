@@ -141,6 +141,8 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
   if (clocks != nullptr) state->clock = clocks->fork(state->name);
   const TraceTrack trace = this_thread_trace_track();
   const double trace_begin_us = this_thread_trace_now_us();
+  // Launched off the modelled timeline: its messages are too.
+  const bool off_timeline = this_thread_off_timeline();
   // The run the caller works for: its fault_point("collective") is that run's.
   const FaultScope* const faults = this_thread_fault_scope();
   // Wall time: the launching thread may lend its core to this collective
@@ -162,14 +164,15 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
     prologue_bytes = transport::this_thread_bytes_sent() - before;
     prologue = nullptr;
   }
-  detail::ProgressThreads::instance().submit([state, clocks, trace, trace_begin_us, faults, slot, prologue_bytes,
-                                              prologue_error = std::move(prologue_error),
+  detail::ProgressThreads::instance().submit([state, clocks, trace, trace_begin_us, off_timeline, faults, slot,
+                                              prologue_bytes, prologue_error = std::move(prologue_error),
                                               prologue = std::move(prologue), body = std::move(body)]() mutable {
     std::exception_ptr error;
     std::string root_cause;  // non-empty: this collective is where the failure started
     // The progress thread runs on the collective's clock and traces to its caller's rank.
     const TraceTrack previous_track = set_this_thread_trace_track(trace);
     ModelledClock* const previous_clock = set_this_thread_modelled_clock(state->clock.get());
+    const bool previous_off_timeline = set_this_thread_off_timeline(off_timeline);
     transport::ProgressSlot* const previous_slot = transport::set_this_thread_progress_slot(slot.get());
     const FaultScope* const previous_faults = set_this_thread_fault_scope(faults);
     const std::int64_t bytes_before = transport::this_thread_bytes_sent();
@@ -207,6 +210,7 @@ CollectiveHandle launch_collective(transport::Communicator& comm, std::string na
           {{"bytes_sent", static_cast<double>(prologue_bytes + transport::this_thread_bytes_sent() - bytes_before)}});
     }
     set_this_thread_fault_scope(previous_faults);
+    set_this_thread_off_timeline(previous_off_timeline);
     set_this_thread_modelled_clock(previous_clock);
     set_this_thread_trace_track(previous_track);
     if (clocks != nullptr) clocks->finish(*state->clock);

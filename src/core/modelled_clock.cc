@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iomanip>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 #include "core/trace_recorder.h"
@@ -13,7 +14,8 @@ namespace epmoe {
 namespace {
 
 thread_local ModelledClock* this_thread_clock = nullptr;
-thread_local int open_compute_scopes = 0;  // a scope inside another is part of it: charged once
+thread_local bool this_thread_off = false;  // OffTimelineScope
+thread_local int open_compute_scopes = 0;   // a scope inside another is part of it: charged once
 
 std::string seconds_text(double seconds) {
   std::ostringstream text;
@@ -53,6 +55,10 @@ ModelledClock* set_this_thread_modelled_clock(ModelledClock* clock) {
   this_thread_clock = clock;
   return previous;
 }
+
+bool this_thread_off_timeline() { return this_thread_off; }
+
+bool set_this_thread_off_timeline(bool off) { return std::exchange(this_thread_off, off); }
 
 double thread_cpu_seconds() {
   timespec ts{};

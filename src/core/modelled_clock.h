@@ -94,6 +94,33 @@ ModelledClock* this_thread_modelled_clock();
 // Installs `clock` for the calling thread (nullptr: wall); returns the previous one.
 ModelledClock* set_this_thread_modelled_clock(ModelledClock* clock);
 
+// Communication that is no part of the modelled timeline (the tool's own
+// bookkeeping, such as the trainer's per-step exchange of the ranks'
+// reports): while in scope the calling thread runs on no modelled clock, and
+// its messages, and those of the collectives it launches, move in real time
+// only - no modelled time, no link - so they neither delay nor are delayed by
+// the modelled work they run beside (issue 30). Both ends of each message
+// must be off the timeline. Tracing is separate (core/trace_recorder.h's
+// UntracedScope): a modelled trace must not show wall-clock messages.
+bool this_thread_off_timeline();
+bool set_this_thread_off_timeline(bool off);  // returns the previous value
+
+class OffTimelineScope {
+ public:
+  OffTimelineScope()
+      : previous_clock_(set_this_thread_modelled_clock(nullptr)), previous_off_(set_this_thread_off_timeline(true)) {}
+  ~OffTimelineScope() {
+    set_this_thread_off_timeline(previous_off_);
+    set_this_thread_modelled_clock(previous_clock_);
+  }
+  OffTimelineScope(const OffTimelineScope&) = delete;
+  OffTimelineScope& operator=(const OffTimelineScope&) = delete;
+
+ private:
+  ModelledClock* previous_clock_;
+  bool previous_off_;
+};
+
 // The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), seconds.
 double thread_cpu_seconds();
 

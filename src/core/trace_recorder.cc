@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/modelled_clock.h"
@@ -85,11 +86,23 @@ void TraceRecorder::write(const std::string& path) const {
   }
   // Per rank: compute events sorted by (begin, longest first) so that an
   // enclosing scope precedes what it encloses; collectives on the first lane
-  // free at their start.
-  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+  // free at their start. Ties are broken by everything else an event holds,
+  // never by the order threads recorded them in: that order is the host's,
+  // and with it the lanes and the file would differ between identical
+  // modelled runs (issue 30).
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
     if (a.pid != b.pid) return a.pid < b.pid;
     if (a.begin_us != b.begin_us) return a.begin_us < b.begin_us;
-    return a.end_us > b.end_us;
+    if (a.end_us != b.end_us) return a.end_us > b.end_us;
+    if (a.kind != b.kind) return a.kind < b.kind;
+    if (const int c = a.name.compare(b.name); c != 0) return c < 0;
+    if (const int c = std::string_view(a.category).compare(b.category); c != 0) return c < 0;
+    return std::lexicographical_compare(a.args.begin(), a.args.end(), b.args.begin(), b.args.end(),
+                                        [](const auto& x, const auto& y) {
+                                          if (const int c = std::string_view(x.first).compare(y.first); c != 0)
+                                            return c < 0;
+                                          return x.second < y.second;
+                                        });
   });
   std::map<int, std::vector<double>> lane_free_at;  // [pid][lane]
   std::map<int, int> pids;                          // pid -> lanes used

@@ -72,6 +72,19 @@ struct TraceTrack {
 TraceTrack this_thread_trace_track();
 TraceTrack set_this_thread_trace_track(TraceTrack track);  // returns the previous one
 
+// Records nothing of the calling thread (nor of what it launches) while in
+// scope: set-up that is not part of the timeline a trace shows.
+class UntracedScope {
+ public:
+  UntracedScope() : previous_(set_this_thread_trace_track({})) {}
+  ~UntracedScope() { set_this_thread_trace_track(previous_); }
+  UntracedScope(const UntracedScope&) = delete;
+  UntracedScope& operator=(const UntracedScope&) = delete;
+
+ private:
+  TraceTrack previous_;
+};
+
 // The calling thread's clock in microseconds: modelled when it has a modelled
 // clock, else wall time of its trace recorder (0 with neither).
 double this_thread_trace_now_us();

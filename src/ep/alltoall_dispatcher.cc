@@ -1,4 +1,5 @@
 #include "ep/alltoall_dispatcher.h"
+#include "core/modelled_clock.h"
 
 #include <cmath>
 #include <cstring>
@@ -220,13 +221,20 @@ void AllToAllDispatcher::send_tokens(Step& step, int c, bool remat) {
   std::byte* out = buffers.send_message.data();
   const std::int32_t* words = chunk.send_metadata.data();
   const std::int64_t* row_token = chunk.send_row_token.data();
-  for (int d = 0; d < ranks; ++d) {
-    const std::int64_t word_bytes = 4 * chunk.send_words_per_rank[d], rows = chunk.send_rows_per_rank[d];
-    if (word_bytes > 0) std::memcpy(out, words, static_cast<std::size_t>(word_bytes));
-    codec().encode(step.x.data<float>(), row_token, rows, chunk.tensor_scale, out + word_bytes);
-    out += message_counts[d];
-    words += chunk.send_words_per_rank[d];
-    row_token += rows;
+  {
+    // Packing the message: each row read as f32, written in the wire format.
+    // Charged before the exchange is launched (the scope ends here): the
+    // message cannot leave before it is packed.
+    const ComputeScope encode("token encode", {.bytes = static_cast<double>(chunk.send_row_token.size()) *
+                                                        (4.0 * config().hidden + static_cast<double>(row_bytes))});
+    for (int d = 0; d < ranks; ++d) {
+      const std::int64_t word_bytes = 4 * chunk.send_words_per_rank[d], rows = chunk.send_rows_per_rank[d];
+      if (word_bytes > 0) std::memcpy(out, words, static_cast<std::size_t>(word_bytes));
+      codec().encode(step.x.data<float>(), row_token, rows, chunk.tensor_scale, out + word_bytes);
+      out += message_counts[d];
+      words += chunk.send_words_per_rank[d];
+      row_token += rows;
+    }
   }
 
   count_bytes(step, remat ? "backward/remat all_to_all_v tokens" : "forward/all_to_all_v tokens",
@@ -357,6 +365,10 @@ namespace {
 // side of a combine (and of dx), written over the chunk's token range.
 void sum_rows_into_tokens(const float* rows, const std::vector<std::int64_t>& token, ChunkRange range,
                           std::int64_t hidden, float* out) {
+  // Reads every row, reads and writes its token's row; zeroes the range.
+  const ComputeScope charge("combine home sum",
+                            {.flops = static_cast<double>(token.size() * hidden),
+                             .bytes = 12.0 * static_cast<double>(token.size() * hidden) + 4.0 * range.size() * hidden});
   if (range.size() > 0) std::memset(out + range.begin * hidden, 0, static_cast<std::size_t>(range.size() * hidden) * 4);
   for (std::size_t i = 0; i < token.size(); ++i) {
     const float* src = rows + static_cast<std::int64_t>(i) * hidden;
@@ -383,9 +395,13 @@ void AllToAllDispatcher::start_cotangents(StepState& base, int c) {
   Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   const std::int64_t hidden = config().hidden;
   buffers.send_dy.resize(chunk.send_row_token.size() * hidden);
-  for (std::size_t i = 0; i < chunk.send_row_token.size(); ++i)
-    std::memcpy(&buffers.send_dy[i * hidden], step.dy.data<float>() + chunk.send_row_token[i] * hidden,
-                hidden * sizeof(float));
+  {
+    // Charged before the exchange is launched, as the tokens' packing is.
+    const ComputeScope pack("pack cotangents", {.bytes = 8.0 * static_cast<double>(buffers.send_dy.size())});
+    for (std::size_t i = 0; i < chunk.send_row_token.size(); ++i)
+      std::memcpy(&buffers.send_dy[i * hidden], step.dy.data<float>() + chunk.send_row_token[i] * hidden,
+                  hidden * sizeof(float));
+  }
   count_bytes(step, "backward/all_to_all_v cotangent", chunk.rows_out_elements, wire_element_bytes());
   std::int64_t rows_in = 0;
   for (const std::int64_t count : chunk.recv_rows_per_rank) rows_in += count;

@@ -1,4 +1,5 @@
 #include "ep/expert_rows.h"
+#include "core/modelled_clock.h"
 
 #include <cstring>
 
@@ -72,14 +73,24 @@ ExpertRows build_expert_rows(const TokenCodec& codec, float tensor_scale, std::s
                      .tensor_scale = tensor_scale};
     gathered = rows.transfer.bytes.data();
   }
-  parallel_for(num_rows, 256, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t r = begin; r < end; ++r) {
-      const std::int64_t source = source_of_row[r];
-      EPMOE_DCHECK_LT(source, static_cast<std::int64_t>(row_address.size()));
-      std::memcpy(gathered + r * row_bytes, row_address[source], static_cast<std::size_t>(row_bytes));
-    }
-  });
-  if (codec.is_encoded()) codec.decode(rows.transfer.bytes.data(), num_rows, tensor_scale, rows.x.data<float>());
+  {
+    // The expert-order row gather (what saving x_sorted avoids), in the
+    // rows' wire format: read and written once.
+    const ComputeScope charge("gather rows", {.bytes = 2.0 * static_cast<double>(num_rows * row_bytes)});
+    parallel_for(num_rows, 256, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t r = begin; r < end; ++r) {
+        const std::int64_t source = source_of_row[r];
+        EPMOE_DCHECK_LT(source, static_cast<std::int64_t>(row_address.size()));
+        std::memcpy(gathered + r * row_bytes, row_address[source], static_cast<std::size_t>(row_bytes));
+      }
+    });
+  }
+  if (codec.is_encoded()) {
+    // Wire-format rows read, f32 rows written.
+    const ComputeScope charge("token decode",
+                              {.bytes = static_cast<double>(num_rows) * (row_bytes + 4.0 * codec.hidden())});
+    codec.decode(rows.transfer.bytes.data(), num_rows, tensor_scale, rows.x.data<float>());
+  }
   return rows;
 }
 

@@ -1,4 +1,5 @@
 #include "ep/local_dispatcher.h"
+#include "core/modelled_clock.h"
 
 #include <cstring>
 
@@ -85,6 +86,7 @@ void LocalDispatcher::start_combine(StepState& base, int c, Tensor slot_outputs)
 
 void LocalDispatcher::finish_combine(StepState& base, int c, float* y) {
   Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
+  const ComputeScope unpack("unpack rows", {.bytes = 2.0 * static_cast<double>(chunk.slot_outputs.size_bytes())});
   if (chunk.slot_outputs.size_bytes() > 0)
     std::memcpy(y + chunk.range.begin * config().hidden, chunk.slot_outputs.raw(),
                 static_cast<std::size_t>(chunk.slot_outputs.size_bytes()));
@@ -98,6 +100,7 @@ Tensor LocalDispatcher::collect_cotangents(StepState& base, int c) {
   const ChunkRange range = step.chunks[c].range;
   const std::int64_t hidden = config().hidden;
   Tensor slots(DType::f32, {range.size(), hidden});
+  const ComputeScope pack("pack cotangents", {.bytes = 2.0 * static_cast<double>(slots.size_bytes())});
   if (slots.size_bytes() > 0)
     std::memcpy(slots.raw(), step.dy.data<float>() + range.begin * hidden,
                 static_cast<std::size_t>(slots.size_bytes()));
@@ -114,6 +117,7 @@ void LocalDispatcher::start_gradients(StepState& base, int c, Tensor slot_dx, st
 
 void LocalDispatcher::finish_gradients(StepState& base, int c, float* dx, float* d_topk_weights) {
   Step::Chunk& chunk = static_cast<Step&>(base).chunks[c];
+  const ComputeScope unpack("unpack rows", {.bytes = 2.0 * static_cast<double>(chunk.slot_dx.size_bytes())});
   if (chunk.slot_dx.size_bytes() > 0)
     std::memcpy(dx + chunk.range.begin * config().hidden, chunk.slot_dx.raw(),
                 static_cast<std::size_t>(chunk.slot_dx.size_bytes()));

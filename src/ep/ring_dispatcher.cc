@@ -1,4 +1,5 @@
 #include "ep/ring_dispatcher.h"
+#include "core/modelled_clock.h"
 
 #include <cstring>
 
@@ -200,6 +201,7 @@ void RingDispatcher::start_dispatch(StepState& base, int c, bool remat) {
   const std::int64_t row_bytes = codec().row_bytes(), routing_bytes = 8 * top_k;
   buffers.local_block.resize(static_cast<std::size_t>(n * (routing_bytes + row_bytes)));
   if (n > 0) std::memcpy(buffers.local_block.data(), chunk.local_routing.data(), n * routing_bytes);
+  const ComputeScope encode("token encode", {.bytes = static_cast<double>(n) * (4.0 * hidden + row_bytes)});
   codec().encode(step.x.data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
                  buffers.local_block.data() + n * routing_bytes);
   plan_chunks(step);  // the first chunk's own work is done: now the counts are needed
@@ -296,6 +298,7 @@ void RingDispatcher::finish_combine(StepState& base, int c, float* y) {
   Step::Chunk& chunk = step.chunks[c];
   const Buffers::Chunk& buffers = static_cast<Buffers&>(*step.buffers).chunks[c];
   chunk.combine_in_flight.wait();
+  const ComputeScope unpack("unpack rows", {.bytes = 8.0 * static_cast<double>(buffers.y_rows.size())});
   if (!buffers.y_rows.empty())
     std::memcpy(y + chunk.range.begin * config().hidden, buffers.y_rows.data(), buffers.y_rows.size() * sizeof(float));
   chunk.slot_outputs = Tensor();
@@ -376,6 +379,8 @@ void RingDispatcher::finish_gradients(StepState& base, int c, float* dx, float* 
   chunk.dx_in_flight.wait();
   chunk.dweights_in_flight.wait();
   const std::int64_t begin = chunk.range.begin;
+  const ComputeScope unpack("unpack rows",
+                            {.bytes = 8.0 * static_cast<double>(buffers.dx_rows.size() + buffers.dweight_rows.size())});
   if (!buffers.dx_rows.empty()) {
     std::memcpy(dx + begin * config().hidden, buffers.dx_rows.data(), buffers.dx_rows.size() * sizeof(float));
     std::memcpy(d_topk_weights + begin * step.top_k, buffers.dweight_rows.data(),

@@ -13,6 +13,7 @@
 #include "core/fault_injection.h"
 #include "core/modelled_report.h"
 #include "core/timer.h"
+#include "core/trace_recorder.h"
 #include "model/checkpoint.h"
 #include "model/gradient_reduction.h"
 #include "moe/load_balance.h"
@@ -525,6 +526,17 @@ class TrainingRun {
       ScopedPhase phase(s.times, "metrics_exchange");
       PendingMetrics* const p = pending.get();
       const std::uint32_t tag = tags_ + kRankReports;
+      // clock=modelled: the reports are this tool's bookkeeping, not
+      // training - off the modelled timeline and untraced, so that running
+      // under the next step's forward they neither take link time from it
+      // nor show in its trace, and the steps are each rank's whole modelled
+      // timeline (issue 30). Wall time keeps them traced, as they cost.
+      std::optional<OffTimelineScope> off_timeline;
+      std::optional<UntracedScope> untraced;
+      if (s.clock != nullptr) {
+        off_timeline.emplace();
+        untraced.emplace();
+      }
       pending->exchange = comm::launch_collective(
           comm_, "metrics exchange of step " + std::to_string(pending->step), timeout_,
           [&comm = comm_, p, tag](transport::Deadline deadline) {
@@ -601,6 +613,11 @@ class TrainingRun {
         record.modelled = step_time.json;
         record.modelled["tokens_per_second"] =
             step_time.step_seconds > 0 ? static_cast<double>(global_tokens_) / step_time.step_seconds : 0.0;
+        // The line's own step time and rate are the modelled ones too: a
+        // modelled run's metrics hold no wall time, so identical runs write
+        // identical lines whatever the host's load (issue 30).
+        record.step_seconds = step_time.step_seconds;
+        record.tokens_per_second = record.modelled["tokens_per_second"].get<double>();
       }
       // With replicas the plan's per-rank loads after balancing (the same on
       // every rank) replace the at-home ones.
@@ -618,7 +635,9 @@ class TrainingRun {
   void checkpoint(Step& s) {
     previous_checkpoint_seconds_ = -1;
     if (!s.checkpoint_now) return;
-    Stopwatch checkpoint_watch;
+    // On the thread's clock, as the phases are: writing files charges no
+    // modelled time, so a modelled run reports 0 here, not the host's time.
+    const double checkpoint_start = this_thread_clock_seconds();
     nlohmann::json metadata = config_.checkpoint_metadata;
     metadata["step"] = s.index + 1;
     metadata["num_ranks"] = num_ranks_;
@@ -626,7 +645,7 @@ class TrainingRun {
     save_checkpoint(*store_, s.index + 1, state_, metadata, checkpoint_context_);
     if (rank_ == 0) store_->remove_all_but_latest(config_.checkpoint_keep);
     summary_.last_checkpoint = s.index + 1;
-    previous_checkpoint_seconds_ = checkpoint_watch.elapsed_seconds();
+    previous_checkpoint_seconds_ = this_thread_clock_seconds() - checkpoint_start;
   }
 
   transport::Communicator& comm_;

@@ -74,10 +74,12 @@ struct StepRecord {
   double aux_loss = 0;
   double grad_norm = 0;  // before clipping
   double learning_rate = 0;
-  // Rank 0's wall time of the step: through its metrics exchange when that
-  // completes in the step (a checkpoint follows, or the last step), else up
-  // to starting it - it completes under the next step's forward, whose
-  // phase_seconds["metrics_exchange"] holds what was left of it.
+  // clock=wall: rank 0's wall time of the step: through its metrics
+  // exchange when that completes in the step (a checkpoint follows, or the
+  // last step), else up to starting it - it completes under the next step's
+  // forward, whose phase_seconds["metrics_exchange"] holds what was left of
+  // it. clock=modelled: the modelled step (modelled.step_seconds) and
+  // global tokens / that, so the line holds no wall time.
   double step_seconds = 0;
   double tokens_per_second = 0;
   std::map<std::string, double> phase_seconds;         // rank 0: trainer and MoE phases

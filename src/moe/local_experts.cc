@@ -1,4 +1,5 @@
 #include "moe/local_experts.h"
+#include "core/modelled_clock.h"
 
 #include <string>
 
@@ -40,6 +41,8 @@ SlotRows group_rows_by_slot(const ep::ExpertRows& rows) {
 // dst += src elementwise over `count` floats (a chunk's weight gradient into
 // the total; elementwise, so the split over threads does not change a bit).
 void add_into(float* dst, const float* src, std::int64_t count) {
+  const ComputeScope charge("accumulate weight gradients",
+                            {.flops = static_cast<double>(count), .bytes = 12.0 * static_cast<double>(count)});
   parallel_for(count, 1 << 16, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) dst[i] += src[i];
   });
@@ -162,8 +165,12 @@ Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows, con
   saved = ExpertActivations();
   recompute_activations(shape, rows, weights, saved);
 
-  // Weighted sum of each slot's rows.
+  // Weighted sum of each slot's rows: every expert output row read once,
+  // every slot row written once.
   Tensor slot_out(DType::f32, {rows.num_slots, hidden});
+  const ComputeScope charge("combine weighted sum",
+                            {.flops = 2.0 * static_cast<double>(rows.num_rows() * hidden),
+                             .bytes = 4.0 * static_cast<double>((rows.num_rows() + rows.num_slots) * hidden)});
   const SlotRows by_slot = group_rows_by_slot(rows);
   const float* expert_out = saved.mlpwo.data<float>();
   float* out = slot_out.data<float>();
@@ -200,6 +207,9 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
                         std::vector<float>(static_cast<std::size_t>(num_rows))};
   Tensor d_expert_out(DType::f32, {num_rows, hidden});
   {
+    // Per row: its slot's dy and its output read, its gradient written.
+    const ComputeScope charge("combine backward", {.flops = 4.0 * static_cast<double>(num_rows * hidden),
+                                                   .bytes = 12.0 * static_cast<double>(num_rows * hidden)});
     const float* dy = slot_dy.data<float>();
     const float* expert_out = saved.mlpwo.data<float>();
     float* d_out = d_expert_out.data<float>();
@@ -259,6 +269,8 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
   // K-fold repeat; an inverse gather, no scatter-add).
   const SlotRows by_slot = group_rows_by_slot(rows);
   const float* dxr = dx_rows.data<float>();
+  const ComputeScope charge("slot dx sum", {.flops = static_cast<double>(num_rows * hidden),
+                                            .bytes = 4.0 * static_cast<double>((num_rows + rows.num_slots) * hidden)});
   float* slot_dx = grads.slot_dx.data<float>();
   parallel_for(rows.num_slots, 16, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t s = begin; s < end; ++s) {

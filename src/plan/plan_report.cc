@@ -160,8 +160,11 @@ std::string format_report(const PlanReport& r) {
 
   const StepTime& s = r.step;
   out << "\nStep time estimate (per device)\n";
-  std::snprintf(line, sizeof line, "  FLOPs: model %.1f TFLOP + recompute %.1f TFLOP -> compute %.1f ms\n",
-                s.model_flops / 1e12, s.recompute_flops / 1e12, s.compute_seconds * 1e3);
+  std::snprintf(line, sizeof line,
+                "  FLOPs: model %.1f TFLOP + recompute %.1f TFLOP -> %.1f ms; MoE data movement %s -> %.1f ms; "
+                "compute %.1f ms\n",
+                s.model_flops / 1e12, s.recompute_flops / 1e12, s.flop_seconds * 1e3, gb(s.data_movement_bytes).c_str(),
+                s.data_movement_seconds * 1e3, s.compute_seconds * 1e3);
   out << line;
   std::snprintf(line, sizeof line, "  EP dispatch %s -> %.1f ms; FSDP %s -> %.1f ms; DP %s -> %.1f ms\n",
                 gb(s.ep_bytes).c_str(), s.ep_seconds * 1e3, gb(s.fsdp_bytes).c_str(), s.fsdp_seconds * 1e3,
@@ -206,6 +209,9 @@ nlohmann::json report_to_json(const PlanReport& r) {
   const StepTime& s = r.step;
   j["step_time"] = {{"model_flops", s.model_flops},
                     {"recompute_flops", s.recompute_flops},
+                    {"flop_seconds", s.flop_seconds},
+                    {"data_movement_bytes", s.data_movement_bytes},
+                    {"data_movement_seconds", s.data_movement_seconds},
                     {"compute_seconds", s.compute_seconds},
                     {"ep_bytes", s.ep_bytes},
                     {"ep_seconds", s.ep_seconds},

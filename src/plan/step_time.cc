@@ -38,6 +38,23 @@ double fsdp_link_bandwidth(const PlanConfig& c) {
 
 }  // namespace
 
+double moe_data_movement_bytes(const PlanConfig& c) {
+  const double tokens = c.parallel.tokens_per_device();  // as expected_routed_rows()
+  const double k = double(c.model.top_k), h = double(c.model.hidden),
+               f = double(c.model.moe_ffn) / double(c.parallel.tp);
+  const double a = c.activation_bytes(), w = c.token_row_bytes(), rows = tokens * k;
+  const bool fp8 = c.token_transfer != TokenTransfer::activation_dtype;
+  const bool alltoall = c.dispatch == DispatchKind::alltoall;
+  const double encode = (alltoall ? rows : tokens) * (a * h + w);
+  const double gather = 2 * rows * w + (fp8 ? rows * (w + a * h) : 0.0);
+  double bytes = encode + gather;
+  if (c.choice("x_sorted") == RematChoice::remat) bytes += encode + gather;  // the backward re-runs the dispatch
+  bytes += (3 + 3 + 5) * a * rows * f;                                       // SwiGLU, its recompute, its backward
+  bytes += (2 + 3 + 2) * a * rows * h;  // combine weighted sum, its backward, slot dx sum
+  bytes += alltoall ? 2 * (3 * a * rows * h + a * tokens * h) + 2 * a * rows * h : 2 * 2 * a * tokens * h;
+  return bytes * double(c.model.num_moe_layers());
+}
+
 StepTime estimate_step_time(const PlanConfig& c, double ep_bytes_per_device) {
   StepTime s;
   const ModelSpec& m = c.model;
@@ -48,7 +65,10 @@ StepTime estimate_step_time(const PlanConfig& c, double ep_bytes_per_device) {
   for (const std::string& name : activation_names())
     if (c.choice(name) == RematChoice::remat) s.recompute_flops += activation_footprint(c, name).recompute_flops;
   const double peak = c.matmul_type == MatmulType::fp8 ? c.hardware.peak_fp8_flops : c.hardware.peak_bf16_flops;
-  s.compute_seconds = (s.model_flops + s.recompute_flops) / (peak * c.compute_efficiency);
+  s.flop_seconds = (s.model_flops + s.recompute_flops) / (peak * c.compute_efficiency);
+  s.data_movement_bytes = moe_data_movement_bytes(c);
+  s.data_movement_seconds = s.data_movement_bytes / c.hardware.memory_bytes_per_s;
+  s.compute_seconds = s.flop_seconds + s.data_movement_seconds;
 
   s.ep_bytes = ep_bytes_per_device;
   s.ep_seconds = ep_transfer_seconds(c, c.dispatch, ep_bytes_per_device);
@@ -79,6 +99,11 @@ std::vector<std::string> step_time_assumptions(const PlanConfig& c) {
   std::snprintf(text, sizeof text, "compute at %.0f%% of the %s peak (%.0f TFLOP/s); uniform routing, no imbalance",
                 c.compute_efficiency * 100, c.matmul_type == MatmulType::fp8 ? "fp8" : "bf16",
                 (c.matmul_type == MatmulType::fp8 ? c.hardware.peak_fp8_flops : c.hardware.peak_bf16_flops) / 1e12);
+  out.push_back(text);
+  std::snprintf(text, sizeof text,
+                "plus the MoE layers' data movement (row packing and gathers, SwiGLU, the combine's sums) at %.0f GB/s "
+                "HBM",
+                c.hardware.memory_bytes_per_s / 1e9);
   out.push_back(text);
   const hardware::HardwareSpec& hw = c.hardware;
   if (c.parallel.ep > hw.scale_up_devices) {

@@ -1,7 +1,9 @@
 // A step-time estimate from FLOPs and link bandwidths — a bound to reason
 // with, not a measurement. Assumptions (printed with every plan):
 //  * compute = (6 · active matmul parameters · T + 3 · causal attention core
-//    + the forward FLOPs of every recomputed name) / (peak · efficiency);
+//    + the forward FLOPs of every recomputed name) / (peak · efficiency)
+//    + the MoE layers' data movement at the HBM rate (moe_data_movement_bytes:
+//    the bytes the engine's modelled clock charges, docs/MODELLED_TIME.md);
 //    uniform routing, no load imbalance.
 //  * EP collectives (communication_model.h) run on the EP group's links: on
 //    a torus the group is one ring along a torus axis (2 links per chip, one
@@ -24,10 +26,13 @@
 namespace epmoe::plan {
 
 struct StepTime {
-  double model_flops = 0;      // per device
-  double recompute_flops = 0;  // per device
-  double compute_seconds = 0;
-  double ep_bytes = 0;  // per device, all MoE layers
+  double model_flops = 0;            // per device
+  double recompute_flops = 0;        // per device
+  double flop_seconds = 0;           // the FLOPs at peak · efficiency
+  double data_movement_bytes = 0;    // per device, all MoE layers (moe_data_movement_bytes)
+  double data_movement_seconds = 0;  // at the HBM rate
+  double compute_seconds = 0;        // flop_seconds + data_movement_seconds
+  double ep_bytes = 0;               // per device, all MoE layers
   double ep_seconds = 0;
   double fsdp_bytes = 0;
   double fsdp_seconds = 0;
@@ -45,6 +50,23 @@ double mean_ring_hops(std::int64_t num_ranks);
 // Seconds for `bytes` sent per device by the EP dispatcher over the links
 // that carry it (see above).
 double ep_transfer_seconds(const PlanConfig& config, DispatchKind dispatch, double bytes);
+
+// Bytes one device's MoE layers read and write per step moving rows (not
+// multiplying them): each memory-bound step the engine charges at the HBM
+// rate (docs/MODELLED_TIME.md), with uniform routing - per layer, with
+// N_l tokens, K, rows = N_l·K routed rows, H, F, a = activation bytes, w =
+// a token row on the wire:
+//  token packing (encode): all-to-all N_l·K·(aH + w), ring N_l·(aH + w);
+//  the expert-order row gather 2·rows·w (again in the backward when
+//  x_sorted is recomputed), fp8 decode rows·(w + aH);
+//  SwiGLU 3a·rows·F forward and again in the backward (recomputed), its
+//  backward 5a·rows·F;
+//  the combine's weighted sum 2a·rows·H, its backward 3a·rows·H, the slot
+//  dx sum 2a·rows·H;
+//  the home side: all-to-all sums the K returned rows per token, forward
+//  and dx, 2·(3a·N_l·K·H + a·N_l·H), and packs the cotangents 2a·N_l·K·H;
+//  ring copies its reduced rows, y and dx, 2·2a·N_l·H.
+double moe_data_movement_bytes(const PlanConfig& config);
 
 StepTime estimate_step_time(const PlanConfig& config, double ep_bytes_per_device);
 

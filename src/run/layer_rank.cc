@@ -67,19 +67,21 @@ RankReport run_layer_rank(LayerRank& rank, const LayerInputs& inputs, const Expe
   const ModelledClock* const clock = this_thread_modelled_clock();
   ModelledMark modelled_start, modelled_forward_end;
   if (clock != nullptr) modelled_start = modelled_mark(*clock);
-  Stopwatch forward_watch;
+  // On the thread's clock, as the phases are: modelled with clock=modelled,
+  // so that nothing a modelled run reports depends on the host (issue 30).
+  const double forward_start = this_thread_clock_seconds();
   layer.forward(inputs.x.rows(t0, t1), weights, std::nullopt,
                 {.y = out.y, .topk_ids = out.topk_ids, .topk_weights = out.topk_weights});
-  const double forward_seconds = forward_watch.elapsed_seconds();
+  const double forward_seconds = this_thread_clock_seconds() - forward_start;
   if (clock != nullptr) modelled_forward_end = modelled_mark(*clock);
   double backward_seconds = 0;
   // A rank may hold no tokens: its dy (0 rows) still runs the backward with the others.
   if (inputs.dy) {
-    Stopwatch backward_watch;
+    const double backward_start = this_thread_clock_seconds();
     layer.backward(
         inputs.dy->rows(t0, t1), {},
         {.dx = out.dx, .dgate = rank.dgate_part.mutable_view(), .dwi0 = out.dwi0, .dwi1 = out.dwi1, .dwo = out.dwo});
-    backward_seconds = backward_watch.elapsed_seconds();
+    backward_seconds = this_thread_clock_seconds() - backward_start;
   }
 
   RankReport report;

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/threading.h"
+#include "core/trace_recorder.h"
 #include "run/run_faults.h"
 #include "transport/threads/rank_threads.h"
 
@@ -49,13 +50,24 @@ std::vector<RankReport> WholeWorldRunner::run(const LayerInputs& inputs, const M
       threads_->restart();
     }
     try {
+      // The ranks are built in a run of their own: their groups' agreement
+      // all-gather is set-up, not the step. Each run starts modelled time
+      // afresh (threads/rank_threads.h), and this one records no trace, so
+      // the step's timeline starts at 0 on every rank and ends at the
+      // reported step time, on the first call as on every later one.
+      if (!built_for_ || !(*built_for_ == config)) {
+        threads_->run([&](transport::Communicator& comm) {
+          const UntracedScope set_up;
+          const RankFaultScope faults(settings_.faults, &comm, settings_.ep.timeout);
+          prepare_rank(ranks_[static_cast<std::size_t>(comm.rank())], &comm, config);
+        });
+        built_for_ = config;
+      }
       threads_->run([&](transport::Communicator& comm) {
         const RankFaultScope faults(settings_.faults, &comm, settings_.ep.timeout);
         const int r = comm.rank();
-        LayerRank& rank = ranks_[static_cast<std::size_t>(r)];
-        prepare_rank(rank, &comm, config);
-        reports[static_cast<std::size_t>(r)] =
-            run_layer_rank(rank, inputs, settings_, r, rank_outputs(out, settings_, inputs.num_tokens, r));
+        reports[static_cast<std::size_t>(r)] = run_layer_rank(ranks_[static_cast<std::size_t>(r)], inputs, settings_, r,
+                                                              rank_outputs(out, settings_, inputs.num_tokens, r));
       });
     } catch (...) {
       built_for_.reset();  // whatever was built stays unused

@@ -48,6 +48,7 @@ struct RankCompute {
   double flops = 0;
   double flop_seconds = 0;     // sum of flops / (peak · efficiency)
   double charged_seconds = 0;  // sum of max(flops / (peak · eff), bytes / HBM): what the clock charges
+  double encode_seconds = 0;   // of that, packing its tokens ("token encode"), before it launches the exchange
 };
 
 // Per rank, from the trace's compute events (f32: no nested scopes).
@@ -61,6 +62,7 @@ std::vector<RankCompute> compute_from_trace(const nlohmann::json& events, const 
     r.flops += flops;
     r.flop_seconds += flop_seconds;
     r.charged_seconds += std::max(flop_seconds, bytes / hw.memory_bytes_per_s);
+    if (e.at("name") == "token encode") r.encode_seconds += std::max(flop_seconds, bytes / hw.memory_bytes_per_s);
   }
   return out;
 }
@@ -108,19 +110,24 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
     EXPECT_NEAR(rank_modelled(uniform, r, "compute_seconds"), traced[r].charged_seconds, 1e-9) << "rank " << r;
   }
   EXPECT_NEAR(mean_flops / estimate.model_flops, 1.0, 0.01);
-  EXPECT_NEAR(mean_flop_seconds / estimate.compute_seconds, 1.0, 0.01);
-  // Compute time is not within 5%, and that is what it is: the plan counts
-  // matmul FLOPs only, the clock also charges the memory-bound steps at HBM
-  // bandwidth (SwiGLU 12 + 20 B per element forward / backward, the row
-  // gathers, the router): modelled compute = FLOP time + sum over operations
-  // of max(0, HBM time - FLOP time), which the identity above holds; here
-  // that excess is ~40% of the FLOP time (measured 2.64e-5 s vs 1.87e-5 s
-  // on rank 0). Asserted: it is positive and below 60%.
+  EXPECT_NEAR(mean_flop_seconds / estimate.flop_seconds, 1.0, 0.01);
+  // Compute time: the clock charges max(FLOP time, HBM time) per
+  // operation, so beside the FLOP-bound GEMMs it charges every memory-bound
+  // step (SwiGLU, the row gathers, token packing, the combine's weighted
+  // sums and their backward, docs/MODELLED_TIME.md) at HBM bandwidth; the
+  // plan charges the same bytes (plan::moe_data_movement_bytes, for the
+  // mean rows N_l·K). Here the data movement is ~100% of the FLOP time
+  // (measured 0.97-1.00 per rank), so without it the plan was off by half;
+  // with it, per rank within 10% (random routing: a rank's rows are
+  // N_l·K ± ~5%; the memory-bound steps' own FLOPs and the GEMMs' few
+  // memory-bound groups are the rest), and in the mean over ranks within 5%.
+  double mean_charged = 0;
   for (int r = 0; r < kRanks; ++r) {
-    const double excess = traced[r].charged_seconds / traced[r].flop_seconds - 1;
-    EXPECT_GT(excess, 0.1) << "rank " << r;
-    EXPECT_LT(excess, 0.6) << "rank " << r;
+    mean_charged += traced[r].charged_seconds / kRanks;
+    EXPECT_NEAR(traced[r].charged_seconds / estimate.compute_seconds, 1.0, 0.1) << "rank " << r;
   }
+  EXPECT_NEAR(mean_charged / estimate.compute_seconds, 1.0, 0.05);
+  EXPECT_GT(estimate.data_movement_seconds, 0.5 * estimate.flop_seconds);
   // EP communication: the plan's bytes / 450 GB/s against the time each
   // rank waited on its collectives (communication + idle; token_chunks=1,
   // so nothing is hidden except the small routing exchange beside the
@@ -132,11 +139,22 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
   // ports themselves run at full rate: tests/comm/modelled_time_test.cc,
   // ASwitchedAllToAllRunsAtTheInjectionBandwidth); plus the count and
   // routing exchanges and one latency per round. Asserted: within 1.3x.
+  // Lower bound: since issue 30 charges the dispatchers' data movement, a
+  // rank packs its tokens ("token encode") and, in the backward, sums and
+  // copies rows while its peers' messages, posted when they finished the
+  // same work on their (randomly routed, ±5%) rows, already travel towards
+  // it: per rank the waits are no longer bounded by the plan's mean-bytes
+  // time (ranks 2, 3 waited 0.87-0.90x of it), but over the ranks every
+  // byte still crosses a port: the mean wait is at least the plan's time
+  // less the mean packing.
+  double mean_waits = 0, mean_encode = 0;
   for (int r = 0; r < kRanks; ++r) {
     const double waits = rank_modelled(uniform, r, "communication_seconds") + rank_modelled(uniform, r, "idle_seconds");
-    EXPECT_GE(waits, estimate.ep_seconds) << "rank " << r;
+    mean_waits += waits / kRanks;
+    mean_encode += traced[r].encode_seconds / kRanks;
     EXPECT_LE(waits, 1.3 * estimate.ep_seconds) << "rank " << r;
   }
+  EXPECT_GE(mean_waits, estimate.ep_seconds - mean_encode);
 
   // Skewed routing (the plan's input is the same config, so its estimate is
   // the same): rank 0's experts get 80% of the (token, expert) pairs' first
@@ -157,7 +175,7 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
   const std::vector<RankCompute> skewed_compute =
       compute_from_trace(check_trace_structure(dir("skewed.json"), 1e-6, "skewed"), config.hardware);
   EXPECT_EQ(skewed.at("modelled").at("critical_path_rank").get<int>(), 0);
-  EXPECT_GT(skewed_compute[0].flop_seconds, 1.5 * estimate.compute_seconds);
+  EXPECT_GT(skewed_compute[0].flop_seconds, 1.5 * estimate.flop_seconds);
   const double uniform_step = uniform.at("modelled").at("step_seconds").get<double>();
   const double skewed_step = skewed.at("modelled").at("step_seconds").get<double>();
   EXPECT_GT(skewed_step, uniform_step);

@@ -26,7 +26,10 @@ class ThreadsRequest final : public Request {
         tag_(tag),
         is_send_(is_send),
         mailbox_(mailbox),
-        posted_at_(Clock::now()) {}
+        posted_at_(Clock::now()),
+        timeline_(this_thread_off_timeline() ? nullptr : world.timeline()) {
+    state_.on_timeline = timeline_ != nullptr;
+  }
 
   // Cancels a request still queued; waits out a copy in progress (a memcpy on
   // another thread, not a wait on a peer), so no thread touches the buffer
@@ -47,7 +50,7 @@ class ThreadsRequest final : public Request {
     }
     // Last: no match can reach this request any more (a match records it in
     // the timeline's message, which must then forget it).
-    if (VirtualTimeline* timeline = world_.timeline()) timeline->release(state_.virtual_request);
+    if (timeline_ != nullptr) timeline_->release(state_.virtual_request);
   }
 
   bool test() override {
@@ -55,8 +58,7 @@ class ThreadsRequest final : public Request {
       std::unique_lock<std::mutex> lock(mailbox_.mutex);
       if (!check_locked(Clock::now())) return false;
     }
-    VirtualTimeline* timeline = world_.timeline();
-    return timeline == nullptr || timeline->completed_by_now(state_.virtual_request);
+    return timeline_ == nullptr || timeline_->completed_by_now(state_.virtual_request);
   }
 
   void wait_until(Deadline deadline) override {
@@ -66,7 +68,7 @@ class ThreadsRequest final : public Request {
       WaitEdge(ThreadsWorld& w, int r, int p) : world(w), rank(r), peer(p) { world.begin_wait(rank, peer); }
       ~WaitEdge() { world.end_wait(rank, peer); }
     } edge(world_, rank_, peer_);
-    VirtualTimeline* timeline = world_.timeline();
+    VirtualTimeline* const timeline = timeline_;
     if (timeline != nullptr) timeline->begin_request_wait(state_.virtual_request);
     {
       std::unique_lock<std::mutex> lock(mailbox_.mutex);
@@ -106,6 +108,8 @@ class ThreadsRequest final : public Request {
 
   int peer() const override { return peer_; }
   Tag tag() const override { return tag_; }
+  // nullptr in wall time and off the modelled timeline (OffTimelineScope).
+  VirtualTimeline* timeline() const { return timeline_; }
   RequestState* state() { return &state_; }
 
  private:
@@ -129,7 +133,8 @@ class ThreadsRequest final : public Request {
       auto staged = std::make_shared<QueuedSend::Staged>();
       const auto* bytes = static_cast<const std::byte*>(entry.data);
       staged->bytes.assign(bytes, bytes + entry.num_bytes);
-      world_.timeline()->stage(state_.virtual_request, staged->state.virtual_request);
+      timeline_->stage(state_.virtual_request, staged->state.virtual_request);
+      staged->state.on_timeline = true;
       entry.data = staged->bytes.data();
       entry.state = &staged->state;
       entry.staged = std::move(staged);
@@ -179,6 +184,7 @@ class ThreadsRequest final : public Request {
   bool is_send_;
   Mailbox& mailbox_;  // the destination's mailbox: guards state_
   Clock::time_point posted_at_;
+  VirtualTimeline* timeline_;
   RequestState state_;
 };
 
@@ -197,6 +203,9 @@ void deliver(Mailbox& mailbox, std::unique_lock<std::mutex>& lock, const QueuedS
     mailbox.notify_changed();
     return;
   }
+  // Both ends on the modelled timeline or both off it (OffTimelineScope):
+  // a message timed at one end only is a bug of the caller's program.
+  EPMOE_CHECK_EQ(send.state->on_timeline, recv.state->on_timeline);
   send.state->phase = RequestPhase::copying;
   recv.state->phase = RequestPhase::copying;
   if (timeline != nullptr) timeline->matched(recv.state->virtual_request, send.state->virtual_request);
@@ -401,7 +410,7 @@ std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const voi
   const LinkTiming timing = world_.links().reserve(rank_, peer, num_bytes, posted_at);
   Mailbox& mailbox = world_.mailbox(peer);
   auto request = std::make_unique<ThreadsRequest>(world_, rank_, peer, tag, /*is_send=*/true, mailbox);
-  VirtualTimeline* timeline = world_.timeline();
+  VirtualTimeline* const timeline = request->timeline();
   if (timeline != nullptr) timeline->post_send(rank_, peer, num_bytes, request->state()->virtual_request);
   const TraceTrack trace = this_thread_trace_track();
   const QueuedSend send{data,
@@ -443,7 +452,7 @@ std::unique_ptr<Request> ThreadsCommunicator::irecv(int peer, Tag tag, void* dat
   const QueuedSend send = it->second.front();
   it->second.pop_front();
   if (it->second.empty()) mailbox.unmatched_sends.erase(it);
-  deliver(mailbox, lock, send, recv, peer, rank_, tag, world_.timeline());
+  deliver(mailbox, lock, send, recv, peer, rank_, tag, request->timeline());
   return request;
 }
 

@@ -124,7 +124,8 @@ class ThreadsCommunicator final : public Communicator {
     world_.abort(reason, std::move(cause));
   }
   void cancel_pending(const std::string& reason) override { world_.cancel_pending(rank_, reason); }
-  CollectiveClocks* collective_clocks() override { return world_.timeline(); }
+  // None off the modelled timeline (core/modelled_clock.h's OffTimelineScope).
+  CollectiveClocks* collective_clocks() override { return this_thread_off_timeline() ? nullptr : world_.timeline(); }
   std::optional<SentBytes> sent_bytes() const override { return world_.sent_bytes(rank_); }
   // Test hook: this rank's SentBytes::total split by tag.
   std::map<Tag, std::int64_t> sent_bytes_by_tag() const { return world_.sent_bytes_by_tag(rank_); }

@@ -35,6 +35,7 @@ struct RequestState {
   Clock::time_point ready_at{};  // emulated-link completion time (or epoch)
   std::string error;
   VirtualRequest virtual_request;  // clock=modelled; guarded by the timeline's mutex
+  bool on_timeline = false;        // clock=modelled, not in an OffTimelineScope
 };
 
 // A send waiting for its receive, or a receive waiting for its send.

@@ -112,6 +112,7 @@ class VirtualStream final : public ModelledClock {
     collectives_.clear();
     bytes_sent_ = 0;
     latest_peer_join_ = 0;
+    waited_for_senders_until_ = 0;
   }
 
   VirtualTimeline& timeline_;
@@ -132,6 +133,11 @@ class VirtualStream final : public ModelledClock {
   // As a collective: what it sent, and the latest join of a peer it heard from.
   std::int64_t bytes_sent_ = 0;
   Picoseconds latest_peer_join_ = 0;
+  // The latest time up to which a wait of this stream was idle (its sender
+  // had not joined yet). A collective that forwards a message after such a
+  // wait passes the delay on: the message's sender_join is at least this, so
+  // the next rank of a chain books the slow rank's lateness as idle too.
+  Picoseconds waited_for_senders_until_ = 0;
 };
 
 struct VirtualTimeline::HopEvent {
@@ -417,7 +423,12 @@ void VirtualTimeline::post_send(int src, int dst, std::int64_t num_bytes, Virtua
   std::lock_guard<std::mutex> lock(mutex_);
   throw_if_overflowed_locked();
   message->posted = sender.clock_;
-  message->sender_join = sender.name_.empty() ? sender.clock_ : sender.start_;
+  // A rank posts when it is ready: idle for its receiver up to the post. A
+  // collective joined at its launch, or later when it was itself held up by
+  // a late sender before forwarding this (a ring's later steps): a delay
+  // caused by a rank's compute stays idle along the whole chain (issue 30).
+  message->sender_join =
+      sender.name_.empty() ? sender.clock_ : std::max(sender.start_, sender.waited_for_senders_until_);
   message->send = &request;
   sender.bytes_sent_ += num_bytes;
   request.message = message;
@@ -508,6 +519,7 @@ void VirtualTimeline::end_request_wait(VirtualRequest& request) {
       const VirtualMessage& m = *request.message;
       idle = std::clamp(m.sender_join - w, Picoseconds{0}, done - w);
       waiter->latest_peer_join_ = std::max(waiter->latest_peer_join_, m.sender_join);
+      if (idle > 0) waiter->waited_for_senders_until_ = std::max(waiter->waited_for_senders_until_, w + idle);
     }
     waiter->totals_.idle += idle;
     waiter->totals_.communication += done - w - idle;
