@@ -82,8 +82,12 @@ configure build-asan address "" "" -DEPMOE_WITH_MPI=ON
 cmake --build build-asan -j "$jobs"
 # OpenMPI keeps allocations until exit by design; leak checking stays on for
 # the threads tests and off under mpirun.
+# GradientCheck is left out here too (33 s of the ASan run, 2026-12-03):
+# ~2,000 forward+backward passes of one 5-token single-rank layer through
+# the code paths the moe tests that stay run under ASan, and it runs in
+# Release.
 UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
-  ctest --test-dir build-asan --no-tests=error --output-on-failure -j "$jobs" -LE mpi
+  ctest --test-dir build-asan --no-tests=error --output-on-failure -j "$jobs" -LE mpi -E '^moe_test\.GradientCheck\.'
 ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
   ctest --test-dir build-asan --no-tests=error --output-on-failure -L mpi
 
