@@ -25,7 +25,7 @@
 //   replica_costs  balance=dynamic priced (issue 31) vs balance-only vs no
 //              replicas, every dispatcher, hot experts packed and spread:
 //              step time, replicas, forward token bytes, the plan's verdict;
-//   fp8        fp8 tokens (per tensor, per token) vs f32: token bytes and time.
+//   fp8        token formats (f32, bf16, fp8 per tensor / per token) and the bf16 wire: bytes, time.
 //
 // compute_time is modelled (FLOPs at the device's bf16 peak x
 // compute_efficiency, memory-bound steps at its HBM bandwidth), so every
@@ -74,6 +74,7 @@ struct Case {
   bool dedup = false;
   int chunks = 1;
   TokenFormat tokens = TokenFormat::f32;
+  WireDType wire = WireDType::f32;  // combine outputs, cotangents, dx
   CotangentAllGather cotangent = CotangentAllGather::ring;
   RematPolicy remat = {};  // save everything (remat_policy=minimal)
   int slots = 0;           // balance=dynamic redundant_slots
@@ -243,6 +244,7 @@ class Runner {
                       .num_chunks = c.chunks,
                       .dedup = c.dedup,
                       .token_format = c.tokens,
+                      .wire_dtype = c.wire,
                       .cotangent_all_gather = c.cotangent,
                       .tag_base = kTagBase};
       config.balance = c.slots > 0 ? BalanceMode::dynamic : BalanceMode::off;
@@ -298,9 +300,10 @@ class Runner {
  private:
   static std::string describe(const Case& c) {
     return to_string(c.dispatch) + (c.dedup ? " dedup" : "") + " chunks=" + std::to_string(c.chunks) + " " +
-           to_string(c.tokens) + (c.cotangent == CotangentAllGather::plain ? " plain" : " ring") + " " +
-           c.remat.describe() + " slots=" + std::to_string(c.slots) + (c.skewed ? " skewed" : "") +
-           (c.spread ? " spread" : "") + (c.priced ? " priced" : "");
+           to_string(c.tokens) + (c.wire == WireDType::bf16 ? " wire=bf16" : "") +
+           (c.cotangent == CotangentAllGather::plain ? " plain" : " ring") + " " + c.remat.describe() +
+           " slots=" + std::to_string(c.slots) + (c.skewed ? " skewed" : "") + (c.spread ? " spread" : "") +
+           (c.priced ? " priced" : "");
   }
 
   const BenchArgs& args_;
@@ -563,31 +566,41 @@ void replica_costs_table(const BenchArgs& args, const Runner& runner) {
 void fp8_table(const BenchArgs& args, const Runner& runner) {
   (void)args;
   std::printf(
-      "\n**fp8 tokens**: token bytes (tokens travel f32 otherwise: fp8 is 1/4 of them, 1/2 of bf16; "
-      "fp8_token adds one f32 scale per row; gradients stay f32)\n\n");
+      "\n**token and wire formats**: forward token bytes and step time per format. Tokens f32, bf16 (the "
+      "accelerators' transfer format), fp8 per tensor or per token (one f32 scale per row); wire = the "
+      "combine outputs, cotangents and dx (f32, or bf16 as the seed's bf16 system sends them). fp8's gain is "
+      "read against bf16 tokens on a bf16 wire, the seed's baseline\n\n");
   std::printf(
-      "| dispatch | fp8_tokens | fwd token MB/rank | vs f32 | forward us | step us | step f32 / this |\n"
-      "|---|---|---|---|---|---|---|\n");
+      "| dispatch | tokens | wire | fwd token MB/rank | vs f32 | forward us | step us | step f32 / this | "
+      "step bf16 / this |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   struct Row {
     DispatchKind dispatch;
     bool dedup;
     const char* name;
   };
+  struct Format {
+    TokenFormat tokens;
+    WireDType wire;
+  };
+  constexpr Format kFormats[] = {{TokenFormat::f32, WireDType::f32},        {TokenFormat::bf16, WireDType::bf16},
+                                 {TokenFormat::fp8_tensor, WireDType::f32}, {TokenFormat::fp8_tensor, WireDType::bf16},
+                                 {TokenFormat::fp8_token, WireDType::f32},  {TokenFormat::fp8_token, WireDType::bf16}};
   for (const Row row : {Row{DispatchKind::ring, false, "ring"}, Row{DispatchKind::alltoall, true, "alltoall dedup"}}) {
-    Outcome base;
-    double base_bytes = 0;
-    for (const TokenFormat format : {TokenFormat::f32, TokenFormat::fp8_tensor, TokenFormat::fp8_token}) {
-      const Outcome& o = runner.run({.dispatch = row.dispatch, .dedup = row.dedup, .tokens = format});
-      const std::string key =
-          row.dispatch == DispatchKind::ring ? "forward/ring_all_gather tokens" : "forward/all_to_all_v tokens";
-      const double bytes = o.mean_bytes(key);
-      if (format == TokenFormat::f32) {
-        base = o;
-        base_bytes = bytes;
-      }
-      std::printf("| %s | %s | %.3f | %.3f | %.2f | %.2f | %.2f |\n", row.name,
-                  format == TokenFormat::f32 ? "off (f32)" : to_string(format).c_str(), mb(bytes), bytes / base_bytes,
-                  us(o.forward()), us(o.step()), double(base.step()) / double(o.step()));
+    const std::string key =
+        row.dispatch == DispatchKind::ring ? "forward/ring_all_gather tokens" : "forward/all_to_all_v tokens";
+    const Outcome& f32 = runner.run({.dispatch = row.dispatch, .dedup = row.dedup});
+    const Outcome& bf16 = runner.run(
+        {.dispatch = row.dispatch, .dedup = row.dedup, .tokens = TokenFormat::bf16, .wire = WireDType::bf16});
+    for (const Format format : kFormats) {
+      const Outcome& o =
+          runner.run({.dispatch = row.dispatch, .dedup = row.dedup, .tokens = format.tokens, .wire = format.wire});
+      std::printf("| %s | %s | %s | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f |\n", row.name,
+                  format.tokens == TokenFormat::f32 ? "f32" : to_string(format.tokens).c_str(),
+                  to_string(format.wire).c_str(), mb(o.mean_bytes(key)), o.mean_bytes(key) / f32.mean_bytes(key),
+                  us(o.forward()), us(o.step()), double(f32.step()) / double(o.step()),
+                  double(bf16.step()) / double(o.step()));
+      std::fflush(stdout);
     }
   }
 }
