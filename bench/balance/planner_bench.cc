@@ -9,8 +9,14 @@
 // below) beside them. Every plan is verified (quotas sum to the counts, no expert
 // twice on a rank, slot limits) before it is timed.
 //
-//   bench_balance_planner [--quick]   (--quick: shorter repetitions)
+//   bench_balance_planner [--quick | --calls N balance|priced]
+//     --quick: shorter repetitions
+//     --calls N ...: no timing; N plans per case, balance-only or priced,
+//       for instruction counts that do not depend on the machine's load:
+//       valgrind --tool=callgrind --dump-after='*untimed_plans*'
+//       --toggle-collect='*untimed_plans*' gives one dump per case
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <vector>
@@ -44,12 +50,24 @@ bool verify(const ReplicaPlan& plan, const std::vector<std::int64_t>& counts, in
   return plan.num_replicas() <= plan.num_ranks * num_slots && plan.after.max_load <= plan.before.max_load;
 }
 
+// --calls: one case's plans, in a function of its own so callgrind can
+// collect and dump exactly these calls.
+[[gnu::noinline]] std::int64_t untimed_plans(const std::vector<std::int64_t>& counts, const std::vector<int>& homes,
+                                             const ReplicaPlannerOptions& planner, const ReplicaCosts& costs,
+                                             int calls) {
+  std::int64_t sink = 0;
+  for (int i = 0; i < calls; ++i) sink += plan_replicas(counts, homes, planner, {}, costs).after.max_load;
+  return sink;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   epmoe::bench::BenchOptions options;
   options.repetitions = 9;
   options.min_repetition_seconds = argc > 1 && std::strcmp(argv[1], "--quick") == 0 ? 0.02 : 0.2;
+  const int untimed_calls = argc > 3 && std::strcmp(argv[1], "--calls") == 0 ? std::atoi(argv[2]) : 0;
+  const bool untimed_priced = untimed_calls > 0 && std::strcmp(argv[3], "priced") == 0;
 
   const std::vector<BenchCase> cases = {
       {256, 64, 2, HotExpertPlacement::spread, 1.05}, {256, 64, 2, HotExpertPlacement::packed, 1.05},
@@ -102,6 +120,13 @@ int main(int argc, char** argv) {
       for (int e = 0; e < c.num_experts; ++e) pairs[r] += source[static_cast<std::size_t>(r) * c.num_experts + e];
     costs.source_pairs = pairs;
     std::int64_t sink = 0;  // keeps the calls from being optimised away
+    if (untimed_calls > 0) {
+      sink += untimed_plans(counts, homes, planner, untimed_priced ? costs : ReplicaCosts{}, untimed_calls);
+      std::printf("%5d %4d %2d %-6s %5.2f | %d %s plans (untimed) | %lld\n", c.num_experts, c.num_ranks, c.num_slots,
+                  c.placement == HotExpertPlacement::spread ? "spread" : "packed", c.threshold, untimed_calls,
+                  untimed_priced ? "priced" : "balance", static_cast<long long>(sink));
+      continue;
+    }
     const auto stats = epmoe::bench::measure_interleaved(
         {[&] { sink += plan_replicas(counts, homes, planner).after.max_load; },
          [&] { sink += eplb_global_placement(counts, c.num_ranks, slots_per_rank, nullptr).slot_experts[0]; },

@@ -56,7 +56,13 @@ class WaterFill {
     }
     experts_by_count_ = experts_by_home_;
     donors_.reserve(num_ranks_);
-    receivers_.reserve(num_ranks_);
+    // Every fill starts from the homes, so its receivers (the ranks below its
+    // target, emptiest first, lowest rank on ties) are a prefix of the ranks
+    // by home load: sorted once here, not per fill.
+    ranks_by_home_load_.resize(num_ranks_);
+    for (int r = 0; r < num_ranks_; ++r) ranks_by_home_load_[r] = r;
+    std::sort(ranks_by_home_load_.begin(), ranks_by_home_load_.end(),
+              [&](int a, int b) { return home_loads_[a] != home_loads_[b] ? home_loads_[a] < home_loads_[b] : a < b; });
     if (costs_.enabled()) {
       per_rank_.assign(static_cast<std::size_t>(4) * num_ranks_, 0);
       if (prices_tokens()) {
@@ -93,6 +99,7 @@ class WaterFill {
           home_link_rows_ = std::max({home_link_rows_, rows_in_[r], rows_out_[r]});
         }
         scratch_.assign(static_cast<std::size_t>(2) * num_ranks_, 0);
+        evaluated_.assign(num_experts_, 0);
       }
     }
   }
@@ -160,6 +167,28 @@ class WaterFill {
   int unpaid_runs() const { return unpaid_runs_; }
 
   const std::vector<std::int64_t>& home_loads() const { return home_loads_; }
+
+  // A fill's plan, kept so the priced search returns the candidate it chose
+  // without filling it again (a fill costs more than these copies).
+  struct Saved {
+    std::vector<std::int64_t> loads, home_quota, slot_quota;
+    std::vector<int> used_slots, slot_experts;
+  };
+  void save(Saved& saved) const {
+    saved.loads = loads_;
+    saved.home_quota = home_quota_;
+    saved.slot_quota = slot_quota_;
+    saved.used_slots = used_slots_;
+    saved.slot_experts = slot_experts_;
+  }
+  // What finish() reads (experts_by_home_ and the donors are fill scratch).
+  void restore(const Saved& saved) {
+    loads_ = saved.loads;
+    home_quota_ = saved.home_quota;
+    slot_quota_ = saved.slot_quota;
+    used_slots_ = saved.used_slots;
+    slot_experts_ = saved.slot_experts;
+  }
   // Costs on: whether fill() refuses the runs that do not pay for their slot.
   void price_runs(bool on) { price_runs_ = on && costs_.enabled(); }
 
@@ -170,20 +199,15 @@ class WaterFill {
     unpaid_runs_ = 0;
     std::int64_t excess = 0;
     donors_.clear();
-    receivers_.clear();
     for (int r = 0; r < num_ranks_; ++r) {
       if (loads_[r] > target) {
         donors_.push_back(r);
         excess += loads_[r] - target;
-      } else if (loads_[r] < target) {
-        receivers_.push_back(r);
       }
     }
-    // The emptiest receiver first (lowest rank on ties).
-    std::sort(receivers_.begin(), receivers_.end(),
-              [&](int a, int b) { return loads_[a] != loads_[b] ? loads_[a] < loads_[b] : a < b; });
     std::sort(donors_.begin(), donors_.end(), [&](int a, int b) { return gives_before(a, b, target); });
-    for (const int receiver : receivers_) {
+    for (const int receiver : ranks_by_home_load_) {
+      if (home_loads_[receiver] >= target) break;  // the receivers end
       while (excess > 0 && used_slots_[receiver] < num_slots_ && loads_[receiver] < target) {
         int at = choose_donor(target - loads_[receiver], used_slots_[receiver] + 1 == num_slots_, target, rule);
         if (at < 0) break;
@@ -269,13 +293,19 @@ class WaterFill {
     std::int64_t* home_remote = local + num_ranks_;
     std::copy(home_local_.begin(), home_local_.end(), local);
     for (int r = 0; r < num_ranks_; ++r) home_remote[r] = home_loads_[r] - home_local_[r];
-    for (int e = 0; e < num_experts_; ++e) {
-      if (home_quota_[e] == counts_[e]) continue;  // not replicated
-      const int home = homes_[e];
-      const std::int64_t own = source_count(home, e), kept = std::min(home_quota_[e], own);
-      local[home] += kept - own;
-      home_remote[home] += (home_quota_[e] - kept) - (counts_[e] - own);
-    }
+    // The replicated experts' homes, each expert once: found from the slots
+    // (R * B), not by a pass over all E experts.
+    ++evaluation_;
+    for (int r = 0; r < num_ranks_; ++r)
+      for (int b = 0; b < used_slots_[r]; ++b) {
+        const int e = slot_experts_[static_cast<std::size_t>(r) * num_slots_ + b];
+        if (evaluated_[e] == evaluation_) continue;
+        evaluated_[e] = evaluation_;
+        const int home = homes_[e];
+        const std::int64_t own = source_count(home, e), kept = std::min(home_quota_[e], own);
+        local[home] += kept - own;
+        home_remote[home] += (home_quota_[e] - kept) - (counts_[e] - own);
+      }
     std::fill(per_rank_.begin(), per_rank_.begin() + num_ranks_, 0);  // replica remote pairs
     for (int r = 0; r < num_ranks_; ++r)
       for (int b = 0; b < used_slots_[r]; ++b) {
@@ -404,13 +434,17 @@ class WaterFill {
   std::vector<int> slot_experts_;         // [R * B]
   std::vector<std::int64_t> slot_quota_;  // [R * B]
   std::vector<int> experts_by_home_;      // [E] as experts_by_count_, by remaining home quota
-  std::vector<int> donors_, receivers_;   // ranks above / below the target
+  std::vector<int> donors_;               // ranks above the target
+  std::vector<int> ranks_by_home_load_;   // [R] emptiest home first: receivers
 
   // Costs (enabled only): scratch [4 * R]; per rank its tokens' pairs and
   // those computed at home with no replicas; the busiest link's rows then.
   std::vector<std::int64_t> per_rank_, source_pairs_, home_local_;
   std::vector<std::int64_t> rows_in_, rows_out_, scratch_;  // [R] rows without replicas; [2 * R]
   std::int64_t home_link_rows_ = 0;
+  // [E] the link_rows_after() call that last counted each expert's home.
+  std::vector<int> evaluated_;
+  int evaluation_ = 0;
   bool price_runs_ = false;
   int unpaid_runs_ = 0;
 };
@@ -541,6 +575,8 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
     bool priced;
   };
   Choice chosen{balanced, best_target, best.rule, false}, last = chosen;
+  WaterFill::Saved chosen_plan;
+  fill.save(chosen_plan);
   // A fill costs a few microseconds at E=256 R=64 (bench/balance): three
   // candidates, the first skipped when every run of the balance plan pays
   // (pricing would not change it).
@@ -553,12 +589,16 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
     const RunRule rule = j == 0 ? best.rule : RunRule::finish_or_fill;
     fill.fill(at, rule);
     last = {fill.evaluate(), at, rule, true};
-    if (last.value.net() > chosen.value.net()) chosen = last;
+    if (last.value.net() > chosen.value.net()) {
+      chosen = last;
+      if (j + 1 < kFractions) fill.save(chosen_plan);  // the last fill stays in place
+    }
   }
-  if (!(chosen.value.net() > 0)) chosen = {{}, homes.max_load, RunRule::largest, false};
-  if (chosen.target != last.target || chosen.rule != last.rule || chosen.priced != last.priced) {
-    fill.price_runs(chosen.priced);
-    fill.fill(chosen.target, chosen.rule);
+  if (!(chosen.value.net() > 0)) {
+    chosen = {{}, homes.max_load, RunRule::largest, false};
+    fill.fill(homes.max_load, RunRule::largest);  // nothing moves: no donors, one pass
+  } else if (chosen.target != last.target || chosen.rule != last.rule || chosen.priced != last.priced) {
+    fill.restore(chosen_plan);
   }
   ReplicaPlan plan = fill.finish();
   plan.predicted_saving_seconds = chosen.value.saving;
