@@ -218,11 +218,15 @@ KeyGroup expert_parallel_keys() {
            .min_value = 1},
           {.name = "replica_costs",
            .type = KeyType::choice,
-           .default_value = "priced",
+           // off by default until the per-rank key API (ep_config_from_keys)
+           // derives the same rates: with `priced` here, a per-rank layer and
+           // `epmoe layer` on the same keys planned differently
+           // (scripts/test_embed.sh compares their bits).
+           .default_value = "off",
            .help = "balance=dynamic: priced = a replica is placed only when the compute it takes off the busiest "
                    "rank outweighs its weight, gradient and token transfers at the hardware's (clock=modelled) or "
                    "the links' and an assumed CPU's rates (docs/BALANCE.md, Cost model); off = balance as far "
-                   "as rebalance_threshold asks, whatever it costs",
+                   "as rebalance_threshold asks, whatever it costs (the default, as in the per-rank API)",
            .choices = {"priced", "off"}},
           {.name = "balance_window",
            .type = KeyType::integer,
