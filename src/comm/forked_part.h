@@ -38,6 +38,10 @@ class ForkedPart {
   // Joins quietly when join() was not called (the caller failed): the part's
   // own waits are bounded by their deadlines.
   ~ForkedPart();
+  // The part's clock. A caller whose requests the part waited on keeps it
+  // until those requests are gone: a wait left by an exception points at
+  // the clock until its request is released.
+  std::shared_ptr<ModelledClock> clock() const { return clock_; }
   ForkedPart(const ForkedPart&) = delete;
   ForkedPart& operator=(const ForkedPart&) = delete;
 

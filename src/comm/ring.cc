@@ -184,6 +184,7 @@ void RingAllGather::finish(Deadline deadline) {
       for (int step = 1; step < num_steps_; ++step) forward(1, step, deadline);
       complete_lane(1, deadline);
     });
+    forked_lane_clock_ = counter_clockwise.clock();
     for (int step = 1; step < num_steps_; ++step) forward(0, step, deadline);
     complete_lane(0, deadline);
     counter_clockwise.join();

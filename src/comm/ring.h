@@ -10,6 +10,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/modelled_clock.h"
+
 #include <epmoe/dtype.h>
 
 #include "comm/tag.h"
@@ -82,6 +84,9 @@ class RingAllGather {
   int num_ranks_, rank_, num_steps_, num_lanes_;
   int peer_to_[2];
   transport::Tag tags_[2];
+  // Modelled time: the forked lane's clock, declared before the requests so
+  // that it outlives them (ForkedPart::clock()).
+  std::shared_ptr<ModelledClock> forked_lane_clock_;
   std::vector<std::unique_ptr<transport::Request>> recvs_;
   std::vector<std::unique_ptr<transport::Request>> sends_[2];  // [lane]: each lane's own (modelled time: own thread)
 };
