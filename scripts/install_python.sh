@@ -8,9 +8,23 @@
 # python3-venv and python3-dev (the module's headers) come with the image;
 # scikit-build-core, nanobind, numpy and matplotlib come from PyPI. No torch:
 # neither `import epmoe` nor the report imports it.
+# Usage: scripts/install_python.sh [--deps-only | --module-only]
+#   --deps-only    only the venv and its PyPI packages (no build needed: the
+#                  main command runs this part beside the C++ build, since
+#                  it mostly waits for downloads)
+#   --module-only  only the epmoe module (the venv must exist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+phase=${1:-all}
+case $phase in
+  all | --deps-only | --module-only) ;;
+  *) echo "install_python: unknown argument '$phase' (expected --deps-only or --module-only)" >&2; exit 2 ;;
+esac
 venv=build-python/venv
+if [ "$phase" = --module-only ] && [ ! -x "$venv/bin/python" ]; then
+  echo "install_python: --module-only needs $venv (run with --deps-only first)" >&2
+  exit 2
+fi
 if [ ! -x "$venv/bin/python" ]; then
   # --system-site-packages: the tests see Debian's torch and mpi4py.
   /usr/bin/python3 -m venv --system-site-packages "$venv"
@@ -22,7 +36,10 @@ fi
 # and were compiled again (ccache misses) by every install.
 mapfile -t requires < <("$venv/bin/python" -c 'import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
-"$venv/bin/pip" install -q matplotlib "numpy<2" "${requires[@]}"
+if [ "$phase" != --module-only ]; then
+  "$venv/bin/pip" install -q matplotlib "numpy<2" "${requires[@]}"
+fi
+[ "$phase" = --deps-only ] && exit 0
 # The module's layer libraries are the Release build's objects, found in
 # ccache (CMakeLists.txt): a cache hit needs the same compiler command, so
 # the same compiler and generator as ./build (CMake's Makefiles; pip would

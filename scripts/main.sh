@@ -6,10 +6,22 @@
 # runs/train/report.html (beside the metrics file when metrics_file= moves it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --target epmoe build
-bash scripts/install_python.sh
+# The Python packages of the report (numpy, matplotlib, the module's build
+# requirements) download beside the C++ build: that part mostly waits for
+# the network, the build for the CPU.
+mkdir -p build-python
+bash scripts/install_python.sh --deps-only > build-python/deps.log 2>&1 &
+deps=$!
 summary=$(mktemp)
-trap 'rm -f "$summary"' EXIT
+# A failed build leaves no download running behind it.
+trap 'kill "$deps" 2>/dev/null || true; rm -f "$summary"' EXIT
+bash scripts/setup.sh --target epmoe build
+if ! wait "$deps"; then
+  cat build-python/deps.log
+  echo "main: installing the report's Python packages failed (above; log in build-python/deps.log)" >&2
+  exit 1
+fi
+bash scripts/install_python.sh --module-only
 ./build/epmoe train "$@" | tee "$summary"
 # The report's command is the one `epmoe train` prints (its last line,
 # "  report: python -m epmoe.report METRICS [--trace TRACE] --out REPORT"),
