@@ -9,10 +9,14 @@
 //   1:dispatch          throws in the dispatcher, token exchange in flight
 //   1:dispatch:kill     SIGKILLs itself there
 //   1:dispatch:stop     SIGSTOPs itself there: a rank that stops responding
-// The job must end (measured around the mpirun process, startup included:
-// ~0.8 s for this job without a fault) within 2 s for the first three, and
-// within comm_timeout_ms + 2 s for the stopped rank, whose timeout message
-// must name rank 1 as the late rank. The first "rank r failed:" line must
+// "At once" is judged against the timeout, not against a wall-clock figure
+// of this shared machine (~0.8 s for this job without a fault when idle, but
+// a 2 s bound failed under ctest -j2 beside other builds): with
+// comm_timeout_ms=60000 the first three must end in under half of it, which
+// only the failure's propagation can do, since every wait would otherwise
+// sit out the 60 s. The stopped rank must end no earlier than its
+// comm_timeout_ms and within 20 s after it (it ends; it does not hang), and
+// its timeout message must name rank 1 as the late rank. The first "rank r failed:" line must
 // be the root error (the injected fault), not an "aborted while ..." echo.
 // Transport: mpi (3 processes), threads=1 per process.
 #include <gtest/gtest.h>
@@ -30,6 +34,11 @@ namespace {
 using testing::EpmoeCli;
 using testing::ProcessResult;
 using testing::run_program;
+
+// Long enough that no wait of a healthy rank times out while a failure
+// propagates, however loaded the machine.
+constexpr int kLongTimeoutMs = 60000;
+constexpr double kAtOnceSeconds = kLongTimeoutMs / 2000.0;
 
 struct TimedResult {
   ProcessResult process;
@@ -75,9 +84,10 @@ TEST_F(MpirunFault, AThrowEndsTheJobAtOnceWithTheRootError) {
     for (const std::string dispatch : {"ring", "alltoall"}) {
       SCOPED_TRACE(point + " dispatch=" + dispatch);
       const std::string spec = "1:" + point;
-      const TimedResult result = run_with_fault(spec, {"dispatch=" + dispatch, "token_chunks=2"});
+      const TimedResult result = run_with_fault(
+          spec, {"dispatch=" + dispatch, "token_chunks=2", "comm_timeout_ms=" + std::to_string(kLongTimeoutMs)});
       EXPECT_NE(result.process.exit_code, 0);
-      EXPECT_LT(result.seconds, 2.0) << "the job outlived the failure by a deadline";
+      EXPECT_LT(result.seconds, kAtOnceSeconds) << "the job outlived the failure by a deadline";
       const std::string line = first_failure_line(result.process.stderr_text);
       EXPECT_NE(line.find("rank 1 failed: "), std::string::npos) << result.process.stderr_text;
       EXPECT_NE(line.find("rank 1: injected fault at " + point + " (fault_injection=" + spec + ")"), std::string::npos)
@@ -94,9 +104,10 @@ TEST_F(MpirunFault, AKilledRankEndsTheJobAtOnce) {
   // for this job with the default, ~1.3 s with 0, against ~0.8 s for the
   // whole job without a fault). That second is mpirun's, not epmoe's.
   const TimedResult result =
-      run_with_fault("1:dispatch:kill", {"dispatch=ring"}, {"--mca", "odls_base_sigkill_timeout", "0"});
+      run_with_fault("1:dispatch:kill", {"dispatch=ring", "comm_timeout_ms=" + std::to_string(kLongTimeoutMs)},
+                     {"--mca", "odls_base_sigkill_timeout", "0"});
   EXPECT_NE(result.process.exit_code, 0);
-  EXPECT_LT(result.seconds, 2.0);
+  EXPECT_LT(result.seconds, kAtOnceSeconds) << "the job outlived the killed rank by a deadline";
   EXPECT_NE(result.process.stderr_text.find("injected fault at dispatch"), std::string::npos)
       << result.process.stderr_text;
   EXPECT_FALSE(std::filesystem::exists(out_dir()));
@@ -108,7 +119,7 @@ TEST_F(MpirunFault, AStoppedRankEndsTheJobAfterTheTimeoutNamingIt) {
       run_with_fault("1:dispatch:stop", {"dispatch=ring", "comm_timeout_ms=" + std::to_string(kTimeoutMs)});
   EXPECT_NE(result.process.exit_code, 0);
   EXPECT_GE(result.seconds, kTimeoutMs / 1000.0) << "ended before any wait could time out";
-  EXPECT_LT(result.seconds, kTimeoutMs / 1000.0 + 2.0);
+  EXPECT_LT(result.seconds, kTimeoutMs / 1000.0 + 20.0) << "the job did not end after the timeout";
   const std::string line = first_failure_line(result.process.stderr_text);
   EXPECT_NE(line.find("timed out after"), std::string::npos) << result.process.stderr_text;
   EXPECT_NE(line.find("rank 1 did not answer a liveness probe within 500 ms: it is the late rank"), std::string::npos)
