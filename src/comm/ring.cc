@@ -7,6 +7,7 @@
 #include "comm/collective_handle.h"
 #include "comm/forked_part.h"
 #include "core/error.h"
+#include "core/trace_recorder.h"
 
 namespace epmoe::comm::detail {
 namespace {
@@ -53,6 +54,28 @@ std::vector<std::uint16_t>& wire_scratch(int which, std::int64_t num_elements) {
 }
 
 int wrap(int rank, int num_ranks) { return ((rank % num_ranks) + num_ranks) % num_ranks; }
+
+// Runs `convert`, a bf16 wire's conversion of `num_values` values (2 bytes
+// read and 4 written, or 4 and 2), charged at the memory rate to the calling
+// thread's clock: the reduce-scatter's own, so it delays the collective's
+// next send, not the rank's compute. Traced under `name` on the rank's
+// collective lanes, where the collective runs: on the compute track, at the
+// collective's times, it would overlap the rank's own compute without
+// nesting.
+template <class Convert>
+void charge_wire_conversion(const char* name, std::int64_t num_values, Convert&& convert) {
+  if (num_values == 0) return;
+  const TraceTrack track = this_thread_trace_track();
+  const double begin_us = this_thread_trace_now_us(), bytes = 6.0 * static_cast<double>(num_values);
+  {
+    const UntracedScope untraced;  // recorded below, on a collective lane
+    const ComputeScope charge(name, {.bytes = bytes});
+    convert();
+  }
+  if (track.recorder != nullptr)
+    track.recorder->add_collective(track.pid, name, begin_us, this_thread_trace_now_us(),
+                                   {{"bytes", bytes}, {"bytes_sent", 0.0}});
+}
 
 }  // namespace
 
@@ -283,10 +306,13 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
   auto recv_target = [&](const Lane& lane, int step) -> void* {
     return bf16_wire ? static_cast<void*>(lane.wire_in[step % 2]) : static_cast<void*>(lane.partials[step % 2]);
   };
-  // A bf16 wire's send buffer for `count` f32 values (the previous send from
-  // it has completed).
+  // What a lane sends of `count` f32 values: on a bf16 wire its send buffer
+  // (the previous send from it has completed), filled and charged here.
   auto to_wire = [&](const Lane& lane, const float* values, std::int64_t count) {
-    for (std::int64_t i = 0; i < count; ++i) lane.wire_out[i] = f32_to_bf16(values[i]);
+    if (!bf16_wire) return static_cast<const void*>(values);
+    charge_wire_conversion("reduce_scatter to bf16", count, [&] {
+      for (std::int64_t i = 0; i < count; ++i) lane.wire_out[i] = f32_to_bf16(values[i]);
+    });
     return static_cast<const void*>(lane.wire_out);
   };
   auto received_block = [&](const Lane& lane, int step) { return wrap(rank - lane.direction * (step + 2), num_ranks); };
@@ -311,7 +337,7 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
       for (std::int64_t i = 0; i < count; ++i) converted[i] = input_value(first_block, begin + i);
       first_values = converted;
     }
-    const void* first_send = bf16_wire ? to_wire(lane, first_values, count) : first_values;
+    const void* first_send = to_wire(lane, first_values, count);
     const int next = wrap(rank + lane.direction, num_ranks);
     const int prev = wrap(rank - lane.direction, num_ranks);
     lane.send = comm.isend(next, lane.tag, first_send, lane_bytes(l, first_block));
@@ -330,7 +356,9 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
       const std::int64_t count = lane_size(l, block);
       if (bf16_wire) {
         const std::uint16_t* arrived = lane.wire_in[step % 2];
-        for (std::int64_t i = 0; i < count; ++i) partial[i] = bf16_to_f32(arrived[i]);
+        charge_wire_conversion("reduce_scatter from bf16", count, [&] {
+          for (std::int64_t i = 0; i < count; ++i) partial[i] = bf16_to_f32(arrived[i]);
+        });
       }
       if (step == num_steps - 1) {  // this rank's block: sum = partial + own, rounded once
         EPMOE_CHECK_EQ(block, rank);
@@ -357,7 +385,7 @@ void ring_reduce_scatter_blocks(Communicator& comm, const BlockLayout& layout, D
       const int prev = wrap(rank - lane.direction, num_ranks);
       lane.recv =
           comm.irecv(prev, lane.tag, recv_target(lane, step + 1), lane_bytes(l, received_block(lane, step + 1)));
-      lane.send = comm.isend(next, lane.tag, bf16_wire ? to_wire(lane, partial, count) : partial, lane_bytes(l, block));
+      lane.send = comm.isend(next, lane.tag, to_wire(lane, partial, count), lane_bytes(l, block));
     }
   }
   for (int l = 0; l < num_lanes; ++l) lanes[l].send->wait_until(deadline);

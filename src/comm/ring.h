@@ -106,7 +106,12 @@ void ring_all_gather_blocks(transport::Communicator& comm, const BlockLayout& la
 // ending with rank b's own, d = +1 on the clockwise lane, -1 on the other:
 //   out_b[i] = ((x_{b+d}[i] + x_{b+2d}[i]) + ...) + x_b[i]      (ranks mod R)
 // so results are identical run to run and independent of timing and threads.
-// `output` may alias this rank's block inside `input`.
+// `output` may alias this rank's block inside `input`. In modelled time a
+// bf16 wire's conversions (f32 to bf16 before each send, bf16 to f32 after
+// each receive: 6 bytes a value) are charged at the memory rate on the
+// collective's clock, so they delay its steps, and traced on the rank's
+// collective lanes as "reduce_scatter to bf16" / "reduce_scatter from bf16";
+// the f32 sums themselves are not charged (nor are they for an f32 wire).
 void ring_reduce_scatter_blocks(transport::Communicator& comm, const BlockLayout& layout, DType dtype, DType wire_dtype,
                                 const std::byte* input, std::byte* output, bool bidirectional, CollectiveKind kind,
                                 std::uint32_t collective_tag, transport::Deadline deadline);

@@ -201,9 +201,13 @@ void RingDispatcher::start_dispatch(StepState& base, int c, bool remat) {
   const std::int64_t row_bytes = codec().row_bytes(), routing_bytes = 8 * top_k;
   buffers.local_block.resize(static_cast<std::size_t>(n * (routing_bytes + row_bytes)));
   if (n > 0) std::memcpy(buffers.local_block.data(), chunk.local_routing.data(), n * routing_bytes);
-  const ComputeScope encode("token encode", {.bytes = static_cast<double>(n) * (4.0 * hidden + row_bytes)});
-  codec().encode(step.x.data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
-                 buffers.local_block.data() + n * routing_bytes);
+  {
+    // Charged before the all-gather is launched (the scope ends here): its
+    // block leaves once packed, not while it is being packed.
+    const ComputeScope encode("token encode", {.bytes = static_cast<double>(n) * (4.0 * hidden + row_bytes)});
+    codec().encode(step.x.data<float>() + chunk.range.begin * hidden, nullptr, n, chunk.tensor_scale,
+                   buffers.local_block.data() + n * routing_bytes);
+  }
   plan_chunks(step);  // the first chunk's own work is done: now the counts are needed
   buffers.gathered_blocks.resize(static_cast<std::size_t>(chunk.num_slots * (routing_bytes + row_bytes)));
   const std::string prefix = remat ? "backward/remat " : "forward/";

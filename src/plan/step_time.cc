@@ -52,7 +52,15 @@ double moe_data_movement_bytes(const PlanConfig& c) {
   bytes += (3 + 3 + 5) * a * rows * f;                                       // SwiGLU, its recompute, its backward
   bytes += (2 + 3 + 2) * a * rows * h;  // combine weighted sum, its backward, slot dx sum
   bytes += alltoall ? 2 * (3 * a * rows * h + a * tokens * h) + 2 * a * rows * h : 2 * 2 * a * tokens * h;
+  bytes += ring_wire_conversion_bytes(c);
   return bytes * double(c.model.num_moe_layers());
+}
+
+double ring_wire_conversion_bytes(const PlanConfig& c) {
+  if (c.dispatch != DispatchKind::ring || c.activation_bytes() == 4) return 0;
+  const double a = c.activation_bytes(), h = double(c.model.hidden), others = double(c.parallel.ep - 1);
+  // Two reduce-scatters (combine, dx); per one, each way R-1 blocks of N_l·H values.
+  return 2 * 2 * (4 + a) * others * c.parallel.tokens_per_device() * h;
 }
 
 StepTime estimate_step_time(const PlanConfig& c, double ep_bytes_per_device) {

@@ -65,8 +65,18 @@ double ep_transfer_seconds(const PlanConfig& config, DispatchKind dispatch, doub
 //  dx sum 2a·rows·H;
 //  the home side: all-to-all sums the K returned rows per token, forward
 //  and dx, 2·(3a·N_l·K·H + a·N_l·H), and packs the cotangents 2a·N_l·K·H;
-//  ring copies its reduced rows, y and dx, 2·2a·N_l·H.
+//  ring copies its reduced rows, y and dx, 2·2a·N_l·H, and with a bf16
+//  wire its reduce-scatters convert partial sums (ring_wire_conversion_bytes).
 double moe_data_movement_bytes(const PlanConfig& config);
+
+// Per MoE layer and device: with a bf16 wire (a = 2) the ring's two
+// reduce-scatters (combine, dx) each convert every partial sum they receive
+// to f32 and every one they send to bf16, R-1 blocks of N_l·H values each
+// way at (4 + a) bytes a value: 2·2·(4 + a)·(R-1)·N_l·H; 0 otherwise. The
+// modelled clock charges them on the reduce-scatter's own clock (they delay
+// its steps, beside the rank's compute); the plan, which overlaps nothing
+// but in its second bound, counts them with the data movement.
+double ring_wire_conversion_bytes(const PlanConfig& config);
 
 StepTime estimate_step_time(const PlanConfig& config, double ep_bytes_per_device);
 

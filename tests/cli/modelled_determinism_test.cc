@@ -187,14 +187,17 @@ TEST_F(ModelledDeterminism, EightConcurrentTrainRunsWriteIdenticalFilesAndTheTra
 }
 
 // docs/MODELLED_TIME.md "What advances a clock": the trace's compute track
-// names every charged data-moving step of each dispatcher.
+// names every charged data-moving step of each dispatcher, and its
+// collective lanes the conversions a bf16 wire's reduce-scatter charges on
+// its own clock.
 TEST_F(ModelledDeterminism, TheTraceShowsEveryChargedDataMovement) {
   const std::filesystem::path in = dir("in");
   generate(in, {.tokens = 64, .hidden = 32, .ffn = 48, .experts = 4});
   struct Case {
     std::string what;
     std::vector<std::string> keys;
-    std::set<std::string> expected;
+    std::set<std::string> expected;           // compute events
+    std::set<std::string> expected_on_lanes;  // events on the collective lanes
   };
   const std::set<std::string> expert_combine = {"combine weighted sum", "combine backward", "slot dx sum"};
   auto with = [&](std::set<std::string> names) {
@@ -204,24 +207,38 @@ TEST_F(ModelledDeterminism, TheTraceShowsEveryChargedDataMovement) {
   const std::vector<Case> cases = {
       {"alltoall fp8",
        {"ranks=4", "dispatch=alltoall", "fp8_tokens=token"},
-       with({"gather rows", "token encode", "token decode", "combine home sum", "pack cotangents"})},
+       with({"gather rows", "token encode", "token decode", "combine home sum", "pack cotangents"}),
+       {}},
       {"ring fp8",
        {"ranks=4", "dispatch=ring", "fp8_tokens=tensor"},
-       with({"gather rows", "token encode", "token decode", "unpack rows"})},
-      {"local", {"ranks=1"}, with({"gather rows", "pack cotangents", "unpack rows"})},
+       with({"gather rows", "token encode", "token decode", "unpack rows"}),
+       {}},
+      {"local", {"ranks=1"}, with({"gather rows", "pack cotangents", "unpack rows"}), {}},
       // Chunks: each chunk's weight gradient is added into the total.
       {"ring chunks",
        {"ranks=4", "dispatch=ring", "token_chunks=2"},
-       with({"gather rows", "token encode", "unpack rows", "accumulate weight gradients"})}};
+       with({"gather rows", "token encode", "unpack rows", "accumulate weight gradients"}),
+       {}},
+      // bf16 wire: dy rounded to bf16 by its owner and the gathered rows
+      // widened ("convert"); the reduce-scatters' partial sums converted at
+      // every step, on their own clocks.
+      {"ring bf16 wire",
+       {"ranks=4", "dispatch=ring", "wire_dtype=bf16"},
+       with({"gather rows", "token encode", "unpack rows", "convert"}),
+       {"reduce_scatter to bf16", "reduce_scatter from bf16"}}};
   for (const Case& c : cases) {
     const std::filesystem::path trace_path = dir("trace_" + std::to_string(&c - cases.data()) + ".json");
     std::vector<std::string> keys = {"clock=modelled", "trace_file=" + trace_path.string()};
     keys.insert(keys.end(), c.keys.begin(), c.keys.end());
     ASSERT_FALSE(layer_metrics(in, keys).is_null()) << c.what;
-    std::set<std::string> names;
-    for (const nlohmann::json& e : check_trace_structure(trace_path, 1e-6, c.what))
+    std::set<std::string> names, on_lanes;
+    for (const nlohmann::json& e : check_trace_structure(trace_path, 1e-6, c.what)) {
       if (e.value("cat", "") == "compute") names.insert(e.at("name").get<std::string>());
+      if (e.value("cat", "") == "collective") on_lanes.insert(e.at("name").get<std::string>());
+    }
     for (const std::string& name : c.expected) EXPECT_TRUE(names.count(name)) << c.what << ": no '" << name << "'";
+    for (const std::string& name : c.expected_on_lanes)
+      EXPECT_TRUE(on_lanes.count(name)) << c.what << ": no '" << name << "' on the collective lanes";
   }
 }
 

@@ -184,5 +184,42 @@ TEST_F(PlanVsModelled, UniformRoutingAgreesAndSkewIsInvisibleToThePlan) {
               estimate.compute_seconds, estimate.ep_seconds, estimate.serial_seconds, uniform_step, skewed_step);
 }
 
+// The ring's bf16-wire reduce-scatters (combine, dx): the bytes of the
+// conversions the clock charges on their own clocks (traced on the
+// collective lanes, "reduce_scatter to bf16" / "from bf16") are exactly the
+// plan's ring_wire_conversion_bytes on every rank (a ring's blocks are the
+// ranks' token rows, whatever the routing), and each is charged at the HBM
+// rate. compute_dtype stays f32 (wire_dtype=bf16 alone), which the plan's
+// bf16 activation type stands for here.
+TEST_F(PlanVsModelled, RingBf16WireConversionsAreThePlansBytes) {
+  plan::PlanConfig config = layer_plan();
+  config.dispatch = plan::DispatchKind::ring;
+  config.activation_type = plan::ElementType::bf16;
+  config.validate();
+  const double planned = plan::ring_wire_conversion_bytes(config);
+  ASSERT_GT(planned, 0);
+  const std::filesystem::path in = dir("in");
+  generate(in, {.tokens = kRanks * kTokensPerRank, .hidden = kHidden, .ffn = kFfn, .experts = kExperts});
+  const nlohmann::json m = run(in, dir("ring.json"), {"dispatch=ring", "wire_dtype=bf16", "router=random", "seed=1"});
+  ASSERT_FALSE(m.is_null());
+  std::vector<double> bytes(kRanks), seconds(kRanks);
+  int events = 0;
+  for (const nlohmann::json& e : check_trace_structure(dir("ring.json"), 1e-6, "ring")) {
+    const std::string name = e.value("name", "");
+    if (name != "reduce_scatter to bf16" && name != "reduce_scatter from bf16") continue;
+    ASSERT_EQ(e.at("cat"), "collective") << name;
+    const auto r = e.at("pid").get<std::size_t>();
+    bytes.at(r) += e.at("args").at("bytes").get<double>();
+    seconds.at(r) += e.at("dur").get<double>() * 1e-6;
+    ++events;
+  }
+  ASSERT_GT(events, 0);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(bytes[r], planned) << "rank " << r;
+    // At the HBM rate, to a picosecond per conversion.
+    EXPECT_NEAR(seconds[r], bytes[r] / config.hardware.memory_bytes_per_s, 1e-12 * events) << "rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace epmoe::testing
