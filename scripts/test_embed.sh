@@ -41,7 +41,11 @@ if [ -x "$work/example/embed_per_rank" ]; then
   mpirun_same_as_cli() {  # R KEYS...: the example under mpirun -np R equals epmoe layer
     local ranks=$1
     rm -rf "$work/mpi"
-    mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" "$work/example/embed_per_rank" "$work/mpi" "${@:2}"
+    # Each process computes on the threads `epmoe layer ranks=R` gives a rank
+    # (max(1, cores / R)): priced replicas are priced at that budget.
+    local threads=$(($(nproc) / ranks > 1 ? $(nproc) / ranks : 1))
+    OMP_NUM_THREADS=$threads mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS -np "$ranks" \
+      "$work/example/embed_per_rank" "$work/mpi" "${@:2}"
     same_as_cli "$work/mpi" "$@"
     runs=$((runs + 1))
   }

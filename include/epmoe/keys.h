@@ -13,7 +13,16 @@
 // from the arrays in `epmoe layer`. Keys that describe a run rather than a
 // layer on a rank (ranks, transport, threads, clock and the modelled
 // hardware, link emulation, trace_file, fault_injection) are refused: the
-// caller's communicator and process decide those.
+// caller's communicator and process decide those. So the group runs as
+// `epmoe layer` does with those keys at their defaults (the wall clock, no
+// link emulation), and replica_costs=priced (the default with
+// balance=dynamic) prices replicas at the rates `epmoe layer` derives for
+// that run: an assumed CPU rate times the compute threads of the thread
+// that calls these functions (run_ranks gives each rank max(1, cores / R),
+// as `epmoe layer ranks=R` does; under MPI, OMP_NUM_THREADS), so that a
+// per-rank group and `epmoe layer` plan the same replicas (docs/BALANCE.md,
+// "Rates"). Ranks whose rates differ are refused by EpGroup, naming
+// replica_costs.compute_flops_per_s.
 //
 // Public and std-only.
 #pragma once
@@ -37,8 +46,8 @@ LayerConfigs config_from_keys(const std::map<std::string, std::string>& keys, st
                               int num_experts);
 // The group's keys alone (dispatch, dedup, capacity_factor, token_chunks,
 // fp8_tokens, wire_dtype, cotangent_all_gather, balance, redundant_slots,
-// rebalance_threshold, balance_window, balance_period, replica_choice,
-// comm_timeout_ms); a layer's key is refused, naming where it belongs.
+// rebalance_threshold, replica_costs, balance_window, balance_period,
+// replica_choice, comm_timeout_ms); a layer's key is refused, naming where it belongs.
 // wire_dtype=auto means f32 here (no layer, so no compute_dtype to follow).
 EpConfig ep_config_from_keys(const std::map<std::string, std::string>& keys, int num_experts, int top_k,
                              std::int64_t hidden);

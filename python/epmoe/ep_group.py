@@ -11,11 +11,15 @@ num_experts, top_k, hidden, dispatch or any other group key is refused on
 every rank with a ValueError naming the rank and the key (never a hang).
 Keys: the group's keys of `epmoe layer` (dispatch, dedup, capacity_factor,
 token_chunks, fp8_tokens, wire_dtype, cotangent_all_gather, balance, redundant_slots,
-rebalance_threshold, balance_window, balance_period, replica_choice,
+rebalance_threshold, replica_costs, balance_window, balance_period, replica_choice,
 comm_timeout_ms); a layer's key (router, compute_dtype, ...) is refused,
 naming where it belongs (epmoe.MoeLayer). wire_dtype="auto" means f32
 here (the group does not know its layers' compute_dtype): pass
 wire_dtype="bf16" for bf16 combine outputs, cotangents and dx.
+replica_costs="priced" (the default) prices replicas as `epmoe layer` does
+on the same keys: the wall clock at the calling thread's compute threads
+(run_threads gives each rank max(1, cores // R), as `epmoe layer ranks=R`
+does; under mpirun, OMP_NUM_THREADS), so both plan the same replicas.
 
 Dispatch and combine without the experts, for callers with their own
 expert compute (DeepEP's dispatch / combine; epmoe.torch.dispatch and

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/threading.h"
 #include "run/layer_key_groups.h"
 
 namespace epmoe {
@@ -58,6 +59,17 @@ std::vector<run::KeyAssignment> assignments_of(const std::map<std::string, std::
   return assignments;
 }
 
+// The group's config as `epmoe layer` makes it from the same keys. The
+// run's keys are refused here, so the run is the per-rank API's: the wall
+// clock, the caller's own links (no emulation) and this thread's compute
+// threads (run_ranks and epmoe.run_threads give each rank max(1, cores / R),
+// as `epmoe layer ranks=R` does), which the replica costs are priced at.
+EpConfig group_config_from(const run::ConfigValues& values, const MoeLayerConfig& shape) {
+  EpConfig ep = run::ep_config_from(values, shape);
+  ep.replica_costs = run::replica_costs_from(values, {}, {}, compute_threads());
+  return ep;
+}
+
 }  // namespace
 
 LayerConfigs config_from_keys(const std::map<std::string, std::string>& keys, std::int64_t hidden, std::int64_t ffn,
@@ -66,7 +78,7 @@ LayerConfigs config_from_keys(const std::map<std::string, std::string>& keys, st
       run::layer_key_registry().parse(assignments_of(keys, Part::both, "config_from_keys"));
   LayerConfigs configs;
   configs.layer = run::moe_layer_config_from(values, hidden, ffn, num_experts);
-  configs.ep = run::ep_config_from(values, configs.layer);
+  configs.ep = group_config_from(values, configs.layer);
   return configs;
 }
 
@@ -79,7 +91,7 @@ EpConfig ep_config_from_keys(const std::map<std::string, std::string>& keys, int
   shape.hidden = hidden;
   shape.router.num_experts = num_experts;
   shape.router.top_k = top_k;
-  return run::ep_config_from(values, shape);
+  return group_config_from(values, shape);
 }
 
 MoeLayerConfig layer_config_from_keys(const std::map<std::string, std::string>& keys, std::int64_t hidden,

@@ -8,7 +8,9 @@
 #include "balance/dedup_aware_choice.h"
 #include "balance/periodic_replicas.h"
 #include "balance/replica_planner.h"
+#include "comm/algorithm.h"
 #include "comm/all_gather.h"
+#include "comm/collective_handle.h"
 #include "comm/tag.h"
 #include "core/error.h"
 #include "core/modelled_clock.h"
@@ -288,6 +290,38 @@ transport::Tag slot_tag(std::uint32_t tag_base, int slot, EpOp op, int part) {
                         comm::Slot::data);
 }
 
+// One message of a slot transfer: a send from `from` or a receive into `into`.
+struct SlotMessage {
+  int peer;
+  transport::Tag tag;
+  const void* from;  // a send, or
+  void* into;        // a receive
+  std::int64_t num_bytes;
+};
+
+// Posts `messages` and waits for them on a progress thread, as one
+// collective named `name` (comm/collective_handle.h): the transfer moves
+// while the rank computes, and a trace shows it as one event from its launch
+// to its last message's end. No messages: nothing is launched.
+comm::CollectiveHandle launch_slot_transfer(transport::Communicator& comm, std::string name,
+                                            std::chrono::milliseconds timeout, std::vector<SlotMessage> messages) {
+  if (messages.empty()) return {};
+  // The requests live with the collective's parts, which are released when
+  // it ends, so none outlives the buffers it points into.
+  auto requests = std::make_shared<std::vector<std::unique_ptr<transport::Request>>>();
+  return comm::launch_collective(
+      comm, std::move(name), timeout,
+      [&comm, requests, messages = std::move(messages)](transport::Deadline) {
+        for (const SlotMessage& m : messages) {
+          requests->push_back(m.into != nullptr ? comm.irecv(m.peer, m.tag, m.into, m.num_bytes)
+                                                : comm.isend(m.peer, m.tag, m.from, m.num_bytes));
+        }
+      },
+      [requests](transport::Deadline deadline) {
+        for (auto& request : *requests) request->wait_until(deadline);
+      });
+}
+
 }  // namespace
 
 namespace {
@@ -360,7 +394,10 @@ float* ReplicaExchange::slot_gradients(int part, int slot) {
 int ReplicaExchange::weight_element_bytes() const { return shape_.compute_dtype == ComputeDType::bf16 ? 2 : 4; }
 
 void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uint64_t version, std::uint32_t tag_base) {
-  EPMOE_CHECK(weight_requests_.empty());  // finish_slot_weights ends every start
+  // A step abandoned between start and finish (an error, or dropped after
+  // begin_forward) left its transfer: it ends here (every rank posted its
+  // side at that start, so it completes unless the group failed).
+  weight_transfer_ = comm::CollectiveHandle();
   const std::int64_t hidden = home.wi0.dim(1), ffn = home.wi0.dim(2);
   EPMOE_CHECK((home.wi0.has_shape({num_local_experts_, hidden, ffn})));
   EPMOE_CHECK((home.wi1.has_shape({num_local_experts_, hidden, ffn})));
@@ -422,13 +459,13 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
         convert(std::span<const float>(home_parts[p] + sends[i].local_expert * n, n),
                 std::span<bf16_t>(outgoing_bf16_.data() + (i * 3 + p) * n, n));
   }
+  std::vector<SlotMessage> messages;
   for (std::size_t i = 0; i < refreshed_slots_.size(); ++i) {
     const int b = refreshed_slots_[i];
     for (int p = 0; p < 3; ++p) {
       void* into = narrow ? static_cast<void*>(incoming_bf16_.data() + (i * 3 + p) * n)
                           : static_cast<void*>(slot_weights_[p].data<float>() + b * n);
-      weight_requests_.push_back(
-          comm_.irecv(receive_from[i], slot_tag(tag_base, b, EpOp::replica_wi0, p), into, message_bytes));
+      messages.push_back({receive_from[i], slot_tag(tag_base, b, EpOp::replica_wi0, p), nullptr, into, message_bytes});
     }
   }
   std::int64_t bytes = 0;
@@ -436,23 +473,23 @@ void ReplicaExchange::start_slot_weights(const HomeExpertWeights& home, std::uin
     for (int p = 0; p < 3; ++p) {
       const void* from = narrow ? static_cast<const void*>(outgoing_bf16_.data() + (i * 3 + p) * n)
                                 : static_cast<const void*>(home_parts[p] + sends[i].local_expert * n);
-      weight_requests_.push_back(
-          comm_.isend(sends[i].peer, slot_tag(tag_base, sends[i].slot, EpOp::replica_wi0, p), from, message_bytes));
+      messages.push_back(
+          {sends[i].peer, slot_tag(tag_base, sends[i].slot, EpOp::replica_wi0, p), from, nullptr, message_bytes});
       bytes += message_bytes;
     }
+  weight_transfer_ = launch_slot_transfer(
+      comm_, comm::detail::collective_name("replica weights", ep_tag(tag_base, 0, EpOp::replica_wi0)), config_.timeout,
+      std::move(messages));
+  weights_in_flight_ = true;
   weight_bytes_in_flight_ = bytes;
   stats_.slots_refreshed = static_cast<int>(refreshed_slots_.size());
   last_weight_version_ = version;
 }
 
 std::int64_t ReplicaExchange::finish_slot_weights() {
-  // On an error the requests still in flight are cancelled by their
-  // destructors (the transport's contract) as the vector is cleared.
-  struct ClearOnExit {
-    std::vector<std::unique_ptr<transport::Request>>& requests;
-    ~ClearOnExit() { requests.clear(); }
-  } clear_on_exit{weight_requests_};
-  for (auto& request : weight_requests_) request->wait(config_.timeout);
+  EPMOE_CHECK(weights_in_flight_);
+  weights_in_flight_ = false;
+  weight_transfer_.wait();
   if (weight_element_bytes() == 2 && !refreshed_slots_.empty()) {
     const std::int64_t n = hidden_ * ffn_;
     ComputeScope scope("replica weights from bf16",
@@ -466,15 +503,23 @@ std::int64_t ReplicaExchange::finish_slot_weights() {
   return std::exchange(weight_bytes_in_flight_, 0);
 }
 
-std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& home, std::uint32_t tag_base) {
+void ReplicaExchange::start_slot_gradients(std::uint32_t tag_base) {
+  gradient_transfer_ = comm::CollectiveHandle();  // an abandoned step's, as in start_slot_weights
   const int me = comm_.rank();
   const std::int64_t n = hidden_ * ffn_;
-  float* home_parts[3] = {home.dwi0, home.dwi1, home.dwo};
-  std::vector<std::unique_ptr<transport::Request>> requests;
+  std::vector<SlotMessage> messages;
   // Received slot gradients, in ascending (rank, slot) order, with the home
   // expert each is added to; their buffer is kept from step to step.
-  std::vector<int> incoming_expert;
+  incoming_gradient_experts_.clear();
   std::int64_t bytes = 0;
+  for (int r = 0; r < num_ranks_; ++r)
+    for (int b = 0; b < num_slots_; ++b) {
+      const int expert = plan_.slot_expert(r, b);
+      if (expert == balance::kEmptySlot) continue;
+      if (homes_[expert] == me) incoming_gradient_experts_.push_back(expert - me * num_local_experts_);
+    }
+  incoming_gradients_.resize(incoming_gradient_experts_.size() * 3 * n);
+  std::size_t next = 0;
   for (int r = 0; r < num_ranks_; ++r)
     for (int b = 0; b < num_slots_; ++b) {
       const int expert = plan_.slot_expert(r, b);
@@ -482,33 +527,39 @@ std::int64_t ReplicaExchange::reduce_slot_gradients(const HomeExpertGradients& h
       const int home_rank = homes_[expert];
       if (r == me) {
         for (int p = 0; p < 3; ++p) {
-          requests.push_back(
-              comm_.isend(home_rank, slot_tag(tag_base, b, EpOp::replica_dwi0, p), slot_gradients(p, b), n * 4));
+          messages.push_back(
+              {home_rank, slot_tag(tag_base, b, EpOp::replica_dwi0, p), slot_gradients(p, b), nullptr, n * 4});
           bytes += n * 4;
         }
       }
-      if (home_rank == me) incoming_expert.push_back(expert - me * num_local_experts_);
+      if (home_rank == me) {
+        float* in = incoming_gradients_.data() + next++ * 3 * n;
+        for (int p = 0; p < 3; ++p)
+          messages.push_back({r, slot_tag(tag_base, b, EpOp::replica_dwi0, p), nullptr, in + p * n, n * 4});
+      }
     }
-  incoming_gradients_.resize(incoming_expert.size() * 3 * n);
-  std::size_t next = 0;
-  for (int r = 0; r < num_ranks_; ++r)
-    for (int b = 0; b < num_slots_; ++b) {
-      const int expert = plan_.slot_expert(r, b);
-      if (expert == balance::kEmptySlot || homes_[expert] != me) continue;
-      float* in = incoming_gradients_.data() + next++ * 3 * n;
-      for (int p = 0; p < 3; ++p)
-        requests.push_back(comm_.irecv(r, slot_tag(tag_base, b, EpOp::replica_dwi0, p), in + p * n, n * 4));
-    }
-  for (auto& request : requests) request->wait(config_.timeout);
-  for (std::size_t i = 0; i < incoming_expert.size(); ++i) {
+  gradient_transfer_ = launch_slot_transfer(
+      comm_, comm::detail::collective_name("replica gradients", ep_tag(tag_base, 0, EpOp::replica_dwi0)),
+      config_.timeout, std::move(messages));
+  gradients_in_flight_ = true;
+  gradient_bytes_in_flight_ = bytes;
+}
+
+std::int64_t ReplicaExchange::finish_slot_gradients(const HomeExpertGradients& home) {
+  EPMOE_CHECK(gradients_in_flight_);
+  gradients_in_flight_ = false;
+  gradient_transfer_.wait();
+  const std::int64_t n = hidden_ * ffn_;
+  float* home_parts[3] = {home.dwi0, home.dwi1, home.dwo};
+  for (std::size_t i = 0; i < incoming_gradient_experts_.size(); ++i) {
     for (int p = 0; p < 3; ++p) {
       const float* src = incoming_gradients_.data() + (i * 3 + p) * n;
-      float* dst = home_parts[p] + incoming_expert[i] * n;
+      float* dst = home_parts[p] + incoming_gradient_experts_[i] * n;
       for (std::int64_t j = 0; j < n; ++j) dst[j] += src[j];
     }
   }
-  stats_.bytes_sent["backward/replica gradients"] += bytes;
-  return bytes;
+  stats_.bytes_sent["backward/replica gradients"] += gradient_bytes_in_flight_;
+  return std::exchange(gradient_bytes_in_flight_, 0);
 }
 
 std::int64_t ReplicaExchange::buffer_bytes() const {

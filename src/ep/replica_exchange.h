@@ -27,21 +27,28 @@
 //     has no dedup, every token reaching every rank once anyway, so there is
 //     nothing to save. Either way the sender decides (destinations()), for
 //     its own pairs, and the choice travels with them.
-//  3. start_slot_weights / finish_slot_weights (the layer: started with the
-//     dispatch, finished before the experts compute): each slot whose
-//     (expert, weight version) changed receives wi0/wi1/wo of its expert
-//     point-to-point from the expert's home rank into this exchange's own
-//     slot buffers; nothing moves when every slot is current. Every rank
-//     tracks every slot's contents from the (identical) plans, so sender
-//     and receiver agree without a handshake. The experts then compute on
-//     per-group pointers (compute_weights): the caller's home weights as
-//     they are, the slots' from these buffers; nothing is copied.
-//  4. reduce_slot_gradients (the layer, after the experts' backward): each
-//     slot's dW (computed into this exchange's slot gradient buffers,
-//     compute_gradients) goes point-to-point to its expert's home rank and
-//     is added to the home expert's gradient there, slots in ascending
-//     (rank, slot) order: deterministic, each replica's contribution counted
-//     once. No collective over all experts' weights anywhere.
+//  3. start_slot_weights / finish_slot_weights (the layer: started as soon
+//     as the plan is known, before the dispatch's tokens are encoded, and
+//     finished before the experts compute): each slot whose (expert, weight
+//     version) changed receives wi0/wi1/wo of its expert point-to-point
+//     from the expert's home rank into this exchange's own slot buffers;
+//     nothing moves when every slot is current. Every rank tracks every
+//     slot's contents from the (identical) plans, so sender and receiver
+//     agree without a handshake. The messages run as one collective,
+//     "replica weights tag T" (comm/collective_handle.h): they move while
+//     the rank encodes and dispatches its tokens (and the caller works until
+//     finish_forward), and a trace shows them as one event. The experts then
+//     compute on per-group pointers (compute_weights): the caller's home
+//     weights as they are, the slots' from these buffers; nothing is copied.
+//  4. start_slot_gradients / finish_slot_gradients (the layer: started once
+//     the experts' backward has written every slot's dW, finished after the
+//     dispatch's backward, so the gradients move while dx comes back): each
+//     slot's dW (computed into this exchange's slot gradient buffers)
+//     goes point-to-point to its expert's home rank ("replica gradients tag
+//     T") and is added to the home expert's gradient there, slots in
+//     ascending (rank, slot) order: deterministic, each replica's
+//     contribution counted once. No collective over all experts' weights
+//     anywhere.
 //
 // Cost-aware plans (balance=dynamic with EpConfig::replica_costs priced,
 // docs/BALANCE.md "Cost model"): plan_step prices every candidate replica
@@ -67,6 +74,7 @@
 #include <epmoe/config.h>
 #include "balance/replica_plan.h"
 #include "balance/replica_planner.h"
+#include "comm/collective_handle.h"
 #include "core/tensor.h"
 
 #include "ep/expert_rows.h"
@@ -163,10 +171,13 @@ class ReplicaExchange {
   // are forgotten).
   void restore_planning_state(const std::vector<std::int64_t>& state);
 
-  // Step 4. Adds every slot's gradient (this rank's slots, from
-  // compute_gradients' buffers) into its home expert's gradient in `home` on
-  // the home rank. Returns bytes sent.
-  std::int64_t reduce_slot_gradients(const HomeExpertGradients& home, std::uint32_t tag_base);
+  // Step 4, split so the gradients move while the caller works (the
+  // dispatch's backward). Start sends every slot's gradient (this rank's
+  // slots, from slot_gradients(), which must stay unchanged until finish)
+  // to its home rank; finish waits, adds the received ones into their home
+  // experts' gradients in `home` and returns the bytes this rank sent.
+  void start_slot_gradients(std::uint32_t tag_base);
+  std::int64_t finish_slot_gradients(const HomeExpertGradients& home);
 
  private:
   // Pair number `index` (0-based, over the step in (token, k) order) among
@@ -215,14 +226,20 @@ class ReplicaExchange {
   // Bytes of one weight element on the wire: the compute format (bf16 when
   // compute_dtype=bf16).
   int weight_element_bytes() const;
-  std::vector<std::unique_ptr<transport::Request>> weight_requests_;  // in flight between start and finish
-  std::vector<int> refreshed_slots_;                                  // this rank's slots receiving weights this step
+  std::vector<int> refreshed_slots_;  // this rank's slots receiving weights this step
   // compute_dtype=bf16: the weights this rank sends and receives, as bf16,
   // alive from start to finish and kept across steps.
   std::vector<bf16_t> outgoing_bf16_, incoming_bf16_;
   std::int64_t weight_bytes_in_flight_ = 0;
-  // Received slot gradients (a home rank's), kept across steps.
+  // Received slot gradients (a home rank's), kept across steps, and the home
+  // expert each is added to.
   std::vector<float> incoming_gradients_;
+  std::vector<int> incoming_gradient_experts_;
+  std::int64_t gradient_bytes_in_flight_ = 0;
+  bool weights_in_flight_ = false, gradients_in_flight_ = false;  // between a start and its finish
+  // The transfers in flight: last, so that they end (their destructors wait)
+  // before the buffers they read and write go.
+  comm::CollectiveHandle weight_transfer_, gradient_transfer_;
 };
 
 }  // namespace epmoe::ep

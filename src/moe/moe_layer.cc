@@ -327,17 +327,21 @@ MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::op
     layer.replicas->destinations(topk_ids, top_k, s.destinations.data());
     destinations = s.destinations.data();
   }
+  if (layer.replicas != nullptr) {
+    // The slots' weights leave as soon as the plan is known: they move while
+    // the tokens are encoded and dispatched and the caller works, until
+    // finish_forward.
+    ScopedPhase phase(times, "replica_weights");
+    layer.replicas->start_slot_weights({weights.wi0, weights.wi1, weights.wo}, s.weight_version, s.dispatch.tag_base());
+  }
   s.dispatch.dispatch(x, {destinations, s.routing.topk_weights.data<float>(), num_tokens, top_k});
   s.expert_weights = {weights.wi0.data<float>(), weights.wi1.data<float>(), weights.wo.data<float>()};
   // Only the opt-in fused product needs a version (its concatenation is
   // keyed by it); unfused, the kernels see no version.
   if (config.fuse_up_projection) s.expert_weights.version = layer.next_kernel_weights_version(weight_version, weights);
   if (ep::ReplicaExchange* replicas = layer.replicas.get()) {
-    // The slots' weights move while the caller works until finish_forward;
-    // the experts compute on per-group pointers: the caller's home weights
+    // The experts compute on per-group pointers: the caller's home weights
     // as they are, the slots' from the exchange's buffers.
-    ScopedPhase phase(times, "replica_weights");
-    replicas->start_slot_weights({weights.wi0, weights.wi1, weights.wo}, s.weight_version, s.dispatch.tag_base());
     const std::int64_t home = replicas->num_local_experts(), hf = config.hidden * config.ffn;
     LocalExpertWeights& w = s.expert_weights;
     for (std::int64_t e = 0; e < home; ++e) {
@@ -585,6 +589,12 @@ MoeGradients MoeLayer::finish_backward(MoeStep& step, const MoeGradientBuffers& 
     ScopedPhase phase(times, "backward_dispatch");
     s.dispatch.return_gradients(c, std::move(expert_grads.slot_dx), std::move(expert_grads.row_dweights));
   }
+  if (replicas != nullptr) {
+    // Every slot's dW is written: it goes home while dx comes back and the
+    // router's backward runs.
+    ScopedPhase phase(times, "backward_replica_gradients");
+    replicas->start_slot_gradients(tag_base);
+  }
   Tensor d_topk_weights(DType::f32, {num_tokens, std::int64_t{config.router.top_k}});
   DispatchStats dispatch_stats;
   {
@@ -592,13 +602,14 @@ MoeGradients MoeLayer::finish_backward(MoeStep& step, const MoeGradientBuffers& 
     dispatch_stats = s.dispatch.finish_backward(dx, d_topk_weights.mutable_view());
   }
   check_produced(config, "input gradient dx", "backward/dispatch", dx.span<float>(), at_row(hidden));
-  if (replicas != nullptr) {
-    ScopedPhase phase(times, "backward_replica_gradients");
-    replicas->reduce_slot_gradients({dwi0.data<float>(), dwi1.data<float>(), dwo.data<float>()}, tag_base);
-  }
   {
     ScopedPhase phase(times, "backward_router");
     router_backward(config, layer.router, s.routing, s.x, s.weights.gate, s.extra_d_logits, d_topk_weights, dgate, dx);
+  }
+  if (replicas != nullptr) {
+    // Last: the router's backward does not need them.
+    ScopedPhase phase(times, "backward_replica_gradients");
+    replicas->finish_slot_gradients({dwi0.data<float>(), dwi1.data<float>(), dwo.data<float>()});
   }
   check_produced(config, "expert weight gradient dwi0", "backward/experts", dwi0.span<float>(),
                  at_weight_index(dwi0.shape()));

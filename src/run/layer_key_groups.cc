@@ -218,15 +218,13 @@ KeyGroup expert_parallel_keys() {
            .min_value = 1},
           {.name = "replica_costs",
            .type = KeyType::choice,
-           // off by default until the per-rank key API (ep_config_from_keys)
-           // derives the same rates: with `priced` here, a per-rank layer and
-           // `epmoe layer` on the same keys planned differently
-           // (scripts/test_embed.sh compares their bits).
-           .default_value = "off",
+           // The per-rank key API prices at the same rates (replica_costs_from),
+           // so a per-rank layer plans as `epmoe layer` does on the same keys.
+           .default_value = "priced",
            .help = "balance=dynamic: priced = a replica is placed only when the compute it takes off the busiest "
                    "rank outweighs its weight, gradient and token transfers at the hardware's (clock=modelled) or "
                    "the links' and an assumed CPU's rates (docs/BALANCE.md, Cost model); off = balance as far "
-                   "as rebalance_threshold asks, whatever it costs (the default, as in the per-rank API)",
+                   "as rebalance_threshold asks, whatever it costs",
            .choices = {"priced", "off"}},
           {.name = "balance_window",
            .type = KeyType::integer,
@@ -436,11 +434,14 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
     const int local_size = mpi_launch_from_environment().value_or(MpiLaunch{}).local_size;
     settings.compute_threads_per_rank = std::max(1, hardware_cores() / local_size);
   }
-  if (values.get_string("replica_costs") == "priced") {
-    settings.ep.replica_costs =
-        hardware::replica_cost_rates(settings.modelled, settings.links, settings.compute_threads_per_rank);
-  }
+  ep.replica_costs = replica_costs_from(values, settings.modelled, settings.links, settings.compute_threads_per_rank);
   return settings;
+}
+
+ReplicaCostRates replica_costs_from(const ConfigValues& values, const hardware::ModelledTimeOptions& modelled,
+                                    const hardware::EmulatedLinkOptions& links, int compute_threads_per_rank) {
+  if (values.get_string("replica_costs") != "priced") return {};
+  return hardware::replica_cost_rates(modelled, links, compute_threads_per_rank);
 }
 
 void apply_runtime_keys(const ConfigValues& values) { set_compute_threads(values.get_int32("threads")); }

@@ -45,8 +45,18 @@ MoeLayerConfig moe_layer_config_from(const ConfigValues& values, std::int64_t hi
 // run's injector (run/run_faults.h).
 ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values, const MoeLayerConfig& layer);
 // Just the EP group's configuration of those keys (no rank count: not
-// validated for one; the dispatcher-specific keys are checked).
+// validated for one; the dispatcher-specific keys are checked), unpriced:
+// replica_costs_from gives the rates.
 EpConfig ep_config_from(const ConfigValues& values, const MoeLayerConfig& layer);
+// The rates replica_costs=priced prices replicas at
+// (hardware/replica_cost_rates.h), {} (unpriced) with replica_costs=off: the
+// run's clock and links and one rank's compute threads. The one rule of
+// `epmoe layer`, `epmoe train` and the per-rank key API (<epmoe/keys.h>),
+// which runs on the wall clock over the caller's own links (neither option
+// enabled) with the calling thread's compute threads, so that a per-rank
+// group and `epmoe layer` plan the same replicas on the same keys.
+ReplicaCostRates replica_costs_from(const ConfigValues& values, const hardware::ModelledTimeOptions& modelled,
+                                    const hardware::EmulatedLinkOptions& links, int compute_threads_per_rank);
 
 // Applies runtime_keys() to the calling thread (its compute thread budget).
 void apply_runtime_keys(const ConfigValues& values);
