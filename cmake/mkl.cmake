@@ -1,5 +1,7 @@
-# Intel MKL from PyPI, unpacked by scripts/setup.sh into build-deps/mkl
-# (README, "Dependencies"): the f32 GEMM backend of src/kernels when found.
+# Intel MKL from PyPI, unpacked into build-deps/mkl by
+# `EPMOE_GEMM_CANDIDATES=1 bash scripts/setup.sh` (README, "Dependencies"):
+# one of the candidates bench/gemm_libraries.cc measures. Not a backend of
+# src/kernels: it did not beat oneDNN 2.6 on this AVX2 machine (issue 29).
 # Found by path, not by MKL's own MKLConfig.cmake (which wants the whole
 # oneAPI layout); linked as MKL's link line advisor says for GCC with GNU
 # OpenMP and 32-bit integers: mkl_intel_lp64, mkl_gnu_thread, mkl_core,
@@ -21,9 +23,9 @@ if(EPMOE_MKL_ROOT AND EXISTS "${EPMOE_MKL_ROOT}/include/mkl_cblas.h")
     target_link_libraries(epmoe_mkl INTERFACE -Wl,--no-as-needed ${EPMOE_MKL_intel_lp64} ${EPMOE_MKL_gnu_thread}
                                               ${EPMOE_MKL_core} -Wl,--as-needed OpenMP::OpenMP_CXX)
     target_compile_definitions(epmoe_mkl INTERFACE EPMOE_HAVE_MKL)
-    message(STATUS "epmoe: Intel MKL for f32 GEMMs: ${EPMOE_MKL_ROOT}")
+    message(STATUS "epmoe: Intel MKL for bench_gemm_libraries: ${EPMOE_MKL_ROOT}")
   endif()
 endif()
 if(NOT EPMOE_MKL_FOUND)
-  message(STATUS "epmoe: no Intel MKL in EPMOE_MKL_ROOT='${EPMOE_MKL_ROOT}' (scripts/setup.sh installs it): f32 GEMMs on oneDNN")
+  message(STATUS "epmoe: no Intel MKL in EPMOE_MKL_ROOT='${EPMOE_MKL_ROOT}': bench_gemm_libraries not built")
 endif()
