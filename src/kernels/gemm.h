@@ -43,8 +43,9 @@ struct GemmArgs {
   // gemm_weight_cache_stats): its bf16 copy for compute_dtype=bf16 (the same
   // conversion, so the same bits), and with pack_b its reorder.
   std::uint64_t b_version = 0;
-  // Opt-in, needs b_version: let oneDNN pick b's layout (format `any`) for an
-  // exact-shape primitive and keep b reordered into it. Where oneDNN's choice
+  // Needs b_version: let oneDNN pick b's layout (format `any`) for an
+  // exact-shape primitive and keep b reordered into it. The grouped
+  // products' row blocks set it (kernels/grouped_gemm.h, RowBlocking). Where oneDNN's choice
   // is the plain layout (every f32 matmul of oneDNN 2.6 on AVX2: gemm:jit) the
   // call takes the default path, bit for bit. Where it picks a blocked layout
   // (brgemm, AVX-512) the kernel differs from the default path's, so the
