@@ -57,7 +57,10 @@ peak = ours.get("fma_peak_gflops", 0)
 print(f"{ours['compute_dtype']:5s} N={ours['tokens']} H={ours['hidden']} F={ours['ffn']} E={ours['experts']} "
       f"K={ours['top_k']} threads={ours['threads']}: epmoe {ours['fwd_bwd_seconds']*1e3:.2f} ms "
       f"({ours['gflops']:.0f} GFLOP/s, {ours['gflops']/ours['large_matmul_gflops']:.2f} of one large matmul"
-      + (f", {ours['gflops']/peak:.2f} of the FMA peak {peak:.0f}" if peak else "") + "), "
+      + (f", {ours['gflops']/peak:.2f} of the FMA peak {peak:.0f}" if peak else "")
+      + (f", {ours['gflops']/ours['bound_gflops']:.2f} of the one-expert bound"
+         f" ({ours['best_gflops']/ours['best_bound_gflops']:.2f} fastest repetitions)" if "bound_gflops" in ours else "")
+      + "), "
       f"{theirs['impl']} ({sys.argv[3]}) {theirs['fwd_bwd_seconds']*1e3:.2f} ms ({theirs['gflops']:.0f} GFLOP/s); "
       f"speed-up x{theirs['fwd_bwd_seconds']/ours['fwd_bwd_seconds']:.2f}")
 PY

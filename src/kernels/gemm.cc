@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <epmoe/dtype.h>
@@ -282,6 +283,20 @@ GemmWeightCacheStats gemm_weight_cache_stats() {
           cache.reuses.load()};
 }
 
+std::int64_t gemm_weight_cache_bytes(std::span<const float* const> matrices) {
+  const std::unordered_set<const void*> wanted(matrices.begin(), matrices.end());
+  WeightCache& cache = weight_cache();
+  const std::lock_guard lock(cache.mutex);
+  std::int64_t bytes = 0;
+  for (const auto& [key, entry] : cache.entries) {
+    if (!wanted.contains(key.b)) continue;
+    const std::lock_guard entry_lock(entry->mutex);
+    bytes += static_cast<std::int64_t>(entry->bf16.size() * sizeof(bf16_t));
+    for (const auto& p : entry->packed) bytes += static_cast<std::int64_t>(p->desc.get_size());
+  }
+  return bytes;
+}
+
 void clear_gemm_weight_cache() {
   WeightCache& cache = weight_cache();
   const std::lock_guard lock(cache.mutex);
@@ -374,6 +389,25 @@ void gemm(const GemmArgs& args) {
   memory c_mem(descs.c, engine, args.c);
   primitive.execute(state.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
   // Runs are synchronous on a CPU stream with the OpenMP runtime; no wait needed.
+}
+
+bool gemm_packs_weights(std::int64_t m, std::int64_t n, std::int64_t k, bool transpose_b, ComputeDType dtype) {
+  static std::mutex mutex;
+  static std::unordered_map<PrimitiveKey, bool, PrimitiveKeyHash> answers;
+  const PrimitiveKey key{m, n, k, false, transpose_b, false, dtype, /*num_threads=*/1, /*pack_b=*/true};
+  {
+    const std::lock_guard lock(mutex);
+    if (auto it = answers.find(key); it != answers.end()) return it->second;
+  }
+  bool packs = false;
+  try {
+    packs = !is_plain(make_primitive(key).weights);
+  } catch (const ConfigError&) {
+  } catch (const dnnl::error&) {
+  }
+  const std::lock_guard lock(mutex);
+  answers.emplace(key, packs);
+  return packs;
 }
 
 bool bf16_gemm_supported() {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/compute_dtype.h"
 
@@ -42,8 +43,9 @@ struct GemmArgs {
   // gemm_weight_cache_stats): its bf16 copy for compute_dtype=bf16 (the same
   // conversion, so the same bits), and with pack_b its reorder.
   std::uint64_t b_version = 0;
-  // Opt-in, needs b_version: let oneDNN pick b's layout (format `any`) for an
-  // exact-shape primitive and keep b reordered into it. Where oneDNN's choice
+  // Needs b_version: let oneDNN pick b's layout (format `any`) for an
+  // exact-shape primitive and keep b reordered into it. The grouped
+  // products' row blocks set it (kernels/grouped_gemm.h, RowBlocking). Where oneDNN's choice
   // is the plain layout (every f32 matmul of oneDNN 2.6 on AVX2: gemm:jit) the
   // call takes the default path, bit for bit. Where it picks a blocked layout
   // (brgemm, AVX-512) the kernel differs from the default path's, so the
@@ -80,6 +82,16 @@ void gemm(const GemmArgs& args);
 enum class F32GemmBackend { onednn, openblas };
 F32GemmBackend f32_gemm_backend();
 
+// Whether oneDNN, for an exact-shape product of this shape on one thread
+// with b's layout left to it (format `any`), picks a layout of its own for b
+// (a blocked one: its brgemm-class kernels, AVX-512 and AMX) rather than a
+// plain one (gemm:jit: every f32 matmul of oneDNN 2.6 on AVX2, where this
+// answers false). Then keeping b packed per weight version and running
+// fixed-shape blocks of rows is what reaches those kernels (kernels/
+// grouped_gemm.h, RowBlocking). Probed once per shape and process; false
+// where the primitive cannot be created (bf16 on AVX2).
+bool gemm_packs_weights(std::int64_t m, std::int64_t n, std::int64_t k, bool transpose_b, ComputeDType dtype);
+
 // Whether oneDNN offers bf16 x bf16 -> f32 matmul on this CPU (probed once
 // with a 2x2 product), so that a caller can refuse
 // compute_dtype=bf16 up front and tests can skip what this CPU cannot run.
@@ -95,6 +107,9 @@ struct GemmWeightCacheStats {
   std::int64_t reuses = 0;        // calls served from a prepared operand (since start)
 };
 GemmWeightCacheStats gemm_weight_cache_stats();
+// Bytes the cache holds for these b matrices (keyed by pointer; every dtype
+// and layout kept for them): what their owner charges to its memory ledger.
+std::int64_t gemm_weight_cache_bytes(std::span<const float* const> matrices);
 void clear_gemm_weight_cache();
 constexpr std::int64_t kMaxGemmWeightEntries = 4096;
 

@@ -59,15 +59,14 @@ inline GroupLayout layout_groups(const GroupedGemmShape& shape) {
   return layout;
 }
 
-// Calls run_group(g) for every group: team groups one after another with the
-// caller's whole thread budget, then solo groups spread over the threads. An
+// Calls run_task(i) for i in [0, num_tasks), spread over the caller's
+// threads, one thread each, taken in index order as threads free up (so
+// tasks listed largest first bound the idle tail by the smallest). An
 // exception in a worker is carried out of the parallel region and rethrown.
-template <typename RunGroup>
-void for_each_group(const GroupLayout& layout, const RunGroup& run_group) {
-  for (int g : layout.team_groups) run_group(g);
-  const auto num_solo = static_cast<std::int64_t>(layout.solo_groups.size());
-  if (num_solo == 0) return;
-  const int num_threads = static_cast<int>(std::min<std::int64_t>(compute_threads(), num_solo));
+template <typename RunTask>
+void for_each_task(std::int64_t num_tasks, const RunTask& run_task) {
+  if (num_tasks == 0) return;
+  const int num_threads = static_cast<int>(std::min<std::int64_t>(compute_threads(), num_tasks));
   std::exception_ptr error;
 #pragma omp parallel num_threads(num_threads)
   {
@@ -77,9 +76,9 @@ void for_each_group(const GroupLayout& layout, const RunGroup& run_group) {
     // nested team that OpenMP will not create.
     set_compute_threads(1);
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t i = 0; i < num_solo; ++i) {
+    for (std::int64_t i = 0; i < num_tasks; ++i) {
       try {
-        run_group(layout.solo_groups[i]);
+        run_task(i);
       } catch (...) {
 #pragma omp critical(epmoe_grouped_gemm_error)
         if (!error) error = std::current_exception();
@@ -87,6 +86,15 @@ void for_each_group(const GroupLayout& layout, const RunGroup& run_group) {
     }
   }
   if (error) std::rethrow_exception(error);
+}
+
+// Calls run_group(g) for every group: team groups one after another with the
+// caller's whole thread budget, then solo groups spread over the threads.
+template <typename RunGroup>
+void for_each_group(const GroupLayout& layout, const RunGroup& run_group) {
+  for (int g : layout.team_groups) run_group(g);
+  for_each_task(static_cast<std::int64_t>(layout.solo_groups.size()),
+                [&](std::int64_t i) { run_group(layout.solo_groups[i]); });
 }
 
 }  // namespace epmoe::detail

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/threading.h"
 #include "kernels/gemm.h"
 #include "kernels/group_schedule.h"
 
@@ -37,7 +38,75 @@ std::vector<T*> contiguous_groups(const GroupedGemmShape& shape, T* base) {
   return groups;
 }
 
+// Whether forward (transpose_b false) or dlhs (true) runs as row blocks
+// (RowBlocking in grouped_gemm.h); the product's inner size k and width n.
+bool uses_row_blocks(const GroupedGemmShape& shape, std::int64_t n, std::int64_t k, bool transpose_b) {
+  switch (shape.row_blocking) {
+    case RowBlocking::always:
+      return true;
+    case RowBlocking::never:
+      return false;
+    case RowBlocking::automatic:
+      break;
+  }
+  return shape.weight_version != 0 && gemm_packs_weights(kRowBlockRows, n, k, transpose_b, shape.compute_dtype);
+}
+
+// One task of the row-block task space: rows [first_row, first_row + rows)
+// of the grouped matrix, all in group `group`.
+struct RowBlock {
+  int group;
+  std::int64_t first_row, rows;
+};
+
+// Every group's rows in blocks of kRowBlockRows, the last one shorter; full
+// blocks first, so that the short ones fill the threads' idle tail.
+std::vector<RowBlock> row_blocks(const GroupedGemmShape& shape) {
+  std::vector<RowBlock> blocks;
+  std::int64_t row = 0;
+  for (std::size_t g = 0; g < shape.group_sizes.size(); ++g) {
+    const std::int64_t size = shape.group_sizes[g];
+    EPMOE_CHECK_GE(size, 0);
+    for (std::int64_t first = 0; first < size; first += kRowBlockRows)
+      blocks.push_back({static_cast<int>(g), row + first, std::min(kRowBlockRows, size - first)});
+    row += size;
+  }
+  std::stable_sort(blocks.begin(), blocks.end(), [](const RowBlock& a, const RowBlock& b) { return a.rows > b.rows; });
+  return blocks;
+}
+
+// gemm(block_args(block)) for every block, each on one thread: on the
+// caller's when its budget is one thread (its modelled clock and trace track
+// see the work), else spread over its threads.
+template <typename BlockArgs>
+void run_row_blocks(const GroupedGemmShape& shape, const BlockArgs& block_args) {
+  const std::vector<RowBlock> blocks = row_blocks(shape);
+  const auto run_block = [&](std::int64_t i) { gemm(block_args(blocks[i])); };
+  if (compute_threads() == 1) {
+    for (std::size_t i = 0; i < blocks.size(); ++i) run_block(static_cast<std::int64_t>(i));
+  } else {
+    detail::for_each_task(static_cast<std::int64_t>(blocks.size()), run_block);
+  }
+}
+
 void forward_groups(const GroupedGemmShape& shape, const float* x, std::span<const float* const> w_groups, float* out) {
+  if (uses_row_blocks(shape, shape.n, shape.k, false)) {
+    // Exact shapes: one fixed-shape primitive for every full block, and b
+    // packed where oneDNN's layout for it is not plain.
+    run_row_blocks(shape, [&](const RowBlock& block) {
+      return GemmArgs{.a = x + block.first_row * shape.k,
+                      .b = w_groups[block.group],
+                      .c = out + block.first_row * shape.n,
+                      .m = block.rows,
+                      .n = shape.n,
+                      .k = shape.k,
+                      .compute_dtype = shape.compute_dtype,
+                      .b_version = shape.weight_version,
+                      .pack_b = true,
+                      .trace_name = "expert block forward"};
+    });
+    return;
+  }
   const GroupLayout layout = layout_groups(shape);
   for_each_group(layout, [&](int g) {
     const std::int64_t row = layout.offsets[g];
@@ -57,6 +126,23 @@ void forward_groups(const GroupedGemmShape& shape, const float* x, std::span<con
 
 void dlhs_groups(const GroupedGemmShape& shape, const float* dout, std::span<const float* const> w_groups, float* dx,
                  bool accumulate) {
+  if (uses_row_blocks(shape, shape.k, shape.n, true)) {
+    run_row_blocks(shape, [&](const RowBlock& block) {
+      return GemmArgs{.a = dout + block.first_row * shape.n,
+                      .b = w_groups[block.group],  // W_g stored [k, n], used as W_g^T
+                      .c = dx + block.first_row * shape.k,
+                      .m = block.rows,
+                      .n = shape.k,
+                      .k = shape.n,
+                      .transpose_b = true,
+                      .accumulate = accumulate,
+                      .compute_dtype = shape.compute_dtype,
+                      .b_version = shape.weight_version,
+                      .pack_b = true,
+                      .trace_name = "expert block dgrad"};
+    });
+    return;
+  }
   const GroupLayout layout = layout_groups(shape);
   for_each_group(layout, [&](int g) {
     const std::int64_t row = layout.offsets[g];
@@ -95,6 +181,8 @@ void drhs_groups(const GroupedGemmShape& shape, const float* x, const float* dou
 }
 
 }  // namespace
+
+bool forward_uses_row_blocks(const GroupedGemmShape& shape) { return uses_row_blocks(shape, shape.n, shape.k, false); }
 
 void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, std::span<const float* const> w_groups,
                           float* out) {

@@ -22,6 +22,33 @@ namespace epmoe {
 //    schedule; kept so that benchmarks can measure what balanced buys.
 enum class GroupSchedule { balanced, one_group_at_a_time };
 
+// Row blocks (issue 29): forward and dlhs as one task space of (group,
+// block of up to kRowBlockRows rows) spread over the caller's threads, one
+// thread each, every full block on one fixed-shape primitive (kRowBlockRows
+// x n x k) whose weights oneDNN keeps packed in its own layout per weight
+// version (GemmArgs::pack_b), the last block of a group on its exact shape.
+// This is how oneDNN reaches its brgemm-class kernels (AVX-512, AMX): its
+// runtime-dimension primitives, which the per-group path uses, fall back to
+// gemm:jit there (DESIGN.md §7). drhs keeps the per-group path (a block of
+// rows would be a partial sum of dW).
+//  * automatic (default): row blocks where they reach such a kernel, i.e.
+//    with a weight version and where oneDNN packs b for the block's shape
+//    (gemm_packs_weights); elsewhere (every f32 shape on AVX2, where
+//    oneDNN 2.6 has gemm:jit only) the per-group path, with its bits.
+//  * always: row blocks everywhere (tests and benchmarks of the task space
+//    on machines where automatic never picks it).
+//  * never: the per-group path.
+// Bits: a row's result depends on the block it is computed in (gemm:jit's
+// bits depend on m), so row blocks and the per-group path differ in the last
+// bits, within the same f32 / bf16 bound; row blocks do not depend on the
+// thread count (every block on one thread).
+enum class RowBlocking { automatic, always, never };
+// 64 rows: tasks small enough to spread one hot expert over the threads and
+// few enough calls; oneDNN's bf16 AMX product of one expert ran at 2.8-3.0
+// TFLOP/s at M = 32 and 64 against 3.27 at 256 (issue 29, 2 threads); not
+// measured on such a machine with this code (none was reachable).
+constexpr std::int64_t kRowBlockRows = 64;
+
 struct GroupedGemmShape {
   std::span<const std::int64_t> group_sizes;  // G entries, each >= 0, summing to M
   std::int64_t k = 0;                         // inner size of the forward product
@@ -34,6 +61,7 @@ struct GroupedGemmShape {
   // bits), and with pack_weights its reorder into oneDNN's preferred layout.
   std::uint64_t weight_version = 0;
   bool pack_weights = false;
+  RowBlocking row_blocking = RowBlocking::automatic;
 };
 
 // Per-group weight pointers: w_groups[g] is W_g ([k, n], row-major), and
@@ -49,6 +77,10 @@ void grouped_gemm_dlhs(const GroupedGemmShape& shape, const float* dout, std::sp
                        float* dx, bool accumulate = false);
 void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const float* dout,
                        std::span<float* const> dw_groups);
+
+// Whether grouped_gemm_forward runs this shape as row blocks (RowBlocking),
+// for callers that must give a group the forward's kernels and so its bits.
+bool forward_uses_row_blocks(const GroupedGemmShape& shape);
 
 // Contiguous form: W (and dW) is one [G, k, n] array, group g at g * k * n.
 void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w, float* out);

@@ -116,7 +116,7 @@ void grouped_swiglu_up_projection(const GroupedGemmShape& shape, const float* x,
   check_pointers(shape, wi1_groups, "wi1");
   const std::int64_t f = shape.n, k = shape.k;
   const std::int64_t num_rows = std::accumulate(shape.group_sizes.begin(), shape.group_sizes.end(), std::int64_t{0});
-  if (shape.weight_version == 0 || shape.pack_weights || k == 0 || f == 0 ||
+  if (shape.weight_version == 0 || shape.pack_weights || k == 0 || f == 0 || forward_uses_row_blocks(shape) ||
       !fused_up_projection_keeps_bits(k, f, shape.compute_dtype)) {
     grouped_gemm_forward(shape, x, wi0_groups, h0);
     grouped_gemm_forward(shape, x, wi1_groups, h1);

@@ -27,7 +27,8 @@
 // elementwise; this CPU has no bf16 kernels to measure).
 // Not fused, for the same bits: weight_version 0 (nothing to key the
 // concatenation on: it would be a copy per call), pack_weights (the packed
-// layout oneDNN picks depends on n) and f32 on EPMOE_F32_GEMM=openblas
+// layout oneDNN picks depends on n), a forward that runs as row blocks
+// (kernels/grouped_gemm.h: its products cover blocks, not whole groups) and f32 on EPMOE_F32_GEMM=openblas
 // (OpenBLAS 0.3.21's bits depend on n and m on one thread: 17 of 48 shapes).
 #pragma once
 

@@ -2,10 +2,12 @@
 #include "core/modelled_clock.h"
 
 #include <string>
+#include <tuple>
 
 #include "comm/cooperative_progress.h"
 #include "core/error.h"
 #include "core/threading.h"
+#include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/swiglu.h"
 #include "kernels/swiglu_up_projection.h"
@@ -110,6 +112,19 @@ GroupWeights group_weights(const ExpertShape& shape, const ep::ExpertRows& rows,
 }
 
 }  // namespace
+
+std::int64_t prepared_weight_bytes(const ExpertShape& shape, std::size_t num_groups,
+                                   const LocalExpertWeights& weights) {
+  const std::int64_t elements = shape.hidden * shape.ffn;
+  std::vector<const float*> matrices;
+  for (const auto& [base, groups, name] :
+       {std::tuple{weights.wi0, &weights.wi0_groups, "wi0"}, std::tuple{weights.wi1, &weights.wi1_groups, "wi1"},
+        std::tuple{weights.wo, &weights.wo_groups, "wo"}}) {
+    const std::vector<const float*> group = group_matrices(base, *groups, num_groups, elements, name);
+    matrices.insert(matrices.end(), group.begin(), group.end());
+  }
+  return gemm_weight_cache_bytes(matrices);
+}
 
 std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRows& rows,
                                    const LocalExpertWeights& weights, ExpertActivations& act) {

@@ -75,6 +75,11 @@ struct ExpertShape {
   bool fuse_up_projection = false;
 };
 
+// Bytes the kernels keep for these weights across calls (bf16 copies and
+// layouts packed per weight version, kernels/gemm.h) for `num_groups`
+// groups: what the layer charges to its ledger.
+std::int64_t prepared_weight_bytes(const ExpertShape& shape, std::size_t num_groups, const LocalExpertWeights& weights);
+
 // Returns the slot outputs [num_slots, H] and the activations in `saved`.
 Tensor experts_forward(const ExpertShape& shape, const ep::ExpertRows& rows, const LocalExpertWeights& weights,
                        ExpertActivations& saved);

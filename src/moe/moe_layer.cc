@@ -92,6 +92,16 @@ struct MoeLayer::Impl {
   Router router;
   std::unique_ptr<ep::ReplicaExchange> replicas;  // balance != off with slots
   LedgerCharge replica_buffers;                   // "buffer/replica slots"
+  // "buffer/prepared expert weights": the kernels' per-version forms of this
+  // layer's expert weights (bf16 copies, packed layouts), opened with the
+  // first byte so that a machine where nothing is prepared (f32 on AVX2)
+  // shows no such entry.
+  LedgerCharge prepared_weights;
+  void charge_prepared_weights(std::int64_t bytes) {
+    if (bytes > 0 && prepared_weights.bytes() == 0)
+      prepared_weights = LedgerCharge(ledger, "buffer/prepared expert weights", 0);
+    prepared_weights.resize(bytes);
+  }
   MoeLayerStats stats;
   MoeStepStats last_step;
   int steps_in_flight = 0;
@@ -336,9 +346,11 @@ MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::op
   }
   s.dispatch.dispatch(x, {destinations, s.routing.topk_weights.data<float>(), num_tokens, top_k});
   s.expert_weights = {weights.wi0.data<float>(), weights.wi1.data<float>(), weights.wo.data<float>()};
-  // Only the opt-in fused product needs a version (its concatenation is
-  // keyed by it); unfused, the kernels see no version.
-  if (config.fuse_up_projection) s.expert_weights.version = layer.next_kernel_weights_version(weight_version, weights);
+  // The kernels keep forms derived from the weights per version: bf16
+  // copies, layouts packed for fixed-shape row blocks where oneDNN packs
+  // (kernels/grouped_gemm.h, RowBlocking; none for f32 on AVX2), the fused
+  // product's concatenation. Charged to the ledger after the experts run.
+  s.expert_weights.version = layer.next_kernel_weights_version(weight_version, weights);
   if (ep::ReplicaExchange* replicas = layer.replicas.get()) {
     // The experts compute on per-group pointers: the caller's home weights
     // as they are, the slots' from the exchange's buffers.
@@ -390,6 +402,7 @@ MoeForwardOutput MoeLayer::finish_forward(MoeStep& step, const MoeForwardBuffers
     {
       ScopedPhase phase(times, "experts");
       slot_outputs = experts_forward(shape, s.rows[c], s.expert_weights, s.activations[c]);
+      layer.charge_prepared_weights(prepared_weight_bytes(shape, s.rows[c].group_sizes.size(), s.expert_weights));
       // mlpwo is per row (so the message names the expert); the weighted
       // slot sums can still overflow on their own.
       check_produced(config, "expert output", "forward/experts", s.activations[c].mlpwo.span<float>(),
@@ -575,6 +588,7 @@ MoeGradients MoeLayer::finish_backward(MoeStep& step, const MoeGradientBuffers& 
                                             /*accumulate=*/c > 0)
                          : experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy, dwi0, dwi1,
                                             dwo, /*accumulate=*/c > 0);
+      layer.charge_prepared_weights(prepared_weight_bytes(shape, s.rows[c].group_sizes.size(), s.expert_weights));
       check_produced(config, "expert input gradient", "backward/experts", expert_grads.slot_dx.span<float>(),
                      [c, hidden](std::int64_t i) {
                        return "slot " + std::to_string(i / hidden) + " of chunk " + std::to_string(c);

@@ -242,6 +242,139 @@ TEST_P(GroupedGemmTest, PerGroupPointersRefuseWrongCountOrNull) {
   EXPECT_THROW(grouped_gemm_drhs(shape, x.data(), out.data(), dw_two), InternalError);
 }
 
+// Row blocks (RowBlocking::always, so that this machine, where automatic
+// never picks them, runs the task space too): group sizes at the block's
+// edges (0, 1, B - 1, B, B + 1, 2B + 1) with odd k and n, f32 and (where the
+// CPU has it) bf16, against the double reference, with and without a
+// weight version (packed weights where oneDNN packs).
+TEST_P(GroupedGemmTest, RowBlocksMatchDoubleReferenceAtBlockEdges) {
+  constexpr std::int64_t b = kRowBlockRows;
+  const std::vector<std::int64_t> sizes = {0, 1, b - 1, b, b + 1, 0, 2 * b + 1, 7};
+  const auto num_groups = static_cast<std::int64_t>(sizes.size());
+  const std::int64_t rows = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+  const auto x = random_vector(rows * kInner, 21);
+  const auto w = random_vector(num_groups * kInner * kOutput, 22);
+  const auto dout = random_vector(rows * kOutput, 23);
+  const auto dx_in = random_vector(rows * kInner, 24);
+  const GroupedReference ref = reference(sizes, x, w, dout);
+  std::vector<double> dx_accumulated_ref(ref.dx.size());
+  for (std::size_t i = 0; i < ref.dx.size(); ++i) dx_accumulated_ref[i] = ref.dx[i] + dx_in[i];
+  std::vector<ComputeDType> dtypes = {ComputeDType::f32};
+  if (bf16_gemm_supported()) dtypes.push_back(ComputeDType::bf16);
+  for (ComputeDType dtype : dtypes)
+    for (std::uint64_t version : {std::uint64_t{0}, std::uint64_t{77}}) {
+      SCOPED_TRACE(to_string(dtype) + " version " + std::to_string(version));
+      const double tolerance = dtype == ComputeDType::f32 ? kF32RelativeTolerance : 2e-2;
+      const GroupedGemmShape shape{.group_sizes = sizes,
+                                   .k = kInner,
+                                   .n = kOutput,
+                                   .compute_dtype = dtype,
+                                   .weight_version = version,
+                                   .row_blocking = RowBlocking::always};
+      std::vector<float> out(rows * kOutput, NAN), dx(rows * kInner, NAN);
+      auto dx_accumulated = dx_in;
+      grouped_gemm_forward(shape, x.data(), w.data(), out.data());
+      grouped_gemm_dlhs(shape, dout.data(), w.data(), dx.data());
+      grouped_gemm_dlhs(shape, dout.data(), w.data(), dx_accumulated.data(), /*accumulate=*/true);
+      EXPECT_LE(relative_error(out, ref.out), tolerance);
+      EXPECT_LE(relative_error(dx, ref.dx), tolerance);
+      EXPECT_LE(relative_error(dx_accumulated, dx_accumulated_ref), tolerance);
+      EXPECT_EQ(compute_threads(), GetParam());  // the workers' budget of 1 does not leak out
+    }
+  clear_gemm_weight_cache();
+}
+
+// Every row block runs on one thread, so its bits do not depend on how many
+// threads the caller has (the per-group path's do: a hot group runs on all).
+TEST(GroupedGemmRowBlocks, BitsDoNotDependOnTheThreadCount) {
+  const std::vector<std::int64_t> sizes = {300, 2, 0, 129, 9};  // 300 rows: a team group of the per-group path
+  const auto num_groups = static_cast<std::int64_t>(sizes.size());
+  const std::int64_t rows = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+  for (auto [k, n] : {std::pair<std::int64_t, std::int64_t>{257, 129}, {2048, 16}, {1024, 512}, {16, 2048}}) {
+    SCOPED_TRACE("k=" + std::to_string(k) + " n=" + std::to_string(n));
+    const auto x = random_vector(rows * k, 31);
+    const auto w = random_vector(num_groups * k * n, 32);
+    const auto dout = random_vector(rows * n, 33);
+    const int saved_threads = compute_threads();
+    std::vector<std::vector<float>> outs, dxs;
+    for (int threads : {1, 2}) {
+      set_compute_threads(threads);
+      const GroupedGemmShape shape{.group_sizes = sizes, .k = k, .n = n, .row_blocking = RowBlocking::always};
+      outs.emplace_back(rows * n);
+      dxs.emplace_back(rows * k);
+      grouped_gemm_forward(shape, x.data(), w.data(), outs.back().data());
+      grouped_gemm_dlhs(shape, dout.data(), w.data(), dxs.back().data());
+    }
+    set_compute_threads(saved_threads);
+    EXPECT_TRUE(same_float_bits(outs[0].data(), outs[1].data(), outs[0].size()));
+    EXPECT_TRUE(same_float_bits(dxs[0].data(), dxs[1].data(), dxs[0].size()));
+  }
+}
+
+// automatic picks row blocks exactly where oneDNN packs the block's weights:
+// where it does not (every f32 shape on AVX2), automatic gives the
+// per-group path's bits; where it does, the row blocks' bits.
+TEST(GroupedGemmRowBlocks, AutomaticFollowsWhetherOneDnnPacks) {
+  const std::vector<std::int64_t> sizes = {100, 0, 3, 65};
+  const auto num_groups = static_cast<std::int64_t>(sizes.size());
+  const std::int64_t rows = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
+  const std::int64_t k = 64, n = 48;
+  const auto x = random_vector(rows * k, 41);
+  const auto w = random_vector(num_groups * k * n, 42);
+  auto forward = [&](RowBlocking blocking, std::uint64_t version) {
+    std::vector<float> out(rows * n);
+    grouped_gemm_forward({.group_sizes = sizes, .k = k, .n = n, .weight_version = version, .row_blocking = blocking},
+                         x.data(), w.data(), out.data());
+    return out;
+  };
+  const bool packs = gemm_packs_weights(kRowBlockRows, n, k, false, ComputeDType::f32);
+  const GroupedGemmShape versioned{.group_sizes = sizes, .k = k, .n = n, .weight_version = 5};
+  EXPECT_EQ(forward_uses_row_blocks(versioned), packs);
+  EXPECT_FALSE(forward_uses_row_blocks({.group_sizes = sizes, .k = k, .n = n}));  // no version: nothing to pack
+  const auto automatic = forward(RowBlocking::automatic, 5);
+  const auto expected = forward(packs ? RowBlocking::always : RowBlocking::never, 5);
+  EXPECT_TRUE(same_float_bits(automatic.data(), expected.data(), automatic.size())) << "packs=" << packs;
+  clear_gemm_weight_cache();
+}
+
+// The row blocks' packed weights per version: a new version with new values
+// in the same buffer is used (rebuilt), the same version is served from the
+// cache (reused) where oneDNN packs.
+TEST(GroupedGemmRowBlocks, PackedWeightsRebuiltForANewVersionReusedForTheSame) {
+  clear_gemm_weight_cache();
+  const std::vector<std::int64_t> sizes = {70, 5};
+  const std::int64_t rows = 75, k = 40, n = 24;
+  const auto x = random_vector(rows * k, 51);
+  auto w = random_vector(2 * k * n, 52);
+  std::vector<float> out(rows * n);
+  auto run = [&](std::uint64_t version) {
+    grouped_gemm_forward(
+        {.group_sizes = sizes, .k = k, .n = n, .weight_version = version, .row_blocking = RowBlocking::always},
+        x.data(), w.data(), out.data());
+  };
+  run(1);
+  const GemmWeightCacheStats first = gemm_weight_cache_stats();
+  // One per group's matrix (oneDNN's path asks for an entry even where it
+  // packs nothing; EPMOE_F32_GEMM=openblas keeps none).
+  if (f32_gemm_backend() == F32GemmBackend::onednn) EXPECT_EQ(first.entries, 2);
+  run(1);
+  const GemmWeightCacheStats second = gemm_weight_cache_stats();
+  EXPECT_EQ(second.preparations, first.preparations);  // nothing packed again for the same version
+  if (gemm_packs_weights(kRowBlockRows, n, k, false, ComputeDType::f32)) {
+    EXPECT_GT(second.reuses, first.reuses);  // served from the packed layout
+  }
+  const auto new_w = random_vector(2 * k * n, 53);
+  std::copy(new_w.begin(), new_w.end(), w.begin());  // same buffer, new values
+  run(2);
+  std::vector<double> expected(rows * n);
+  for (std::int64_t g = 0, row = 0; g < 2; row += sizes[g++]) {
+    const auto out_g = reference_gemm(x.data() + row * k, w.data() + g * k * n, nullptr, sizes[g], n, k, false, false);
+    std::copy(out_g.c.begin(), out_g.c.end(), expected.begin() + row * n);
+  }
+  EXPECT_LE(relative_error(out, expected), kF32RelativeTolerance) << "the old version's weights were used";
+  clear_gemm_weight_cache();
+}
+
 INSTANTIATE_TEST_SUITE_P(ComputeThreads, GroupedGemmTest, ::testing::Values(1, 2));
 
 }  // namespace
