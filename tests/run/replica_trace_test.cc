@@ -35,8 +35,8 @@
 namespace epmoe {
 namespace {
 
-constexpr std::int64_t kTokens = 256, kHidden = 64, kFfn = 128;
-constexpr int kExperts = 8, kTopK = 2, kRanks = 4;
+constexpr std::int64_t kTraceTokens = 256, kTraceHidden = 64, kTraceFfn = 128;
+constexpr int kTraceExperts = 8, kTraceTopK = 2, kTraceRanks = 4;
 
 struct Span {
   double begin = std::numeric_limits<double>::infinity(), end = -std::numeric_limits<double>::infinity();
@@ -60,44 +60,44 @@ Span span_of(const nlohmann::json& events, int rank, const std::string& prefix, 
 TEST(ReplicaTrace, WeightsAndGradientsMoveOverlappedUnderTheirOwnNames) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.5f);
-  std::vector<float> x(kTokens * kHidden), gate(kHidden * kExperts), wi0(kExperts * kHidden * kFfn),
-      wi1(kExperts * kHidden * kFfn), wo(kExperts * kFfn * kHidden), dy(kTokens * kHidden);
+  std::vector<float> x(kTraceTokens * kTraceHidden), gate(kTraceHidden * kTraceExperts), wi0(kTraceExperts * kTraceHidden * kTraceFfn),
+      wi1(kTraceExperts * kTraceHidden * kTraceFfn), wo(kTraceExperts * kTraceFfn * kTraceHidden), dy(kTraceTokens * kTraceHidden);
   for (std::vector<float>* v : {&x, &gate, &wi0, &wi1, &wo, &dy})
     for (float& value : *v) value = normal(rng);
-  std::vector<float> y(kTokens * kHidden), topk_weights(kTokens * kTopK), dx(kTokens * kHidden),
-      dgate(kHidden * kExperts), dwi0(wi0.size()), dwi1(wi1.size()), dwo(wo.size());
-  std::vector<std::int32_t> topk_ids(kTokens * kTopK);
+  std::vector<float> y(kTraceTokens * kTraceHidden), topk_weights(kTraceTokens * kTraceTopK), dx(kTraceTokens * kTraceHidden),
+      dgate(kTraceHidden * kTraceExperts), dwi0(wi0.size()), dwi1(wi1.size()), dwo(wo.size());
+  std::vector<std::int32_t> topk_ids(kTraceTokens * kTraceTopK);
 
   const testing::ScratchDir scratch;
   const std::string trace = (scratch / "trace.json").string();
-  WholeWorldLayer layer({{"ranks", std::to_string(kRanks)},
-                         {"threads", std::to_string(kRanks)},
-                         {"top_k", std::to_string(kTopK)},
+  WholeWorldLayer layer({{"ranks", std::to_string(kTraceRanks)},
+                         {"threads", std::to_string(kTraceRanks)},
+                         {"top_k", std::to_string(kTraceTopK)},
                          {"clock", "modelled"},
                          {"balance", "dynamic"},
                          {"redundant_slots", "2"},
                          {"replica_costs", "off"},
                          {"rebalance_threshold", "1.0"},
                          {"trace_file", trace}});
-  layer.run({.x = TensorView(x.data(), {kTokens, kHidden}),
-             .gate = TensorView(gate.data(), {kHidden, kExperts}),
-             .wi0 = TensorView(wi0.data(), {kExperts, kHidden, kFfn}),
-             .wi1 = TensorView(wi1.data(), {kExperts, kHidden, kFfn}),
-             .wo = TensorView(wo.data(), {kExperts, kFfn, kHidden}),
-             .dy = TensorView(dy.data(), {kTokens, kHidden})},
-            {.y = MutableTensorView(y.data(), {kTokens, kHidden}),
-             .topk_ids = MutableTensorView(topk_ids.data(), {kTokens, kTopK}),
-             .topk_weights = MutableTensorView(topk_weights.data(), {kTokens, kTopK}),
-             .dx = MutableTensorView(dx.data(), {kTokens, kHidden}),
-             .dgate = MutableTensorView(dgate.data(), {kHidden, kExperts}),
-             .dwi0 = MutableTensorView(dwi0.data(), {kExperts, kHidden, kFfn}),
-             .dwi1 = MutableTensorView(dwi1.data(), {kExperts, kHidden, kFfn}),
-             .dwo = MutableTensorView(dwo.data(), {kExperts, kFfn, kHidden})});
+  layer.run({.x = TensorView(x.data(), {kTraceTokens, kTraceHidden}),
+             .gate = TensorView(gate.data(), {kTraceHidden, kTraceExperts}),
+             .wi0 = TensorView(wi0.data(), {kTraceExperts, kTraceHidden, kTraceFfn}),
+             .wi1 = TensorView(wi1.data(), {kTraceExperts, kTraceHidden, kTraceFfn}),
+             .wo = TensorView(wo.data(), {kTraceExperts, kTraceFfn, kTraceHidden}),
+             .dy = TensorView(dy.data(), {kTraceTokens, kTraceHidden})},
+            {.y = MutableTensorView(y.data(), {kTraceTokens, kTraceHidden}),
+             .topk_ids = MutableTensorView(topk_ids.data(), {kTraceTokens, kTraceTopK}),
+             .topk_weights = MutableTensorView(topk_weights.data(), {kTraceTokens, kTraceTopK}),
+             .dx = MutableTensorView(dx.data(), {kTraceTokens, kTraceHidden}),
+             .dgate = MutableTensorView(dgate.data(), {kTraceHidden, kTraceExperts}),
+             .dwi0 = MutableTensorView(dwi0.data(), {kTraceExperts, kTraceHidden, kTraceFfn}),
+             .dwi1 = MutableTensorView(dwi1.data(), {kTraceExperts, kTraceHidden, kTraceFfn}),
+             .dwo = MutableTensorView(dwo.data(), {kTraceExperts, kTraceFfn, kTraceHidden})});
   ASSERT_GT(nlohmann::json::parse(layer.metrics_json()).at("balance").at("num_replicas").get<int>(), 0);
   const nlohmann::json events = nlohmann::json::parse(testing::read_bytes(trace))["traceEvents"];
 
   int ranks_with_weights = 0, ranks_with_gradients = 0, ranks_where_gradients_outlast_dx = 0;
-  for (int rank = 0; rank < kRanks; ++rank) {
+  for (int rank = 0; rank < kTraceRanks; ++rank) {
     const std::string where = "rank " + std::to_string(rank);
     const Span weights = span_of(events, rank, "replica weights tag ");
     if (weights.found()) {
