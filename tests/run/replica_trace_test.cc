@@ -60,12 +60,14 @@ Span span_of(const nlohmann::json& events, int rank, const std::string& prefix, 
 TEST(ReplicaTrace, WeightsAndGradientsMoveOverlappedUnderTheirOwnNames) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.5f);
-  std::vector<float> x(kTraceTokens * kTraceHidden), gate(kTraceHidden * kTraceExperts), wi0(kTraceExperts * kTraceHidden * kTraceFfn),
-      wi1(kTraceExperts * kTraceHidden * kTraceFfn), wo(kTraceExperts * kTraceFfn * kTraceHidden), dy(kTraceTokens * kTraceHidden);
+  std::vector<float> x(kTraceTokens * kTraceHidden), gate(kTraceHidden * kTraceExperts),
+      wi0(kTraceExperts * kTraceHidden * kTraceFfn), wi1(kTraceExperts * kTraceHidden * kTraceFfn),
+      wo(kTraceExperts * kTraceFfn * kTraceHidden), dy(kTraceTokens * kTraceHidden);
   for (std::vector<float>* v : {&x, &gate, &wi0, &wi1, &wo, &dy})
     for (float& value : *v) value = normal(rng);
-  std::vector<float> y(kTraceTokens * kTraceHidden), topk_weights(kTraceTokens * kTraceTopK), dx(kTraceTokens * kTraceHidden),
-      dgate(kTraceHidden * kTraceExperts), dwi0(wi0.size()), dwi1(wi1.size()), dwo(wo.size());
+  std::vector<float> y(kTraceTokens * kTraceHidden), topk_weights(kTraceTokens * kTraceTopK),
+      dx(kTraceTokens * kTraceHidden), dgate(kTraceHidden * kTraceExperts), dwi0(wi0.size()), dwi1(wi1.size()),
+      dwo(wo.size());
   std::vector<std::int32_t> topk_ids(kTraceTokens * kTraceTopK);
 
   const testing::ScratchDir scratch;
