@@ -95,9 +95,16 @@ struct MoeLayer::Impl {
   // "buffer/prepared expert weights": the kernels' per-version forms of this
   // layer's expert weights (bf16 copies, packed layouts), opened with the
   // first byte so that a machine where nothing is prepared (f32 on AVX2)
-  // shows no such entry.
+  // shows no such entry. Re-counted only after the kernels prepared
+  // something: counting walks the shared cache under its lock, which every
+  // chunk of every step would otherwise pay for nothing.
   LedgerCharge prepared_weights;
-  void charge_prepared_weights(std::int64_t bytes) {
+  std::int64_t preparations_counted = 0;
+  void charge_prepared_weights(const ExpertShape& shape, std::size_t num_groups, const LocalExpertWeights& weights) {
+    const std::int64_t preparations = gemm_weight_cache_stats().preparations;
+    if (preparations == preparations_counted) return;
+    preparations_counted = preparations;
+    const std::int64_t bytes = prepared_weight_bytes(shape, num_groups, weights);
     if (bytes > 0 && prepared_weights.bytes() == 0)
       prepared_weights = LedgerCharge(ledger, "buffer/prepared expert weights", 0);
     prepared_weights.resize(bytes);
@@ -402,7 +409,7 @@ MoeForwardOutput MoeLayer::finish_forward(MoeStep& step, const MoeForwardBuffers
     {
       ScopedPhase phase(times, "experts");
       slot_outputs = experts_forward(shape, s.rows[c], s.expert_weights, s.activations[c]);
-      layer.charge_prepared_weights(prepared_weight_bytes(shape, s.rows[c].group_sizes.size(), s.expert_weights));
+      layer.charge_prepared_weights(shape, s.rows[c].group_sizes.size(), s.expert_weights);
       // mlpwo is per row (so the message names the expert); the weighted
       // slot sums can still overflow on their own.
       check_produced(config, "expert output", "forward/experts", s.activations[c].mlpwo.span<float>(),
@@ -588,7 +595,7 @@ MoeGradients MoeLayer::finish_backward(MoeStep& step, const MoeGradientBuffers& 
                                             /*accumulate=*/c > 0)
                          : experts_backward(shape, s.rows[c], s.expert_weights, s.activations[c], slot_dy, dwi0, dwi1,
                                             dwo, /*accumulate=*/c > 0);
-      layer.charge_prepared_weights(prepared_weight_bytes(shape, s.rows[c].group_sizes.size(), s.expert_weights));
+      layer.charge_prepared_weights(shape, s.rows[c].group_sizes.size(), s.expert_weights);
       check_produced(config, "expert input gradient", "backward/experts", expert_grads.slot_dx.span<float>(),
                      [c, hidden](std::int64_t i) {
                        return "slot " + std::to_string(i / hidden) + " of chunk " + std::to_string(c);
