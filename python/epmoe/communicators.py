@@ -10,9 +10,12 @@
 
 A rank that fails must not leave the others waiting for it until their
 timeout (60 s by default): run_threads aborts the world when fn raises, and
-mpi_communicator installs a sys.excepthook (chained to the previous one)
-that, after the usual traceback, prints "epmoe: rank R: failed: <error>"
-and calls MPI_Abort, which ends every rank of the job at once. It also
+mpi_communicator installs a sys.excepthook and a threading.excepthook
+(each chained to the previous one) that, after the usual traceback, print
+"epmoe: rank R: failed: <error>" and call MPI_Abort, which ends every rank
+of the job at once: an uncaught error in any thread of a rank, not only its
+main thread (a worker thread that dies leaves its rank's steps unfinished
+as surely). It also
 registers an atexit handler that ends every epmoe object on MPI (steps,
 layers, groups, communicators, newest first) before mpi4py finalises MPI.
 """
@@ -80,16 +83,30 @@ _mpi_communicators: weakref.WeakSet = weakref.WeakSet()
 _exit_handlers_installed = False
 
 
+def _abort_every_rank(exc_type, exc, where):
+    for communicator in list(_mpi_communicators):
+        try:
+            # Prints "epmoe: rank R: <reason>" and calls MPI_Abort: never returns.
+            communicator.abort(f"failed: {exc_type.__name__}: {exc} (an uncaught Python exception{where}; "
+                               "MPI_Abort ends every rank)")
+        except Exception:  # closed at exit already: try the next one
+            continue
+
+
 def _abort_on_uncaught(previous_hook):
     def hook(exc_type, exc, traceback):
         previous_hook(exc_type, exc, traceback)
-        for communicator in list(_mpi_communicators):
-            try:
-                # Prints "epmoe: rank R: <reason>" and calls MPI_Abort: never returns.
-                communicator.abort(f"failed: {exc_type.__name__}: {exc} (an uncaught Python exception; "
-                                   "MPI_Abort ends every rank)")
-            except Exception:  # closed at exit already: try the next one
-                continue
+        _abort_every_rank(exc_type, exc, "")
+    return hook
+
+
+def _abort_on_uncaught_in_thread(previous_hook):
+    def hook(args):
+        previous_hook(args)
+        if args.exc_type is SystemExit:  # a thread's normal way to end early, as the default hook reads it
+            return
+        name = args.thread.name if args.thread is not None else "a thread"
+        _abort_every_rank(args.exc_type, args.exc_value, f" in thread {name!r}")
     return hook
 
 
@@ -99,6 +116,7 @@ def _install_exit_handlers():
         return
     _exit_handlers_installed = True
     sys.excepthook = _abort_on_uncaught(sys.excepthook)
+    threading.excepthook = _abort_on_uncaught_in_thread(threading.excepthook)
     # After mpi4py's import, so it runs before mpi4py's finalisation (atexit
     # runs newest first, and mpi4py finalises in Py_AtExit, later still).
     atexit.register(_epmoe._close_mpi_objects)

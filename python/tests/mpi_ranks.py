@@ -8,10 +8,15 @@
         steps of a small layer; rank 1 raises after its first step (having
         written the time to MARKER), uncaught, while the others wait for it
         in their second step's dispatch.
+    mpirun -np R python mpi_ranks.py fail_in_thread MARKER
+        the same, with every rank's steps in a worker thread that the main
+        thread joins: rank 1's worker raises, uncaught, and its main thread
+        would go on to exit normally.
 """
 
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -30,6 +35,16 @@ def bits(in_directory, out_directory):
 
 
 def fail(marker):
+    layer_steps_that_fail_on_rank_1(marker)
+
+
+def fail_in_thread(marker):
+    worker = threading.Thread(target=layer_steps_that_fail_on_rank_1, args=(marker,), name="steps")
+    worker.start()
+    worker.join()
+
+
+def layer_steps_that_fail_on_rank_1(marker):
     num_experts = 2 * MPI.COMM_WORLD.size
     group = epmoe.EpGroup(MPI.COMM_WORLD, num_experts=num_experts, top_k=2, hidden=8)
     layer = epmoe.MoeLayer(group, ffn=8)
@@ -49,4 +64,4 @@ def fail(marker):
 
 
 if __name__ == "__main__":
-    {"bits": bits, "fail": fail}[sys.argv[1]](*sys.argv[2:])
+    {"bits": bits, "fail": fail, "fail_in_thread": fail_in_thread}[sys.argv[1]](*sys.argv[2:])

@@ -4,8 +4,9 @@ mpi_ranks.py.
 
 * every case of per_rank_cases.py at R = 1, 2, 3, 4 gives `epmoe layer
   ranks=R`'s bits on the same arrays (topology in per_rank_cases.py);
-* a rank that raises (uncaught) ends every rank at once, through the
-  excepthook mpi_communicator installs and MPI_Abort: the job ends well
+* a rank that raises (uncaught, in its main thread or in a worker thread)
+  ends every rank at once, through the excepthooks mpi_communicator
+  installs and MPI_Abort: the job ends well
   before the group's 60 s timeout, and stderr names the failing rank and
   its error. The measured time is printed (pytest -s shows it).
 """
@@ -60,15 +61,18 @@ def test_mpirun_ranks_give_epmoe_layers_bits(problem, tmp_path, num_ranks):
         assert differences(assemble(parts), want) == [], case
 
 
-def test_a_rank_that_raises_ends_every_rank_at_once(tmp_path):
+@pytest.mark.parametrize("where", ["main thread", "worker thread"])
+def test_a_rank_that_raises_ends_every_rank_at_once(tmp_path, where):
     marker = tmp_path / "raised_at"
-    run = mpirun(3, "fail", str(marker), timeout=120)
+    run = mpirun(3, "fail" if where == "main thread" else "fail_in_thread", str(marker), timeout=120)
     ended = time.time()
     assert run.returncode != 0
     assert marker.exists(), run.stderr
     seconds = ended - float(marker.read_text())
-    print(f"\nrank 1 raised; mpirun -np 3 ended {seconds:.3f} s later")
+    print(f"\nrank 1 raised in its {where}; mpirun -np 3 ended {seconds:.3f} s later")
     assert "epmoe: rank 1: failed: RuntimeError: rank 1 fails on purpose after its first step" in run.stderr
+    if where == "worker thread":
+        assert "in thread 'steps'" in run.stderr, run.stderr
     # The other ranks wait for rank 1 in their second step: without the
     # abort they would end only at the group's 60 s timeout.
     assert seconds < 10, run.stderr
