@@ -32,8 +32,11 @@ def mpirun(num_ranks, *arguments, timeout):
         pytest.fail("mpirun is not installed (scripts/setup.sh installs openmpi-bin)")
     command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(num_ranks),
                sys.executable, RANKS_SCRIPT, *arguments]
-    # OpenMP threads: one per rank, the ranks share this machine's cores.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # OpenMP threads: the ranks share this machine's cores as `epmoe layer
+    # ranks=R` shares them among its rank threads (max(1, cores / R) each),
+    # so that priced replica plans, which depend on the compute threads,
+    # are the tool's.
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // num_ranks))}
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=os.path.dirname(RANKS_SCRIPT))
 
