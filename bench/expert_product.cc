@@ -1,0 +1,192 @@
+// bench_expert_product: one expert's f32 product as the MoE layer runs it
+// (issue 29), on one thread, to choose two things by measurement:
+//  * where the weights sit: oneDNN 2.6's gemm:jit on AVX2 runs the forward
+//    (b not transposed) at other speeds depending on b's address (measured
+//    on the AMD EPYC, 2026-12-07: 0.6 of the FMA peak with b on a 32-byte
+//    boundary, as every expert matrix of a layer's weight tensor is, and
+//    0.85 with b 16 bytes off it, at H=1024 F=512 M=64..512; the same bits).
+//    Columns "b on grid" (b 2 MiB aligned, as a Tensor's large buffers)
+//    and "b off grid" (b 16 bytes past that) call gemm() directly, with no
+//    weight version: the kernel as it is. "per group" is the grouped forward
+//    as the layer calls it (one group, weights on the grid, a weight
+//    version): whatever kernels/gemm.cc's rule makes of it.
+//  * row blocks (kernels/grouped_gemm.h, RowBlocking): the same group in
+//    blocks of 64 rows ("row blocks", forced on, a weight version).
+// Every column is interleaved with a short FMA loop (fma_peak.h) in the same
+// rounds; GFLOP/s are the minimum time over the repetitions, and in
+// brackets the fraction of the best FMA loop of that row. Verification: each
+// column's output equals the first column's bit for bit, or within the
+// f32 bound where row blocks change the bits.
+//
+//   bench_expert_product [--quick] [--reps N]
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_harness.h"
+#include "core/rng.h"
+#include "core/threading.h"
+#include "fma_peak.h"
+#include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
+
+namespace epmoe {
+namespace {
+
+// A float buffer whose first element sits `offset_bytes` past a 2 MiB
+// boundary (a Tensor's large buffers are 2 MiB aligned, core/buffer_cache.h).
+class PlacedBuffer {
+ public:
+  PlacedBuffer(std::int64_t count, std::size_t offset_bytes)
+      : storage_(static_cast<float*>(std::aligned_alloc(kAlignment, round_up((count + 64) * sizeof(float))))),
+        data_(storage_.get() + offset_bytes / sizeof(float)) {}
+  float* data() const { return data_; }
+
+ private:
+  static constexpr std::size_t kAlignment = std::size_t{2} << 20;
+  static std::size_t round_up(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> storage_;
+  float* data_;
+};
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+struct Shape {
+  std::int64_t k, n;  // forward: c[m, n] = a[m, k] b[k, n]
+};
+
+struct Column {
+  const char* name;
+  std::size_t b_offset_bytes;
+  enum class Call { gemm, grouped_per_group, grouped_row_blocks } call;
+};
+
+int run(bool quick, int repetitions) {
+  set_compute_threads(1);
+  const std::vector<Shape> shapes = {{1024, 512}, {512, 1024}, {128, 256}, {256, 128}};
+  const std::vector<std::int64_t> rows =
+      quick ? std::vector<std::int64_t>{16, 64, 256, 1024}
+            : std::vector<std::int64_t>{16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024};
+  const std::vector<Column> columns = {
+      {"b on grid", 0, Column::Call::gemm},
+      {"b off grid", 16, Column::Call::gemm},
+      {"per group", 0, Column::Call::grouped_per_group},
+      {"row blocks", 0, Column::Call::grouped_row_blocks},
+  };
+  const double fma_seconds_flops = 2.0 * bench::detail::kFmaLanes * bench::detail::kFmaChains * 20000;
+  bool all_ok = true;
+  for (const Shape& shape : shapes) {
+    const std::int64_t max_rows = rows.back();
+    Rng rng(7);
+    PlacedBuffer a(max_rows * shape.k, 0);
+    for (std::int64_t i = 0; i < max_rows * shape.k; ++i) a.data()[i] = rng.uniform(-1.0f, 1.0f);
+    std::vector<PlacedBuffer> b, c;
+    for (const Column& column : columns) {
+      b.emplace_back(shape.k * shape.n, column.b_offset_bytes);
+      c.emplace_back(max_rows * shape.n, 0);
+    }
+    Rng weights_rng(11);
+    for (std::int64_t i = 0; i < shape.k * shape.n; ++i) {
+      const float w = weights_rng.uniform(-1.0f, 1.0f);
+      for (PlacedBuffer& buffer : b) buffer.data()[i] = w;
+    }
+    std::printf("\nH(k)=%lld F(n)=%lld forward, 1 thread, load average %s\n", static_cast<long long>(shape.k),
+                static_cast<long long>(shape.n), load_average().c_str());
+    std::printf("| M | FMA peak |");
+    for (const Column& column : columns) std::printf(" %s |", column.name);
+    std::printf("\n|---:|---:|");
+    for (std::size_t i = 0; i < columns.size(); ++i) std::printf("---:|");
+    std::printf("\n");
+    for (std::int64_t m : rows) {
+      std::vector<std::int64_t> group_sizes = {m};
+      std::vector<std::function<void()>> calls = {
+          [] { [[maybe_unused]] volatile float sink = bench::detail::fma_loop(20000, 1.0f); }};
+      for (std::size_t i = 0; i < columns.size(); ++i) {
+        const Column& column = columns[i];
+        float* out = c[i].data();
+        const float* w = b[i].data();
+        calls.push_back([&, column, out, w] {
+          if (column.call == Column::Call::gemm) {
+            gemm({.a = a.data(),
+                  .b = w,
+                  .c = out,
+                  .m = m,
+                  .n = shape.n,
+                  .k = shape.k,
+                  .dynamic_dim = GemmDynamicDim::m});
+          } else {
+            grouped_gemm_forward({.group_sizes = group_sizes,
+                                  .k = shape.k,
+                                  .n = shape.n,
+                                  .weight_version = 1,
+                                  .row_blocking = column.call == Column::Call::grouped_row_blocks ? RowBlocking::always
+                                                                                                  : RowBlocking::never},
+                                 a.data(), w, out);
+          }
+        });
+      }
+      const std::vector<bench::BenchStats> stats = bench::measure_interleaved(
+          calls, {.warmup_calls = 2, .min_repetition_seconds = 0.01, .repetitions = repetitions});
+      const double peak = fma_seconds_flops / stats[0].min_seconds * 1e-9;
+      const double flops = 2.0 * double(m) * double(shape.k) * double(shape.n);
+      std::printf("| %lld | %.0f |", static_cast<long long>(m), peak);
+      for (std::size_t i = 1; i < stats.size(); ++i) {
+        const double gflops = flops / stats[i].min_seconds * 1e-9;
+        std::printf(" %.0f (%.2f) |", gflops, gflops / peak);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+      // Bits: the per-group columns against the first; row blocks within
+      // the f32 bound of their inner size (tests/kernels/gemm_test.cc).
+      for (std::size_t i = 1; i < columns.size(); ++i) {
+        const bool blocks = columns[i].call == Column::Call::grouped_row_blocks;
+        for (std::int64_t e = 0; e < m * shape.n; ++e) {
+          const float want = c[0].data()[e], got = c[i].data()[e];
+          const bool ok =
+              blocks ? std::abs(got - want) <= 2 * shape.k * 0x1p-24 * shape.k : std::memcmp(&want, &got, 4) == 0;
+          if (!ok) {
+            std::fprintf(stderr, "verification failed: M=%lld %s element %lld: %.9g vs %.9g\n",
+                         static_cast<long long>(m), columns[i].name, static_cast<long long>(e), got, want);
+            all_ok = false;
+            break;
+          }
+        }
+      }
+    }
+  }
+  std::printf("\nverification: %s\n", all_ok ? "passed" : "FAILED");
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace epmoe
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int repetitions = 15;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
+      repetitions = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--reps N]\n", argv[0]);
+      return 2;
+    }
+  }
+  return epmoe::run(quick, repetitions);
+}
