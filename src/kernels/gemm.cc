@@ -301,22 +301,27 @@ const float* prepared_off_grid(WeightEntry& entry, const GemmArgs& args) {
 
 // Whether this f32 product runs on b's copy off the 32-byte grid. oneDNN
 // 2.6's gemm:jit on AVX2 (AMD EPYC, Zen 3) runs c = a b, b not transposed,
-// at other speeds depending on where b starts, with the same bits: with b
-// on a 32-byte boundary (every expert matrix of a weight tensor is: Tensor
-// buffers are 64-byte aligned and a matrix is a multiple of 32 bytes) it
-// measured 0.42-0.63 of the FMA peak at H=1024 F=512 for 32 <= M <= 512
-// and at H=512 F=1024 for 32 <= M <= 256, and 0.72-0.87 with b 16 bytes off
-// the grid; at H=128 F=256 0.77-0.87 vs 0.80-0.92; at larger M equal; at
-// M=16 the grid was faster (0.58 vs 0.45, 0.44 vs 0.28). One thread, min of
-// 15 interleaved repetitions: bench/expert_product.cc, docs/BENCHMARKS.md
-// (issue 29, 2026-12-07). So: f32, b not transposed, on the grid, with a
-// weight version to keep the copy per version, and m >= kOffGridMinRows.
+// at other speeds depending on where b starts, with the same bits. One
+// thread, min of 15 interleaved repetitions, two runs at load 4-8
+// (bench/expert_product.cc, docs/BENCHMARKS.md issue 29, 2026-12-07), with
+// b on a 32-byte boundary (every expert matrix of a weight tensor is: Tensor
+// buffers are 64-byte aligned and a matrix is a multiple of 32 bytes) vs 16
+// bytes off it, fraction of the FMA peak:
+//   H=1024 F=512, 32 <= M <= 512: 0.47-0.63 vs 0.63-0.87 (equal from 768)
+//   H=512 F=1024, 32 <= M <= 256: 0.39-0.47 vs 0.55-0.83 (equal from 384)
+//   H=128 F=256,  32 <= M:        0.77-0.90 vs 0.80-0.92 (+0-5%)
+//   H=256 F=128,  32 <= M:        0.80-0.94 vs 0.79-0.93 (-4% to +1%)
+//   M = 16: the grid faster at every shape (0.44 vs 0.28 at H=512 F=1024)
+// So: f32, b not transposed and on the grid, with a weight version to keep
+// the copy per version, m >= kOffGridMinRows and n >= kOffGridMinColumns.
 // The transposed b (dlhs) and a transposed a (drhs) measured no such
 // difference.
 constexpr std::int64_t kOffGridMinRows = 32;
+constexpr std::int64_t kOffGridMinColumns = 256;
 bool uses_off_grid_b(const GemmArgs& args) {
   return args.compute_dtype == ComputeDType::f32 && args.b_version != 0 && !args.transpose_b &&
-         args.m >= kOffGridMinRows && reinterpret_cast<std::uintptr_t>(args.b) % 32 == 0;
+         args.m >= kOffGridMinRows && args.n >= kOffGridMinColumns &&
+         reinterpret_cast<std::uintptr_t>(args.b) % 32 == 0;
 }
 
 bool is_plain(const memory::desc& desc) {

@@ -94,9 +94,9 @@ struct MoeLayer::Impl {
   LedgerCharge replica_buffers;                   // "buffer/replica slots"
   // "buffer/prepared expert weights": the kernels' per-version forms of this
   // layer's expert weights (bf16 copies, packed layouts, f32 copies off the
-  // 32-byte grid for groups of 32 rows or more, kernels/gemm.h), opened with
-  // the first byte so that a step where nothing is prepared shows no such
-  // entry. Re-counted only after the kernels prepared
+  // 32-byte grid for forward products of 32 rows and 256 columns or more,
+  // kernels/gemm.h), opened with the first byte so that a layer where
+  // nothing is prepared shows no such entry. Re-counted only after the kernels prepared
   // something: counting walks the shared cache under its lock, which every
   // chunk of every step would otherwise pay for nothing.
   LedgerCharge prepared_weights;

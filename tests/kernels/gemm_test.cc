@@ -245,13 +245,14 @@ TEST(Gemm, WeightVersionKeepsTheBits) {
   }
 }
 
-// f32, b not transposed, with a weight version: from m = 32 rows gemm runs
-// on b's copy 16 bytes off the 32-byte grid (kernels/gemm.cc,
-// uses_off_grid_b; oneDNN's gemm:jit is faster there on AVX2). Held here:
-// b on a 64-byte boundary gives the unversioned call's bits at every m
-// (the copy holds the same values), within the f32 bound of the double
-// reference; the copy is made once per version (preparations, bytes) and
-// only from 32 rows; a new version of the same buffer, values changed in
+// f32, b not transposed, with a weight version: from m = 32 rows and n = 256
+// columns gemm runs on b's copy 16 bytes off the 32-byte grid
+// (kernels/gemm.cc, uses_off_grid_b; oneDNN's gemm:jit is faster there on
+// AVX2). Held here: b on a 64-byte boundary gives the unversioned call's
+// bits at every m (the copy holds the same values), within the f32 bound of
+// the double reference; the copy is made once per version (preparations,
+// bytes) and only from 32 rows and 256 columns (n = 29 and 255: none); a
+// new version of the same buffer, values changed in
 // place, is copied again and used; its block comes from the buffer cache
 // (the old version's, no fresh memory: new pages cost ~11 us each here).
 TEST(Gemm, OffGridWeightsKeepTheBitsAndFollowTheVersion) {
@@ -259,7 +260,7 @@ TEST(Gemm, OffGridWeightsKeepTheBitsAndFollowTheVersion) {
     void operator()(float* p) const { std::free(p); }
   };
   const bool onednn = f32_gemm_backend() == F32GemmBackend::onednn;  // OpenBLAS keeps nothing
-  for (const auto [k, n] : {std::pair<std::int64_t, std::int64_t>{45, 29}, {128, 256}, {1024, 512}}) {
+  for (const auto [k, n] : {std::pair<std::int64_t, std::int64_t>{45, 29}, {33, 255}, {128, 256}, {1024, 512}}) {
     const std::unique_ptr<float, Free> b_storage(
         static_cast<float*>(std::aligned_alloc(64, ((k * n * sizeof(float) + 63) / 64) * 64)));
     float* b = b_storage.get();
@@ -283,7 +284,7 @@ TEST(Gemm, OffGridWeightsKeepTheBitsAndFollowTheVersion) {
         EXPECT_LE(relative_error(versioned, reference_gemm(a.data(), b, nullptr, m, n, k, false, false).c),
                   kF32RelativeTolerance)
             << where;
-      const bool copied = onednn && m >= 32;
+      const bool copied = onednn && m >= 32 && n >= 256;
       const GemmWeightCacheStats after = gemm_weight_cache_stats();
       EXPECT_EQ(after.preparations - before.preparations, copied ? 1 : 0) << where;
       EXPECT_EQ(after.bytes, copied ? k * n * static_cast<std::int64_t>(sizeof(float)) : 0) << where;

@@ -48,10 +48,10 @@ std::vector<StepResult> two_steps(MoeProblem& p, bool fuse, const RematPolicy& r
     r.mlpwi_0_bytes = ledger.live_bytes("saved/mlpwi_0");
     r.mlpwi_1_bytes = ledger.live_bytes("saved/mlpwi_1");
     r.grads = layer.backward(p.dy);
-    // The saved activations' peak: the two paths keep different per-version
-    // forms of the weights (the unfused one f32 copies off the 32-byte grid
-    // for groups of 32 rows or more, "buffer/prepared expert weights",
-    // kernels/gemm.h; the fused one its concatenation), so the totals differ.
+    // The saved activations' peak: the two paths may keep different
+    // per-version forms of the weights (the unfused one f32 copies off the
+    // 32-byte grid, "buffer/prepared expert weights", kernels/gemm.h; the
+    // fused one its concatenation), so their totals may differ.
     r.peak_bytes = ledger.group_peak_bytes("saved");
     steps.push_back(std::move(r));
     // The optimizer's step, in the same buffers.
