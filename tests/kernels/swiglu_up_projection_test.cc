@@ -36,10 +36,7 @@ namespace epmoe {
 namespace {
 
 using testing::random_vector;
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
-}
+using testing::same_bits;
 
 // A version no other test (or earlier case) used: buffers freed by one case
 // may come back at the same address with other values in the next.
