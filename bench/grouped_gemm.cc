@@ -11,8 +11,9 @@
 // Verification is on by default: sampled output elements of both
 // paths are recomputed in double and held to the tests' error bounds.
 //
-//   bench_grouped_gemm [--quick] [--no-verify] [--fresh-sizes] [--threads N]
+//   bench_grouped_gemm [--quick] [--no-verify] [--fresh-sizes] [--threads N] [--rows M]
 //
+// --rows M runs M rows only (4096: the single-rank layer's N K = 2048 x 2).
 // --fresh-sizes redraws the Zipf group sizes before every call (a new routing
 // every step, as in training), so that shape-keyed caches see new shapes.
 #include <cmath>
@@ -39,7 +40,8 @@ struct Options {
   bool quick = false;
   bool verify = true;
   bool fresh_sizes = false;
-  int threads = 0;  // 0: all cores
+  int threads = 0;        // 0: all cores
+  std::int64_t rows = 0;  // 0: the default row counts
 };
 
 constexpr double kZipfExponent = 1.2;
@@ -115,13 +117,17 @@ void run_grouped(Op op, const GroupedGemmShape& shape, Buffers& buf) {
 void run_dense(Op op, std::int64_t rows, ComputeDType dtype, Buffers& buf) {
   switch (op) {
     case Op::forward:
+      // With the grouped products' weight version: the same per-version
+      // forms (the f32 copy off the 32-byte grid, kernels/gemm.h), so the
+      // peer runs on the placement the grouped forward gets.
       gemm({.a = buf.x.data(),
             .b = buf.w.data<float>(),
             .c = buf.out.data(),
             .m = rows,
             .n = kFfn,
             .k = kHidden,
-            .compute_dtype = dtype});
+            .compute_dtype = dtype,
+            .b_version = 1});
       break;
     case Op::dlhs:
       gemm({.a = buf.dout.data(),
@@ -204,8 +210,9 @@ int run(const Options& options) {
   set_compute_threads(options.threads > 0 ? options.threads : hardware_cores());
   const bench::BenchOptions timing{
       .warmup_calls = 2, .min_repetition_seconds = options.quick ? 0.05 : 0.1, .repetitions = options.quick ? 3 : 5};
-  const std::vector<std::int64_t> row_counts =
-      options.quick ? std::vector<std::int64_t>{8192} : std::vector<std::int64_t>{8192, 16384};
+  const std::vector<std::int64_t> row_counts = options.rows > 0 ? std::vector<std::int64_t>{options.rows}
+                                               : options.quick  ? std::vector<std::int64_t>{8192}
+                                                                : std::vector<std::int64_t>{8192, 16384};
   const std::vector<int> group_counts = options.quick ? std::vector<int>{8, 64} : std::vector<int>{8, 16, 64};
   std::printf("bench_grouped_gemm: H(k)=%lld F(n)=%lld, %d compute threads, Zipf exponent %.1f%s\n",
               static_cast<long long>(kHidden), static_cast<long long>(kFfn), compute_threads(), kZipfExponent,
@@ -315,8 +322,10 @@ int main(int argc, char** argv) {
       options.fresh_sizes = true;
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
       options.threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc)
+      options.rows = std::atoll(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--no-verify] [--fresh-sizes] [--threads N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--no-verify] [--fresh-sizes] [--threads N] [--rows M]\n", argv[0]);
       return 2;
     }
   }
