@@ -18,7 +18,10 @@
 // column's output equals the first column's bit for bit, or within the
 // f32 bound where row blocks change the bits.
 //
-//   bench_expert_product [--quick] [--reps N]
+//  * the backward's products (dlhs, drhs) with their operands on and off
+//    the grid (--backward: only those tables), where gemm.cc keeps no copy.
+//
+//   bench_expert_product [--quick] [--backward] [--reps N]
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -75,12 +78,91 @@ struct Column {
   enum class Call { gemm, grouped_per_group, grouped_row_blocks } call;
 };
 
-int run(bool quick, int repetitions) {
+// The backward's products at H=1024 F=512, where kernels/gemm.cc keeps no
+// copy: dlhs dx = dout W^T (b = W transposed as stored) and drhs dW = x^T dout
+// (a = x transposed, b = dout), with their operands on the grid and 16 bytes
+// off it; every column must give the first column's bits.
+bool run_backward(const std::vector<std::int64_t>& rows, int repetitions) {
+  constexpr std::int64_t h = 1024, f = 512;
+  const std::int64_t max_rows = rows.back();
+  auto placed = [&](std::int64_t count, std::size_t offset_bytes) {
+    PlacedBuffer buffer(count, offset_bytes);
+    Rng values(17);
+    for (std::int64_t i = 0; i < count; ++i) buffer.data()[i] = values.uniform(-1.0f, 1.0f);
+    return buffer;
+  };
+  // [on grid, off grid] of each operand.
+  const PlacedBuffer w[2] = {placed(h * f, 0), placed(h * f, 16)};
+  const PlacedBuffer dout[2] = {placed(max_rows * f, 0), placed(max_rows * f, 16)};
+  const PlacedBuffer x[2] = {placed(max_rows * h, 0), placed(max_rows * h, 16)};
+  const char* names[] = {"on grid", "b off grid", "a off grid", "both off grid"};
+  bool all_ok = true;
+  for (const bool dlhs : {true, false}) {
+    std::printf("\nH=%lld F=%lld %s, 1 thread, load average %s\n", static_cast<long long>(h), static_cast<long long>(f),
+                dlhs ? "dlhs (dout W^T)" : "drhs (x^T dout)", load_average().c_str());
+    std::printf(
+        "| M | FMA peak | on grid | b off grid | a off grid | both off grid |\n|---:|---:|---:|---:|---:|---:|\n");
+    const std::int64_t out_count = dlhs ? max_rows * h : h * f;
+    std::vector<PlacedBuffer> out;
+    for (int i = 0; i < 4; ++i) out.emplace_back(out_count, 0);
+    for (std::int64_t m : rows) {
+      std::vector<std::function<void()>> calls = {
+          [] { [[maybe_unused]] volatile float sink = bench::detail::fma_loop(20000, 1.0f); }};
+      for (int i = 0; i < 4; ++i) {
+        const int a_off = i >= 2 ? 1 : 0, b_off = i % 2;
+        GemmArgs args = dlhs ? GemmArgs{.a = dout[a_off].data(),
+                                        .b = w[b_off].data(),
+                                        .c = out[i].data(),
+                                        .m = m,
+                                        .n = h,
+                                        .k = f,
+                                        .transpose_b = true,
+                                        .dynamic_dim = GemmDynamicDim::m}
+                             : GemmArgs{.a = x[a_off].data(),
+                                        .b = dout[b_off].data(),
+                                        .c = out[i].data(),
+                                        .m = h,
+                                        .n = f,
+                                        .k = m,
+                                        .transpose_a = true,
+                                        .dynamic_dim = GemmDynamicDim::k};
+        calls.push_back([args] { gemm(args); });
+      }
+      const std::vector<bench::BenchStats> stats = bench::measure_interleaved(
+          calls, {.warmup_calls = 2, .min_repetition_seconds = 0.01, .repetitions = repetitions});
+      const double peak =
+          2.0 * bench::detail::kFmaLanes * bench::detail::kFmaChains * 20000 / stats[0].min_seconds * 1e-9;
+      const double flops = 2.0 * double(m) * double(h) * double(f);
+      std::printf("| %lld | %.0f |", static_cast<long long>(m), peak);
+      for (std::size_t i = 1; i < stats.size(); ++i) {
+        const double gflops = flops / stats[i].min_seconds * 1e-9;
+        std::printf(" %.0f (%.2f) |", gflops, gflops / peak);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+      const std::int64_t count = dlhs ? m * h : h * f;
+      for (int i = 1; i < 4; ++i)
+        if (std::memcmp(out[0].data(), out[i].data(), count * sizeof(float)) != 0) {
+          std::fprintf(stderr, "verification failed: %s M=%lld %s differs from on grid\n", dlhs ? "dlhs" : "drhs",
+                       static_cast<long long>(m), names[i]);
+          all_ok = false;
+        }
+    }
+  }
+  return all_ok;
+}
+
+int run(bool quick, bool backward_only, int repetitions) {
   set_compute_threads(1);
   const std::vector<Shape> shapes = {{1024, 512}, {512, 1024}, {128, 256}, {256, 128}};
   const std::vector<std::int64_t> rows =
       quick ? std::vector<std::int64_t>{16, 64, 256, 1024}
             : std::vector<std::int64_t>{16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024};
+  if (backward_only) {
+    const bool ok = run_backward(rows, repetitions);
+    std::printf("\nverification: %s\n", ok ? "passed" : "FAILED");
+    return ok ? 0 : 1;
+  }
   const std::vector<Column> columns = {
       {"b on grid", 0, Column::Call::gemm},
       {"b off grid", 16, Column::Call::gemm},
@@ -168,6 +250,7 @@ int run(bool quick, int repetitions) {
       }
     }
   }
+  all_ok = run_backward(rows, repetitions) && all_ok;
   std::printf("\nverification: %s\n", all_ok ? "passed" : "FAILED");
   return all_ok ? 0 : 1;
 }
@@ -176,17 +259,19 @@ int run(bool quick, int repetitions) {
 }  // namespace epmoe
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, backward_only = false;
   int repetitions = 15;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--backward")) {
+      backward_only = true;
     } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
       repetitions = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--backward] [--reps N]\n", argv[0]);
       return 2;
     }
   }
-  return epmoe::run(quick, repetitions);
+  return epmoe::run(quick, backward_only, repetitions);
 }
