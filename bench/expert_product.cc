@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_harness.h"
@@ -78,6 +79,26 @@ struct Column {
   enum class Call { gemm, grouped_per_group, grouped_row_blocks } call;
 };
 
+// Times `products` interleaved with a short FMA loop in the same rounds and
+// prints their table row: M, the FMA loop's GFLOP/s, and each product's
+// GFLOP/s (minimum time) with its fraction of that loop's.
+void measure_row(std::int64_t m, double flops, std::vector<std::function<void()>> products, int repetitions) {
+  constexpr std::int64_t kFmaIterations = 20000;
+  products.insert(products.begin(),
+                  [] { [[maybe_unused]] volatile float sink = bench::detail::fma_loop(kFmaIterations, 1.0f); });
+  const std::vector<bench::BenchStats> stats = bench::measure_interleaved(
+      products, {.warmup_calls = 2, .min_repetition_seconds = 0.01, .repetitions = repetitions});
+  const double peak =
+      2.0 * bench::detail::kFmaLanes * bench::detail::kFmaChains * kFmaIterations / stats[0].min_seconds * 1e-9;
+  std::printf("| %lld | %.0f |", static_cast<long long>(m), peak);
+  for (std::size_t i = 1; i < stats.size(); ++i) {
+    const double gflops = flops / stats[i].min_seconds * 1e-9;
+    std::printf(" %.0f (%.2f) |", gflops, gflops / peak);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
 // The backward's products at H=1024 F=512, where kernels/gemm.cc keeps no
 // copy: dlhs dx = dout W^T (b = W transposed as stored) and drhs dW = x^T dout
 // (a = x transposed, b = dout), with their operands on the grid and 16 bytes
@@ -106,8 +127,7 @@ bool run_backward(const std::vector<std::int64_t>& rows, int repetitions) {
     std::vector<PlacedBuffer> out;
     for (int i = 0; i < 4; ++i) out.emplace_back(out_count, 0);
     for (std::int64_t m : rows) {
-      std::vector<std::function<void()>> calls = {
-          [] { [[maybe_unused]] volatile float sink = bench::detail::fma_loop(20000, 1.0f); }};
+      std::vector<std::function<void()>> calls;
       for (int i = 0; i < 4; ++i) {
         const int a_off = i >= 2 ? 1 : 0, b_off = i % 2;
         GemmArgs args = dlhs ? GemmArgs{.a = dout[a_off].data(),
@@ -128,18 +148,7 @@ bool run_backward(const std::vector<std::int64_t>& rows, int repetitions) {
                                         .dynamic_dim = GemmDynamicDim::k};
         calls.push_back([args] { gemm(args); });
       }
-      const std::vector<bench::BenchStats> stats = bench::measure_interleaved(
-          calls, {.warmup_calls = 2, .min_repetition_seconds = 0.01, .repetitions = repetitions});
-      const double peak =
-          2.0 * bench::detail::kFmaLanes * bench::detail::kFmaChains * 20000 / stats[0].min_seconds * 1e-9;
-      const double flops = 2.0 * double(m) * double(h) * double(f);
-      std::printf("| %lld | %.0f |", static_cast<long long>(m), peak);
-      for (std::size_t i = 1; i < stats.size(); ++i) {
-        const double gflops = flops / stats[i].min_seconds * 1e-9;
-        std::printf(" %.0f (%.2f) |", gflops, gflops / peak);
-      }
-      std::printf("\n");
-      std::fflush(stdout);
+      measure_row(m, 2.0 * double(m) * double(h) * double(f), std::move(calls), repetitions);
       const std::int64_t count = dlhs ? m * h : h * f;
       for (int i = 1; i < 4; ++i)
         if (std::memcmp(out[0].data(), out[i].data(), count * sizeof(float)) != 0) {
@@ -169,7 +178,6 @@ int run(bool quick, bool backward_only, int repetitions) {
       {"per group", 0, Column::Call::grouped_per_group},
       {"row blocks", 0, Column::Call::grouped_row_blocks},
   };
-  const double fma_seconds_flops = 2.0 * bench::detail::kFmaLanes * bench::detail::kFmaChains * 20000;
   bool all_ok = true;
   for (const Shape& shape : shapes) {
     const std::int64_t max_rows = rows.back();
@@ -195,8 +203,7 @@ int run(bool quick, bool backward_only, int repetitions) {
     std::printf("\n");
     for (std::int64_t m : rows) {
       std::vector<std::int64_t> group_sizes = {m};
-      std::vector<std::function<void()>> calls = {
-          [] { [[maybe_unused]] volatile float sink = bench::detail::fma_loop(20000, 1.0f); }};
+      std::vector<std::function<void()>> calls;
       for (std::size_t i = 0; i < columns.size(); ++i) {
         const Column& column = columns[i];
         float* out = c[i].data();
@@ -221,17 +228,7 @@ int run(bool quick, bool backward_only, int repetitions) {
           }
         });
       }
-      const std::vector<bench::BenchStats> stats = bench::measure_interleaved(
-          calls, {.warmup_calls = 2, .min_repetition_seconds = 0.01, .repetitions = repetitions});
-      const double peak = fma_seconds_flops / stats[0].min_seconds * 1e-9;
-      const double flops = 2.0 * double(m) * double(shape.k) * double(shape.n);
-      std::printf("| %lld | %.0f |", static_cast<long long>(m), peak);
-      for (std::size_t i = 1; i < stats.size(); ++i) {
-        const double gflops = flops / stats[i].min_seconds * 1e-9;
-        std::printf(" %.0f (%.2f) |", gflops, gflops / peak);
-      }
-      std::printf("\n");
-      std::fflush(stdout);
+      measure_row(m, 2.0 * double(m) * double(shape.k) * double(shape.n), std::move(calls), repetitions);
       // Bits: the per-group columns against the first; row blocks within
       // the f32 bound of their inner size (tests/kernels/gemm_test.cc).
       for (std::size_t i = 1; i < columns.size(); ++i) {
