@@ -5,11 +5,15 @@
 // row blocks (issue 29: the (group, row block) task space with weights packed
 // per version, kernels/grouped_gemm.h RowBlocking; forced on, since on AVX2
 // automatic never picks it; drhs has none, its column compares like with
-// like). Verification is on by default: sampled output elements of both
+// like). Every grouped product gets a weight version and weights in a
+// Tensor, as the layer's do, so that kernels/gemm.cc's per-version forms
+// (the f32 copies off the 32-byte grid) apply as in the layer.
+// Verification is on by default: sampled output elements of both
 // paths are recomputed in double and held to the tests' error bounds.
 //
-//   bench_grouped_gemm [--quick] [--no-verify] [--fresh-sizes] [--threads N]
+//   bench_grouped_gemm [--quick] [--no-verify] [--fresh-sizes] [--threads N] [--rows M]
 //
+// --rows M runs M rows only (4096: the single-rank layer's N K = 2048 x 2).
 // --fresh-sizes redraws the Zipf group sizes before every call (a new routing
 // every step, as in training), so that shape-keyed caches see new shapes.
 #include <cmath>
@@ -23,6 +27,7 @@
 
 #include "bench_harness.h"
 #include "core/rng.h"
+#include "core/tensor.h"
 #include "core/threading.h"
 #include "fma_peak.h"
 #include "kernels/gemm.h"
@@ -35,7 +40,8 @@ struct Options {
   bool quick = false;
   bool verify = true;
   bool fresh_sizes = false;
-  int threads = 0;  // 0: all cores
+  int threads = 0;        // 0: all cores
+  std::int64_t rows = 0;  // 0: the default row counts
 };
 
 constexpr double kZipfExponent = 1.2;
@@ -65,8 +71,14 @@ std::vector<std::int64_t> zipf_sizes(std::int64_t rows, int num_groups, Rng& rng
   return sizes;
 }
 
+// The weights live in a Tensor, as the layer's do: its buffers are 64-byte
+// aligned (2 MiB from 2 MiB up), so every group's matrix starts on the
+// 32-byte grid whose effect on oneDNN's forward kernels/gemm.cc handles
+// (a std::vector's large buffer starts 16 bytes past a page: off the grid).
 struct Buffers {
-  std::vector<float> x, w, out, dout, dx, dw;
+  std::vector<float> x;
+  Tensor w;
+  std::vector<float> out, dout, dx, dw;
 };
 
 Buffers make_buffers(std::int64_t rows, int num_groups) {
@@ -76,17 +88,24 @@ Buffers make_buffers(std::int64_t rows, int num_groups) {
     for (float& f : v) f = rng.uniform(-1.0f, 1.0f);
     return v;
   };
-  return {random(rows * kHidden), random(num_groups * kHidden * kFfn), std::vector<float>(rows * kFfn),
-          random(rows * kFfn),    std::vector<float>(rows * kHidden),  std::vector<float>(num_groups * kHidden * kFfn)};
+  std::vector<float> x = random(rows * kHidden);
+  Tensor w(DType::f32, {num_groups, kHidden, kFfn});
+  for (float& v : w.span<float>()) v = rng.uniform(-1.0f, 1.0f);
+  return {std::move(x),
+          std::move(w),
+          std::vector<float>(rows * kFfn),
+          random(rows * kFfn),
+          std::vector<float>(rows * kHidden),
+          std::vector<float>(num_groups * kHidden * kFfn)};
 }
 
 void run_grouped(Op op, const GroupedGemmShape& shape, Buffers& buf) {
   switch (op) {
     case Op::forward:
-      grouped_gemm_forward(shape, buf.x.data(), buf.w.data(), buf.out.data());
+      grouped_gemm_forward(shape, buf.x.data(), buf.w.data<float>(), buf.out.data());
       break;
     case Op::dlhs:
-      grouped_gemm_dlhs(shape, buf.dout.data(), buf.w.data(), buf.dx.data());
+      grouped_gemm_dlhs(shape, buf.dout.data(), buf.w.data<float>(), buf.dx.data());
       break;
     case Op::drhs:
       grouped_gemm_drhs(shape, buf.x.data(), buf.dout.data(), buf.dw.data());
@@ -98,17 +117,21 @@ void run_grouped(Op op, const GroupedGemmShape& shape, Buffers& buf) {
 void run_dense(Op op, std::int64_t rows, ComputeDType dtype, Buffers& buf) {
   switch (op) {
     case Op::forward:
+      // With the grouped products' weight version: the same per-version
+      // forms (the f32 copy off the 32-byte grid, kernels/gemm.h), so the
+      // peer runs on the placement the grouped forward gets.
       gemm({.a = buf.x.data(),
-            .b = buf.w.data(),
+            .b = buf.w.data<float>(),
             .c = buf.out.data(),
             .m = rows,
             .n = kFfn,
             .k = kHidden,
-            .compute_dtype = dtype});
+            .compute_dtype = dtype,
+            .b_version = 1});
       break;
     case Op::dlhs:
       gemm({.a = buf.dout.data(),
-            .b = buf.w.data(),
+            .b = buf.w.data<float>(),
             .c = buf.dx.data(),
             .m = rows,
             .n = kHidden,
@@ -147,7 +170,7 @@ bool verify(Op op, const std::vector<std::int64_t>& sizes, ComputeDType dtype, c
     if (op == Op::forward || op == Op::dlhs) {
       if (rows == 0) return true;
       const std::int64_t r = rng.uniform_int(rows);
-      const float* w_g = buf.w.data() + group_of(r) * kHidden * kFfn;
+      const float* w_g = buf.w.data<float>() + group_of(r) * kHidden * kFfn;
       if (op == Op::forward) {
         const std::int64_t j = rng.uniform_int(kFfn);
         for (std::int64_t p = 0; p < kHidden; ++p) {
@@ -187,8 +210,9 @@ int run(const Options& options) {
   set_compute_threads(options.threads > 0 ? options.threads : hardware_cores());
   const bench::BenchOptions timing{
       .warmup_calls = 2, .min_repetition_seconds = options.quick ? 0.05 : 0.1, .repetitions = options.quick ? 3 : 5};
-  const std::vector<std::int64_t> row_counts =
-      options.quick ? std::vector<std::int64_t>{8192} : std::vector<std::int64_t>{8192, 16384};
+  const std::vector<std::int64_t> row_counts = options.rows > 0 ? std::vector<std::int64_t>{options.rows}
+                                               : options.quick  ? std::vector<std::int64_t>{8192}
+                                                                : std::vector<std::int64_t>{8192, 16384};
   const std::vector<int> group_counts = options.quick ? std::vector<int>{8, 64} : std::vector<int>{8, 16, 64};
   std::printf("bench_grouped_gemm: H(k)=%lld F(n)=%lld, %d compute threads, Zipf exponent %.1f%s\n",
               static_cast<long long>(kHidden), static_cast<long long>(kFfn), compute_threads(), kZipfExponent,
@@ -245,7 +269,7 @@ int run(const Options& options) {
                              .n = kFfn,
                              .compute_dtype = dtype,
                              .schedule = schedule,
-                             .weight_version = blocking == RowBlocking::always ? 1u : 0u,
+                             .weight_version = 1,  // as the layer gives its grouped products
                              .row_blocking = blocking},
                             buf);
               };
@@ -298,8 +322,10 @@ int main(int argc, char** argv) {
       options.fresh_sizes = true;
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
       options.threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc)
+      options.rows = std::atoll(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--no-verify] [--fresh-sizes] [--threads N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--no-verify] [--fresh-sizes] [--threads N] [--rows M]\n", argv[0]);
       return 2;
     }
   }

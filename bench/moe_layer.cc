@@ -1,5 +1,5 @@
-// Single-rank MoE layer, forward + backward (with the fused wi0|wi1 product
-// and, in the same run, without it: their time ratio), against one large
+// Single-rank MoE layer, forward + backward (the default layer and, in the
+// same run, the opt-in concatenated wi0|wi1 product: their time ratio), against one large
 // matmul of the same total FLOPs, against issue 29's bound (one expert's
 // forward product at the mean rows per expert, M = N K / E, K = H, N = F,
 // on a fixed-shape primitive with the weights pre-packed into oneDNN's
@@ -12,11 +12,16 @@
 //
 //   bench_moe_layer [tokens=2048 hidden=1024 ffn=512 experts=16 top_k=2
 //                    compute_dtype=f32|bf16|both threads=N seconds=0.3 json=false
-//                    phases=false]
+//                    phases=false fixed_weights=false]
+// fixed_weights=true gives every forward the same weight version (frozen
+// weights, as in inference: the kernels' per-version forms are made once);
+// by default each forward has a new one, as in training, where the
+// weights change every step (kernels/gemm.h, GemmArgs::b_version).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +43,7 @@ struct LayerBenchArgs {
   double seconds = 0.3;
   bool json = false;
   bool phases = false;  // also print one step's time per layer phase
+  bool fixed_weights = false;
 };
 
 LayerBenchArgs parse_args(int argc, char** argv) {
@@ -70,6 +76,8 @@ LayerBenchArgs parse_args(int argc, char** argv) {
       args.json = value == "true" || value == "1";
     else if (key == "phases")
       args.phases = value == "true" || value == "1";
+    else if (key == "fixed_weights")
+      args.fixed_weights = value == "true" || value == "1";
     else {
       std::fprintf(stderr, "bench_moe_layer: unknown key '%s'\n", key.c_str());
       std::exit(2);
@@ -92,22 +100,20 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   Tensor wi0 = random_tensor({e, h, f}, rng, 1.0 / std::sqrt(double(h)));
   Tensor wi1 = random_tensor({e, h, f}, rng, 1.0 / std::sqrt(double(h)));
   Tensor wo = random_tensor({e, f, h}, rng, 1.0 / std::sqrt(double(f)));
-  // The layer with the opt-in fused wi0|wi1 product
-  // (MoeLayerConfig::fuse_up_projection) and the default unfused one, timed
-  // in the same run.
+  // The default layer (its up projection: two products per task with the
+  // SwiGLU as the task's epilogue) and the one with the opt-in concatenated
+  // wi0|wi1 product (MoeLayerConfig::fuse_up_projection), timed in the same run.
   EpGroup group(EpConfig{.num_experts = args.experts, .top_k = args.top_k, .hidden = h});  // one rank, both layers
-  MoeLayer layer({.hidden = h,
-                  .ffn = f,
-                  .router = {.num_experts = args.experts, .top_k = args.top_k},
-                  .compute_dtype = dtype,
-                  .fuse_up_projection = true},
-                 group);
-  MoeLayer unfused_layer({.hidden = h,
-                          .ffn = f,
-                          .router = {.num_experts = args.experts, .top_k = args.top_k},
-                          .compute_dtype = dtype,
-                          .fuse_up_projection = false},
-                         group);
+  MoeLayer layer(
+      {.hidden = h, .ffn = f, .router = {.num_experts = args.experts, .top_k = args.top_k}, .compute_dtype = dtype},
+      group);
+  MoeLayer concatenated_layer({.hidden = h,
+                               .ffn = f,
+                               .router = {.num_experts = args.experts, .top_k = args.top_k},
+                               .compute_dtype = dtype,
+                               .fuse_up_projection = true},
+                              group);
+  const std::optional<std::uint64_t> version = args.fixed_weights ? std::optional<std::uint64_t>(1) : std::nullopt;
   const MoeWeights weights{gate, wi0, wi1, wo, {}};
 
   const BenchOptions options{.warmup_calls = 1, .min_repetition_seconds = args.seconds, .repetitions = 5};
@@ -137,12 +143,12 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   // Interleaved repetitions (layer, matmul, layer, ...): a background load
   // that comes and goes hits both alike, so their ratio stays meaningful.
   const std::vector<BenchStats> measured = measure_interleaved({[&] {
-                                                                  layer.forward(x, weights);
+                                                                  layer.forward(x, weights, version);
                                                                   layer.backward(dy);
                                                                 },
                                                                 [&] {
-                                                                  unfused_layer.forward(x, weights);
-                                                                  unfused_layer.backward(dy);
+                                                                  concatenated_layer.forward(x, weights, version);
+                                                                  concatenated_layer.backward(dy);
                                                                 },
                                                                 [&] {
                                                                   gemm({.a = a.data<float>(),
@@ -156,7 +162,7 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
                                                                 [&] { gemm(bound_args); }},
                                                                options);
   const BenchStats& forward = measured[0];
-  const BenchStats& unfused = measured[1];
+  const BenchStats& concatenated = measured[1];
   const BenchStats& big = measured[2];
   const double bound_gflops = bound_flops / measured[3].median_seconds * 1e-9;
   // The fastest repetitions' ratio as well: on a machine shared with other
@@ -169,7 +175,7 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   if (args.phases && !args.json) {
     // One more step, its time per phase (the layer's accumulated phase times, differenced).
     const std::map<std::string, double> before = layer.stats().phase_seconds;
-    layer.forward(x, weights);
+    layer.forward(x, weights, version);
     layer.backward(dy);
     std::string line;
     for (const auto& [phase, total] : layer.stats().phase_seconds) {
@@ -189,12 +195,12 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
         "{\"impl\": \"epmoe\", \"compute_dtype\": \"%s\", \"tokens\": %lld, \"hidden\": %lld, "
         "\"ffn\": %lld, \"experts\": %d, \"top_k\": %d, \"threads\": %d, "
         "\"fwd_bwd_seconds\": %.6g, \"spread\": %.3f, \"gflops\": %.2f, "
-        "\"unfused_fwd_bwd_seconds\": %.6g, \"unfused_spread\": %.3f, "
+        "\"concatenated_fwd_bwd_seconds\": %.6g, \"concatenated_spread\": %.3f, "
         "\"large_matmul_gflops\": %.2f, \"bound_gflops\": %.2f, \"bound_rows\": %lld, "
         "\"best_gflops\": %.2f, \"best_bound_gflops\": %.2f, \"fma_peak_gflops\": %.2f}\n",
         name.c_str(), (long long)n, (long long)h, (long long)f, args.experts, args.top_k, compute_threads(),
-        forward.median_seconds, forward.relative_spread(), layer_gflops, unfused.median_seconds,
-        unfused.relative_spread(), big_gflops, bound_gflops, (long long)expert_rows, best_layer_gflops,
+        forward.median_seconds, forward.relative_spread(), layer_gflops, concatenated.median_seconds,
+        concatenated.relative_spread(), big_gflops, bound_gflops, (long long)expert_rows, best_layer_gflops,
         best_bound_gflops, peak.gflops);
   } else {
     std::printf(
@@ -211,12 +217,12 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
         "layer/FMA peak %.2f\n",
         name.c_str(), best_layer_gflops, best_bound_gflops, best_layer_gflops / best_bound_gflops,
         best_layer_gflops / peak.gflops);
-    const double unfused_gflops = flops / unfused.median_seconds * 1e-9;
+    const double concatenated_gflops = flops / concatenated.median_seconds * 1e-9;
     std::printf(
-        "%-6s  unfused wi0, wi1 products: fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   "
-        "fused/unfused time %.3f   unfused/FMA peak %.2f\n",
-        name.c_str(), unfused.median_seconds * 1e3, 100 * unfused.relative_spread(), unfused_gflops,
-        forward.median_seconds / unfused.median_seconds, unfused_gflops / peak.gflops);
+        "%-6s  opt-in concatenated wi0|wi1: fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   "
+        "concatenated/default time %.3f   concatenated/FMA peak %.2f\n",
+        name.c_str(), concatenated.median_seconds * 1e3, 100 * concatenated.relative_spread(), concatenated_gflops,
+        concatenated.median_seconds / forward.median_seconds, concatenated_gflops / peak.gflops);
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include "core/modelled_clock.h"
 
+#include "core/buffer_cache.h"
 #include "core/error.h"
 #include "core/threading.h"
 #include "kernels/convert.h"
@@ -172,12 +173,48 @@ struct PackedB {
   memory mem;  // owns its buffer
 };
 
+// b's f32 values, placed kOffGridBytes past a 64-byte boundary (see
+// uses_off_grid_b). The block comes from the buffer cache and goes back to
+// it, so that the next version's copy, made on the same thread, finds pages
+// already in memory (a new page costs ~11 us here, core/buffer_cache.h).
+class OffGridCopy {
+ public:
+  OffGridCopy(const float* b, std::int64_t count)
+      : block_(acquire_buffer(static_cast<std::size_t>(count) * sizeof(float) + kOffGridBytes)),
+        data_(reinterpret_cast<float*>(static_cast<char*>(block_.data) + kOffGridBytes)),
+        count_(count) {
+    std::memcpy(data_, b, static_cast<std::size_t>(count) * sizeof(float));
+  }
+  ~OffGridCopy() { release_buffer(block_.data, block_.capacity_bytes); }
+  OffGridCopy(const OffGridCopy&) = delete;
+  OffGridCopy& operator=(const OffGridCopy&) = delete;
+  const float* data() const { return data_; }
+  std::int64_t bytes() const { return count_ * static_cast<std::int64_t>(sizeof(float)); }
+
+ private:
+  // Blocks are 64-byte aligned: 16 bytes past that is off the 32-byte grid
+  // (any offset that is not a multiple of 32 measured the same, 4-48 bytes).
+  static constexpr std::size_t kOffGridBytes = 16;
+  BufferBlock block_;
+  float* data_;
+  std::int64_t count_;
+};
+
 struct WeightEntry {
   std::uint64_t version = 0;
   std::mutex mutex;                              // guards the fields below
   std::vector<bf16_t> bf16;                      // empty until converted
   std::vector<std::unique_ptr<PackedB>> packed;  // append-only: pointers stay valid
+  std::unique_ptr<OffGridCopy> off_grid;         // null until copied
 };
+
+// What an entry holds, in bytes; its mutex held by the caller.
+std::int64_t held_bytes(const WeightEntry& entry) {
+  std::int64_t bytes = static_cast<std::int64_t>(entry.bf16.size() * sizeof(bf16_t));
+  for (const auto& p : entry.packed) bytes += static_cast<std::int64_t>(p->desc.get_size());
+  if (entry.off_grid) bytes += entry.off_grid->bytes();
+  return bytes;
+}
 
 struct WeightCache {
   std::mutex mutex;
@@ -207,9 +244,7 @@ std::shared_ptr<WeightEntry> weight_entry(const GemmArgs& args) {
   entry->version = args.b_version;
   if (it != cache.entries.end()) {
     const std::lock_guard old_lock(it->second->mutex);
-    std::int64_t held = static_cast<std::int64_t>(it->second->bf16.size() * sizeof(bf16_t));
-    for (const auto& p : it->second->packed) held += static_cast<std::int64_t>(p->desc.get_size());
-    cache.bytes -= held;
+    cache.bytes -= held_bytes(*it->second);
     it->second = entry;
   } else {
     cache.entries.emplace(key, entry);
@@ -249,6 +284,44 @@ const memory& prepared_packed(WeightEntry& entry, const GemmArgs& args, const me
   ++weight_cache().preparations;
   entry.packed.push_back(std::move(packed));
   return entry.packed.back()->mem;
+}
+
+// b's copy off the 32-byte grid, made on first use of this version.
+const float* prepared_off_grid(WeightEntry& entry, const GemmArgs& args) {
+  const std::lock_guard lock(entry.mutex);
+  if (!entry.off_grid) {
+    entry.off_grid = std::make_unique<OffGridCopy>(args.b, args.k * args.n);
+    weight_cache().bytes += entry.off_grid->bytes();
+    ++weight_cache().preparations;
+  } else {
+    ++weight_cache().reuses;
+  }
+  return entry.off_grid->data();
+}
+
+// Whether this f32 product runs on b's copy off the 32-byte grid. oneDNN
+// 2.6's gemm:jit on AVX2 (AMD EPYC, Zen 3) runs c = a b, b not transposed,
+// at other speeds depending on where b starts, with the same bits. One
+// thread, min of 15 interleaved repetitions, two runs at load 4-8
+// (bench/expert_product.cc, docs/BENCHMARKS.md issue 29, 2026-12-07), with
+// b on a 32-byte boundary (every expert matrix of a weight tensor is: Tensor
+// buffers are 64-byte aligned and a matrix is a multiple of 32 bytes) vs 16
+// bytes off it, fraction of the FMA peak:
+//   H=1024 F=512, 32 <= M <= 512: 0.47-0.63 vs 0.63-0.87 (equal from 768)
+//   H=512 F=1024, 32 <= M <= 256: 0.39-0.47 vs 0.55-0.83 (equal from 384)
+//   H=128 F=256,  32 <= M:        0.77-0.90 vs 0.80-0.92 (+0-5%)
+//   H=256 F=128,  32 <= M:        0.80-0.94 vs 0.79-0.93 (-4% to +1%)
+//   M = 16: the grid faster at every shape (0.44 vs 0.28 at H=512 F=1024)
+// So: f32, b not transposed and on the grid, with a weight version to keep
+// the copy per version, m >= kOffGridMinRows and n >= kOffGridMinColumns.
+// The transposed b (dlhs) and a transposed a (drhs) measured no such
+// difference.
+constexpr std::int64_t kOffGridMinRows = 32;
+constexpr std::int64_t kOffGridMinColumns = 256;
+bool uses_off_grid_b(const GemmArgs& args) {
+  return args.compute_dtype == ComputeDType::f32 && args.b_version != 0 && !args.transpose_b &&
+         args.m >= kOffGridMinRows && args.n >= kOffGridMinColumns &&
+         reinterpret_cast<std::uintptr_t>(args.b) % 32 == 0;
 }
 
 bool is_plain(const memory::desc& desc) {
@@ -291,8 +364,7 @@ std::int64_t gemm_weight_cache_bytes(std::span<const float* const> matrices) {
   for (const auto& [key, entry] : cache.entries) {
     if (!wanted.contains(key.b)) continue;
     const std::lock_guard entry_lock(entry->mutex);
-    bytes += static_cast<std::int64_t>(entry->bf16.size() * sizeof(bf16_t));
-    for (const auto& p : entry->packed) bytes += static_cast<std::int64_t>(p->desc.get_size());
+    bytes += held_bytes(*entry);
   }
   return bytes;
 }
@@ -328,8 +400,9 @@ void gemm(const GemmArgs& args) {
   if (args.compute_dtype == ComputeDType::f32) f32_gemm_backend();  // refuses openblas by name
 #endif
   ThreadGemmState& state = thread_state();
-  // Only bf16 copies and packed layouts are kept: plain f32 has nothing to prepare.
-  const bool prepare_b = args.b_version != 0 && (args.compute_dtype == ComputeDType::bf16 || args.pack_b);
+  // Kept per version: bf16 copies, packed layouts and f32 copies off the grid.
+  const bool off_grid = uses_off_grid_b(args);
+  const bool prepare_b = args.b_version != 0 && (args.compute_dtype == ComputeDType::bf16 || args.pack_b || off_grid);
   const std::shared_ptr<WeightEntry> entry = prepare_b ? weight_entry(args) : nullptr;
   const void* a = args.a;
   const void* b = args.b;
@@ -363,6 +436,7 @@ void gemm(const GemmArgs& args) {
     }
     // A plain layout: nothing to pack, the default path below (same bits).
   }
+  if (off_grid) b = prepared_off_grid(*entry, args);
   // Ragged groups: one runtime-dimension primitive (oneDNN 2.6 serves it with
   // gemm:jit; runtime strides would fall back to its reference kernel) or one
   // brgemm primitive per exact shape (100-230 us to create each new shape)?

@@ -41,7 +41,11 @@ struct GemmArgs {
   // version, what is derived from b alone is computed once and kept until
   // b's pointer, shape or version changes (a shared cache, see
   // gemm_weight_cache_stats): its bf16 copy for compute_dtype=bf16 (the same
-  // conversion, so the same bits), and with pack_b its reorder.
+  // conversion, so the same bits), with pack_b its reorder, and for an f32
+  // product with b not transposed, b on a 32-byte boundary, m >= 32 and
+  // n >= 256 an f32 copy of b 16 bytes off that grid, where oneDNN 2.6's
+  // gemm:jit runs 1.3-1.9x faster on AVX2 at the layer's shapes, with the
+  // same bits (gemm.cc, uses_off_grid_b; docs/BENCHMARKS.md, issue 29).
   std::uint64_t b_version = 0;
   // Needs b_version: let oneDNN pick b's layout (format `any`) for an
   // exact-shape primitive and keep b reordered into it. The grouped

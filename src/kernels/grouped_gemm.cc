@@ -75,71 +75,82 @@ std::vector<RowBlock> row_blocks(const GroupedGemmShape& shape) {
   return blocks;
 }
 
-// gemm(block_args(block)) for every block, each on one thread: on the
-// caller's when its budget is one thread (its modelled clock and trace track
-// see the work), else spread over its threads.
-template <typename BlockArgs>
-void run_row_blocks(const GroupedGemmShape& shape, const BlockArgs& block_args) {
+// run_block(block) for every block, each on one thread: on the caller's
+// when its budget is one thread (its modelled clock and trace track see the
+// work), else spread over its threads.
+template <typename RunBlock>
+void run_row_blocks(const GroupedGemmShape& shape, const RunBlock& run_block) {
   const std::vector<RowBlock> blocks = row_blocks(shape);
-  const auto run_block = [&](std::int64_t i) { gemm(block_args(blocks[i])); };
   if (compute_threads() == 1) {
-    for (std::size_t i = 0; i < blocks.size(); ++i) run_block(static_cast<std::int64_t>(i));
+    for (const RowBlock& block : blocks) run_block(block);
   } else {
-    detail::for_each_task(static_cast<std::int64_t>(blocks.size()), run_block);
+    detail::for_each_task(static_cast<std::int64_t>(blocks.size()), [&](std::int64_t i) { run_block(blocks[i]); });
   }
 }
 
-void forward_groups(const GroupedGemmShape& shape, const float* x, std::span<const float* const> w_groups, float* out) {
+void forward_tasks(const GroupedGemmShape& shape, const float* x, std::span<const ForwardProduct> products,
+                   const ForwardEpilogue& epilogue) {
   if (uses_row_blocks(shape, shape.n, shape.k, false)) {
     // Exact shapes: one fixed-shape primitive for every full block, and b
     // packed where oneDNN's layout for it is not plain.
     run_row_blocks(shape, [&](const RowBlock& block) {
-      return GemmArgs{.a = x + block.first_row * shape.k,
-                      .b = w_groups[block.group],
-                      .c = out + block.first_row * shape.n,
-                      .m = block.rows,
-                      .n = shape.n,
-                      .k = shape.k,
-                      .compute_dtype = shape.compute_dtype,
-                      .b_version = shape.weight_version,
-                      .pack_b = true,
-                      .trace_name = "expert block forward"};
+      for (const ForwardProduct& product : products) {
+        gemm({.a = x + block.first_row * shape.k,
+              .b = product.w_groups[block.group],
+              .c = product.out + block.first_row * shape.n,
+              .m = block.rows,
+              .n = shape.n,
+              .k = shape.k,
+              .compute_dtype = shape.compute_dtype,
+              .b_version = shape.weight_version,
+              .pack_b = true,
+              .trace_name = "expert block forward"});
+      }
+      if (epilogue) epilogue(block.first_row, block.rows);
     });
     return;
   }
   const GroupLayout layout = layout_groups(shape);
   for_each_group(layout, [&](int g) {
-    const std::int64_t row = layout.offsets[g];
-    gemm({.a = x + row * shape.k,
-          .b = w_groups[g],
-          .c = out + row * shape.n,
-          .m = shape.group_sizes[g],
-          .n = shape.n,
-          .k = shape.k,
-          .compute_dtype = shape.compute_dtype,
-          .dynamic_dim = GemmDynamicDim::m,
-          .b_version = shape.weight_version,
-          .pack_b = shape.pack_weights,
-          .trace_name = "expert group forward"});
+    const std::int64_t row = layout.offsets[g], rows = shape.group_sizes[g];
+    for (const ForwardProduct& product : products) {
+      gemm({.a = x + row * shape.k,
+            .b = product.w_groups[g],
+            .c = product.out + row * shape.n,
+            .m = rows,
+            .n = shape.n,
+            .k = shape.k,
+            .compute_dtype = shape.compute_dtype,
+            .dynamic_dim = GemmDynamicDim::m,
+            .b_version = shape.weight_version,
+            .pack_b = shape.pack_weights,
+            .trace_name = "expert group forward"});
+    }
+    if (epilogue && rows > 0) epilogue(row, rows);
   });
+}
+
+void forward_groups(const GroupedGemmShape& shape, const float* x, std::span<const float* const> w_groups, float* out) {
+  const ForwardProduct product{w_groups, out};
+  forward_tasks(shape, x, {&product, 1}, nullptr);
 }
 
 void dlhs_groups(const GroupedGemmShape& shape, const float* dout, std::span<const float* const> w_groups, float* dx,
                  bool accumulate) {
   if (uses_row_blocks(shape, shape.k, shape.n, true)) {
     run_row_blocks(shape, [&](const RowBlock& block) {
-      return GemmArgs{.a = dout + block.first_row * shape.n,
-                      .b = w_groups[block.group],  // W_g stored [k, n], used as W_g^T
-                      .c = dx + block.first_row * shape.k,
-                      .m = block.rows,
-                      .n = shape.k,
-                      .k = shape.n,
-                      .transpose_b = true,
-                      .accumulate = accumulate,
-                      .compute_dtype = shape.compute_dtype,
-                      .b_version = shape.weight_version,
-                      .pack_b = true,
-                      .trace_name = "expert block dgrad"};
+      gemm({.a = dout + block.first_row * shape.n,
+            .b = w_groups[block.group],  // W_g stored [k, n], used as W_g^T
+            .c = dx + block.first_row * shape.k,
+            .m = block.rows,
+            .n = shape.k,
+            .k = shape.n,
+            .transpose_b = true,
+            .accumulate = accumulate,
+            .compute_dtype = shape.compute_dtype,
+            .b_version = shape.weight_version,
+            .pack_b = true,
+            .trace_name = "expert block dgrad"});
     });
     return;
   }
@@ -183,6 +194,12 @@ void drhs_groups(const GroupedGemmShape& shape, const float* x, const float* dou
 }  // namespace
 
 bool forward_uses_row_blocks(const GroupedGemmShape& shape) { return uses_row_blocks(shape, shape.n, shape.k, false); }
+
+void grouped_gemm_forward_tasks(const GroupedGemmShape& shape, const float* x, std::span<const ForwardProduct> products,
+                                const ForwardEpilogue& epilogue) {
+  for (const ForwardProduct& product : products) check_group_pointers(shape, product.w_groups, "weight");
+  forward_tasks(shape, x, products, epilogue);
+}
 
 void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, std::span<const float* const> w_groups,
                           float* out) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "kernels/compute_dtype.h"
@@ -81,6 +82,23 @@ void grouped_gemm_drhs(const GroupedGemmShape& shape, const float* x, const floa
 // Whether grouped_gemm_forward runs this shape as row blocks (RowBlocking),
 // for callers that must give a group the forward's kernels and so its bits.
 bool forward_uses_row_blocks(const GroupedGemmShape& shape);
+
+// Several forward products of the same rows (the up projection's wi0 and
+// wi1) in one task space, with an epilogue: each task, a group or a block of
+// rows exactly as grouped_gemm_forward runs it (so every product keeps
+// grouped_gemm_forward's bits), computes its rows of every product and then
+// calls epilogue(first_row, rows) on the thread that ran it, while those
+// rows are still in cache (the SwiGLU, kernels/swiglu_up_projection.h). A
+// group the schedule runs on all threads calls its epilogue with the
+// caller's whole budget; a group or block on one thread with a budget of
+// one. Tasks without rows call nothing. A null epilogue: products only.
+struct ForwardProduct {
+  std::span<const float* const> w_groups;  // G matrices [k, n]
+  float* out;                              // [M, n]
+};
+using ForwardEpilogue = std::function<void(std::int64_t first_row, std::int64_t rows)>;
+void grouped_gemm_forward_tasks(const GroupedGemmShape& shape, const float* x, std::span<const ForwardProduct> products,
+                                const ForwardEpilogue& epilogue);
 
 // Contiguous form: W (and dW) is one [G, k, n] array, group g at g * k * n.
 void grouped_gemm_forward(const GroupedGemmShape& shape, const float* x, const float* w, float* out);

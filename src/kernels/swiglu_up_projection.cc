@@ -111,16 +111,21 @@ bool fused_up_projection_keeps_bits(std::int64_t k, std::int64_t f, ComputeDType
 
 void grouped_swiglu_up_projection(const GroupedGemmShape& shape, const float* x,
                                   std::span<const float* const> wi0_groups, std::span<const float* const> wi1_groups,
-                                  float* h0, float* h1, float* act) {
+                                  float* h0, float* h1, float* act, UpProjection how) {
   check_pointers(shape, wi0_groups, "wi0");
   check_pointers(shape, wi1_groups, "wi1");
   const std::int64_t f = shape.n, k = shape.k;
-  const std::int64_t num_rows = std::accumulate(shape.group_sizes.begin(), shape.group_sizes.end(), std::int64_t{0});
-  if (shape.weight_version == 0 || shape.pack_weights || k == 0 || f == 0 || forward_uses_row_blocks(shape) ||
-      !fused_up_projection_keeps_bits(k, f, shape.compute_dtype)) {
-    grouped_gemm_forward(shape, x, wi0_groups, h0);
-    grouped_gemm_forward(shape, x, wi1_groups, h1);
-    if (act != nullptr) swiglu_forward(h0, h1, act, num_rows * f);
+  if (how == UpProjection::two_products || shape.weight_version == 0 || shape.pack_weights || k == 0 || f == 0 ||
+      forward_uses_row_blocks(shape) || !fused_up_projection_keeps_bits(k, f, shape.compute_dtype)) {
+    // The forward's own tasks, both products each, the SwiGLU as their epilogue.
+    const ForwardProduct products[] = {{wi0_groups, h0}, {wi1_groups, h1}};
+    ForwardEpilogue swiglu;
+    if (act != nullptr) {
+      swiglu = [&](std::int64_t first_row, std::int64_t rows) {
+        swiglu_forward(h0 + first_row * f, h1 + first_row * f, act + first_row * f, rows * f);
+      };
+    }
+    grouped_gemm_forward_tasks(shape, x, products, swiglu);
     return;
   }
   // A group that runs on one thread takes the concatenated product: all

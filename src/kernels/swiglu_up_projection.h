@@ -39,14 +39,26 @@
 
 namespace epmoe {
 
+// How the two products are formed:
+//  * concatenated (where the bits allow, see above): one product with
+//    [wi0 | wi1] for each group that runs on one thread; opt-in
+//    (MoeLayerConfig::fuse_up_projection), measured slower;
+//  * two_products: the forward's task space (grouped_gemm_forward_tasks)
+//    with both products in each task and the SwiGLU of the task's rows as
+//    its epilogue, while they are in cache, instead of a pass over all rows
+//    afterwards; the default of the MoE layer. Bits: those of
+//    grouped_gemm_forward twice and swiglu_forward (every product is the
+//    forward's, the SwiGLU elementwise).
+enum class UpProjection { concatenated, two_products };
+
 // shape.n is f, shape.k the inner size; wi0_groups[g] and wi1_groups[g] are
 // group g's [k, f] matrices. Writes h0 and h1 [M, f] and, unless act is
 // null, act [M, f]. InternalError for a wrong pointer count or a null one.
-// Scratch: up to a thread's share of the rows times 2f floats per thread,
-// kept between calls (new pages cost ~11 us each, DESIGN.md §7).
+// Scratch (concatenated): up to a thread's share of the rows times 2f floats
+// per thread, kept between calls (new pages cost ~11 us each, DESIGN.md §7).
 void grouped_swiglu_up_projection(const GroupedGemmShape& shape, const float* x,
                                   std::span<const float* const> wi0_groups, std::span<const float* const> wi1_groups,
-                                  float* h0, float* h1, float* act);
+                                  float* h0, float* h1, float* act, UpProjection how = UpProjection::concatenated);
 
 // Whether one-thread groups of this (k, f, dtype) take the concatenated
 // product: its halves carry the two products' bits, probed once per process

@@ -136,15 +136,18 @@ std::int64_t recompute_activations(const ExpertShape& shape, const ep::ExpertRow
   std::int64_t recomputed = 0;
   // A zero-row chunk has empty activations either way: nothing to recompute.
   auto missing = [](const Tensor& t) { return t.shape().empty(); };
-  Tensor activation;  // SwiGLU(mlpwi_0, mlpwi_1), when the fused product already made it
-  if (shape.fuse_up_projection && missing(act.mlpwi_0) && missing(act.mlpwi_1)) {
-    // Both up products at once (kernels/swiglu_up_projection.h: the same
-    // bits), and the SwiGLU from cache when mlpwo needs it too.
+  Tensor activation;  // SwiGLU(mlpwi_0, mlpwi_1), when the up projection already made it
+  if (missing(act.mlpwi_0) && missing(act.mlpwi_1)) {
+    // Both up products task by task, with the SwiGLU of each task's rows
+    // from cache when mlpwo needs it too (kernels/swiglu_up_projection.h:
+    // the same bits as two grouped products and a SwiGLU pass), or the
+    // opt-in concatenated product.
     act.mlpwi_0 = Tensor(DType::f32, {num_rows, ffn});
     act.mlpwi_1 = Tensor(DType::f32, {num_rows, ffn});
     if (missing(act.mlpwo)) activation = Tensor(DType::f32, {num_rows, ffn});
     grouped_swiglu_up_projection(up, x, w.wi0, w.wi1, act.mlpwi_0.data<float>(), act.mlpwi_1.data<float>(),
-                                 activation.shape().empty() ? nullptr : activation.data<float>());
+                                 activation.shape().empty() ? nullptr : activation.data<float>(),
+                                 shape.fuse_up_projection ? UpProjection::concatenated : UpProjection::two_products);
     lend_core_to_collectives();
     recomputed += act.mlpwi_0.size_bytes() + act.mlpwi_1.size_bytes();
   }

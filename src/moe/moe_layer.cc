@@ -93,9 +93,10 @@ struct MoeLayer::Impl {
   std::unique_ptr<ep::ReplicaExchange> replicas;  // balance != off with slots
   LedgerCharge replica_buffers;                   // "buffer/replica slots"
   // "buffer/prepared expert weights": the kernels' per-version forms of this
-  // layer's expert weights (bf16 copies, packed layouts), opened with the
-  // first byte so that a machine where nothing is prepared (f32 on AVX2)
-  // shows no such entry. Re-counted only after the kernels prepared
+  // layer's expert weights (bf16 copies, packed layouts, f32 copies off the
+  // 32-byte grid for forward products of 32 rows and 256 columns or more,
+  // kernels/gemm.h), opened with the first byte so that a layer where
+  // nothing is prepared shows no such entry. Re-counted only after the kernels prepared
   // something: counting walks the shared cache under its lock, which every
   // chunk of every step would otherwise pay for nothing.
   LedgerCharge prepared_weights;

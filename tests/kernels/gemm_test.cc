@@ -9,11 +9,14 @@
 #include <cstring>
 
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/buffer_cache.h"
 #include "core/error.h"
 #include "kernels/convert.h"
 #include "reference.h"
@@ -25,6 +28,7 @@ using testing::kF32RelativeTolerance;
 using testing::random_vector;
 using testing::reference_gemm;
 using testing::relative_error;
+using testing::same_bits;
 
 constexpr std::int64_t kSizes[] = {1, 7, 33, 65};
 
@@ -240,6 +244,66 @@ TEST(Gemm, WeightVersionKeepsTheBits) {
             << to_string(dtype) << " m=" << m << " tb=" << transpose_b;
       }
   }
+}
+
+// f32, b not transposed, with a weight version: from m = 32 rows and n = 256
+// columns gemm runs on b's copy 16 bytes off the 32-byte grid
+// (kernels/gemm.cc, uses_off_grid_b; oneDNN's gemm:jit is faster there on
+// AVX2). Held here, at the rule's edges (m = 0, 1, 31, 32, 33, 300; n = 255,
+// 256, 257; odd k): b on a 64-byte boundary gives the unversioned call's
+// bits at every m (the copy holds the same values), within the f32 bound of
+// the double reference; the copy is made once per version (preparations,
+// bytes) and only from 32 rows and 256 columns (n = 29 and 255: none); a
+// new version of the same buffer, values changed in
+// place, is copied again and used; its block comes from the buffer cache
+// (the old version's, no fresh memory: new pages cost ~11 us each here).
+TEST(Gemm, OffGridWeightsKeepTheBitsAndFollowTheVersion) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  const bool onednn = f32_gemm_backend() == F32GemmBackend::onednn;  // OpenBLAS keeps nothing
+  for (const auto& [k, n] :
+       {std::pair<std::int64_t, std::int64_t>{45, 29}, {33, 255}, {33, 256}, {45, 257}, {128, 256}, {1024, 512}}) {
+    const std::unique_ptr<float, Free> b_storage(
+        static_cast<float*>(std::aligned_alloc(64, ((k * n * sizeof(float) + 63) / 64) * 64)));
+    float* b = b_storage.get();
+    for (std::int64_t m : {0, 1, 31, 32, 33, 300}) {
+      const auto a = random_vector(m * k, 80 + m);
+      const auto first_values = random_vector(k * n, 81), second_values = random_vector(k * n, 82);
+      std::copy(first_values.begin(), first_values.end(), b);
+      clear_gemm_weight_cache();
+      std::vector<float> plain(m * n), versioned(m * n);
+      GemmArgs args{.a = a.data(), .b = b, .c = plain.data(), .m = m, .n = n, .k = k};
+      gemm(args);
+      GemmArgs with_version = args;
+      with_version.c = versioned.data();
+      with_version.b_version = 1;
+      const GemmWeightCacheStats before = gemm_weight_cache_stats();
+      gemm(with_version);
+      gemm(with_version);  // the second call from the copy the first made
+      const std::string where = "k=" + std::to_string(k) + " n=" + std::to_string(n) + " m=" + std::to_string(m);
+      ASSERT_TRUE(same_bits(plain, versioned)) << where;
+      if (m * n * k <= (1 << 22))  // the double loop; at the larger shapes the bits above vouch
+        EXPECT_LE(relative_error(versioned, reference_gemm(a.data(), b, nullptr, m, n, k, false, false).c),
+                  kF32RelativeTolerance)
+            << where;
+      const bool copied = onednn && m >= 32 && n >= 256;
+      const GemmWeightCacheStats after = gemm_weight_cache_stats();
+      EXPECT_EQ(after.preparations - before.preparations, copied ? 1 : 0) << where;
+      EXPECT_EQ(after.bytes, copied ? k * n * static_cast<std::int64_t>(sizeof(float)) : 0) << where;
+
+      std::copy(second_values.begin(), second_values.end(), b);  // same buffer, new values
+      const std::int64_t fresh_blocks = buffer_cache_stats().misses;
+      with_version.b_version = 2;
+      gemm(with_version);
+      gemm(args);
+      ASSERT_TRUE(same_bits(plain, versioned)) << where << ": the old version's copy was used";
+      EXPECT_EQ(gemm_weight_cache_stats().preparations - after.preparations, copied ? 1 : 0) << where;
+      EXPECT_EQ(buffer_cache_stats().misses, fresh_blocks) << where << ": the new version's copy took fresh memory";
+    }
+  }
+  clear_gemm_weight_cache();
+  EXPECT_EQ(gemm_weight_cache_stats().bytes, 0);
 }
 
 // pack_b: within the f32 (or bf16) bound of the double reference; a new

@@ -8,8 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -20,15 +23,11 @@
 namespace epmoe {
 namespace {
 
-// memcmp of n floats; n == 0 compares nothing (empty vectors may hold null pointers).
-bool same_float_bits(const float* a, const float* b, std::size_t n) {
-  return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
-}
-
 using testing::kF32RelativeTolerance;
 using testing::random_vector;
 using testing::reference_gemm;
 using testing::relative_error;
+using testing::same_bits;
 
 constexpr std::int64_t kInner = 33;   // forward k
 constexpr std::int64_t kOutput = 19;  // forward n
@@ -219,11 +218,11 @@ TEST_P(GroupedGemmTest, PerGroupPointersMatchContiguousBitForBit) {
         grouped_gemm_dlhs(shape, dout.data(), w_groups, dx_accumulated_p.data(), /*accumulate=*/true);
         grouped_gemm_drhs(shape, x.data(), dout.data(), dw_groups);
 
-        EXPECT_TRUE(same_float_bits(out.data(), out_p.data(), out.size()));
-        EXPECT_TRUE(same_float_bits(dx.data(), dx_p.data(), dx.size()));
-        EXPECT_TRUE(same_float_bits(dx_accumulated.data(), dx_accumulated_p.data(), dx.size()));
+        EXPECT_TRUE(same_bits(out.data(), out_p.data(), out.size()));
+        EXPECT_TRUE(same_bits(dx.data(), dx_p.data(), dx.size()));
+        EXPECT_TRUE(same_bits(dx_accumulated.data(), dx_accumulated_p.data(), dx.size()));
         for (std::int64_t g = 0; g < num_groups; ++g)
-          EXPECT_TRUE(same_float_bits(dw.data() + g * matrix, dw_copies[g].data(), matrix)) << "group " << g;
+          EXPECT_TRUE(same_bits(dw.data() + g * matrix, dw_copies[g].data(), matrix)) << "group " << g;
       }
 }
 
@@ -306,8 +305,8 @@ TEST(GroupedGemmRowBlocks, BitsDoNotDependOnTheThreadCount) {
       grouped_gemm_dlhs(shape, dout.data(), w.data(), dxs.back().data());
     }
     set_compute_threads(saved_threads);
-    EXPECT_TRUE(same_float_bits(outs[0].data(), outs[1].data(), outs[0].size()));
-    EXPECT_TRUE(same_float_bits(dxs[0].data(), dxs[1].data(), dxs[0].size()));
+    EXPECT_TRUE(same_bits(outs[0].data(), outs[1].data(), outs[0].size()));
+    EXPECT_TRUE(same_bits(dxs[0].data(), dxs[1].data(), dxs[0].size()));
   }
 }
 
@@ -333,7 +332,7 @@ TEST(GroupedGemmRowBlocks, AutomaticFollowsWhetherOneDnnPacks) {
   EXPECT_FALSE(forward_uses_row_blocks({.group_sizes = sizes, .k = k, .n = n}));  // no version: nothing to pack
   const auto automatic = forward(RowBlocking::automatic, 5);
   const auto expected = forward(packs ? RowBlocking::always : RowBlocking::never, 5);
-  EXPECT_TRUE(same_float_bits(automatic.data(), expected.data(), automatic.size())) << "packs=" << packs;
+  EXPECT_TRUE(same_bits(automatic.data(), expected.data(), automatic.size())) << "packs=" << packs;
   clear_gemm_weight_cache();
 }
 
@@ -372,6 +371,62 @@ TEST(GroupedGemmRowBlocks, PackedWeightsRebuiltForANewVersionReusedForTheSame) {
     std::copy(out_g.c.begin(), out_g.c.end(), expected.begin() + row * n);
   }
   EXPECT_LE(relative_error(out, expected), kF32RelativeTolerance) << "the old version's weights were used";
+  clear_gemm_weight_cache();
+}
+
+// The forward's f32 copies of W_g off the 32-byte grid (kernels/gemm.h,
+// GemmArgs::b_version) in a grouped product: groups of 33, 0, 1, 31 and 32
+// rows, k = 33, n = 255, 256, 257, W in one 64-byte aligned [G, k, n] array.
+// A copy is made for a group of 32 rows or more whose W_g starts on the
+// grid, from n = 256: none at n = 255; groups 0 and 4 at n = 256 (every
+// W_g on the grid); group 0 only at n = 257 (W_4 starts 16 bytes off the
+// grid, where oneDNN is already fast). Held: the unversioned product's bits,
+// the double reference's f32 bound, one copy per version (the same version
+// again: none; new values and a new version: copied again and used), and
+// the bytes kept (a new version replaces, never adds).
+TEST_P(GroupedGemmTest, OffGridWeightsKeepTheBitsAtGroupEdges) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  const std::vector<std::int64_t> sizes = {33, 0, 1, 31, 32};
+  const std::int64_t rows = 97, k = kInner;
+  const bool onednn = f32_gemm_backend() == F32GemmBackend::onednn;  // OpenBLAS keeps nothing
+  const auto x = random_vector(rows * k, 61);
+  for (const auto& [n, copies] : {std::pair<std::int64_t, std::int64_t>{255, 0}, {256, 2}, {257, 1}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::int64_t elements = static_cast<std::int64_t>(sizes.size()) * k * n;
+    const std::unique_ptr<float, Free> w_storage(
+        static_cast<float*>(std::aligned_alloc(64, ((elements * sizeof(float) + 63) / 64) * 64)));
+    float* w = w_storage.get();
+    std::vector<float> plain(rows * n), versioned(rows * n);
+    auto forward = [&](std::uint64_t version, std::vector<float>& out) {
+      grouped_gemm_forward(
+          {.group_sizes = sizes, .k = k, .n = n, .weight_version = version, .row_blocking = RowBlocking::never},
+          x.data(), w, out.data());
+    };
+    clear_gemm_weight_cache();
+    for (std::uint64_t version : {std::uint64_t{1}, std::uint64_t{2}}) {
+      SCOPED_TRACE("version " + std::to_string(version));
+      const auto values = random_vector(elements, 61 + version);
+      std::copy(values.begin(), values.end(), w);  // the same buffer, new values
+      forward(0, plain);
+      const GemmWeightCacheStats before = gemm_weight_cache_stats();
+      forward(version, versioned);
+      const GemmWeightCacheStats after = gemm_weight_cache_stats();
+      EXPECT_TRUE(same_bits(plain, versioned));
+      std::vector<double> expected(rows * n);
+      for (std::int64_t g = 0, row = 0; g < static_cast<std::int64_t>(sizes.size()); row += sizes[g++]) {
+        const auto out_g = reference_gemm(x.data() + row * k, w + g * k * n, nullptr, sizes[g], n, k, false, false);
+        std::copy(out_g.c.begin(), out_g.c.end(), expected.begin() + row * n);
+      }
+      EXPECT_LE(relative_error(versioned, expected), kF32RelativeTolerance);
+      EXPECT_EQ(after.preparations - before.preparations, onednn ? copies : 0);
+      EXPECT_EQ(after.bytes, onednn ? copies * k * n * static_cast<std::int64_t>(sizeof(float)) : 0);
+      forward(version, versioned);  // the same version: served from the copies
+      EXPECT_EQ(gemm_weight_cache_stats().preparations, after.preparations);
+      EXPECT_TRUE(same_bits(plain, versioned));
+    }
+  }
   clear_gemm_weight_cache();
 }
 

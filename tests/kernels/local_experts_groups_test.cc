@@ -19,12 +19,9 @@ namespace epmoe {
 namespace {
 
 using testing::random_vector;
+using testing::same_bits;
 
 constexpr std::int64_t kHidden = 37, kFfn = 21;
-
-bool same_bits(const float* a, const float* b, std::int64_t n) {
-  return n == 0 || std::memcmp(a, b, sizeof(float) * n) == 0;  // empty data may be null
-}
 
 Tensor tensor_of(const std::vector<float>& values, Shape shape) {
   Tensor t(DType::f32, std::move(shape));

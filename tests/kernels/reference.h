@@ -4,11 +4,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/rng.h"
 
 namespace epmoe::testing {
+
+// Whether n floats have the same bits; n == 0 compares nothing (empty data may be null).
+inline bool same_bits(const float* a, const float* b, std::int64_t n) {
+  return n == 0 || std::memcmp(a, b, sizeof(float) * static_cast<std::size_t>(n)) == 0;
+}
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && same_bits(a.data(), b.data(), static_cast<std::int64_t>(a.size()));
+}
 
 inline std::vector<float> random_vector(std::int64_t size, std::uint64_t seed) {
   Rng rng(seed);

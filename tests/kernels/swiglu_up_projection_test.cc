@@ -1,6 +1,8 @@
-// The fused up projection + SwiGLU (kernels/swiglu_up_projection.h) against
-// the unfused path it replaces (grouped_gemm_forward with wi0, then with
-// wi1, then swiglu_forward): h0, h1 and act must have the same bits.
+// The fused up projection + SwiGLU (kernels/swiglu_up_projection.h: the
+// concatenated product, and two products per task with the SwiGLU as the
+// task's epilogue) against the unfused path they replace
+// (grouped_gemm_forward with wi0, then with wi1, then swiglu_forward): h0,
+// h1 and act must have the same bits.
 // Topology: one caller thread with a budget of 1 and of 2 compute threads;
 // H in {15, 16, 17}, F in {7, 8, 9, 16} (on this AVX2 CPU the probe fuses
 // F = 16 and leaves 7, 8, 9 unfused: both paths are checked), and H = 256,
@@ -20,6 +22,7 @@
 #include <numeric>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -33,10 +36,7 @@ namespace epmoe {
 namespace {
 
 using testing::random_vector;
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
-}
+using testing::same_bits;
 
 // A version no other test (or earlier case) used: buffers freed by one case
 // may come back at the same address with other values in the next.
@@ -73,11 +73,12 @@ Outputs unfused(const GroupedGemmShape& shape, const std::vector<float>& x, cons
 }
 
 Outputs fused(const GroupedGemmShape& shape, const std::vector<float>& x, const GroupMatrices& wi0,
-              const GroupMatrices& wi1, std::int64_t rows, bool with_act = true) {
+              const GroupMatrices& wi1, std::int64_t rows, bool with_act = true,
+              UpProjection how = UpProjection::concatenated) {
   Outputs out{std::vector<float>(rows * shape.n, -1.0f), std::vector<float>(rows * shape.n, -1.0f),
               std::vector<float>(rows * shape.n, -1.0f)};
   grouped_swiglu_up_projection(shape, x.data(), wi0.pointers, wi1.pointers, out.h0.data(), out.h1.data(),
-                               with_act ? out.act.data() : nullptr);
+                               with_act ? out.act.data() : nullptr, how);
   return out;
 }
 
@@ -140,6 +141,55 @@ TEST_P(SwigluUpProjectionTest, FusedGivesTheUnfusedBits) {
     GroupedGemmShape unknown = shape;
     unknown.weight_version = 0;
     EXPECT_TRUE(same_bits(want.act, fused(unknown, x, wi0, wi1, rows).act));
+  }
+}
+
+// UpProjection::two_products (the layer's default): both products in each
+// of the forward's tasks and the SwiGLU as the task's epilogue give the bits
+// of two grouped products and a SwiGLU pass, on the per-group path and in
+// row blocks (RowBlocking::always: blocks of kRowBlockRows rows, groups of
+// 0, 1, block - 1, block, block + 1 and 2 blocks + 1 rows), h0 and h1 within
+// the f32 bound of the double reference; without act, act is untouched.
+TEST_P(SwigluUpProjectionTest, TwoProductsWithTheSwigluAsEpilogueKeepTheBits) {
+  const auto [threads, hidden, ffn, dtype] = GetParam();
+  const std::vector<std::int64_t> block_edges = {
+      0, 1, kRowBlockRows - 1, kRowBlockRows, 0, kRowBlockRows + 1, 2 * kRowBlockRows + 1};
+  std::vector<GroupCase> cases = group_cases();
+  cases.push_back({"block edges", block_edges});
+  for (const GroupCase& c : cases) {
+    for (RowBlocking blocking : {RowBlocking::never, RowBlocking::always}) {
+      SCOPED_TRACE(std::string(c.name) + (blocking == RowBlocking::always ? ", row blocks" : ", per group"));
+      const std::int64_t rows = std::accumulate(c.sizes.begin(), c.sizes.end(), std::int64_t{0});
+      const std::vector<float> x = random_vector(rows * hidden, 9);
+      const GroupMatrices wi0(c.sizes.size(), hidden, ffn, 500), wi1(c.sizes.size(), hidden, ffn, 600);
+      const GroupedGemmShape shape{.group_sizes = c.sizes,
+                                   .k = hidden,
+                                   .n = ffn,
+                                   .compute_dtype = dtype,
+                                   .weight_version = fresh_version(),
+                                   .row_blocking = blocking};
+      const Outputs want = unfused(shape, x, wi0, wi1, rows);
+      const Outputs got = fused(shape, x, wi0, wi1, rows, /*with_act=*/true, UpProjection::two_products);
+      EXPECT_TRUE(same_bits(want.h0, got.h0));
+      EXPECT_TRUE(same_bits(want.h1, got.h1));
+      EXPECT_TRUE(same_bits(want.act, got.act));
+      const Outputs no_act = fused(shape, x, wi0, wi1, rows, /*with_act=*/false, UpProjection::two_products);
+      EXPECT_TRUE(same_bits(want.h0, no_act.h0));
+      EXPECT_TRUE(same_bits(no_act.act, std::vector<float>(rows * ffn, -1.0f)));
+      if (dtype == ComputeDType::f32) {
+        std::int64_t row = 0;
+        for (std::size_t g = 0; g < c.sizes.size(); ++g) {
+          const std::int64_t m = c.sizes[g];
+          for (const auto& [w, h] : {std::pair{&wi0, &got.h0}, std::pair{&wi1, &got.h1}}) {
+            const auto ref =
+                testing::reference_gemm(x.data() + row * hidden, w->pointers[g], nullptr, m, ffn, hidden, false, false);
+            const std::vector<float> part(h->begin() + row * ffn, h->begin() + (row + m) * ffn);
+            EXPECT_LE(testing::relative_error(part, ref.c), testing::kF32RelativeTolerance) << "group " << g;
+          }
+          row += m;
+        }
+      }
+    }
   }
 }
 

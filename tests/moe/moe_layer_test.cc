@@ -5,11 +5,13 @@
 // for every router.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 
 #include <epmoe/moe_layer.h>
 #include "core/memory_ledger.h"
+#include "kernels/gemm.h"
 #include "reference_moe.h"
 #include "single_rank_layer.h"
 
@@ -192,6 +194,52 @@ TEST(MoeLayer, SavedActivationsGoThroughTheLedger) {
   EXPECT_EQ(ledger.peak_bytes("saved/mlpwi_1"), pairs * 6 * 4);
   EXPECT_EQ(ledger.peak_bytes("saved/mlpwo"), pairs * 8 * 4);
   EXPECT_EQ(ledger.total_live_bytes(), 0);  // released by backward
+}
+
+// The kernels' per-version forms of the expert weights are memory the layer
+// charges to "buffer/prepared expert weights": here (f32, H = 9, F = 256,
+// E = 2, K = 2, so both experts get all 40 rows) the up projection's
+// copies of wi0_e and wi1_e off the 32-byte grid (kernels/gemm.h; every
+// [9, 256] matrix starts on the grid, 40 >= 32 rows, 256 >= 256 columns),
+// and no other (wo's forward has 9 columns; the backward's products
+// transpose W or have no version). They are made once per weight version:
+// the same version again prepares nothing, an in-place update under a new
+// version prepares them again, replacing the old ones (the charge does not
+// grow), and the step computes with the new values: the bits of a fresh
+// layer with nothing kept.
+TEST(MoeLayer, PreparedWeightsChargedAndRebuiltOnlyForANewVersion) {
+  if (f32_gemm_backend() != F32GemmBackend::onednn) GTEST_SKIP() << "EPMOE_F32_GEMM=openblas keeps no copies";
+  const RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 2, .top_k = 2};
+  MoeProblem p = testing::make_problem(40, 9, 256, router, 5);
+  clear_gemm_weight_cache();
+  MemoryLedger ledger;
+  testing::SingleRankLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router}, &ledger);
+  const MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
+  auto step = [&](std::optional<std::uint64_t> version) {
+    MoeForwardOutput out = layer.forward(p.x, w, version);
+    layer.backward(p.dy);
+    return out;
+  };
+  auto preparations = [] { return gemm_weight_cache_stats().preparations; };
+  const std::int64_t copies = 2 * 2, copy_bytes = p.hidden * p.ffn * static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t before = preparations();
+  step(1);
+  EXPECT_EQ(preparations() - before, copies);
+  EXPECT_EQ(ledger.live_bytes("buffer/prepared expert weights"), copies * copy_bytes);
+  const std::int64_t first = preparations();
+  step(1);
+  EXPECT_EQ(preparations(), first) << "the same version prepared again";
+  EXPECT_EQ(ledger.live_bytes("buffer/prepared expert weights"), copies * copy_bytes);
+
+  for (Tensor* t : {&p.wi0, &p.wi1})  // the optimizer's step, in the same buffers
+    for (float& v : t->span<float>()) v = 0.75f * v - 0.01f;
+  const MoeForwardOutput updated = step(2);
+  EXPECT_EQ(preparations() - first, copies) << "a new version was not prepared again";
+  EXPECT_EQ(ledger.live_bytes("buffer/prepared expert weights"), copies * copy_bytes);
+  clear_gemm_weight_cache();
+  const LayerRun fresh = run_layer(p);
+  EXPECT_TRUE(testing::same_bits(updated.y, fresh.out.y)) << "the old version's copies were used";
+  clear_gemm_weight_cache();
 }
 
 }  // namespace
