@@ -98,7 +98,9 @@ class WaterFill {
           }
           home_link_rows_ = std::max({home_link_rows_, rows_in_[r], rows_out_[r]});
         }
-        scratch_.assign(static_cast<std::size_t>(2) * num_ranks_, 0);
+        scratch_.assign(static_cast<std::size_t>(3) * num_ranks_, 0);
+        rows_in_after_.assign(num_ranks_, 0);
+        rows_out_after_.assign(num_ranks_, 0);
         evaluated_.assign(num_experts_, 0);
       }
     }
@@ -141,17 +143,48 @@ class WaterFill {
       weight_link = std::max({weight_link, weights_in[r], weights_out[r]});
       gradient_link = std::max({gradient_link, gradients_in[r], gradients_out[r]});
     }
-    value.cost = static_cast<double>(weight_link) * costs_.weight_seconds +
-                 static_cast<double>(gradient_link) * costs_.gradient_seconds +
-                 (value.replicas > 0 ? costs_.plan_seconds : 0);
-    if (prices_tokens() && value.replicas > 0) {
-      // Rows off the busiest link save as much as they cost when added: the
-      // all-to-all's time goes to its busiest link (the hot home's, under
-      // packed hot experts).
-      const double rows = link_rows_after() - static_cast<double>(home_link_rows_);
-      (rows < 0 ? value.saving : value.cost) += std::abs(rows) * costs_.token_row_seconds;
+    value.cost = value.replicas > 0 ? costs_.plan_seconds : 0;
+    if (!prices_tokens() || value.replicas == 0) {
+      value.cost += static_cast<double>(weight_link) * costs_.weight_seconds +
+                    static_cast<double>(gradient_link) * costs_.gradient_seconds;
+      return value;
+    }
+    // Rows off the busiest link save as much as they cost when added: the
+    // all-to-all's time goes to its busiest link (the hot home's, under
+    // packed hot experts).
+    const double rows = link_rows_after() - static_cast<double>(home_link_rows_);
+    (rows < 0 ? value.saving : value.cost) += std::abs(rows) * costs_.token_row_seconds;
+    if (costs_.forward_row_seconds > 0) {
+      // The weights move beside the dispatch's rows: a rank's ingress
+      // carries the rows it computes for others and its slots' weights, its
+      // egress its tokens' rows sent away and the weights it feeds; they
+      // cost what they add to the busiest port. The gradients likewise
+      // beside dx, which flows the other way (a rank's egress carries the
+      // dx of the rows it computed for others).
+      value.cost += added_to_busiest_port(costs_.forward_row_seconds, weights_in, weights_out, costs_.weight_seconds);
+      value.cost +=
+          added_to_busiest_port(costs_.backward_row_seconds, gradients_out, gradients_in, costs_.gradient_seconds);
+    } else {
+      value.cost += static_cast<double>(weight_link) * costs_.weight_seconds +
+                    static_cast<double>(gradient_link) * costs_.gradient_seconds;
     }
     return value;
+  }
+
+  // What the transfers add to the busiest port beside the rows of the last
+  // link_rows_after() at `row_seconds` a row: `beside_rows_in[r]` transfers
+  // share the port that carries rank r's rows in (the rows it computes for
+  // others; back, their dx), `beside_rows_out[r]` the port of its rows out.
+  double added_to_busiest_port(double row_seconds, const std::int64_t* beside_rows_in,
+                               const std::int64_t* beside_rows_out, double transfer_seconds) const {
+    double rows_only = 0, with_transfers = 0;
+    for (int r = 0; r < num_ranks_; ++r) {
+      const double in = rows_in_after_[r] * row_seconds, out = rows_out_after_[r] * row_seconds;
+      rows_only = std::max({rows_only, in, out});
+      with_transfers = std::max({with_transfers, in + static_cast<double>(beside_rows_in[r]) * transfer_seconds,
+                                 out + static_cast<double>(beside_rows_out[r]) * transfer_seconds});
+    }
+    return with_transfers - rows_only;
   }
 
   // Whether a run of `rows` of `expert` into a new slot of `receiver` pays
@@ -306,13 +339,16 @@ class WaterFill {
         local[home] += kept - own;
         home_remote[home] += (home_quota_[e] - kept) - (counts_[e] - own);
       }
-    std::fill(per_rank_.begin(), per_rank_.begin() + num_ranks_, 0);  // replica remote pairs
+    // Replica remote pairs per rank (not in per_rank_: evaluate() reads the
+    // transfers there afterwards).
+    std::int64_t* replica_remote = home_remote + num_ranks_;
+    std::fill(replica_remote, replica_remote + num_ranks_, 0);
     for (int r = 0; r < num_ranks_; ++r)
       for (int b = 0; b < used_slots_[r]; ++b) {
         const std::size_t slot = static_cast<std::size_t>(r) * num_slots_ + b;
         const std::int64_t kept = std::min(slot_quota_[slot], source_count(r, slot_experts_[slot]));
         local[r] += kept;
-        per_rank_[r] += slot_quota_[slot] - kept;
+        replica_remote[r] += slot_quota_[slot] - kept;
       }
     const bool dedup = !costs_.source_rows.empty();
     double rows = 0;
@@ -321,12 +357,14 @@ class WaterFill {
       const double in_per_pair = dedup && home_pairs_before > 0
                                      ? static_cast<double>(rows_in_[r]) / static_cast<double>(home_pairs_before)
                                      : 1;
-      const double in = static_cast<double>(home_remote[r]) * in_per_pair + static_cast<double>(per_rank_[r]);
+      const double in = static_cast<double>(home_remote[r]) * in_per_pair + static_cast<double>(replica_remote[r]);
       const std::int64_t out_pairs = source_pairs_[r] - local[r];
       const double out =
           dedup ? static_cast<double>(rows_out_[r] +
                                       std::max<std::int64_t>(0, out_pairs - (source_pairs_[r] - home_local_[r])))
                 : static_cast<double>(out_pairs);
+      rows_in_after_[r] = in;
+      rows_out_after_[r] = out;
       rows = std::max({rows, in, out});
     }
     return rows;
@@ -440,7 +478,9 @@ class WaterFill {
   // Costs (enabled only): scratch [4 * R]; per rank its tokens' pairs and
   // those computed at home with no replicas; the busiest link's rows then.
   std::vector<std::int64_t> per_rank_, source_pairs_, home_local_;
-  std::vector<std::int64_t> rows_in_, rows_out_, scratch_;  // [R] rows without replicas; [2 * R]
+  std::vector<std::int64_t> rows_in_, rows_out_, scratch_;  // [R] rows without replicas; [3 * R]
+  // [R] each rank's rows in and out under the last link_rows_after().
+  std::vector<double> rows_in_after_, rows_out_after_;
   std::int64_t home_link_rows_ = 0;
   // [E] the link_rows_after() call that last counted each expert's home.
   std::vector<int> evaluated_;

@@ -61,8 +61,16 @@ balance::ReplicaCosts ReplicaExchange::costs() const {
     // A row on the wire: the token forward (f32 or fp8), its expert output
     // back, the output cotangent out and dx back (f32). The ring moves every
     // token to every rank anyway: a replica adds no token rows there.
-    const double token_bytes = config_.token_format == TokenFormat::f32 ? 4 : 1;
+    const double token_bytes = config_.token_format == TokenFormat::f32    ? 4
+                               : config_.token_format == TokenFormat::bf16 ? 2
+                                                                           : 1;
     costs.token_row_seconds = hidden * (token_bytes + 12) / rates.link_bytes_per_s;
+    // The weights leave with the plan and move beside the dispatch's token
+    // rows; the gradients leave after the experts' backward and move beside
+    // dx (in the wire format). Priced so: only what they add to the busiest
+    // port (docs/BALANCE.md "Cost model").
+    costs.forward_row_seconds = hidden * token_bytes / rates.link_bytes_per_s;
+    costs.backward_row_seconds = hidden * (config_.wire_dtype == WireDType::bf16 ? 2 : 4) / rates.link_bytes_per_s;
   }
   return costs;
 }

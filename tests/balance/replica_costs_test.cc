@@ -6,6 +6,8 @@
 //    saving 100), for one weight transfer and one gradient transfer;
 //  * the same with per-source counts, where the moved rows either newly
 //    cross the link (token cost) or are rank 1's own (no token rows);
+//  * R = 3, transfers on ports the token rows leave idle: priced beside the
+//    rows, they cost only what they add to the busiest port;
 //  * R = 4, one hot expert: a plan that stops short of the balance target
 //    nets more than the balance plan;
 //  * random loads and costs: a plan is never predicted to cost more than it
@@ -121,6 +123,42 @@ TEST(ReplicaCosts, TokenRowsAReplicaAddsArePriced) {
   plan = plan_replicas(kTwoRanks, kTwoHomes, kTwoRanksOneSlot, {}, c);
   ASSERT_EQ(plan.num_replicas(), 1);
   EXPECT_EQ(plan.predicted_cost_seconds, 20);  // no token rows added
+}
+
+// The transfers move beside the all-to-all's rows (forward_row_seconds):
+// R = 3, one expert per rank, expert 0 hot (300 pairs: 100 from rank 1, 200
+// from rank 2), B = 1. The balance plan (max 167) puts a replica of expert 0
+// on ranks 1 (67 rows) and 2 (66), each computing its own rank's pairs:
+// rank 0's ingress goes from 300 to 167 rows, the busiest port. Saving:
+// 133 rows of compute + 133 token rows at 2 = 399. Priced as exposed, the two
+// replicas' transfers on rank 0's port cost 2 W + 2 G = 420: refused. Beside
+// the rows, the weights leave rank 0 on its egress, which carries no token
+// rows, so they add only 2 W - 167 f = 216.5 to the busiest port, the
+// gradients 2 G - 167 b = 36.5: 253, placed.
+TEST(ReplicaCosts, TransfersBesideTheTokenRowsCostOnlyWhatTheyAddToTheBusiestPort) {
+  const std::vector<std::int64_t> counts = {300, 100, 100};
+  const std::vector<int> homes = {0, 1, 2};
+  const std::vector<std::int64_t> source_counts = {0, 0, 0, 100, 100, 0, 200, 0, 100};  // [R, E]
+  ReplicaCosts exposed = costs(150, 60);
+  exposed.source_counts = source_counts;
+  exposed.token_row_seconds = 2;  // f + 3 b: the token out, and output, cotangent and dx at b
+  const ReplicaPlan refused = plan_replicas(counts, homes, {3, 1, 1.0}, {}, exposed);
+  EXPECT_LT(refused.num_replicas(), 2);
+  EXPECT_GT(refused.after.max_load, 167);
+
+  ReplicaCosts beside = exposed;
+  beside.forward_row_seconds = 0.5;
+  beside.backward_row_seconds = 0.5;
+  const ReplicaPlan placed = plan_replicas(counts, homes, {3, 1, 1.0}, {}, beside);
+  ASSERT_EQ(placed.num_replicas(), 2);
+  EXPECT_EQ(placed.after.max_load, 167);
+  EXPECT_EQ(placed.predicted_saving_seconds, 133 + 133 * 2);
+  EXPECT_EQ(placed.predicted_cost_seconds, (2 * 150 - 167 * 0.5) + (2 * 60 - 167 * 0.5));
+
+  // Transfers that fit under the busiest port's rows cost nothing at all.
+  beside.weight_seconds = 40;
+  beside.gradient_seconds = 40;
+  EXPECT_EQ(plan_replicas(counts, homes, {3, 1, 1.0}, {}, beside).predicted_cost_seconds, 0);
 }
 
 // One hot expert on rank 0 of 4: the balance plan (max 325) needs three
