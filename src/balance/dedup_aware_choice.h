@@ -50,9 +50,9 @@
 // each source's sole home pairs (E integers more per rank in the counts
 // round): replicas take pairs that move a row rather than add one
 // (balance/replica_plan.h). Finer information (which ranks a token reaches
-// besides its home) would cost R times more and is not gathered. Rows counted here are off-rank rows (the bytes on the wire); the
-// row a token has to its own rank is free. Token chunks do not matter: rows
-// are per token, and the choice is made over the whole step.
+// besides its home) would cost R times more and is not gathered. Rows counted here are off-rank rows (the bytes on the
+// wire); the row a token has to its own rank is free. Token chunks do not matter: rows are per token, and the choice is
+// made over the whole step.
 #pragma once
 
 #include <cstdint>

@@ -58,9 +58,9 @@ balance::ReplicaCosts ReplicaExchange::costs() const {
   // The counts round: a bidirectional ring all-gather of E (+ R) i64 per
   // rank, R - 1 hops of latency. Refused plans skip it (plan_step).
   const bool all_to_all = config_.dispatch == DispatchKind::alltoall;
-  const double count_bytes = 8.0 * (config_.num_experts + (all_to_all ? 1 : 0) +
-                                    (all_to_all && config_.dedup ? comm_.size() : 0) +
-                                    (chooses_for_dedup() ? config_.num_experts : 0));
+  const double count_bytes =
+      8.0 * (config_.num_experts + (all_to_all ? 1 : 0) + (all_to_all && config_.dedup ? comm_.size() : 0) +
+             (chooses_for_dedup() ? config_.num_experts : 0));
   costs.plan_seconds = (comm_.size() - 1) * (rates.link_latency_s + count_bytes / rates.link_bytes_per_s);
   if (config_.dispatch == DispatchKind::alltoall) {
     // A row on the wire: the token forward (f32 or fp8), its expert output

@@ -196,8 +196,10 @@ void check_sub_quotas(const ReplicaPlan& plan, const std::vector<std::int64_t>& 
       for (int s = 0; s < num_ranks; ++s) {
         std::int64_t local = 0, from_s = 0;
         for (int i = first; i < last; ++i) {
-          if (plan.copies[i].rank == s) local = at(s, i);
-          else if (i > first) from_s += at(s, i);
+          if (plan.copies[i].rank == s)
+            local = at(s, i);
+          else if (i > first)
+            from_s += at(s, i);
         }
         const std::int64_t left =
             s == home ? 0 : std::max<std::int64_t>(0, sole[static_cast<std::size_t>(s) * num_experts + e] - local);
