@@ -54,41 +54,18 @@ std::vector<int> positional_from(const ReplicaPlan& plan, std::vector<std::int64
 }  // namespace
 
 std::vector<int> positional_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
-                                        std::span<const std::int32_t> topk_ids, int top_k,
-                                        std::span<const std::int64_t> sole_home_pairs) {
+                                        std::span<const std::int32_t> topk_ids, int top_k) {
   check_inputs(plan, counts, source, topk_ids, top_k);
-  return positional_from(plan, source_sub_quotas(plan, counts, source, sole_home_pairs), topk_ids);
-}
-
-std::vector<std::int64_t> sole_home_pairs(std::span<const std::int32_t> topk_ids, int top_k,
-                                          std::span<const int> home_rank_of_expert, int source) {
-  EPMOE_CHECK_GE(top_k, 1);
-  EPMOE_CHECK_EQ(topk_ids.size() % static_cast<std::size_t>(top_k), 0u);
-  const auto num_experts = static_cast<std::int32_t>(home_rank_of_expert.size());
-  std::vector<std::int64_t> sole(home_rank_of_expert.size(), 0);
-  for (const std::int32_t expert : topk_ids) EPMOE_CHECK(expert >= 0 && expert < num_experts);
-  for (std::size_t first = 0; first < topk_ids.size(); first += static_cast<std::size_t>(top_k)) {
-    for (int k = 0; k < top_k; ++k) {
-      const std::int32_t expert = topk_ids[first + k];
-      const int home = home_rank_of_expert[expert];
-      if (home == source) continue;
-      bool alone = true;  // K is small: a scan of the token's other pairs
-      for (int other = 0; other < top_k && alone; ++other)
-        alone = other == k || home_rank_of_expert[topk_ids[first + other]] != home;
-      sole[expert] += alone;
-    }
-  }
-  return sole;
+  return positional_from(plan, source_sub_quotas(plan, counts, source), topk_ids);
 }
 
 std::vector<int> dedup_aware_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
-                                         std::span<const std::int32_t> topk_ids, int top_k,
-                                         std::span<const std::int64_t> sole_home_pairs) {
+                                         std::span<const std::int32_t> topk_ids, int top_k) {
   check_inputs(plan, counts, source, topk_ids, top_k);
   const int num_experts = plan.num_experts;
   const auto num_pairs = static_cast<std::int64_t>(topk_ids.size());
   const std::int64_t num_tokens = num_pairs / top_k;
-  const std::vector<std::int64_t> sub_quotas = source_sub_quotas(plan, counts, source, sole_home_pairs);
+  const std::vector<std::int64_t> sub_quotas = source_sub_quotas(plan, counts, source);
   std::vector<std::int64_t> left = sub_quotas;
 
   // An expert is fixed for this source when one copy takes all its pairs.

@@ -46,13 +46,11 @@
 // only a source whose pairs are split over two or more copies has a choice
 // (per expert, the remainder's matching has at most R + C - 1 nonzero cells
 // besides the C local ones).
-// The sub-quotas themselves are chosen from counts and, with dedup, from
-// each source's sole home pairs (E integers more per rank in the counts
-// round): replicas take pairs that move a row rather than add one
-// (balance/replica_plan.h). Finer information (which ranks a token reaches
-// besides its home) would cost R times more and is not gathered. Rows counted here are off-rank rows (the bytes on the
-// wire); the row a token has to its own rank is free. Token chunks do not matter: rows are per token, and the choice is
-// made over the whole step.
+// Choosing the sub-quotas from the tokens' other experts (which needs the
+// routing, not only the counts, so it would cost communication) is not
+// attempted. Rows counted here are off-rank rows (the bytes on the wire); the
+// row a token has to its own rank is free. Token chunks do not matter: rows
+// are per token, and the choice is made over the whole step.
 #pragma once
 
 #include <cstdint>
@@ -66,24 +64,11 @@ namespace epmoe::balance {
 // For every pair of `source`'s routing ids [N * top_k] (token-major; must
 // match counts[source]), the index within plan.copies_of(expert) of the copy
 // it goes to: the positional rule (s's pairs of e in (token, k) order fill
-// the copies' sub-quotas in copy order), or dedup-aware. `sole_home_pairs`
-// [R * E] (all-gathered sole_home_pairs() of every rank, or empty) chooses
-// the sub-quotas (balance/replica_plan.h): the same on every rank.
+// the copies' sub-quotas in copy order), or dedup-aware.
 std::vector<int> positional_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
-                                        std::span<const std::int32_t> topk_ids, int top_k,
-                                        std::span<const std::int64_t> sole_home_pairs = {});
+                                        std::span<const std::int32_t> topk_ids, int top_k);
 std::vector<int> dedup_aware_copy_choice(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
-                                         std::span<const std::int32_t> topk_ids, int top_k,
-                                         std::span<const std::int64_t> sole_home_pairs = {});
-
-// Per expert [E], `source`'s pairs whose token has no other pair homed on
-// the expert's home rank, 0 for the experts homed on `source` (their pairs
-// cross no link). Such a pair sent to a replica instead of its home moves
-// the token's row (or, when the replica's rank receives the token anyway,
-// removes it); any other pair sent to a replica adds a row. The dedup-aware
-// sub-quotas give these to replicas first (balance/replica_plan.h).
-std::vector<std::int64_t> sole_home_pairs(std::span<const std::int32_t> topk_ids, int top_k,
-                                          std::span<const int> home_rank_of_expert, int source);
+                                         std::span<const std::int32_t> topk_ids, int top_k);
 
 // Rows `source` sends to other ranks with dedup under `copy_choice`: per
 // token, the distinct ranks of its pairs' copies other than `source`.

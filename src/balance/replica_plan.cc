@@ -76,26 +76,19 @@ void keep_previous_slot_positions(std::span<int> slot_experts, std::span<const i
   }
 }
 
-std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                     std::span<const std::int64_t> sole_home_pairs) {
+std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts) {
   const int num_experts = plan.num_experts, num_ranks = plan.num_ranks;
   EPMOE_CHECK_EQ(counts.size(), static_cast<std::size_t>(num_ranks) * num_experts);
-  EPMOE_CHECK(sole_home_pairs.empty() || sole_home_pairs.size() == counts.size());
   EPMOE_CHECK_EQ(plan.copy_offsets.size(), static_cast<std::size_t>(num_experts) + 1);
   const std::size_t num_copies = plan.copies.size();
   std::vector<std::int64_t> sub(static_cast<std::size_t>(num_ranks) * num_copies, 0);
   std::vector<std::int64_t> source_left(static_cast<std::size_t>(num_ranks));
-  std::vector<std::int64_t> sole_left(sole_home_pairs.empty() ? 0 : static_cast<std::size_t>(num_ranks));
   std::vector<std::int64_t> quota_left;
   for (int e = 0; e < num_experts; ++e) {
     const int first = plan.copy_offsets[e], last = plan.copy_offsets[e + 1];
     for (int s = 0; s < num_ranks; ++s) {
       source_left[s] = counts[static_cast<std::size_t>(s) * num_experts + e];
       EPMOE_CHECK_GE(source_left[s], 0);
-      if (!sole_left.empty()) {
-        sole_left[s] = sole_home_pairs[static_cast<std::size_t>(s) * num_experts + e];
-        EPMOE_CHECK(sole_left[s] >= 0 && sole_left[s] <= source_left[s]);
-      }
     }
     // 1. Each copy takes its own rank's pairs first (copies of one expert
     // sit on distinct ranks, so no two compete for one source here).
@@ -108,31 +101,6 @@ std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const st
       sub[static_cast<std::size_t>(copy.rank) * num_copies + i] = local;
       source_left[copy.rank] -= local;
       quota_left[i - first] = copy.token_quota - local;
-      // A copy's own rank gives its sole pairs first (each takes a row off
-      // the wire; balance/dedup_aware_choice.h picks them so).
-      if (!sole_left.empty()) sole_left[copy.rank] = std::max<std::int64_t>(0, sole_left[copy.rank] - local);
-    }
-    // 2a. With sole pairs given: the replicas (copies after the home) take
-    // the sources' sole pairs first, northwest corner, sources ascending. A
-    // sole pair moved to a replica moves its token's row, never adds one.
-    if (!sole_left.empty()) {
-      const int home = plan.copies[first].rank;  // its own pairs are on no wire yet: moving one adds a row
-      int s = 0, i = first + 1;
-      while (s < num_ranks && i < last) {
-        if (sole_left[s] == 0 || s == home) {
-          ++s;
-          continue;
-        }
-        if (quota_left[i - first] == 0) {
-          ++i;
-          continue;
-        }
-        const std::int64_t take = std::min(sole_left[s], quota_left[i - first]);
-        sub[static_cast<std::size_t>(s) * num_copies + i] += take;
-        sole_left[s] -= take;
-        source_left[s] -= take;
-        quota_left[i - first] -= take;
-      }
     }
     // 2. The rest by the northwest corner rule: sources ascending, copies in
     // copy order.
@@ -158,10 +126,9 @@ std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const st
   return sub;
 }
 
-std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
-                                            std::span<const std::int64_t> sole_home_pairs) {
+std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source) {
   EPMOE_CHECK(source >= 0 && source < plan.num_ranks);
-  const std::vector<std::int64_t> all = sub_quotas(plan, counts, sole_home_pairs);
+  const std::vector<std::int64_t> all = sub_quotas(plan, counts);
   const auto begin = all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(source) * plan.copies.size());
   return {begin, begin + static_cast<std::ptrdiff_t>(plan.copies.size())};
 }

@@ -15,16 +15,7 @@
 // (token, k) pairs of e copy i (rank r_i, quota q_i) computes:
 //  1. each copy first takes its own rank's pairs: min(q_i, n_{r_i});
 //  2. the remaining quotas and counts are matched sources ascending, copies
-//     in copy order (northwest corner rule). With dedup (the all-to-all's
-//     dedup-aware choice) the counts round also carries each source's SOLE
-//     HOME PAIRS of e: pairs whose token has no other pair homed on e's home
-//     rank, so that sending one to a replica moves the token's row instead
-//     of adding one. Then, before the northwest rule, the replicas take the
-//     sources' sole pairs (a source's own copy having taken its sole pairs
-//     first; none from the home rank, whose pairs are on no wire), sources
-//     ascending, copies in copy order; only what is left is matched as
-//     above. So a replica adds token rows after dedup only when its quota
-//     exceeds the sole pairs of every source (issue 31 item 3).
+//     in copy order (northwest corner rule).
 // Within source s, its pairs of e in its local (token, k) order over the step
 // go to the copies in copy order, sub[s][i] to copy i (the positional rule);
 // the all-to-all with dedup may instead pick which of s's pairs fill each
@@ -110,16 +101,12 @@ void split_evenly(std::int64_t count, std::span<ExpertCopy> copies);
 // computes. Per expert e with copies i (rank r_i, quota q_i) and counts n_s:
 // first local_i = min(q_i, n_{r_i}) to each copy from its own rank, then the
 // remaining quotas and counts matched sources ascending, copies in copy order
-// (northwest corner rule), the replicas first taking sole home pairs when
-// `sole_home_pairs` [R * E] is given (each <= its count; empty: none, the
-// rule without dedup). O(E * R + copies). `counts` is the all-gathered
+// (northwest corner rule). O(E * R + copies). `counts` is the all-gathered
 // [R * E] (counts[r * E + e]); the plan's quotas must sum to each expert's
 // column sum (checked).
-std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts,
-                                     std::span<const std::int64_t> sole_home_pairs = {});
+std::vector<std::int64_t> sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts);
 // Row `source` of sub_quotas, indexed like plan.copies.
-std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source,
-                                            std::span<const std::int64_t> sole_home_pairs = {});
+std::vector<std::int64_t> source_sub_quotas(const ReplicaPlan& plan, std::span<const std::int64_t> counts, int source);
 
 // Reorders each rank's B slots in `slot_experts` [R * B] so that an expert
 // that held slot b of the rank in `previous` [R * B] stays in slot b (its

@@ -34,10 +34,6 @@ ReplicaExchange::ReplicaExchange(transport::Communicator& comm, const EpConfig& 
   EPMOE_CHECK(config.replicas_enabled());
 }
 
-bool ReplicaExchange::chooses_for_dedup() const {
-  return config_.dispatch == DispatchKind::alltoall && config_.dedup && config_.replica_choice == ReplicaChoice::dedup;
-}
-
 bool ReplicaExchange::dedup_rows_priced() const {
   return config_.balance == BalanceMode::dynamic && config_.dispatch == DispatchKind::alltoall && config_.dedup &&
          costs().token_row_seconds > 0;
@@ -59,8 +55,7 @@ balance::ReplicaCosts ReplicaExchange::costs() const {
   // rank, R - 1 hops of latency. Refused plans skip it (plan_step).
   const bool all_to_all = config_.dispatch == DispatchKind::alltoall;
   const double count_bytes =
-      8.0 * (config_.num_experts + (all_to_all ? 1 : 0) + (all_to_all && config_.dedup ? comm_.size() : 0) +
-             (chooses_for_dedup() ? config_.num_experts : 0));
+      8.0 * (config_.num_experts + (all_to_all ? 1 : 0) + (all_to_all && config_.dedup ? comm_.size() : 0));
   costs.plan_seconds = (comm_.size() - 1) * (rates.link_latency_s + count_bytes / rates.link_bytes_per_s);
   if (config_.dispatch == DispatchKind::alltoall) {
     // A row on the wire: the token forward (f32 or fp8), its expert output
@@ -103,14 +98,10 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
   // expert homed there): R more, in the same all-gather.
   const bool rows_measured = dedup_rows_priced();
   // [E counts], and when token rows are priced (the all-to-all) [its pairs]
-  // and with dedup [R rows], and with the dedup-aware choice [E sole home
-  // pairs] (the sub-quotas give replicas the pairs that move a row, not add
-  // one): the plan formulas' ·E·8 bytes otherwise.
+  // and with dedup [R rows]: the plan formulas' ·E·8 bytes otherwise.
   const bool pairs_sent = costs().token_row_seconds > 0;
-  const bool sole_sent = chooses_for_dedup();
   const int pairs_at = num_experts_, rows_at = num_experts_ + (pairs_sent ? 1 : 0);
-  const int sole_at = rows_at + (rows_measured ? num_ranks_ : 0);
-  const int per_rank = sole_at + (sole_sent ? num_experts_ : 0);
+  const int per_rank = rows_at + (rows_measured ? num_ranks_ : 0);
   std::vector<std::int64_t> local(static_cast<std::size_t>(per_rank), 0);
   for (const std::int32_t expert : topk_ids) {
     EPMOE_CHECK(expert >= 0 && expert < num_experts_);
@@ -126,10 +117,6 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
       for (int r = 0; r < num_ranks_; ++r) local[rows_at + r] += hit[r];
     }
   }
-  if (sole_sent) {
-    const std::vector<std::int64_t> sole = balance::sole_home_pairs(topk_ids, config_.top_k, homes_, comm_.rank());
-    std::copy(sole.begin(), sole.end(), local.begin() + sole_at);
-  }
   std::vector<std::int64_t> gathered(static_cast<std::size_t>(num_ranks_) * per_rank, 0);
   comm::ring_all_gather(comm_, {.input = local.data(),
                                 .output = gathered.data(),
@@ -142,15 +129,12 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
   counts_.assign(static_cast<std::size_t>(num_ranks_) * num_experts_, 0);
   source_pairs_.assign(pairs_sent ? static_cast<std::size_t>(num_ranks_) : 0, 0);
   source_rows_.assign(rows_measured ? static_cast<std::size_t>(num_ranks_) * num_ranks_ : 0, 0);
-  sole_pairs_.assign(sole_sent ? counts_.size() : 0, 0);
   for (int r = 0; r < num_ranks_; ++r) {
     const std::int64_t* row = gathered.data() + static_cast<std::size_t>(r) * per_rank;
     std::copy(row, row + num_experts_, counts_.begin() + static_cast<std::ptrdiff_t>(r) * num_experts_);
     if (pairs_sent) source_pairs_[r] = row[pairs_at];
     if (rows_measured)
-      std::copy(row + rows_at, row + sole_at, source_rows_.begin() + static_cast<std::ptrdiff_t>(r) * num_ranks_);
-    if (sole_sent)
-      std::copy(row + sole_at, row + per_rank, sole_pairs_.begin() + static_cast<std::ptrdiff_t>(r) * num_experts_);
+      std::copy(row + rows_at, row + per_rank, source_rows_.begin() + static_cast<std::ptrdiff_t>(r) * num_ranks_);
   }
   std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
   for (int r = 0; r < num_ranks_; ++r)
@@ -239,7 +223,7 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
   // its expert (prefix sums of the locality-first sub-quotas over the
   // expert's copies), so destination() is a binary search over C copies.
   const std::size_t num_copies = plan_.copies.size();
-  sub_quota_end_ = balance::sub_quotas(plan_, counts_, sole_pairs_);
+  sub_quota_end_ = balance::sub_quotas(plan_, counts_);
   for (int s = 0; s < num_ranks_; ++s) {
     std::int64_t* row = sub_quota_end_.data() + static_cast<std::size_t>(s) * num_copies;
     for (int e = 0; e < num_experts_; ++e)
@@ -319,11 +303,11 @@ void ReplicaExchange::destinations(std::span<const std::int32_t> topk_ids, int t
     }
     return;
   }
-  if (chooses_for_dedup()) {
+  if (config_.dispatch == DispatchKind::alltoall && config_.dedup && config_.replica_choice == ReplicaChoice::dedup) {
     // Same per-(source, copy) sub-quotas as the positional rule, so every
     // copy still computes exactly its quota; receivers learn their rows from
     // the routing words and never recompute positions.
-    const std::vector<int> choice = balance::dedup_aware_copy_choice(plan_, counts_, me, topk_ids, top_k, sole_pairs_);
+    const std::vector<int> choice = balance::dedup_aware_copy_choice(plan_, counts_, me, topk_ids, top_k);
     for (std::int64_t i = 0; i < num_pairs; ++i) {
       const int copy = plan_.copy_offsets[topk_ids[i]] + choice[i];
       out[i] = plan_.copies[copy].rank * stride + copy_local_[copy];

@@ -21,9 +21,7 @@
 //     that for any (source rank, expert, index) by a binary search in the
 //     per-(source, copy) prefix sums, and every copy computes exactly its
 //     quota. The all-to-all with dedup (and replica_choice=dedup, the
-//     default) also all-gathers each rank's sole home pairs per expert, so
-//     the sub-quotas give replicas the pairs that move a token's row rather
-//     than add one, and chooses, within those per-(source, copy)
+//     default) instead chooses, within the same per-(source, copy)
 //     sub-quotas, copies on ranks that already receive the token
 //     (balance/dedup_aware_choice.h). The ring keeps the positional rule: it
 //     has no dedup, every token reaching every rank once anyway, so there is
@@ -209,9 +207,6 @@ class ReplicaExchange {
   // Whether plan_step all-gathers each rank's rows per destination rank
   // (the all-to-all with dedup, priced): the token rows dedup leaves.
   bool dedup_rows_priced() const;
-  // The all-to-all with dedup and replica_choice=dedup: the dedup-aware
-  // choice and sub-quotas (balance/dedup_aware_choice.h).
-  bool chooses_for_dedup() const;
   // A step without counts round or plan (priced plans placed nothing
   // lately, or the forecast said so): every pair goes home.
   void skip_planning();
@@ -226,9 +221,6 @@ class ReplicaExchange {
   std::vector<std::int64_t> counts_;        // [R * E] all-gathered
   std::vector<std::int64_t> source_rows_;   // [R * R] with dedup_rows_priced(), else empty
   std::vector<std::int64_t> source_pairs_;  // [R] each rank's (token, k) pairs this step
-  // [R * E] each rank's sole home pairs (balance::sole_home_pairs) with
-  // chooses_for_dedup(), else empty: the sub-quotas give them to replicas.
-  std::vector<std::int64_t> sole_pairs_;
   balance::ReplicaPlan plan_;
   // [R * copies]: per source, the running sum of the locality-first
   // sub-quotas over each expert's copies (where each copy's run among the

@@ -18,7 +18,6 @@
 //  * zero tokens, R = 1, B = 0.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -70,22 +69,21 @@ struct Totals {
 };
 
 // Checks one (plan, counts, routing per source) case; adds its rows to totals.
-// `sole` [R * E]: the sources' sole home pairs for the sub-quotas, or empty.
 void check_case(const ReplicaPlan& plan, const std::vector<std::int64_t>& counts,
                 const std::vector<std::vector<std::int32_t>>& routing, int top_k, Totals& totals,
-                const std::string& what, std::span<const std::int64_t> sole = {}) {
+                const std::string& what) {
   std::vector<std::int64_t> received(plan.copies.size(), 0);
   for (int s = 0; s < plan.num_ranks; ++s) {
     const std::vector<std::int32_t>& ids = routing[s];
-    const std::vector<int> positional = positional_copy_choice(plan, counts, s, ids, top_k, sole);
-    const std::vector<int> choice = dedup_aware_copy_choice(plan, counts, s, ids, top_k, sole);
+    const std::vector<int> positional = positional_copy_choice(plan, counts, s, ids, top_k);
+    const std::vector<int> choice = dedup_aware_copy_choice(plan, counts, s, ids, top_k);
     ASSERT_EQ(choice.size(), ids.size()) << what;
-    const std::vector<std::int64_t> sub = source_sub_quotas(plan, counts, s, sole);
+    const std::vector<std::int64_t> sub = source_sub_quotas(plan, counts, s);
     EXPECT_EQ(per_copy(plan, ids, positional), sub) << what << " source " << s << ": positional";
     const std::vector<std::int64_t> mine = per_copy(plan, ids, choice);
     EXPECT_EQ(mine, sub) << what << " source " << s << ": dedup-aware per-(source, copy) counts";
     for (std::size_t i = 0; i < mine.size(); ++i) received[i] += mine[i];
-    EXPECT_EQ(dedup_aware_copy_choice(plan, counts, s, ids, top_k, sole), choice) << what << ": deterministic";
+    EXPECT_EQ(dedup_aware_copy_choice(plan, counts, s, ids, top_k), choice) << what << ": deterministic";
     const std::int64_t rows_positional = off_rank_rows(plan, s, ids, top_k, positional);
     const std::int64_t rows = off_rank_rows(plan, s, ids, top_k, choice);
     EXPECT_LE(rows, rows_positional) << what << " source " << s;
@@ -145,18 +143,16 @@ ReplicaPlan random_plan(Rng& rng, const std::vector<std::int64_t>& global, int n
   return plan;
 }
 
-// The sub-quotas against every property of the contract, for one case;
-// with `sole` [R * E] (sole home pairs), the replicas' sole-first rule.
-void check_sub_quotas(const ReplicaPlan& plan, const std::vector<std::int64_t>& counts, const std::string& what,
-                      std::span<const std::int64_t> sole = {}) {
+// The sub-quotas against every property of the contract, for one case.
+void check_sub_quotas(const ReplicaPlan& plan, const std::vector<std::int64_t>& counts, const std::string& what) {
   const int num_ranks = plan.num_ranks, num_experts = plan.num_experts;
   const std::size_t num_copies = plan.copies.size();
-  const std::vector<std::int64_t> sub = sub_quotas(plan, counts, sole);
+  const std::vector<std::int64_t> sub = sub_quotas(plan, counts);
   ASSERT_EQ(sub.size(), static_cast<std::size_t>(num_ranks) * num_copies) << what;
-  EXPECT_EQ(sub_quotas(plan, counts, sole), sub) << what << ": deterministic";
+  EXPECT_EQ(sub_quotas(plan, counts), sub) << what << ": deterministic";
   const auto at = [&](int s, int i) { return sub[static_cast<std::size_t>(s) * num_copies + i]; };
   for (int s = 0; s < num_ranks; ++s) {
-    const std::vector<std::int64_t> row = source_sub_quotas(plan, counts, s, sole);
+    const std::vector<std::int64_t> row = source_sub_quotas(plan, counts, s);
     EXPECT_EQ(row, std::vector<std::int64_t>(sub.begin() + s * num_copies, sub.begin() + (s + 1) * num_copies))
         << what << " source " << s << ": source_sub_quotas is row s";
   }
@@ -186,29 +182,6 @@ void check_sub_quotas(const ReplicaPlan& plan, const std::vector<std::int64_t>& 
       EXPECT_EQ(at(r, i), local) << what << " expert " << e << " copy " << i - first << ": local first";
       for (int s = 0; s < num_ranks; ++s)
         rest[static_cast<std::size_t>(s) * (last - first) + (i - first)] = at(s, i) - (s == r ? local : 0);
-    }
-    if (!sole.empty()) {
-      // Sole first: the replicas' remote pairs come from the sources' sole
-      // pairs (what their own ranks left, none of the home's) as far as
-      // those reach.
-      const int home = plan.copies[first].rank;
-      std::int64_t supply = 0, taken = 0, replica_remote = 0;
-      for (int s = 0; s < num_ranks; ++s) {
-        std::int64_t local = 0, from_s = 0;
-        for (int i = first; i < last; ++i) {
-          if (plan.copies[i].rank == s)
-            local = at(s, i);
-          else if (i > first)
-            from_s += at(s, i);
-        }
-        const std::int64_t left =
-            s == home ? 0 : std::max<std::int64_t>(0, sole[static_cast<std::size_t>(s) * num_experts + e] - local);
-        supply += left;
-        taken += std::min(left, from_s);
-        replica_remote += from_s;
-      }
-      EXPECT_EQ(taken, std::min(supply, replica_remote)) << what << " expert " << e << ": sole pairs first";
-      continue;
     }
     // The rest is the northwest corner rule: its nonzero cells form a
     // staircase (a later source never uses an earlier copy than an earlier
@@ -436,103 +409,6 @@ TEST(DedupAwareChoice, ConstructedCaseSavesRows) {
   check_case(plan, counts, routing, 2, totals, "constructed");
   EXPECT_EQ(totals.positional, 4);
   EXPECT_EQ(totals.dedup_aware, 2);
-}
-
-// Sole home pairs by hand: R = 4, E = 8 (rank r homes experts 2r, 2r + 1),
-// source 1, K = 2.
-TEST(SoleHomePairs, ByHand) {
-  const std::vector<int> homes = contiguous_home_ranks(8, 4);
-  // Token 0 {0, 4}: both sole (ranks 0 and 2). Token 1 {0, 1}: both on rank
-  // 0, neither sole. Token 2 {2, 6}: expert 2 is homed on the source itself
-  // (no wire: 0), expert 6 sole.
-  const std::vector<std::int32_t> ids = {0, 4, 0, 1, 2, 6};
-  EXPECT_EQ(sole_home_pairs(ids, 2, homes, 1), (std::vector<std::int64_t>{1, 0, 0, 0, 1, 0, 1, 0}));
-  EXPECT_EQ(sole_home_pairs({}, 2, homes, 1), std::vector<std::int64_t>(8, 0));
-  EXPECT_ANY_THROW(sole_home_pairs(std::vector<std::int32_t>{0, 8}, 2, homes, 1));
-}
-
-// R = 4, E = 8 (rank r homes experts 2r, 2r + 1), K = 2. Expert 0 (home
-// rank 0, quota 2) has a replica on rank 3 (quota 2); rank 3 has no pairs of
-// it. Source 1's two tokens are {0, 4}: expert 0 is their only pair on rank
-// 0 (sole). Source 2's two tokens are {0, 1}: both pairs on rank 0. With
-// every expert at home: source 1 sends 4 rows (ranks 0 and 2 each token),
-// source 2 sends 2. The northwest rule gives the home source 1's pairs and
-// the replica source 2's: source 2's tokens then need rank 0 (expert 1) and
-// rank 3 (expert 0), 4 rows, 8 in all. Sole first, the replica takes source
-// 1's pairs (their row moves from rank 0 to rank 3) and the home keeps
-// source 2's: 6 rows, as many as with no replica.
-TEST(SubQuotas, ReplicasTakeSolePairsFirst) {
-  ReplicaPlan plan;
-  plan.num_experts = 8;
-  plan.num_ranks = 4;
-  plan.num_redundant_slots_per_rank = 1;
-  plan.copy_offsets = {0, 2, 3, 4, 5, 6, 7, 8, 9};
-  plan.copies = {{0, 2}, {3, 2}, {0, 2}, {1, 0}, {1, 0}, {2, 2}, {2, 0}, {3, 0}, {3, 0}};
-  plan.slot_experts = {kEmptySlot, kEmptySlot, kEmptySlot, 0};
-  const std::vector<std::vector<std::int32_t>> routing = {{}, {0, 4, 0, 4}, {0, 1, 0, 1}, {}};
-  const std::vector<std::int64_t> counts = gathered_counts(routing, 8);
-  const std::vector<int> homes = contiguous_home_ranks(8, 4);
-  std::vector<std::int64_t> sole;
-  for (int s = 0; s < 4; ++s) {
-    const std::vector<std::int64_t> mine = sole_home_pairs(routing[s], 2, homes, s);
-    sole.insert(sole.end(), mine.begin(), mine.end());
-  }
-  check_sub_quotas(plan, counts, "sole first", sole);
-  const std::vector<std::int64_t> with_sole = sub_quotas(plan, counts, sole);
-  const std::size_t num_copies = plan.copies.size();
-  EXPECT_EQ(with_sole[1 * num_copies + 1], 2) << "the replica takes source 1's sole pairs";
-  EXPECT_EQ(with_sole[2 * num_copies + 0], 2) << "the home keeps source 2's";
-  Totals northwest, sole_first;
-  check_case(plan, counts, routing, 2, northwest, "northwest");
-  check_case(plan, counts, routing, 2, sole_first, "sole first", sole);
-  EXPECT_EQ(northwest.dedup_aware, 8);
-  EXPECT_EQ(sole_first.dedup_aware, 6) << "as many rows as with every expert at home";
-}
-
-// Random skewed routings, random plans: the sole-first sub-quotas keep the
-// contract, and summed over the cases send fewer rows than the northwest
-// rule; the planner's plan under packed Zipf too.
-TEST(SubQuotas, SolePairsFirstSendFewerRows) {
-  Rng rng(31);
-  Totals northwest, sole_first;
-  for (int num_ranks : {2, 3, 4, 8})
-    for (int slots : {1, 2})
-      for (int top_k : {2, 4})
-        for (int trial = 0; trial < 4; ++trial) {
-          const int num_experts = num_ranks * 4;
-          std::vector<std::vector<std::int32_t>> routing;
-          std::vector<std::int64_t> sole;
-          const std::vector<int> homes = contiguous_home_ranks(num_experts, num_ranks);
-          for (int r = 0; r < num_ranks; ++r) {
-            routing.push_back(random_routing(rng, 40, num_experts, num_ranks, top_k, true));
-            const std::vector<std::int64_t> mine = sole_home_pairs(routing.back(), top_k, homes, r);
-            sole.insert(sole.end(), mine.begin(), mine.end());
-          }
-          const std::vector<std::int64_t> counts = gathered_counts(routing, num_experts);
-          const ReplicaPlan plan = random_plan(rng, column_sums(counts, num_ranks, num_experts), num_ranks, slots);
-          const std::string what = "R" + std::to_string(num_ranks) + " B" + std::to_string(slots) + " K" +
-                                   std::to_string(top_k) + " trial " + std::to_string(trial);
-          check_sub_quotas(plan, counts, what, sole);
-          check_case(plan, counts, routing, top_k, northwest, what);
-          check_case(plan, counts, routing, top_k, sole_first, what + " sole", sole);
-        }
-  EXPECT_LT(sole_first.dedup_aware, northwest.dedup_aware);
-  std::printf("random plans, rows after dedup: northwest %lld, sole first %lld\n",
-              static_cast<long long>(northwest.dedup_aware), static_cast<long long>(sole_first.dedup_aware));
-
-  const PackedZipfCase c = packed_zipf_case(1.2);
-  std::vector<std::int64_t> sole;
-  for (int s = 0; s < 8; ++s) {
-    const std::vector<std::int64_t> mine = sole_home_pairs(c.routing[s], 8, contiguous_home_ranks(64, 8), s);
-    sole.insert(sole.end(), mine.begin(), mine.end());
-  }
-  check_sub_quotas(c.plan, c.counts, "zipf packed sole", sole);
-  Totals zipf_northwest, zipf_sole;
-  check_case(c.plan, c.counts, c.routing, 8, zipf_northwest, "zipf packed");
-  check_case(c.plan, c.counts, c.routing, 8, zipf_sole, "zipf packed sole", sole);
-  EXPECT_LT(zipf_sole.dedup_aware, zipf_northwest.dedup_aware);
-  std::printf("zipf packed, rows after dedup: northwest %lld, sole first %lld\n",
-              static_cast<long long>(zipf_northwest.dedup_aware), static_cast<long long>(zipf_sole.dedup_aware));
 }
 
 TEST(DedupAwareChoice, EdgeCases) {
