@@ -1,6 +1,7 @@
 #include "balance/replica_planner.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "core/error.h"
@@ -226,8 +227,10 @@ class WaterFill {
   void price_runs(bool on) { price_runs_ = on && costs_.enabled(); }
 
   // Fills towards `target`; returns the max rank load reached (<= target when
-  // the slots allowed it). The state holds the plan afterwards.
-  std::int64_t fill(std::int64_t target, RunRule rule) {
+  // the slots allowed it). The state holds the plan afterwards. A fill opens
+  // at most `slot_limit` slots per rank (B when 0).
+  std::int64_t fill(std::int64_t target, RunRule rule, int slot_limit = 0) {
+    const int slots = slot_limit > 0 ? std::min(slot_limit, num_slots_) : num_slots_;
     reset();
     unpaid_runs_ = 0;
     std::int64_t excess = 0;
@@ -241,8 +244,8 @@ class WaterFill {
     std::sort(donors_.begin(), donors_.end(), [&](int a, int b) { return gives_before(a, b, target); });
     for (const int receiver : ranks_by_home_load_) {
       if (home_loads_[receiver] >= target) break;  // the receivers end
-      while (excess > 0 && used_slots_[receiver] < num_slots_ && loads_[receiver] < target) {
-        int at = choose_donor(target - loads_[receiver], used_slots_[receiver] + 1 == num_slots_, target, rule);
+      while (excess > 0 && used_slots_[receiver] < slots && loads_[receiver] < target) {
+        int at = choose_donor(target - loads_[receiver], used_slots_[receiver] + 1 == slots, target, rule);
         if (at < 0) break;
         std::int64_t run = std::min(run_of(donors_[at], target), target - loads_[receiver]);
         if (!pays(receiver, largest_expert(donors_[at]), run)) {
@@ -604,49 +607,67 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
   // Cost-aware: the balance plan (what the threshold asks, whatever it
   // costs) against plans that refuse the runs that do not pay for their slot,
   // aimed at the balance target and at 1/3 and 2/3 of the way back to the
-  // homes' max load; and no replicas (net 0). Each candidate is one fill and
-  // one pricing, O(E + R * B), so the search keeps the plan within
-  // microseconds.
+  // homes' max load, and with B > 1 at the balance target with one slot per
+  // rank (fewer replicas on a hot home's port: with B = 2 the balance plan
+  // can put two of its experts' weights on each receiver and pay more than
+  // it saves where one each pays: many tokens per expert, packed, h200,
+  // docs/BENCHMARKS.md "Priced replicas" 2026-12-07); and no replicas (net
+  // 0). Each candidate is one fill and one pricing, O(E + R * B), so the
+  // search keeps the plan within microseconds.
   const WaterFill::Value balanced = fill.evaluate();
-  struct Choice {
-    WaterFill::Value value;
-    std::int64_t target;
-    RunRule rule;
-    bool priced;
-  };
-  Choice chosen{balanced, best_target, best.rule, false}, last = chosen;
+  const bool balance_plan_pays = fill.unpaid_runs() == 0;
   WaterFill::Saved chosen_plan;
   fill.save(chosen_plan);
-  // A fill costs a few microseconds at E=256 R=64 (bench/balance): three
-  // candidates, the first skipped when every run of the balance plan pays
-  // (pricing would not change it).
+  struct Candidate {
+    std::int64_t target;
+    RunRule rule;
+    int slot_limit;   // 0: B
+    bool price_runs;  // refuse the runs that do not pay for their slot
+  };
   constexpr int kFractions = 3;
-  const bool balance_plan_pays = fill.unpaid_runs() == 0;
-  fill.price_runs(true);
+  std::array<Candidate, kFractions + 1> candidates;
+  int num_candidates = 0;
+  // The first fraction is skipped when every run of the balance plan pays
+  // (pricing would not change it).
   for (int j = balance_plan_pays ? 1 : 0; j < kFractions; ++j) {
     const std::int64_t at = j == 0 ? best_target : best.reached + (homes.max_load - best.reached) * j / kFractions;
     if (at >= homes.max_load) break;
-    const RunRule rule = j == 0 ? best.rule : RunRule::finish_or_fill;
-    fill.fill(at, rule);
-    last = {fill.evaluate(), at, rule, true};
-    if (last.value.net() > chosen.value.net()) {
-      chosen = last;
-      if (j + 1 < kFractions) fill.save(chosen_plan);  // the last fill stays in place
+    candidates[num_candidates++] = {at, j == 0 ? best.rule : RunRule::finish_or_fill, 0, true};
+  }
+  if (options.num_redundant_slots_per_rank > 1) {
+    // Every run kept, as in the balance plan (a run that does not pay for
+    // its slot alone may pay with the token rows it moves).
+    candidates[num_candidates++] = {best_target, best.rule, 1, false};
+  }
+  WaterFill::Value chosen = balanced;
+  int chosen_index = -1;  // -1: the balance plan
+  bool chosen_priced = false;
+  for (int i = 0; i < num_candidates; ++i) {
+    fill.price_runs(candidates[i].price_runs);
+    fill.fill(candidates[i].target, candidates[i].rule, candidates[i].slot_limit);
+    const WaterFill::Value value = fill.evaluate();
+    if (value.net() > chosen.net()) {
+      chosen = value;
+      chosen_index = i;
+      chosen_priced = true;
+      if (i + 1 < num_candidates) fill.save(chosen_plan);  // the last fill stays in place
     }
   }
-  if (!(chosen.value.net() > 0)) {
-    chosen = {{}, homes.max_load, RunRule::largest, false};
+  const std::int64_t chosen_target = chosen_index < 0 ? best_target : candidates[chosen_index].target;
+  if (!(chosen.net() > 0)) {
+    chosen = {};
+    chosen_priced = false;
     fill.fill(homes.max_load, RunRule::largest);  // nothing moves: no donors, one pass
-  } else if (chosen.target != last.target || chosen.rule != last.rule || chosen.priced != last.priced) {
+  } else if (chosen_index != num_candidates - 1) {
     fill.restore(chosen_plan);
   }
   ReplicaPlan plan = fill.finish();
-  plan.predicted_saving_seconds = chosen.value.saving;
-  plan.predicted_cost_seconds = chosen.value.cost;
-  if (chosen.priced || chosen.target != best_target) {
-    plan.refused_replicas = balanced.replicas - chosen.value.replicas;
-    plan.refused_saving_seconds = balanced.saving - chosen.value.saving;
-    plan.refused_cost_seconds = balanced.cost - chosen.value.cost;
+  plan.predicted_saving_seconds = chosen.saving;
+  plan.predicted_cost_seconds = chosen.cost;
+  if (chosen_priced || !(chosen.net() > 0) || chosen_target != best_target) {
+    plan.refused_replicas = balanced.replicas - chosen.replicas;
+    plan.refused_saving_seconds = balanced.saving - chosen.saving;
+    plan.refused_cost_seconds = balanced.cost - chosen.cost;
   }
   return plan;
 }
