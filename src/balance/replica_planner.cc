@@ -641,7 +641,6 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
   }
   WaterFill::Value chosen = balanced;
   int chosen_index = -1;  // -1: the balance plan
-  bool chosen_priced = false;
   for (int i = 0; i < num_candidates; ++i) {
     fill.price_runs(candidates[i].price_runs);
     fill.fill(candidates[i].target, candidates[i].rule, candidates[i].slot_limit);
@@ -649,14 +648,12 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
     if (value.net() > chosen.net()) {
       chosen = value;
       chosen_index = i;
-      chosen_priced = true;
       if (i + 1 < num_candidates) fill.save(chosen_plan);  // the last fill stays in place
     }
   }
-  const std::int64_t chosen_target = chosen_index < 0 ? best_target : candidates[chosen_index].target;
-  if (!(chosen.net() > 0)) {
+  const bool places = chosen.net() > 0;
+  if (!places) {
     chosen = {};
-    chosen_priced = false;
     fill.fill(homes.max_load, RunRule::largest);  // nothing moves: no donors, one pass
   } else if (chosen_index != num_candidates - 1) {
     fill.restore(chosen_plan);
@@ -664,7 +661,7 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
   ReplicaPlan plan = fill.finish();
   plan.predicted_saving_seconds = chosen.saving;
   plan.predicted_cost_seconds = chosen.cost;
-  if (chosen_priced || !(chosen.net() > 0) || chosen_target != best_target) {
+  if (chosen_index >= 0 || !places) {  // not the balance plan: what it would have added
     plan.refused_replicas = balanced.replicas - chosen.replicas;
     plan.refused_saving_seconds = balanced.saving - chosen.saving;
     plan.refused_cost_seconds = balanced.cost - chosen.cost;

@@ -52,9 +52,11 @@
 //     transfers cost only what they add to the busiest port beside the
 //     dispatch's token rows (weights) and dx's (gradients): on a port the
 //     tokens leave idle, they are hidden;
-//   * takes, among the balance plan and plans that stop short of it (targets
-//     at 1/3 and 2/3 of the way back to the homes' max load), the one with
-//     the largest saving - cost, and no replicas at all unless that is > 0.
+//   * takes, among the balance plan, plans that stop short of it (targets
+//     at 1/3 and 2/3 of the way back to the homes' max load) and, with
+//     B > 1, the fill at the balance target with one slot per rank (fewer
+//     weights from a hot home's port), the one with the largest
+//     saving - cost, and no replicas at all unless that is > 0.
 // So a plan is never predicted slower than no replicas; what it did not
 // take is reported in ReplicaPlan's refused_* fields.
 #pragma once
