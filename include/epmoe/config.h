@@ -128,6 +128,16 @@ enum class BalanceMode { off, dynamic, periodic };
 // steered to ranks that already receive the token). The ring and the
 // all-to-all without dedup always use the positional rule.
 enum class ReplicaChoice { dedup, position };
+// When balance=dynamic looks for replicas (key replica_planning, `epmoe
+// train` only): exact, every step gathers its counts and plans on them
+// (priced plans that place nothing skip the next 1, 2, 4, ... 16 steps);
+// forecast, a step looks (the same counts round and exact plan) only when a
+// priced plan on the previous step's counts, handed in by the caller from a
+// collective it runs anyway (MoeLayer::forecast_replicas: the trainer's
+// expert-count exchange), places replicas; otherwise every pair goes home
+// and balancing costs the step nothing. A step with no forecast (the first)
+// goes home.
+enum class ReplicaPlanning { exact, forecast };
 // The rates balance=dynamic prices replicas at (docs/BALANCE.md "Cost
 // model"): a replica is placed only when the expert compute it takes off
 // the busiest rank outweighs its weight, gradient and token transfers.
@@ -158,10 +168,11 @@ struct EpConfig {
   BalanceMode balance = BalanceMode::off;
   int redundant_slots = 0;
   double rebalance_threshold = 1.05;
-  int balance_window = 50;                              // periodic: steps of counts a placement is made from
-  int balance_period = 50;                              // periodic: steps between placements
-  ReplicaChoice replica_choice = ReplicaChoice::dedup;  // alltoall with dedup only
-  ReplicaCostRates replica_costs;                       // balance=dynamic; unpriced by default
+  int balance_window = 50;                                    // periodic: steps of counts a placement is made from
+  int balance_period = 50;                                    // periodic: steps between placements
+  ReplicaChoice replica_choice = ReplicaChoice::dedup;        // alltoall with dedup only
+  ReplicaCostRates replica_costs;                             // balance=dynamic; unpriced by default
+  ReplicaPlanning replica_planning = ReplicaPlanning::exact;  // balance=dynamic
   // The group's collective tags: [tag_base, tag_base + kEpGroupTagRange)
   // (a multiple of 1024); other collectives on the same communicator must
   // stay out of that range.
@@ -187,6 +198,7 @@ std::string to_string(TokenFormat format);
 std::string to_string(WireDType dtype);
 std::string to_string(BalanceMode mode);
 std::string to_string(ReplicaChoice choice);
+std::string to_string(ReplicaPlanning planning);
 std::string to_string(ComputeDType dtype);
 std::string to_string(RouterKind kind);
 

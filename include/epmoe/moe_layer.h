@@ -196,6 +196,13 @@ class MoeLayer {
   // empty without replicas. Restoring an empty state is a no-op.
   std::vector<std::int64_t> balance_state() const;
   void restore_balance_state(const std::vector<std::int64_t>& state);
+  // balance=dynamic with replica_planning=forecast (a no-op otherwise): the
+  // counts of the step just run, [R * E] (rank r's (token, k) pairs of
+  // expert e at r * E + e), the same on every rank — gathered on a
+  // collective the caller runs anyway (the trainer's expert-count
+  // exchange). The next step looks for replicas only when a priced plan on
+  // them places some; otherwise its pairs go home at no cost.
+  void forecast_replicas(std::span<const std::int64_t> rank_expert_counts);
 
   const MoeLayerStats& stats() const;
   const MoeStepStats& last_step_stats() const;

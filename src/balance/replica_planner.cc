@@ -1,6 +1,7 @@
 #include "balance/replica_planner.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "core/error.h"
@@ -98,7 +99,9 @@ class WaterFill {
           }
           home_link_rows_ = std::max({home_link_rows_, rows_in_[r], rows_out_[r]});
         }
-        scratch_.assign(static_cast<std::size_t>(2) * num_ranks_, 0);
+        scratch_.assign(static_cast<std::size_t>(3) * num_ranks_, 0);
+        rows_in_after_.assign(num_ranks_, 0);
+        rows_out_after_.assign(num_ranks_, 0);
         evaluated_.assign(num_experts_, 0);
       }
     }
@@ -141,17 +144,48 @@ class WaterFill {
       weight_link = std::max({weight_link, weights_in[r], weights_out[r]});
       gradient_link = std::max({gradient_link, gradients_in[r], gradients_out[r]});
     }
-    value.cost = static_cast<double>(weight_link) * costs_.weight_seconds +
-                 static_cast<double>(gradient_link) * costs_.gradient_seconds +
-                 (value.replicas > 0 ? costs_.plan_seconds : 0);
-    if (prices_tokens() && value.replicas > 0) {
-      // Rows off the busiest link save as much as they cost when added: the
-      // all-to-all's time goes to its busiest link (the hot home's, under
-      // packed hot experts).
-      const double rows = link_rows_after() - static_cast<double>(home_link_rows_);
-      (rows < 0 ? value.saving : value.cost) += std::abs(rows) * costs_.token_row_seconds;
+    value.cost = value.replicas > 0 ? costs_.plan_seconds : 0;
+    if (!prices_tokens() || value.replicas == 0) {
+      value.cost += static_cast<double>(weight_link) * costs_.weight_seconds +
+                    static_cast<double>(gradient_link) * costs_.gradient_seconds;
+      return value;
+    }
+    // Rows off the busiest link save as much as they cost when added: the
+    // all-to-all's time goes to its busiest link (the hot home's, under
+    // packed hot experts).
+    const double rows = link_rows_after() - static_cast<double>(home_link_rows_);
+    (rows < 0 ? value.saving : value.cost) += std::abs(rows) * costs_.token_row_seconds;
+    if (costs_.forward_row_seconds > 0) {
+      // The weights move beside the dispatch's rows: a rank's ingress
+      // carries the rows it computes for others and its slots' weights, its
+      // egress its tokens' rows sent away and the weights it feeds; they
+      // cost what they add to the busiest port. The gradients likewise
+      // beside dx, which flows the other way (a rank's egress carries the
+      // dx of the rows it computed for others).
+      value.cost += added_to_busiest_port(costs_.forward_row_seconds, weights_in, weights_out, costs_.weight_seconds);
+      value.cost +=
+          added_to_busiest_port(costs_.backward_row_seconds, gradients_out, gradients_in, costs_.gradient_seconds);
+    } else {
+      value.cost += static_cast<double>(weight_link) * costs_.weight_seconds +
+                    static_cast<double>(gradient_link) * costs_.gradient_seconds;
     }
     return value;
+  }
+
+  // What the transfers add to the busiest port beside the rows of the last
+  // link_rows_after() at `row_seconds` a row: `beside_rows_in[r]` transfers
+  // share the port that carries rank r's rows in (the rows it computes for
+  // others; back, their dx), `beside_rows_out[r]` the port of its rows out.
+  double added_to_busiest_port(double row_seconds, const std::int64_t* beside_rows_in,
+                               const std::int64_t* beside_rows_out, double transfer_seconds) const {
+    double rows_only = 0, with_transfers = 0;
+    for (int r = 0; r < num_ranks_; ++r) {
+      const double in = rows_in_after_[r] * row_seconds, out = rows_out_after_[r] * row_seconds;
+      rows_only = std::max({rows_only, in, out});
+      with_transfers = std::max({with_transfers, in + static_cast<double>(beside_rows_in[r]) * transfer_seconds,
+                                 out + static_cast<double>(beside_rows_out[r]) * transfer_seconds});
+    }
+    return with_transfers - rows_only;
   }
 
   // Whether a run of `rows` of `expert` into a new slot of `receiver` pays
@@ -193,8 +227,10 @@ class WaterFill {
   void price_runs(bool on) { price_runs_ = on && costs_.enabled(); }
 
   // Fills towards `target`; returns the max rank load reached (<= target when
-  // the slots allowed it). The state holds the plan afterwards.
-  std::int64_t fill(std::int64_t target, RunRule rule) {
+  // the slots allowed it). The state holds the plan afterwards. A fill opens
+  // at most `slot_limit` slots per rank (B when 0).
+  std::int64_t fill(std::int64_t target, RunRule rule, int slot_limit = 0) {
+    const int slots = slot_limit > 0 ? std::min(slot_limit, num_slots_) : num_slots_;
     reset();
     unpaid_runs_ = 0;
     std::int64_t excess = 0;
@@ -208,8 +244,8 @@ class WaterFill {
     std::sort(donors_.begin(), donors_.end(), [&](int a, int b) { return gives_before(a, b, target); });
     for (const int receiver : ranks_by_home_load_) {
       if (home_loads_[receiver] >= target) break;  // the receivers end
-      while (excess > 0 && used_slots_[receiver] < num_slots_ && loads_[receiver] < target) {
-        int at = choose_donor(target - loads_[receiver], used_slots_[receiver] + 1 == num_slots_, target, rule);
+      while (excess > 0 && used_slots_[receiver] < slots && loads_[receiver] < target) {
+        int at = choose_donor(target - loads_[receiver], used_slots_[receiver] + 1 == slots, target, rule);
         if (at < 0) break;
         std::int64_t run = std::min(run_of(donors_[at], target), target - loads_[receiver]);
         if (!pays(receiver, largest_expert(donors_[at]), run)) {
@@ -306,13 +342,16 @@ class WaterFill {
         local[home] += kept - own;
         home_remote[home] += (home_quota_[e] - kept) - (counts_[e] - own);
       }
-    std::fill(per_rank_.begin(), per_rank_.begin() + num_ranks_, 0);  // replica remote pairs
+    // Replica remote pairs per rank (not in per_rank_: evaluate() reads the
+    // transfers there afterwards).
+    std::int64_t* replica_remote = home_remote + num_ranks_;
+    std::fill(replica_remote, replica_remote + num_ranks_, 0);
     for (int r = 0; r < num_ranks_; ++r)
       for (int b = 0; b < used_slots_[r]; ++b) {
         const std::size_t slot = static_cast<std::size_t>(r) * num_slots_ + b;
         const std::int64_t kept = std::min(slot_quota_[slot], source_count(r, slot_experts_[slot]));
         local[r] += kept;
-        per_rank_[r] += slot_quota_[slot] - kept;
+        replica_remote[r] += slot_quota_[slot] - kept;
       }
     const bool dedup = !costs_.source_rows.empty();
     double rows = 0;
@@ -321,12 +360,14 @@ class WaterFill {
       const double in_per_pair = dedup && home_pairs_before > 0
                                      ? static_cast<double>(rows_in_[r]) / static_cast<double>(home_pairs_before)
                                      : 1;
-      const double in = static_cast<double>(home_remote[r]) * in_per_pair + static_cast<double>(per_rank_[r]);
+      const double in = static_cast<double>(home_remote[r]) * in_per_pair + static_cast<double>(replica_remote[r]);
       const std::int64_t out_pairs = source_pairs_[r] - local[r];
       const double out =
           dedup ? static_cast<double>(rows_out_[r] +
                                       std::max<std::int64_t>(0, out_pairs - (source_pairs_[r] - home_local_[r])))
                 : static_cast<double>(out_pairs);
+      rows_in_after_[r] = in;
+      rows_out_after_[r] = out;
       rows = std::max({rows, in, out});
     }
     return rows;
@@ -440,7 +481,9 @@ class WaterFill {
   // Costs (enabled only): scratch [4 * R]; per rank its tokens' pairs and
   // those computed at home with no replicas; the busiest link's rows then.
   std::vector<std::int64_t> per_rank_, source_pairs_, home_local_;
-  std::vector<std::int64_t> rows_in_, rows_out_, scratch_;  // [R] rows without replicas; [2 * R]
+  std::vector<std::int64_t> rows_in_, rows_out_, scratch_;  // [R] rows without replicas; [3 * R]
+  // [R] each rank's rows in and out under the last link_rows_after().
+  std::vector<double> rows_in_after_, rows_out_after_;
   std::int64_t home_link_rows_ = 0;
   // [E] the link_rows_after() call that last counted each expert's home.
   std::vector<int> evaluated_;
@@ -564,49 +607,64 @@ ReplicaPlan plan_replicas(std::span<const std::int64_t> expert_counts, std::span
   // Cost-aware: the balance plan (what the threshold asks, whatever it
   // costs) against plans that refuse the runs that do not pay for their slot,
   // aimed at the balance target and at 1/3 and 2/3 of the way back to the
-  // homes' max load; and no replicas (net 0). Each candidate is one fill and
-  // one pricing, O(E + R * B), so the search keeps the plan within
-  // microseconds.
+  // homes' max load, and with B > 1 at the balance target with one slot per
+  // rank (fewer replicas on a hot home's port: with B = 2 the balance plan
+  // can put two of its experts' weights on each receiver and pay more than
+  // it saves where one each pays: many tokens per expert, packed, h200,
+  // docs/BENCHMARKS.md "Priced replicas" 2026-12-07); and no replicas (net
+  // 0). Each candidate is one fill and one pricing, O(E + R * B), so the
+  // search keeps the plan within microseconds.
   const WaterFill::Value balanced = fill.evaluate();
-  struct Choice {
-    WaterFill::Value value;
-    std::int64_t target;
-    RunRule rule;
-    bool priced;
-  };
-  Choice chosen{balanced, best_target, best.rule, false}, last = chosen;
+  const bool balance_plan_pays = fill.unpaid_runs() == 0;
   WaterFill::Saved chosen_plan;
   fill.save(chosen_plan);
-  // A fill costs a few microseconds at E=256 R=64 (bench/balance): three
-  // candidates, the first skipped when every run of the balance plan pays
-  // (pricing would not change it).
+  struct Candidate {
+    std::int64_t target;
+    RunRule rule;
+    int slot_limit;   // 0: B
+    bool price_runs;  // refuse the runs that do not pay for their slot
+  };
   constexpr int kFractions = 3;
-  const bool balance_plan_pays = fill.unpaid_runs() == 0;
-  fill.price_runs(true);
+  std::array<Candidate, kFractions + 1> candidates;
+  int num_candidates = 0;
+  // The first fraction is skipped when every run of the balance plan pays
+  // (pricing would not change it).
   for (int j = balance_plan_pays ? 1 : 0; j < kFractions; ++j) {
     const std::int64_t at = j == 0 ? best_target : best.reached + (homes.max_load - best.reached) * j / kFractions;
     if (at >= homes.max_load) break;
-    const RunRule rule = j == 0 ? best.rule : RunRule::finish_or_fill;
-    fill.fill(at, rule);
-    last = {fill.evaluate(), at, rule, true};
-    if (last.value.net() > chosen.value.net()) {
-      chosen = last;
-      if (j + 1 < kFractions) fill.save(chosen_plan);  // the last fill stays in place
+    candidates[num_candidates++] = {at, j == 0 ? best.rule : RunRule::finish_or_fill, 0, true};
+  }
+  if (options.num_redundant_slots_per_rank > 1) {
+    // Every run kept, as in the balance plan (a run that does not pay for
+    // its slot alone may pay with the token rows it moves).
+    candidates[num_candidates++] = {best_target, best.rule, 1, false};
+  }
+  WaterFill::Value chosen = balanced;
+  int chosen_index = -1;  // -1: the balance plan
+  for (int i = 0; i < num_candidates; ++i) {
+    fill.price_runs(candidates[i].price_runs);
+    fill.fill(candidates[i].target, candidates[i].rule, candidates[i].slot_limit);
+    const WaterFill::Value value = fill.evaluate();
+    if (value.net() > chosen.net()) {
+      chosen = value;
+      chosen_index = i;
+      if (i + 1 < num_candidates) fill.save(chosen_plan);  // the last fill stays in place
     }
   }
-  if (!(chosen.value.net() > 0)) {
-    chosen = {{}, homes.max_load, RunRule::largest, false};
+  const bool places = chosen.net() > 0;
+  if (!places) {
+    chosen = {};
     fill.fill(homes.max_load, RunRule::largest);  // nothing moves: no donors, one pass
-  } else if (chosen.target != last.target || chosen.rule != last.rule || chosen.priced != last.priced) {
+  } else if (chosen_index != num_candidates - 1) {
     fill.restore(chosen_plan);
   }
   ReplicaPlan plan = fill.finish();
-  plan.predicted_saving_seconds = chosen.value.saving;
-  plan.predicted_cost_seconds = chosen.value.cost;
-  if (chosen.priced || chosen.target != best_target) {
-    plan.refused_replicas = balanced.replicas - chosen.value.replicas;
-    plan.refused_saving_seconds = balanced.saving - chosen.value.saving;
-    plan.refused_cost_seconds = balanced.cost - chosen.value.cost;
+  plan.predicted_saving_seconds = chosen.saving;
+  plan.predicted_cost_seconds = chosen.cost;
+  if (chosen_index >= 0 || !places) {  // not the balance plan: what it would have added
+    plan.refused_replicas = balanced.replicas - chosen.replicas;
+    plan.refused_saving_seconds = balanced.saving - chosen.saving;
+    plan.refused_cost_seconds = balanced.cost - chosen.cost;
   }
   return plan;
 }

@@ -47,10 +47,16 @@
 //     gradient transfers, each at the link's rate (transfers on different
 //     links overlap, on one add up); the token rows the busiest link gains
 //     count as cost, those it loses as saving (the all-to-all's time goes to
-//     its busiest link: under packed hot experts, the hot home's);
-//   * takes, among the balance plan and plans that stop short of it (targets
-//     at 1/3 and 2/3 of the way back to the homes' max load), the one with
-//     the largest saving - cost, and no replicas at all unless that is > 0.
+//     its busiest link: under packed hot experts, the hot home's). With the
+//     all-to-all's rows per direction given (forward_row_seconds), the
+//     transfers cost only what they add to the busiest port beside the
+//     dispatch's token rows (weights) and dx's (gradients): on a port the
+//     tokens leave idle, they are hidden;
+//   * takes, among the balance plan, plans that stop short of it (targets
+//     at 1/3 and 2/3 of the way back to the homes' max load) and, with
+//     B > 1, the fill at the balance target with one slot per rank (fewer
+//     weights from a hot home's port), the one with the largest
+//     saving - cost, and no replicas at all unless that is > 0.
 // So a plan is never predicted slower than no replicas; what it did not
 // take is reported in ReplicaPlan's refused_* fields.
 #pragma once
@@ -72,6 +78,15 @@ struct ReplicaCosts {
   double weight_seconds = 0;     // one expert's weights over one link into a slot, latency included
   double gradient_seconds = 0;   // one slot's gradient over one link home; 0 without a backward
   double token_row_seconds = 0;  // one token row more over a link (all-to-all); 0 for the ring
+  // The transfers move beside the all-to-all's rows (ep/replica_exchange.h:
+  // the weights leave with the plan, before the dispatch; the gradients as
+  // dx comes back), each rank's port one way carrying both: a token row
+  // forward (the dispatch) and a dx row back. With token rows priced, a
+  // plan pays only what the transfers add to the busiest port beyond its
+  // token rows (the hidden part is free). 0: the transfers are priced as
+  // exposed (the ring, whose all-gather keeps every link busy).
+  double forward_row_seconds = 0;
+  double backward_row_seconds = 0;
   // What planning itself costs a step (the counts round): a plan with
   // replicas pays it, one without lets the engine skip it next time.
   double plan_seconds = 0;

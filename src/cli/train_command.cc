@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "data/checkpoint_store.h"
 #include "data/output_paths.h"
+#include "ep/ep_config.h"
 #include "model/trainer.h"
 #include "run/config_keys.h"
 #include "run/layer_key_groups.h"
@@ -38,6 +39,7 @@ using run::FaultSpecSource;
 using run::KeyGroup;
 using run::KeyRegistry;
 using run::KeySpec;
+using run::KeyType;
 using run::launch_ranks;
 using run::model_keys;
 using run::modelled_time_keys;
@@ -56,11 +58,30 @@ namespace {
 constexpr char kTrainCommand[] = "train";
 
 // The default run is the README's main command: four ranks on threads.
+// Replicas are on by default (balance=dynamic redundant_slots=2, priced,
+// replica_planning=forecast): a step looks for them only when the previous
+// step's counts, which the trainer gathers anyway, say a plan pays, so a run
+// whose replicas never pay costs what balance=off costs (docs/BALANCE.md,
+// "The trainer's default"). The trainer alone has replica_planning: it
+// hands each layer those counts.
 KeyGroup train_expert_parallel_keys() {
   KeyGroup group = expert_parallel_keys();
   for (KeySpec& key : group.keys) {
     if (key.name == "ranks") key.default_value = "4";
+    if (key.name == "balance") {
+      key.default_value = "dynamic";
+      key.help += " (epmoe train: dynamic, or off on one rank or with capacity_factor > 0)";
+    }
+    if (key.name == "redundant_slots") key.default_value = "2";
   }
+  group.keys.push_back(
+      {.name = "replica_planning",
+       .type = KeyType::choice,
+       .default_value = to_string(ReplicaPlanning::forecast),
+       .help = "balance=dynamic: forecast = a step looks for replicas (counts round, exact plan) only when a priced "
+               "plan on the previous step's counts, which the trainer gathers anyway, places some, else every pair "
+               "goes home at no cost; exact = every step looks (refused plans skip 1, 2, 4 .. 16 steps)",
+       .choices = {to_string(ReplicaPlanning::exact), to_string(ReplicaPlanning::forecast)}});
   return group;
 }
 
@@ -83,9 +104,21 @@ ProgressMode progress_mode(const std::string& value) {
   return value == "on" ? ProgressMode::on : value == "off" ? ProgressMode::off : ProgressMode::auto_detect;
 }
 
+// balance defaults to dynamic where replicas can apply: not on one rank (no
+// other rank to hold a replica; the run keeps the local dispatcher) nor with
+// capacity_factor > 0 (replica quotas are exact). There it is off, as if set.
+ConfigValues train_values(const TrainArguments& arguments) {
+  std::vector<run::KeyAssignment> assignments =
+      command_assignments(arguments.config_file, arguments.assignments, kTrainCommand);
+  const ConfigValues values = train_key_registry().parse(assignments);
+  const bool one_rank = values.get_string("transport") == "threads" && values.get_int32("ranks") == 1;
+  if (values.is_set("balance") || !(one_rank || values.get_float("capacity_factor") > 0)) return values;
+  assignments.insert(assignments.begin(), {"balance", "off", "epmoe train's default where replicas cannot apply"});
+  return train_key_registry().parse(assignments);
+}
+
 void run_train_command(const TrainArguments& arguments) {
-  const ConfigValues values =
-      train_key_registry().parse(command_assignments(arguments.config_file, arguments.assignments, kTrainCommand));
+  const ConfigValues values = train_values(arguments);
   const MoeLmConfig model = moe_lm_config_from(values);
   // The rank count first (ranks= or the mpirun world), then every rule that
   // involves it: batch_size, then num_experts (in the EP settings).
@@ -94,6 +127,7 @@ void run_train_command(const TrainArguments& arguments) {
                         : values.get_int32("ranks");
   const TrainerConfig trainer = trainer_config_from(values, model, world);
   ExpertParallelSettings settings = expert_parallel_settings_from(values, model.layer);
+  settings.ep.replica_planning = ep::parse_replica_planning("replica_planning", values.get_string("replica_planning"));
   const std::unique_ptr<FaultInjector> faults =
       fault_injector_from(values, settings.num_ranks, FaultSpecSource::key_or_environment);
   settings.faults = faults.get();

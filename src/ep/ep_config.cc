@@ -54,9 +54,17 @@ ReplicaChoice parse_replica_choice(std::string_view key, std::string_view value)
   bad_choice(key, value, "dedup, position");
 }
 
+ReplicaPlanning parse_replica_planning(std::string_view key, std::string_view value) {
+  if (value == "exact") return ReplicaPlanning::exact;
+  if (value == "forecast") return ReplicaPlanning::forecast;
+  bad_choice(key, value, "exact, forecast");
+}
+
 }  // namespace epmoe::ep
 
 namespace epmoe {
+
+std::string to_string(ReplicaPlanning planning) { return planning == ReplicaPlanning::exact ? "exact" : "forecast"; }
 
 std::string to_string(ReplicaChoice choice) { return choice == ReplicaChoice::dedup ? "dedup" : "position"; }
 

@@ -17,5 +17,6 @@ WireDType parse_wire_dtype(std::string_view key, std::string_view value, Compute
 CotangentAllGather parse_cotangent_all_gather(std::string_view key, std::string_view value);
 BalanceMode parse_balance_mode(std::string_view key, std::string_view value);
 ReplicaChoice parse_replica_choice(std::string_view key, std::string_view value);
+ReplicaPlanning parse_replica_planning(std::string_view key, std::string_view value);
 
 }  // namespace epmoe::ep

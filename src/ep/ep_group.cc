@@ -44,6 +44,7 @@ std::string show_format(std::int64_t value) { return to_string(static_cast<Token
 std::string show_wire(std::int64_t value) { return to_string(static_cast<WireDType>(value)); }
 std::string show_balance(std::int64_t value) { return to_string(static_cast<BalanceMode>(value)); }
 std::string show_choice(std::int64_t value) { return to_string(static_cast<ReplicaChoice>(value)); }
+std::string show_planning(std::int64_t value) { return to_string(static_cast<ReplicaPlanning>(value)); }
 std::string show_cotangent(std::int64_t value) {
   return static_cast<CotangentAllGather>(value) == CotangentAllGather::ring ? "ring" : "plain";
 }
@@ -71,6 +72,8 @@ constexpr AgreedField kAgreedFields[] = {
     {"balance_period", [](const EpConfig& c) -> std::int64_t { return c.balance_period; }, show_integer},
     {"replica_choice", [](const EpConfig& c) -> std::int64_t { return static_cast<std::int64_t>(c.replica_choice); },
      show_choice},
+    {"replica_planning",
+     [](const EpConfig& c) -> std::int64_t { return static_cast<std::int64_t>(c.replica_planning); }, show_planning},
     {"replica_costs.compute_flops_per_s",
      [](const EpConfig& c) { return bits_of(c.replica_costs.compute_flops_per_s); }, show_double},
     {"replica_costs.link_bytes_per_s", [](const EpConfig& c) { return bits_of(c.replica_costs.link_bytes_per_s); },

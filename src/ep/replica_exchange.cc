@@ -61,8 +61,16 @@ balance::ReplicaCosts ReplicaExchange::costs() const {
     // A row on the wire: the token forward (f32 or fp8), its expert output
     // back, the output cotangent out and dx back (f32). The ring moves every
     // token to every rank anyway: a replica adds no token rows there.
-    const double token_bytes = config_.token_format == TokenFormat::f32 ? 4 : 1;
+    const double token_bytes = config_.token_format == TokenFormat::f32    ? 4
+                               : config_.token_format == TokenFormat::bf16 ? 2
+                                                                           : 1;
     costs.token_row_seconds = hidden * (token_bytes + 12) / rates.link_bytes_per_s;
+    // The weights leave with the plan and move beside the dispatch's token
+    // rows; the gradients leave after the experts' backward and move beside
+    // dx (in the wire format). Priced so: only what they add to the busiest
+    // port (docs/BALANCE.md "Cost model").
+    costs.forward_row_seconds = hidden * token_bytes / rates.link_bytes_per_s;
+    costs.backward_row_seconds = hidden * (config_.wire_dtype == WireDType::bf16 ? 2 : 4) / rates.link_bytes_per_s;
   }
   return costs;
 }
@@ -71,7 +79,14 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
                                 std::optional<std::uint64_t> weight_version) {
   stats_.reset();
   skipped_ = false;
-  if (skip_left_ > 0) {
+  if (forecasting()) {
+    // The look was decided at the end of the last step, for free: no
+    // forecast, or one that placed nothing, sends every pair home.
+    if (std::exchange(forecast_, Forecast::none) != Forecast::look) {
+      skip_planning();
+      return;
+    }
+  } else if (skip_left_ > 0) {
     // Priced plans placed nothing lately: no counts round this step (every
     // rank skips the same steps: the counters follow the identical plans).
     --skip_left_;
@@ -163,7 +178,7 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
     stats_.refused_replicas = plan_.refused_replicas;
     stats_.refused_saving_seconds = plan_.refused_saving_seconds;
     stats_.refused_cost_seconds = plan_.refused_cost_seconds;
-    if (priced.enabled()) {
+    if (priced.enabled() && !forecasting()) {
       // Nothing pays: the next 1, 2, 4, ... 16 steps skip the counts round
       // (its latency-bound all-gather is all balancing would cost them), and
       // the next plan looks again; a plan that places replicas resets it.
@@ -221,6 +236,31 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
   stats_.max_over_mean_after = plan_.after.max_over_mean();
   stats_.ideal_max_over_mean = plan_.before.ideal_max_over_mean();
   stats_.num_replicas = plan_.num_replicas();
+}
+
+bool ReplicaExchange::forecasting() const {
+  return config_.balance == BalanceMode::dynamic && config_.replica_planning == ReplicaPlanning::forecast;
+}
+
+void ReplicaExchange::forecast_from(std::span<const std::int64_t> rank_expert_counts) {
+  if (!forecasting()) return;
+  EPMOE_CHECK_EQ(static_cast<std::int64_t>(rank_expert_counts.size()),
+                 static_cast<std::int64_t>(num_ranks_) * num_experts_);
+  std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
+  for (int r = 0; r < num_ranks_; ++r)
+    for (int e = 0; e < num_experts_; ++e) global[e] += rank_expert_counts[r * num_experts_ + e];
+  // Priced as the exact plan would be, but without the dedup rows (the
+  // caller's counts have none: a pair counts as a row, the pessimistic
+  // side) and with weights always resent (a forecast cannot know the next
+  // version).
+  balance::ReplicaCosts priced = costs();
+  if (priced.token_row_seconds > 0) priced.source_counts = rank_expert_counts;
+  const balance::ReplicaPlan forecast = balance::plan_replicas(global, homes_,
+                                                               {.num_ranks = num_ranks_,
+                                                                .num_redundant_slots_per_rank = num_slots_,
+                                                                .rebalance_threshold = config_.rebalance_threshold},
+                                                               held_expert_, priced);
+  forecast_ = forecast.num_replicas() > 0 ? Forecast::look : Forecast::home;
 }
 
 void ReplicaExchange::skip_planning() {
@@ -325,8 +365,10 @@ comm::CollectiveHandle launch_slot_transfer(transport::Communicator& comm, std::
 }  // namespace
 
 namespace {
-// 2 appends the priced plans' skip counters; 1 (before them) is read with 0s.
-constexpr std::int64_t kPlanningStateFormat = 2;
+// 3 appends the forecast for the next step (replica_planning=forecast); 2
+// (read as no forecast: the next step goes home) the priced plans' skip
+// counters; 1 (before them) is read with 0s.
+constexpr std::int64_t kPlanningStateFormat = 3;
 }  // namespace
 
 // Layout: format, R, B, E, step, held experts [R*B], periodic placement
@@ -340,6 +382,7 @@ std::vector<std::int64_t> ReplicaExchange::planning_state() const {
   for (const auto& counts : count_history_) state.insert(state.end(), counts.begin(), counts.end());
   state.push_back(skip_left_);
   state.push_back(next_skip_);
+  state.push_back(static_cast<std::int64_t>(forecast_));
   return state;
 }
 
@@ -347,7 +390,9 @@ void ReplicaExchange::restore_planning_state(const std::vector<std::int64_t>& st
   const auto fail = [](const std::string& why) {
     throw ConfigError("the checkpoint's replica balancing state " + why);
   };
-  if (state.size() < 5 || (state[0] != kPlanningStateFormat && state[0] != 1)) fail("has an unknown format");
+  if (state.size() < 5 || state[0] < 1 || state[0] > kPlanningStateFormat)
+    fail("has format " + std::to_string(state.empty() ? 0 : state[0]) + "; this epmoe reads formats 1 to " +
+         std::to_string(kPlanningStateFormat));
   if (state[1] != num_ranks_ || state[2] != num_slots_ || state[3] != num_experts_) {
     fail("was saved for ranks=" + std::to_string(state[1]) + " redundant_slots=" + std::to_string(state[2]) +
          " num_experts=" + std::to_string(state[3]) + "; this run has ranks=" + std::to_string(num_ranks_) +
@@ -371,12 +416,18 @@ void ReplicaExchange::restore_planning_state(const std::vector<std::int64_t>& st
   for (std::int64_t w = 0; w < window; ++w) count_history_.push_back(take(static_cast<std::size_t>(num_experts_)));
   skip_left_ = 0;
   next_skip_ = 1;
-  if (state[0] == kPlanningStateFormat) {
+  forecast_ = Forecast::none;
+  if (state[0] >= 2) {
     const std::vector<std::int64_t> skips = take(2);
     if (skips[0] < 0 || skips[0] > kMaxStepsSkipped || skips[1] < 1 || skips[1] > kMaxStepsSkipped)
       fail("has skip counters out of range");
     skip_left_ = static_cast<int>(skips[0]);
     next_skip_ = static_cast<int>(skips[1]);
+  }
+  if (state[0] >= 3) {
+    const std::int64_t forecast = take(1)[0];
+    if (forecast < 0 || forecast > static_cast<std::int64_t>(Forecast::look)) fail("has a forecast out of range");
+    forecast_ = static_cast<Forecast>(forecast);
   }
   if (at != state.size()) fail("has trailing values");
 }

@@ -58,6 +58,11 @@
 // priced plan places nothing, the next 1, 2, 4, ..., 16 steps skip the counts
 // round and the plan (every pair goes home), so a layer whose replicas do
 // not pay spends (almost) nothing on balancing; the next plan looks again.
+// With EpConfig::replica_planning=forecast the caller decides the looks for
+// free instead: forecast_from prices a plan on the counts of the step just
+// run (gathered by the caller on a collective it runs anyway), and the next
+// step looks only when that plan places replicas; otherwise it goes home
+// without the counts round (a refusing layer costs the step nothing).
 //
 // Local expert indices on a rank: [0, E_l) home experts, E_l + b slot b.
 #pragma once
@@ -132,6 +137,13 @@ class ReplicaExchange {
   // slot at the same version moves no weights, so it is priced so).
   void plan_step(std::span<const std::int32_t> topk_ids, std::uint32_t tag_base,
                  std::optional<std::uint64_t> weight_version = std::nullopt);
+  // replica_planning=forecast (balance=dynamic; a no-op otherwise): the
+  // counts of the step just run, [R * E] (rank r's pairs of expert e at
+  // r * E + e), identical on every rank. The next plan_step looks (counts
+  // round and exact plan) only when the plan priced on these places
+  // replicas; otherwise it sends every pair home without a collective. The
+  // forecast serves one step: a step without one goes home.
+  void forecast_from(std::span<const std::int64_t> rank_expert_counts);
   // Adds a chunk's rows of the B slots (local experts E_l + b) to
   // stats().rows_per_slot; the layer calls it beside
   // DispatchStats::count_rows, which counts the home experts'.
@@ -196,12 +208,16 @@ class ReplicaExchange {
   // (the all-to-all with dedup, priced): the token rows dedup leaves.
   bool dedup_rows_priced() const;
   // A step without counts round or plan (priced plans placed nothing
-  // lately): every pair goes home.
+  // lately, or the forecast said so): every pair goes home.
   void skip_planning();
+  bool forecasting() const;  // balance=dynamic, replica_planning=forecast
   static constexpr int kMaxStepsSkipped = 16;
-  bool skipped_ = false;                    // this step
-  int skip_left_ = 0;                       // steps still to skip
-  int next_skip_ = 1;                       // steps the next refused plan skips
+  bool skipped_ = false;  // this step
+  int skip_left_ = 0;     // steps still to skip
+  int next_skip_ = 1;     // steps the next refused plan skips
+  // replica_planning=forecast: what forecast_from said of the next step.
+  enum class Forecast : std::int64_t { none = 0, home = 1, look = 2 };
+  Forecast forecast_ = Forecast::none;
   std::vector<std::int64_t> counts_;        // [R * E] all-gathered
   std::vector<std::int64_t> source_rows_;   // [R * R] with dedup_rows_priced(), else empty
   std::vector<std::int64_t> source_pairs_;  // [R] each rank's (token, k) pairs this step

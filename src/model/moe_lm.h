@@ -65,6 +65,7 @@ class MoeLm {
   ParameterSet& state() { return state_; }
   const ParameterSet& state() const { return state_; }
   const MoeLayer& layer(int l) const { return *layers_[static_cast<std::size_t>(l)]; }
+  MoeLayer& layer(int l) { return *layers_[static_cast<std::size_t>(l)]; }
   // Layer l's selection bias [E] (router=sigmoid_grouped; null otherwise),
   // updated by the trainer's aux-loss-free balancing.
   Tensor* selection_bias(int l);

@@ -314,6 +314,7 @@ class TrainingRun {
     }
     backward(s);
     finish_forward_stats(s, true);
+    forecast_replicas(s);
     finish_gradients(s);
     check_finite(s);
     optimizer(s);
@@ -359,6 +360,22 @@ class TrainingRun {
       const std::int64_t* part = s.all_forward_words.data() + r * words;
       for (std::size_t i = 0; i < s.counts.size(); ++i) s.counts[i] += part[i];
       s.loss_sum += double_of(part[s.counts.size()]);
+    }
+  }
+
+  // balance=dynamic with replica_planning=forecast: each layer's next step
+  // looks for replicas only when this step's counts, which every rank holds
+  // from the exchange above, say a priced plan would place some; otherwise
+  // the layer skips its counts round (a look costs no collective).
+  void forecast_replicas(const Step& s) {
+    const std::size_t words = s.forward_words.size();
+    std::vector<std::int64_t> rank_expert_counts(static_cast<std::size_t>(num_ranks_) * num_experts_);
+    for (int l = 0; l < num_layers_; ++l) {
+      for (int r = 0; r < num_ranks_; ++r) {
+        const std::int64_t* part = s.all_forward_words.data() + r * words + l * num_experts_;
+        std::copy(part, part + num_experts_, rank_expert_counts.begin() + r * num_experts_);
+      }
+      model_.layer(l).forecast_replicas(rank_expert_counts);
     }
   }
 

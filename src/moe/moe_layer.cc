@@ -235,6 +235,10 @@ void MoeLayer::restore_balance_state(const std::vector<std::int64_t>& state) {
   impl_->replicas->restore_planning_state(state);
 }
 
+void MoeLayer::forecast_replicas(std::span<const std::int64_t> rank_expert_counts) {
+  if (impl_->replicas != nullptr) impl_->replicas->forecast_from(rank_expert_counts);
+}
+
 std::uint64_t MoeLayer::Impl::next_kernel_weights_version(std::optional<std::uint64_t> weight_version,
                                                           const MoeWeights& weights) {
   // Process-wide, so that no two layers (nor one layer's weights before and

@@ -6,6 +6,8 @@
 //    saving 100), for one weight transfer and one gradient transfer;
 //  * the same with per-source counts, where the moved rows either newly
 //    cross the link (token cost) or are rank 1's own (no token rows);
+//  * R = 3, transfers on ports the token rows leave idle: priced beside the
+//    rows, they cost only what they add to the busiest port;
 //  * R = 4, one hot expert: a plan that stops short of the balance target
 //    nets more than the balance plan;
 //  * random loads and costs: a plan is never predicted to cost more than it
@@ -123,6 +125,42 @@ TEST(ReplicaCosts, TokenRowsAReplicaAddsArePriced) {
   EXPECT_EQ(plan.predicted_cost_seconds, 20);  // no token rows added
 }
 
+// The transfers move beside the all-to-all's rows (forward_row_seconds):
+// R = 3, one expert per rank, expert 0 hot (300 pairs: 100 from rank 1, 200
+// from rank 2), B = 1. The balance plan (max 167) puts a replica of expert 0
+// on ranks 1 (67 rows) and 2 (66), each computing its own rank's pairs:
+// rank 0's ingress goes from 300 to 167 rows, the busiest port. Saving:
+// 133 rows of compute + 133 token rows at 2 = 399. Priced as exposed, the two
+// replicas' transfers on rank 0's port cost 2 W + 2 G = 420: refused. Beside
+// the rows, the weights leave rank 0 on its egress, which carries no token
+// rows, so they add only 2 W - 167 f = 216.5 to the busiest port, the
+// gradients 2 G - 167 b = 36.5: 253, placed.
+TEST(ReplicaCosts, TransfersBesideTheTokenRowsCostOnlyWhatTheyAddToTheBusiestPort) {
+  const std::vector<std::int64_t> counts = {300, 100, 100};
+  const std::vector<int> homes = {0, 1, 2};
+  const std::vector<std::int64_t> source_counts = {0, 0, 0, 100, 100, 0, 200, 0, 100};  // [R, E]
+  ReplicaCosts exposed = costs(150, 60);
+  exposed.source_counts = source_counts;
+  exposed.token_row_seconds = 2;  // f + 3 b: the token out, and output, cotangent and dx at b
+  const ReplicaPlan refused = plan_replicas(counts, homes, {3, 1, 1.0}, {}, exposed);
+  EXPECT_LT(refused.num_replicas(), 2);
+  EXPECT_GT(refused.after.max_load, 167);
+
+  ReplicaCosts beside = exposed;
+  beside.forward_row_seconds = 0.5;
+  beside.backward_row_seconds = 0.5;
+  const ReplicaPlan placed = plan_replicas(counts, homes, {3, 1, 1.0}, {}, beside);
+  ASSERT_EQ(placed.num_replicas(), 2);
+  EXPECT_EQ(placed.after.max_load, 167);
+  EXPECT_EQ(placed.predicted_saving_seconds, 133 + 133 * 2);
+  EXPECT_EQ(placed.predicted_cost_seconds, (2 * 150 - 167 * 0.5) + (2 * 60 - 167 * 0.5));
+
+  // Transfers that fit under the busiest port's rows cost nothing at all.
+  beside.weight_seconds = 40;
+  beside.gradient_seconds = 40;
+  EXPECT_EQ(plan_replicas(counts, homes, {3, 1, 1.0}, {}, beside).predicted_cost_seconds, 0);
+}
+
 // One hot expert on rank 0 of 4: the balance plan (max 325) needs three
 // replicas, all fed by rank 0's link (3 weight and 3 gradient transfers on
 // it, 450 for a saving of 675); a plan with fewer replicas nets more.
@@ -161,6 +199,48 @@ TEST(ReplicaCosts, NeverPredictedSlowerThanNoReplicas) {
     }
     EXPECT_LE(plan.after.max_load, plan.before.max_load);
   }
+}
+
+// The bench's case where a second slot per rank used to cost speed
+// (docs/BENCHMARKS.md "Priced replicas" 2026-12-07: many tokens per expert,
+// R = 8, E = 16, K = 2, hot experts packed on rank 0, all-to-all, h200):
+// the step's [R, E] counts and the h200 rates the engine priced them at
+// (seconds). With one slot per rank the plan places 6 replicas and nets
+// 21.45 us (1.75x in the bench); with two, the balance plan feeds more
+// weights from rank 0's port and nets less, and the priced fills refused
+// all but one replica (net 20.8 us, 1.44x). The planner with B = 2 now also
+// prices the fill at its balance target with one slot per rank, so a second
+// slot never nets less here.
+TEST(ReplicaCosts, ASecondSlotDoesNotNetLessThanOne) {
+  const std::vector<std::int64_t> source = {
+      616, 388, 296, 186, 137, 89,  84,  56,  61,  30,  32,  15,  25,  14,  12,  7,   616, 397, 268, 186, 128, 95,
+      91,  73,  62,  26,  23,  26,  27,  14,  12,  4,   639, 396, 279, 181, 136, 90,  83,  66,  50,  32,  36,  22,
+      14,  9,   7,   8,   623, 396, 255, 188, 146, 106, 71,  71,  55,  31,  34,  24,  19,  12,  10,  7,   581, 397,
+      279, 209, 124, 99,  86,  77,  58,  37,  32,  25,  20,  11,  10,  3,   608, 403, 254, 187, 138, 106, 85,  79,
+      53,  32,  30,  21,  24,  7,   11,  10,  570, 431, 264, 197, 135, 103, 91,  69,  56,  20,  41,  18,  16,  19,
+      12,  6,   620, 374, 255, 182, 133, 101, 104, 90,  56,  27,  28,  33,  20,  11,  6,   8};
+  constexpr int kRanks = 8, kExperts = 16;
+  std::vector<std::int64_t> counts(kExperts, 0);
+  for (int s = 0; s < kRanks; ++s)
+    for (int e = 0; e < kExperts; ++e) counts[e] += source[static_cast<std::size_t>(s) * kExperts + e];
+  const std::vector<std::int64_t> pairs(kRanks, 2048);
+  ReplicaCosts c;
+  c.row_seconds = 2.3855369059656219e-09;
+  c.weight_seconds = c.gradient_seconds = 3.7476266666666665e-06;
+  c.token_row_seconds = 9.1022222222222228e-09;
+  c.forward_row_seconds = c.backward_row_seconds = 2.2755555555555557e-09;
+  c.plan_seconds = 1.4002115555555554e-05;
+  c.source_counts = source;
+  c.source_pairs = pairs;
+  const std::vector<int> homes = contiguous_home_ranks(kExperts, kRanks);
+  const auto net = [](const ReplicaPlan& p) { return p.predicted_saving_seconds - p.predicted_cost_seconds; };
+  const ReplicaPlan one = plan_replicas(counts, homes, {kRanks, 1, 1.05}, {}, c);
+  const ReplicaPlan two = plan_replicas(counts, homes, {kRanks, 2, 1.05}, {}, c);
+  EXPECT_EQ(one.num_replicas(), 6);
+  EXPECT_NEAR(net(one), 21.45e-6, 0.01e-6);
+  EXPECT_GE(net(two), net(one));
+  EXPECT_EQ(two.num_replicas(), 6);
+  EXPECT_EQ(two.after.max_load, one.after.max_load);
 }
 
 }  // namespace

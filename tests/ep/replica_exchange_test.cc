@@ -10,7 +10,9 @@
 //    CPU may refuse bf16 GEMMs, compute_dtype=bf16 layers included: the
 //    exchange runs no GEMM, so its bytes and bits are checked here).
 //  * priced (EpConfig::replica_costs): the exchange prices the weights at
-//    the bytes it sends, half as dear in bf16.
+//    the bytes it sends, half as dear in bf16;
+//  * replica_planning=forecast: the forecast decides whether a step looks,
+//    and the planning state carries it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -103,6 +105,52 @@ TEST(ReplicaExchange, PricesWeightsAtTheBytesTheySend) {
     // The all-to-all's rows: token out, output back, cotangent out, dx back.
     EXPECT_DOUBLE_EQ(f32.costs().token_row_seconds, kHidden * 16 / 1e9);
     EXPECT_EQ(f32.costs().plan_seconds, 0);  // one rank: no counts round
+  });
+}
+
+// replica_planning=forecast: a step without a forecast goes home with no
+// counts round; after forecast_from on counts whose plan places a replica
+// the next step looks and places it; the forecast is in the planning state
+// (format 3), a format-2 state is read as no forecast, and an unknown
+// format is refused naming it.
+TEST(ReplicaExchange, AForecastDecidesWhetherTheNextStepLooks) {
+  EpConfig config = two_rank_config();
+  config.replica_planning = ReplicaPlanning::forecast;
+  const std::vector<std::int32_t> topk_ids(8, 0);           // every pair of both ranks picks expert 0
+  const std::vector<std::int64_t> counts = {8, 0, 8, 0};    // [R, E]: those counts
+  const std::vector<std::int64_t> balanced = {4, 4, 4, 4};  // a plan on these places nothing
+  transport::threads::run_ranks(2, {.compute_threads_per_rank = 1}, [&](transport::Communicator& comm) {
+    ReplicaExchange exchange(comm, config, {.ffn = kFfn});
+    exchange.plan_step(topk_ids, kTagBase);
+    EXPECT_TRUE(exchange.stats().skipped_planning);  // no forecast yet
+    EXPECT_EQ(exchange.stats().bytes_sent.count("forward/ring_all_gather replica counts"), 0u);
+    exchange.forecast_from(counts);
+    EXPECT_EQ(exchange.planning_state().back(), 2);  // look
+    exchange.plan_step(topk_ids, kTagBase);
+    EXPECT_FALSE(exchange.stats().skipped_planning);
+    EXPECT_EQ(exchange.stats().num_replicas, 1);
+    exchange.forecast_from(balanced);
+    EXPECT_EQ(exchange.planning_state().back(), 1);  // home
+    exchange.plan_step(topk_ids, kTagBase);
+    EXPECT_TRUE(exchange.stats().skipped_planning);
+
+    exchange.forecast_from(counts);
+    std::vector<std::int64_t> state = exchange.planning_state();
+    ASSERT_EQ(state[0], 3);
+    ReplicaExchange resumed(comm, config, {.ffn = kFfn});
+    resumed.restore_planning_state(state);
+    EXPECT_EQ(resumed.planning_state(), state);
+    state.pop_back();
+    state[0] = 2;  // before the forecast: read as none
+    resumed.restore_planning_state(state);
+    EXPECT_EQ(resumed.planning_state().back(), 0);
+    state[0] = 4;
+    try {
+      resumed.restore_planning_state(state);
+      ADD_FAILURE() << "format 4 accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("format 4"), std::string::npos) << e.what();
+    }
   });
 }
 

@@ -149,14 +149,20 @@ namespace epmoe::testing {
 namespace {
 
 // With replicas, later plans depend on earlier steps (dynamic keeps an
-// expert in its slot; periodic places from a window of counts every
-// period), so the checkpoint carries that state and resuming stays exact.
+// expert in its slot, and with replica_planning=forecast looks only when
+// the last step's counts said so; periodic places from a window of counts
+// every period), so the checkpoint carries that state and resuming stays
+// exact.
 TEST(TrainerCheckpointWithReplicas, ResumeIsBitExactForDynamicAndPeriodicBalancing) {
-  for (const BalanceMode mode : {BalanceMode::dynamic, BalanceMode::periodic}) {
-    SCOPED_TRACE(to_string(mode));
+  const std::pair<BalanceMode, ReplicaPlanning> cases[] = {{BalanceMode::dynamic, ReplicaPlanning::exact},
+                                                           {BalanceMode::dynamic, ReplicaPlanning::forecast},
+                                                           {BalanceMode::periodic, ReplicaPlanning::exact}};
+  for (const auto& [mode, planning] : cases) {
+    SCOPED_TRACE(to_string(mode) + " " + to_string(planning));
     ScratchDir uninterrupted, interrupted;
     TrainSetup setup = checkpointing_setup(uninterrupted.path());
     setup.ep.balance = mode;
+    setup.ep.replica_planning = planning;
     setup.ep.redundant_slots = 1;
     setup.ep.rebalance_threshold = 1.0;
     setup.ep.balance_window = 3;

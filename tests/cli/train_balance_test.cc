@@ -1,0 +1,97 @@
+// `epmoe train`'s default balance (issue 31 item 4): balance=dynamic with
+// redundant_slots=2, priced, and replica_planning=forecast, where a step
+// looks for replicas only when a priced plan on the previous step's counts
+// (which the trainer gathers anyway) places some. A run whose replicas never
+// pay must then cost exactly what balance=off costs in modelled time, step
+// by step, to the picosecond, with the same losses bit for bit; the exact
+// same-step planning pays a counts round on the steps it looks.
+//
+// Topology: ranks as threads (transport=threads), R = 4, threads=1; the tiny
+// model of train_cli_fixture.h (V=64 H=32 F=32 E=8 K=2 L=2, 8 x 16 tokens,
+// 20 steps) on clock=modelled hardware=h100: its experts are so small that
+// a row's compute never pays for a slot's weights.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "train_cli_fixture.h"
+
+namespace epmoe::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kCountsRound[] = "moe/forward/ring_all_gather replica counts";
+
+class TrainBalance : public EpmoeCli {
+ protected:
+  // The run's metrics lines: `epmoe train` with the tiny model on the
+  // modelled clock, then `keys`.
+  std::vector<nlohmann::json> modelled_run(const std::string& name, const std::vector<std::string>& keys) {
+    const fs::path metrics = scratch_ / name / "metrics.jsonl";
+    std::vector<std::string> arguments = {"train", "threads=1", "ranks=4", "clock=modelled", "hardware=h100"};
+    for (const std::string& key : tiny_train_keys(metrics)) arguments.push_back(key);
+    arguments.insert(arguments.end(), keys.begin(), keys.end());
+    const ProcessResult result = run_epmoe(scratch_, arguments);
+    EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+    return read_metrics_lines(metrics);
+  }
+};
+
+std::vector<double> step_seconds_of(const std::vector<nlohmann::json>& lines) {
+  std::vector<double> seconds;
+  for (const nlohmann::json& line : lines) seconds.push_back(line.at("step_seconds").get<double>());
+  return seconds;
+}
+
+std::int64_t counts_round_bytes(const nlohmann::json& line) {
+  return line.at("bytes_sent").value(kCountsRound, std::int64_t{0});
+}
+
+TEST_F(TrainBalance, TheDefaultCostsARunWhoseReplicasDoNotPayNothing) {
+  const std::vector<nlohmann::json> off = modelled_run("off", {"balance=off"});
+  // The default balance keys, spelled out so that this test holds them.
+  const std::vector<nlohmann::json> forecast =
+      modelled_run("forecast", {"balance=dynamic", "redundant_slots=2", "replica_planning=forecast"});
+  const std::vector<nlohmann::json> defaults = modelled_run("defaults", {});
+  ASSERT_EQ(off.size(), 20u);
+  ASSERT_EQ(forecast.size(), 20u);
+  EXPECT_EQ(losses_of(forecast), losses_of(off));
+  EXPECT_EQ(step_seconds_of(forecast), step_seconds_of(off));  // every step, to the picosecond
+  for (const nlohmann::json& line : forecast) EXPECT_EQ(counts_round_bytes(line), 0) << line.at("step");
+  // No key given: the same run as the spelled-out default.
+  EXPECT_EQ(losses_of(defaults), losses_of(forecast));
+  EXPECT_EQ(step_seconds_of(defaults), step_seconds_of(forecast));
+
+  // The exact same-step planning looks at step 0 (and after each spell of
+  // skipped steps): a counts round that step 0 pays in time, for the same
+  // refused plans and the same losses.
+  const std::vector<nlohmann::json> exact =
+      modelled_run("exact", {"balance=dynamic", "redundant_slots=2", "replica_planning=exact"});
+  ASSERT_EQ(exact.size(), 20u);
+  EXPECT_EQ(losses_of(exact), losses_of(off));
+  EXPECT_GT(counts_round_bytes(exact[0]), 0);
+  EXPECT_GT(exact[0].at("step_seconds").get<double>(), off[0].at("step_seconds").get<double>());
+}
+
+// Where the forecast places replicas (replica_costs=off: balance whatever it
+// costs), the steps after the first look and plan on their own counts: the
+// counts round runs, replicas compute, and the losses stay those of
+// balance=off within fp32 rounding (replicas change where experts compute,
+// not what). The first step has no forecast and goes home.
+TEST_F(TrainBalance, AForecastThatPlacesReplicasLooksOnTheNextStep) {
+  const std::vector<nlohmann::json> off = modelled_run("off", {"balance=off"});
+  const std::vector<nlohmann::json> balanced = modelled_run(
+      "balanced", {"balance=dynamic", "redundant_slots=2", "replica_costs=off", "rebalance_threshold=1.0"});
+  ASSERT_EQ(balanced.size(), 20u);
+  EXPECT_LT(max_relative_difference(losses_of(balanced), losses_of(off)), 1e-5);
+  EXPECT_EQ(counts_round_bytes(balanced[0]), 0);
+  int looked = 0;
+  for (std::size_t i = 1; i < balanced.size(); ++i) looked += counts_round_bytes(balanced[i]) > 0 ? 1 : 0;
+  EXPECT_GT(looked, 10) << "of 19 steps";
+}
+
+}  // namespace
+}  // namespace epmoe::testing
