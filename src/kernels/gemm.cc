@@ -15,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include <epmoe/dtype.h>
@@ -243,9 +244,12 @@ std::shared_ptr<WeightEntry> weight_entry(const GemmArgs& args) {
   auto entry = std::make_shared<WeightEntry>();
   entry->version = args.b_version;
   if (it != cache.entries.end()) {
-    const std::lock_guard old_lock(it->second->mutex);
-    cache.bytes -= held_bytes(*it->second);
-    it->second = entry;
+    // The old entry is swapped out first and unlocked before `old` lets it
+    // go: replacing it under its own lock freed a locked mutex when no call
+    // held it any more (ThreadSanitizer: unlock of an unlocked mutex).
+    const std::shared_ptr<WeightEntry> old = std::exchange(it->second, entry);
+    const std::lock_guard old_lock(old->mutex);
+    cache.bytes -= held_bytes(*old);
   } else {
     cache.entries.emplace(key, entry);
   }
