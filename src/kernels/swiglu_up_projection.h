@@ -58,7 +58,7 @@ enum class UpProjection { concatenated, two_products };
 // per thread, kept between calls (new pages cost ~11 us each, DESIGN.md §7).
 void grouped_swiglu_up_projection(const GroupedGemmShape& shape, const float* x,
                                   std::span<const float* const> wi0_groups, std::span<const float* const> wi1_groups,
-                                  float* h0, float* h1, float* act, UpProjection how = UpProjection::concatenated);
+                                  float* h0, float* h1, float* act, UpProjection how);
 
 // Whether one-thread groups of this (k, f, dtype) take the concatenated
 // product: its halves carry the two products' bits, probed once per process

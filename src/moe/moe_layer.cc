@@ -96,9 +96,9 @@ struct MoeLayer::Impl {
   // layer's expert weights (bf16 copies, packed layouts, f32 copies off the
   // 32-byte grid for forward products of 32 rows and 256 columns or more,
   // kernels/gemm.h), opened with the first byte so that a layer where
-  // nothing is prepared shows no such entry. Re-counted only after the kernels prepared
-  // something: counting walks the shared cache under its lock, which every
-  // chunk of every step would otherwise pay for nothing.
+  // nothing is prepared shows no such entry. Re-counted only after the
+  // kernels prepared something: counting walks the shared cache under its
+  // lock, which every chunk of every step would otherwise pay for nothing.
   LedgerCharge prepared_weights;
   std::int64_t preparations_counted = 0;
   void charge_prepared_weights(const ExpertShape& shape, std::size_t num_groups, const LocalExpertWeights& weights) {

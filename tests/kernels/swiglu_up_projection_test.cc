@@ -253,9 +253,11 @@ TEST(SwigluUpProjection, RefusesWrongPointerCountOrNull) {
   std::vector<float> h0(15), h1(15), act(15);
   const GroupedGemmShape shape{.group_sizes = sizes, .k = 4, .n = 3, .weight_version = fresh_version()};
   const std::vector<const float*> two = {w.data(), w.data()}, one = {w.data()}, with_null = {w.data(), nullptr};
-  EXPECT_THROW(grouped_swiglu_up_projection(shape, x.data(), one, two, h0.data(), h1.data(), act.data()),
+  EXPECT_THROW(grouped_swiglu_up_projection(shape, x.data(), one, two, h0.data(), h1.data(), act.data(),
+                                            UpProjection::concatenated),
                InternalError);
-  EXPECT_THROW(grouped_swiglu_up_projection(shape, x.data(), two, with_null, h0.data(), h1.data(), act.data()),
+  EXPECT_THROW(grouped_swiglu_up_projection(shape, x.data(), two, with_null, h0.data(), h1.data(), act.data(),
+                                            UpProjection::concatenated),
                InternalError);
 }
 
