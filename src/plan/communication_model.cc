@@ -22,6 +22,7 @@ double probability_rank_hit(std::int64_t num_experts, std::int64_t experts_per_r
 AllToAllTraffic expected_alltoall_traffic(const DispatchShape& s, bool dedup) {
   const double r = double(s.num_ranks);
   AllToAllTraffic t;
+  t.dedup = dedup;
   t.pairs_sent = s.tokens_per_rank * double(s.top_k) * (r - 1) / r;
   t.rows_sent = dedup ? s.tokens_per_rank * (r - 1) * probability_rank_hit(s.num_experts, s.experts_per_rank(), s.top_k)
                       : t.pairs_sent;
@@ -33,10 +34,13 @@ AllToAllTraffic expected_alltoall_traffic(const DispatchShape& s, bool dedup) {
 namespace {
 
 // The control streams either dispatcher adds when configured, after its own.
-void add_configured_streams(const DispatchShape& s, std::vector<CollectiveBytes>& out) {
+// The counts round carries E integers per rank, and extra_counts more (what
+// prices the all-to-all's token rows; ep::ReplicaExchange::plan_step).
+void add_configured_streams(const DispatchShape& s, std::int64_t extra_counts, std::vector<CollectiveBytes>& out) {
   const double others = double(s.num_ranks - 1);
   if (s.fp8_tensor_scale) out.push_back({"forward/ring_all_gather fp8 scale", others * double(s.num_chunks) * 4});
-  if (s.replicas) out.push_back({"forward/ring_all_gather replica counts", others * double(s.num_experts) * 8});
+  if (s.replicas)
+    out.push_back({"forward/ring_all_gather replica counts", others * double(s.num_experts + extra_counts) * 8});
 }
 
 }  // namespace
@@ -57,7 +61,7 @@ std::vector<CollectiveBytes> ring_collective_bytes(const DispatchShape& s, bool 
     out.push_back({"backward/remat ring_all_gather routing", out[1].bytes});
   }
   out.push_back({"forward/ring token counts", double(s.num_ranks - 1) * 8});
-  add_configured_streams(s, out);
+  add_configured_streams(s, 0, out);  // the ring's price has no token rows
   return out;
 }
 
@@ -77,7 +81,8 @@ std::vector<CollectiveBytes> alltoall_collective_bytes(const DispatchShape& s, c
     out.push_back({"backward/remat all_to_all_v routing", out[1].bytes});
   }
   out.push_back({"forward/all_to_all_v counts", double(s.num_ranks - 1) * 8 * double(s.num_chunks)});
-  add_configured_streams(s, out);
+  // Priced: each rank's pair total, and with dedup its rows per destination.
+  add_configured_streams(s, s.replicas_priced ? 1 + (t.dedup ? s.num_ranks : 0) : 0, out);
   return out;
 }
 

@@ -22,7 +22,9 @@
 //   forward/all_to_all_v counts             ·8·n        (the count round, one i64 per peer and chunk)
 // Either dispatcher, when configured:
 //   forward/ring_all_gather fp8 scale       ·n·4        (fp8_tokens=tensor: each chunk's absmax, f32)
-//   forward/ring_all_gather replica counts  ·E·8        (redundant slots: the rank's pairs per expert, i64)
+//   forward/ring_all_gather replica counts  ·c·8        (redundant slots, i64 per rank: c = E pairs per
+//                                                             expert; the priced all-to-all adds the rank's pair
+//                                                             total, 1, and with dedup its rows per destination, R)
 // a = bytes of an activation / gradient element as it travels (f32 in the
 // engine, bf16 in MaxText); n = token chunks. Recomputing x_sorted repeats
 // the token and routing transfers under "backward/remat ..."; it, the
@@ -51,6 +53,8 @@ struct DispatchShape {
   std::int64_t num_chunks = 1;    // n, above (token_chunks)
   bool fp8_tensor_scale = false;  // fp8_tokens=tensor: the chunks' maxima are all-gathered
   bool replicas = false;          // redundant slots: the [R, E] expert counts are all-gathered
+  bool replicas_priced = false;   // replica_costs=priced: the all-to-all's token rows enter the price, so the
+                                  // counts round carries what prices them (above)
 
   std::int64_t experts_per_rank() const { return num_experts / num_ranks; }
 };
@@ -59,6 +63,7 @@ struct DispatchShape {
 struct AllToAllTraffic {
   double rows_sent = 0, pairs_sent = 0;
   double rows_received = 0, pairs_received = 0;
+  bool dedup = false;  // a row is one (token, destination rank), not one pair
 };
 
 // P(a token has at least one of its K experts on a given rank) when the K

@@ -142,7 +142,8 @@ DispatchShape PlanConfig::dispatch_shape() const {
           .activation_bytes = activation_bytes(),
           .num_chunks = token_chunks,
           .fp8_tensor_scale = token_transfer == TokenTransfer::fp8_tensor,
-          .replicas = redundant_slots > 0};
+          .replicas = redundant_slots > 0,
+          .replicas_priced = redundant_slots > 0 && replica_costs_priced};
 }
 
 double PlanConfig::expected_routed_rows() const { return parallel.tokens_per_device() * double(model.top_k); }

@@ -63,6 +63,7 @@ struct PlanConfig {
   // N_l·K (MaxText's ragged_buffer_factor); 0 = the no-drop worst case R·N_l·K.
   double token_buffer_factor = 1.0;
   std::int64_t redundant_slots = 0;  // B replica slots per rank and MoE layer
+  bool replica_costs_priced = true;  // replica_costs=priced (epmoe layer's and train's default) or off
   // The MoE layer's tokens in n pipelined chunks (MaxText num_moe_token_chunks):
   // only one chunk's dispatch buffers and expert intermediates are live.
   std::int64_t token_chunks = 1;

@@ -102,7 +102,9 @@ std::string format_report(const PlanReport& r) {
   out << "  dispatch=" << to_string(c.dispatch) << (c.dedup ? " (dedup)" : "")
       << " fp8_tokens=" << token_transfer_name(c.token_transfer)
       << " token_buffer_factor=" << fixed(c.token_buffer_factor, 2) << " token_chunks=" << c.token_chunks
-      << " redundant_slots=" << c.redundant_slots << "\n";
+      << " redundant_slots=" << c.redundant_slots
+      << (c.redundant_slots > 0 ? (c.replica_costs_priced ? " replica_costs=priced" : " replica_costs=off") : "")
+      << "\n";
   out << "  remat:";
   for (const std::string& name : activation_names()) out << " " << name << "=" << to_string(c.choice(name));
   out << "\n";

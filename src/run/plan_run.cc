@@ -109,6 +109,12 @@ KeyGroup plan_moe_keys() {
            .default_value = "0",
            .help = "replica slots B per rank and MoE layer (their weights and gradients count in memory)",
            .min_value = 0},
+          {.name = "replica_costs",
+           .type = KeyType::choice,
+           .default_value = "priced",
+           .help = "priced (as epmoe layer and train): the all-to-all's counts round also carries each rank's "
+                   "pair total and, with dedup, its rows per rank; off: the E expert counts alone",
+           .choices = {"priced", "off"}},
           {.name = "usable_memory_fraction",
            .type = KeyType::real,
            .default_value = "0.95",
@@ -171,6 +177,7 @@ plan::PlanConfig plan_config_from(const ConfigValues& values) {
   c.matmul_type = values.get_string("matmul_dtype") == "fp8" ? plan::MatmulType::fp8 : plan::MatmulType::bf16;
   c.token_buffer_factor = values.get_float("token_buffer_factor");
   c.redundant_slots = values.get_int("redundant_slots");
+  c.replica_costs_priced = values.get_string("replica_costs") == "priced";
   c.token_chunks = values.get_int("token_chunks");
   c.usable_memory_fraction = values.get_float("usable_memory_fraction");
   c.compute_efficiency = values.get_float("compute_efficiency");

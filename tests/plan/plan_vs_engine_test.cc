@@ -7,7 +7,8 @@
 //    N_l only; the all-to-all on the routing, so its plan is fed the counts
 //    (rows, pairs, each way) taken from the engine's own topk_ids. With
 //    dynamic replicas (ring, R = 2, 3), the same besides the replica weights
-//    and gradients, which the plan does not predict.
+//    and gradients, which the plan does not predict; the counts round that
+//    plans replicas exactly for both dispatchers, priced or not, with dedup.
 //  * memory: the ledger peaks of x_sorted, mlpwi_0, mlpwi_1, mlpwo equal the
 //    plan's formulas at the measured row counts exactly, and the plan's
 //    uniform-routing expectation within 5% for random routing over
@@ -55,6 +56,7 @@ double row_bytes(TokenFormat format, std::int64_t hidden) {
 plan::AllToAllTraffic measured_traffic(const std::vector<std::int32_t>& ids, int r, int num_ranks,
                                        std::int64_t tokens_per_rank, int top_k, int experts_per_rank, bool dedup) {
   plan::AllToAllTraffic t;
+  t.dedup = dedup;
   for (std::int64_t token = 0; token < tokens_per_rank * num_ranks; ++token) {
     const int home = int(token / tokens_per_rank);
     std::set<int> destinations;
@@ -152,6 +154,53 @@ TEST(PlanVsEngine, RingBytesWithReplicasAreExactBesidesTheReplicaTransfers) {
                         "ring replicas R" + std::to_string(num_ranks) + " rank " + std::to_string(r));
     }
   }
+}
+
+// The counts round that plans replicas carries E pair counts per rank; a
+// priced all-to-all adds each rank's pair total and, with dedup, its rows
+// per destination rank (what prices the token rows). The plan's count of it
+// equals the engine's on the step that plans (step 0), R = 2, 3, 4.
+TEST(PlanVsEngine, ReplicaCountsRoundBytesAreExactPricedOrNot) {
+  const int num_experts = 12, top_k = 2;
+  const std::int64_t hidden = 10, tokens_per_rank = 6;
+  struct Variant {
+    DispatchKind dispatch;
+    bool dedup, priced;
+  };
+  for (int num_ranks : {2, 3, 4})
+    for (const Variant v : {Variant{DispatchKind::alltoall, false, false}, Variant{DispatchKind::alltoall, false, true},
+                            Variant{DispatchKind::alltoall, true, true}, Variant{DispatchKind::ring, false, true}}) {
+      RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
+      const testing::MoeProblem p =
+          testing::make_problem(tokens_per_rank * num_ranks, hidden, 4, router, 80 + num_ranks);
+      EpRunOptions options{.num_ranks = num_ranks, .dispatch = v.dispatch};
+      options.ep.dedup = v.dedup;
+      options.ep.balance = BalanceMode::dynamic;
+      options.ep.redundant_slots = 1;
+      if (v.priced)
+        options.ep.replica_costs = {.compute_flops_per_s = 1e9, .link_bytes_per_s = 1e9, .link_latency_s = 0};
+      const EpRunResult run = testing::run_ep_layer(p, options);
+      const plan::DispatchShape shape{.num_ranks = num_ranks,
+                                      .tokens_per_rank = double(tokens_per_rank),
+                                      .hidden = hidden,
+                                      .top_k = top_k,
+                                      .num_experts = num_experts,
+                                      .token_row_bytes = 4.0 * hidden,
+                                      .activation_bytes = 4,
+                                      .replicas = true,
+                                      .replicas_priced = v.priced};
+      const auto predicted =
+          as_map(v.dispatch == DispatchKind::ring
+                     ? plan::ring_collective_bytes(shape, false)
+                     : plan::alltoall_collective_bytes(shape, plan::expected_alltoall_traffic(shape, v.dedup), false));
+      const std::string name = "forward/ring_all_gather replica counts";
+      for (int r = 0; r < num_ranks; ++r) {
+        const std::string what = "R" + std::to_string(num_ranks) + " " + to_string(v.dispatch) +
+                                 (v.dedup ? " dedup" : "") + (v.priced ? " priced" : "") + " rank " + std::to_string(r);
+        ASSERT_EQ(run.stats[r].bytes_sent.count(name), 1u) << what;
+        EXPECT_EQ(double(run.stats[r].bytes_sent.at(name)), predicted.at(name)) << what;
+      }
+    }
 }
 
 plan::PlanConfig one_layer_config(int num_ranks, std::int64_t tokens_per_rank, std::int64_t hidden, std::int64_t ffn,
