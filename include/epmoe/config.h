@@ -148,7 +148,14 @@ struct ReplicaCostRates {
   double compute_flops_per_s = 0;  // one rank's expert GEMMs (peak x efficiency)
   double link_bytes_per_s = 0;     // one link, one direction
   double link_latency_s = 0;
-  bool priced() const { return compute_flops_per_s > 0 && link_bytes_per_s > 0; }
+  // Key replica_costs=measured (wall clock): the three rates above are
+  // measured by the group's ranks when the first plan is made (a product of
+  // one expert's shape; a message of one expert's weights to the next rank
+  // and an 8-byte one; the slowest rank's figures, identical on every rank)
+  // and replace whatever was set. Plans then depend on the machine's timing:
+  // two runs need not place the same replicas, and bits follow the plans.
+  bool measure = false;
+  bool priced() const { return measure || (compute_flops_per_s > 0 && link_bytes_per_s > 0); }
   bool operator==(const ReplicaCostRates&) const = default;
 };
 

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <epmoe/config.h>
+
 namespace epmoe {
 
 struct DispatchStats {
@@ -50,6 +52,9 @@ struct ReplicaStats {
   double predicted_saving_seconds = 0.0, predicted_cost_seconds = 0.0;
   int refused_replicas = 0;
   double refused_saving_seconds = 0.0, refused_cost_seconds = 0.0;
+  // The rates the plan was priced at: EpConfig::replica_costs, or with
+  // replica_costs=measured what the group's first plan measured.
+  ReplicaCostRates priced_at;
   // Priced: this step had no counts round and no plan, the last plans having
   // placed nothing (every pair went home; the loads above are not known).
   bool skipped_planning = false;

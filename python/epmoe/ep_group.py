@@ -20,6 +20,8 @@ replica_costs="priced" (the default) prices replicas as `epmoe layer` does
 on the same keys: the wall clock at the calling thread's compute threads
 (run_threads gives each rank max(1, cores // R), as `epmoe layer ranks=R`
 does; under mpirun, OMP_NUM_THREADS), so both plan the same replicas.
+replica_costs="measured" prices at rates the ranks measure at the first
+plan instead (docs/BALANCE.md, Rates): plans then follow the machine's timing.
 
 Dispatch and combine without the experts, for callers with their own
 expert compute (DeepEP's dispatch / combine; epmoe.torch.dispatch and

@@ -11,7 +11,11 @@ namespace epmoe::ep {
 enum class EpOp : std::uint32_t {
   forward_scale = 0,  // fp8_tensor: the global absmax
   forward_tokens = 1,
-  // 2: free (the routing words travel inside forward_tokens' messages)
+  // Chunks 0 and 1: replica_costs=measured's probe messages, small and
+  // weight-sized (point-to-point); chunk 2: the all-gather of each rank's
+  // measured rates (ep/replica_rate_probe.h). (2 was free: the routing words
+  // travel inside forward_tokens' messages.)
+  replica_rate_probe = 2,
   forward_combine = 3,
   backward_cotangent = 4,
   backward_dx = 5,

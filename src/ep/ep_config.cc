@@ -130,6 +130,9 @@ void EpConfig::validate(int num_ranks) const {
     if (!(rate >= 0) || rate == std::numeric_limits<double>::infinity())
       throw ConfigError(std::string("replica_costs.") + name + "=" + std::to_string(rate) +
                         ": must be finite and >= 0 (0 = not priced)");
+    if (replica_costs.measure && rate != 0)
+      throw ConfigError(std::string("replica_costs.") + name + "=" + std::to_string(rate) +
+                        ": replica_costs.measure=true measures the rates; leave them at 0");
   }
   if (tag_base % 1024 != 0) throw ConfigError("tag_base must be a multiple of 1024");
 }

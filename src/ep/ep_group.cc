@@ -80,6 +80,7 @@ constexpr AgreedField kAgreedFields[] = {
      show_double},
     {"replica_costs.link_latency_s", [](const EpConfig& c) { return bits_of(c.replica_costs.link_latency_s); },
      show_double},
+    {"replica_costs.measure", [](const EpConfig& c) -> std::int64_t { return c.replica_costs.measure; }, show_bool},
     {"tag_base", [](const EpConfig& c) -> std::int64_t { return c.tag_base; }, show_integer},
 };
 constexpr std::size_t kNumAgreedFields = std::size(kAgreedFields);

@@ -16,6 +16,7 @@
 #include "core/modelled_clock.h"
 #include "core/timer.h"
 #include "ep/collective_tags.h"
+#include "ep/replica_rate_probe.h"
 #include "kernels/convert.h"
 
 namespace epmoe::ep {
@@ -42,7 +43,8 @@ bool ReplicaExchange::dedup_rows_priced() const {
 balance::ReplicaCosts ReplicaExchange::costs() const {
   balance::ReplicaCosts costs;
   const ReplicaCostRates& rates = config_.replica_costs;
-  if (!rates.priced() || shape_.ffn <= 0) return costs;
+  // Unpriced, or replica_costs=measured before its first plan measured them.
+  if (rates.compute_flops_per_s <= 0 || rates.link_bytes_per_s <= 0 || shape_.ffn <= 0) return costs;
   const double hidden = static_cast<double>(config_.hidden), ffn = static_cast<double>(shape_.ffn);
   // A row's forward is three H x F products (2 H F FLOPs each); its backward
   // twice that (dlhs and drhs). The layer cannot know whether a backward
@@ -92,6 +94,19 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
     --skip_left_;
     skip_planning();
     return;
+  }
+  if (config_.replica_costs.measure && !rates_measured_) {
+    // replica_costs=measured: the first plan measures the rates every later
+    // plan prices at (ep/replica_rate_probe.h).
+    std::int64_t probe_bytes = 0;
+    config_.replica_costs = measure_replica_rates(comm_,
+                                                  {.hidden = config_.hidden,
+                                                   .ffn = shape_.ffn,
+                                                   .compute_dtype = shape_.compute_dtype,
+                                                   .weight_element_bytes = static_cast<int>(weight_element_bytes())},
+                                                  tag_base, config_.timeout, probe_bytes);
+    rates_measured_ = true;
+    stats_.bytes_sent["forward/replica rate probe"] += probe_bytes;
   }
   // Per rank: its E expert counts and, when dedup prices token rows, the
   // rows it sends each rank with every expert at home (its tokens with an
@@ -173,6 +188,7 @@ void ReplicaExchange::plan_step(std::span<const std::int32_t> topk_ids, std::uin
                                     .num_redundant_slots_per_rank = num_slots_,
                                     .rebalance_threshold = config_.rebalance_threshold},
                                    held_expert_, priced);
+    stats_.priced_at = config_.replica_costs;
     stats_.predicted_saving_seconds = plan_.predicted_saving_seconds;
     stats_.predicted_cost_seconds = plan_.predicted_cost_seconds;
     stats_.refused_replicas = plan_.refused_replicas;
@@ -246,6 +262,10 @@ void ReplicaExchange::forecast_from(std::span<const std::int64_t> rank_expert_co
   if (!forecasting()) return;
   EPMOE_CHECK_EQ(static_cast<std::int64_t>(rank_expert_counts.size()),
                  static_cast<std::int64_t>(num_ranks_) * num_experts_);
+  if (config_.replica_costs.measure && !rates_measured_) {
+    forecast_ = Forecast::look;  // the next plan measures the rates, then prices
+    return;
+  }
   std::vector<std::int64_t> global(static_cast<std::size_t>(num_experts_), 0);
   for (int r = 0; r < num_ranks_; ++r)
     for (int e = 0; e < num_experts_; ++e) global[e] += rank_expert_counts[r * num_experts_ + e];

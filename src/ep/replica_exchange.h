@@ -213,8 +213,10 @@ class ReplicaExchange {
   bool forecasting() const;  // balance=dynamic, replica_planning=forecast
   static constexpr int kMaxStepsSkipped = 16;
   bool skipped_ = false;  // this step
-  int skip_left_ = 0;     // steps still to skip
-  int next_skip_ = 1;     // steps the next refused plan skips
+  // replica_costs=measured: config_.replica_costs holds the measured rates.
+  bool rates_measured_ = false;
+  int skip_left_ = 0;  // steps still to skip
+  int next_skip_ = 1;  // steps the next refused plan skips
   // replica_planning=forecast: what forecast_from said of the next step.
   enum class Forecast : std::int64_t { none = 0, home = 1, look = 2 };
   Forecast forecast_ = Forecast::none;

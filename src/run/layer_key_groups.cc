@@ -1,5 +1,6 @@
 #include "run/layer_key_groups.h"
 
+#include "core/error.h"
 #include "hardware/replica_cost_rates.h"
 #include "run/modelled_time_settings.h"
 
@@ -223,9 +224,10 @@ KeyGroup expert_parallel_keys() {
            .default_value = "priced",
            .help = "balance=dynamic: priced = a replica is placed only when the compute it takes off the busiest "
                    "rank outweighs its weight, gradient and token transfers at the hardware's (clock=modelled) or "
-                   "the links' and an assumed CPU's rates (docs/BALANCE.md, Cost model); off = balance as far "
-                   "as rebalance_threshold asks, whatever it costs",
-           .choices = {"priced", "off"}},
+                   "the links' and an assumed CPU's rates (docs/BALANCE.md, Cost model); measured = priced at "
+                   "rates the ranks measure at the first plan (clock=wall; plans then follow the machine's "
+                   "timing); off = balance as far as rebalance_threshold asks, whatever it costs",
+           .choices = {"priced", "measured", "off"}},
           {.name = "balance_window",
            .type = KeyType::integer,
            .default_value = "50",
@@ -440,7 +442,15 @@ ExpertParallelSettings expert_parallel_settings_from(const ConfigValues& values,
 
 ReplicaCostRates replica_costs_from(const ConfigValues& values, const hardware::ModelledTimeOptions& modelled,
                                     const hardware::EmulatedLinkOptions& links, int compute_threads_per_rank) {
-  if (values.get_string("replica_costs") != "priced") return {};
+  const std::string& choice = values.get_string("replica_costs");
+  if (choice == "measured") {
+    if (modelled.enabled)
+      throw ConfigError(
+          "replica_costs=measured: the modelled clock prices at the hardware's rates; use replica_costs=priced "
+          "(measured rates are for clock=wall)");
+    return {.measure = true};
+  }
+  if (choice != "priced") return {};
   return hardware::replica_cost_rates(modelled, links, compute_threads_per_rank);
 }
 

@@ -121,6 +121,9 @@ RankReport run_layer_rank(LayerRank& rank, const LayerInputs& inputs, const Expe
   report.refused_replicas = replicas.refused_replicas;
   report.refused_saving_seconds = replicas.refused_saving_seconds;
   report.refused_cost_seconds = replicas.refused_cost_seconds;
+  report.priced_compute_flops_per_s = replicas.priced_at.compute_flops_per_s;
+  report.priced_link_bytes_per_s = replicas.priced_at.link_bytes_per_s;
+  report.priced_link_latency_s = replicas.priced_at.link_latency_s;
   report.skipped_planning = replicas.skipped_planning;
   return report;
 }

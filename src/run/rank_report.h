@@ -71,6 +71,8 @@ struct RankReport {
   double predicted_saving_seconds = 0, predicted_cost_seconds = 0;
   int refused_replicas = 0;
   double refused_saving_seconds = 0, refused_cost_seconds = 0;
+  // The rates the plan was priced at (measured ones with replica_costs=measured).
+  double priced_compute_flops_per_s = 0, priced_link_bytes_per_s = 0, priced_link_latency_s = 0;
   bool skipped_planning = false;
   // clock=modelled only (then phase_seconds are modelled seconds too).
   std::optional<ModelledRankTime> modelled;
@@ -85,6 +87,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, fi
                                    rank_loads_before, rank_loads_after, max_over_mean_before, max_over_mean_after,
                                    ideal_max_over_mean, num_replicas, planner_seconds, predicted_saving_seconds,
                                    predicted_cost_seconds, refused_replicas, refused_saving_seconds,
-                                   refused_cost_seconds, skipped_planning, modelled)
+                                   refused_cost_seconds, priced_compute_flops_per_s, priced_link_bytes_per_s,
+                                   priced_link_latency_s, skipped_planning, modelled)
 
 }  // namespace epmoe::run

@@ -93,5 +93,35 @@ TEST_F(TrainBalance, AForecastThatPlacesReplicasLooksOnTheNextStep) {
   EXPECT_GT(looked, 10) << "of 19 steps";
 }
 
+// replica_costs=measured on the wall clock: step 0 has no forecast and goes
+// home; its forecast, with no rates yet, looks; step 1's plan measures the
+// rates (the probe's bytes) and prices at them; no later step measures
+// again. What the rates are, and so which replicas later steps place,
+// depends on the machine's timing and is not asserted; the losses stay those
+// of balance=off within fp32 rounding whatever is placed.
+TEST_F(TrainBalance, MeasuredRatesAreMeasuredOnceByTheFirstPlan) {
+  const auto wall_run = [&](const std::string& name, const std::vector<std::string>& keys) {
+    const fs::path metrics = scratch_ / name / "metrics.jsonl";
+    std::vector<std::string> arguments = {"train", "threads=1", "ranks=4"};
+    for (const std::string& key : tiny_train_keys(metrics)) arguments.push_back(key);
+    arguments.insert(arguments.end(), keys.begin(), keys.end());
+    const ProcessResult result = run_epmoe(scratch_, arguments);
+    EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+    return read_metrics_lines(metrics);
+  };
+  const std::vector<nlohmann::json> off = wall_run("off", {"balance=off"});
+  const std::vector<nlohmann::json> measured = wall_run("measured", {"replica_costs=measured"});
+  ASSERT_EQ(measured.size(), 20u);
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    const std::int64_t probe = measured[i].at("bytes_sent").value("moe/forward/replica rate probe", std::int64_t{0});
+    if (i == 1)
+      EXPECT_GT(probe, 0) << "step 1 plans first";
+    else
+      EXPECT_EQ(probe, 0) << "step " << i;
+  }
+  EXPECT_GT(counts_round_bytes(measured[1]), 0);
+  EXPECT_LT(max_relative_difference(losses_of(measured), losses_of(off)), 1e-5);
+}
+
 }  // namespace
 }  // namespace epmoe::testing

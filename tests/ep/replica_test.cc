@@ -24,6 +24,7 @@
 // compute thread per rank; R in {1, 2, 3, 4, 8}.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -31,6 +32,7 @@
 
 #include "balance/routing_skew.h"
 #include "core/error.h"
+#include "ep/replica_rate_probe.h"
 #include "ep_harness.h"
 #include "expect_reference.h"
 
@@ -246,6 +248,68 @@ TEST(Replicas, PricedPlansPlaceWhatPaysRefuseWhatDoesNotAndMatchTheReference) {
     EXPECT_EQ(total_bytes(refused.stats, "forward/replica weights"), 0) << what;
     EXPECT_EQ(total_bytes(refused.stats, "backward/replica gradients"), 0) << what;
     expect_matches_reference(p, refused, what + " dear links");
+  }
+}
+
+// replica_costs=measured: the first plan measures the rates (a product of
+// the experts' shape, two ring shifts, an all-gather of every rank's
+// figures, ep/replica_rate_probe.h); every rank then prices at the same
+// rates, later plans do not measure again, and the results match the double
+// reference. The wall-clock figures themselves are not asserted (the machine
+// is shared): only that they are positive, finite and identical on every
+// rank.
+TEST(Replicas, MeasuredRatesAreTheSameOnEveryRankAndMeasuredOnce) {
+  for (int num_ranks : {2, 3})
+    for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring}) {
+      const std::string what = to_string(dispatch) + " R" + std::to_string(num_ranks);
+      const MoeProblem p = skewed_problem(num_ranks);
+      EpRunOptions on = dynamic_replicas(num_ranks, dispatch, 1);
+      on.ep.replica_costs.measure = true;
+      on.weight_versions = {1, 2, 3};
+      const EpRunResult run = testing::run_ep_layer(p, on);
+      const ReplicaCostRates measured = run.step_replica_stats[0][0].priced_at;
+      EXPECT_TRUE(measured.measure) << what;
+      for (const double rate : {measured.compute_flops_per_s, measured.link_bytes_per_s, measured.link_latency_s}) {
+        EXPECT_GT(rate, 0) << what;
+        EXPECT_TRUE(std::isfinite(rate)) << what;
+      }
+      for (std::size_t step = 0; step < run.step_stats.size(); ++step) {
+        const std::int64_t probe = total_bytes(run.step_stats[step], "forward/replica rate probe");
+        if (step == 0)
+          EXPECT_GT(probe, 0) << what << ": the first plan measures";
+        else
+          EXPECT_EQ(probe, 0) << what << ", step " << step << ": measured once";
+        for (int r = 0; r < num_ranks; ++r) {
+          const ep::ReplicaStats& stats = run.step_replica_stats[step][r];
+          if (!stats.skipped_planning)
+            EXPECT_EQ(stats.priced_at, measured) << what << ", step " << step << ", rank " << r;
+        }
+      }
+      expect_matches_reference(p, run, what + " measured rates");
+    }
+}
+
+TEST(ReplicaRates, TheAgreedRatesAreTheSlowestRanks) {
+  const std::vector<ep::ReplicaRateProbe> probes = {
+      {.compute_flops_per_s = 5e10, .link_bytes_per_s = 2e9, .link_latency_s = 3e-6},
+      {.compute_flops_per_s = 4e10, .link_bytes_per_s = 9e9, .link_latency_s = 1e-6},
+      {.compute_flops_per_s = 7e10, .link_bytes_per_s = 3e9, .link_latency_s = 8e-6}};
+  const ReplicaCostRates rates = ep::agreed_replica_rates(probes);
+  EXPECT_EQ(rates.compute_flops_per_s, 4e10);
+  EXPECT_EQ(rates.link_bytes_per_s, 2e9);
+  EXPECT_EQ(rates.link_latency_s, 8e-6);
+  EXPECT_TRUE(rates.measure);
+}
+
+TEST(ReplicaRates, MeasuringAndSettingTheRatesIsRefused) {
+  EpConfig config{.num_experts = 4, .top_k = 2, .hidden = 8, .balance = BalanceMode::dynamic, .redundant_slots = 1};
+  config.replica_costs = {.link_bytes_per_s = 1e9, .measure = true};
+  try {
+    config.validate(2);
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("replica_costs.link_bytes_per_s"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("measure"), std::string::npos) << e.what();
   }
 }
 

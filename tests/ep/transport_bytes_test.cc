@@ -127,6 +127,15 @@ std::vector<BytesCase> cases() {
     add("ring replicas R" + std::to_string(r), r, DispatchKind::ring, replicas, true);
   }
   add("alltoall replicas dedup chunks2 R4", 4, DispatchKind::alltoall, replicas_dedup_chunks, true);
+  // replica_costs=measured: the first plan's probe messages and all-gather.
+  for (const DispatchKind dispatch : {DispatchKind::alltoall, DispatchKind::ring})
+    add(
+        to_string(dispatch) + " replicas measured rates R3", 3, dispatch,
+        [&](EpRunOptions& o) {
+          replicas(o);
+          o.ep.replica_costs.measure = true;
+        },
+        true);
   // A rank with no tokens.
   for (DispatchKind kind : {DispatchKind::alltoall, DispatchKind::ring}) {
     const std::string name = kind == DispatchKind::ring ? "ring" : "alltoall dedup";
@@ -183,8 +192,9 @@ TEST(TransportBytes, DispatcherKindsSumToWhatTheTransportCarried) {
     }
   }
   // The cases send every control stream, so the sums above hold them too.
-  for (const char* kind : {"forward/all_to_all_v counts", "forward/ring_all_gather fp8 scale",
-                           "forward/ring_all_gather replica counts", "forward/ring token counts"})
+  for (const char* kind :
+       {"forward/all_to_all_v counts", "forward/ring_all_gather fp8 scale", "forward/ring_all_gather replica counts",
+        "forward/ring token counts", "forward/replica rate probe"})
     EXPECT_GT(kind_total[kind], 0) << kind;
 }
 
