@@ -228,15 +228,16 @@ TEST(CollectivesThreadsErrors, BadOptionsAreConfigErrorsNamingTheField) {
   });
 }
 
-TEST(CollectivesThreadsTiming, BidirectionalRingIsAboutTwiceAsFastOnEmulatedLinks) {
-  // 4 ranks, 1 MiB chunks, 0.1 GB/s full-duplex ring links: unidirectional
-  // needs 3 * 1 MiB / 0.1 GB/s = 31 ms of link time, bidirectional half that.
-  // Links this slow keep the CPU side (copies, wake-ups: ~1-5 ms on this
-  // shared 2-core machine) small next to the link time; asserted with a loose
-  // margin (< 0.8x) all the same.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "timing is meaningless under a sanitizer (5-15x slower CPU side)";
-#endif
+// The threads transport's emulated links (wall clock) never move bytes
+// faster than their model: 4 ranks, 1 MiB chunks, 0.1 GB/s full-duplex ring
+// links, so a unidirectional all-gather needs at least 3 * 1 MiB / 0.1 GB/s
+// = 31 ms and a bidirectional one half that. Only these lower bounds are
+// asserted: a busy machine can only add to them. How much faster the
+// bidirectional ring is is a speed claim: modelled exactly in
+// tests/comm/modelled_time_test.cc (ModelledRing), measured on the wall
+// clock by bench/ (docs/BENCHMARKS.md, Collectives (a)). A ratio asserted
+// here failed under load (2026-12-07, load 10 on 2 cores).
+TEST(CollectivesThreadsTiming, EmulatedLinksNeverBeatTheLinkModel) {
   ThreadsOptions options = one_thread_per_rank();
   options.links.enabled = true;
   options.links.bandwidth_gb_per_s = 0.1;
@@ -265,8 +266,6 @@ TEST(CollectivesThreadsTiming, BidirectionalRingIsAboutTwiceAsFastOnEmulatedLink
   const double one_way_bound = 3.0 * n * 4 / 0.1e9;
   EXPECT_GE(seconds[0], one_way_bound * 0.99) << "unidirectional beat the link model";
   EXPECT_GE(seconds[1], one_way_bound / 2 * 0.99) << "bidirectional beat the link model";
-  EXPECT_LT(seconds[1], 0.8 * seconds[0])
-      << "bidirectional " << seconds[1] << " s vs unidirectional " << seconds[0] << " s";
 }
 
 }  // namespace
