@@ -420,7 +420,8 @@ std::unique_ptr<Request> ThreadsCommunicator::isend(int peer, Tag tag, const voi
                         request->state(),
                         trace,
                         trace.recorder != nullptr ? trace.recorder->wall_now_us() : 0.0,
-                        posted_at};
+                        posted_at,
+                        /*staged=*/nullptr};
   const Mailbox::Key key{rank_, tag};
 
   std::unique_lock<std::mutex> lock(mailbox.mutex);
