@@ -114,10 +114,11 @@ TEST_F(TrainBalance, MeasuredRatesAreMeasuredOnceByTheFirstPlan) {
   ASSERT_EQ(measured.size(), 20u);
   for (std::size_t i = 0; i < measured.size(); ++i) {
     const std::int64_t probe = measured[i].at("bytes_sent").value("moe/forward/replica rate probe", std::int64_t{0});
-    if (i == 1)
+    if (i == 1) {
       EXPECT_GT(probe, 0) << "step 1 plans first";
-    else
+    } else {
       EXPECT_EQ(probe, 0) << "step " << i;
+    }
   }
   EXPECT_GT(counts_round_bytes(measured[1]), 0);
   EXPECT_LT(max_relative_difference(losses_of(measured), losses_of(off)), 1e-5);

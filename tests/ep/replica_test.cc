@@ -275,14 +275,15 @@ TEST(Replicas, MeasuredRatesAreTheSameOnEveryRankAndMeasuredOnce) {
       }
       for (std::size_t step = 0; step < run.step_stats.size(); ++step) {
         const std::int64_t probe = total_bytes(run.step_stats[step], "forward/replica rate probe");
-        if (step == 0)
+        if (step == 0) {
           EXPECT_GT(probe, 0) << what << ": the first plan measures";
-        else
+        } else {
           EXPECT_EQ(probe, 0) << what << ", step " << step << ": measured once";
+        }
         for (int r = 0; r < num_ranks; ++r) {
           const ep::ReplicaStats& stats = run.step_replica_stats[step][r];
-          if (!stats.skipped_planning)
-            EXPECT_EQ(stats.priced_at, measured) << what << ", step " << step << ", rank " << r;
+          if (stats.skipped_planning) continue;
+          EXPECT_EQ(stats.priced_at, measured) << what << ", step " << step << ", rank " << r;
         }
       }
       expect_matches_reference(p, run, what + " measured rates");
@@ -302,8 +303,14 @@ TEST(ReplicaRates, TheAgreedRatesAreTheSlowestRanks) {
 }
 
 TEST(ReplicaRates, MeasuringAndSettingTheRatesIsRefused) {
-  EpConfig config{.num_experts = 4, .top_k = 2, .hidden = 8, .balance = BalanceMode::dynamic, .redundant_slots = 1};
-  config.replica_costs = {.link_bytes_per_s = 1e9, .measure = true};
+  EpConfig config;
+  config.num_experts = 4;
+  config.top_k = 2;
+  config.hidden = 8;
+  config.balance = BalanceMode::dynamic;
+  config.redundant_slots = 1;
+  config.replica_costs.link_bytes_per_s = 1e9;
+  config.replica_costs.measure = true;
   try {
     config.validate(2);
     FAIL() << "no ConfigError";
