@@ -49,14 +49,21 @@ constexpr std::int64_t kHidden = 8, kFfn = 6;
 
 using testing::as_double;
 
-// sigmoid_grouped routing, E = 2R experts, K = 2, hot experts packed on rank 0.
-MoeProblem skewed_problem(int num_ranks, balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
-  const int num_experts = 2 * num_ranks;
-  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 2};
-  MoeProblem p = testing::make_problem(16 * num_ranks, kHidden, kFfn, router, 300 + num_ranks);
+// The router's selection bias towards Zipf-hot experts (s = 1.2), packed
+// on rank 0 or spread over the ranks.
+void bias_towards_hot_experts(MoeProblem& p, int num_ranks,
+                              balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
+  const int num_experts = p.router.num_experts;
   const std::vector<float> bias = balance::zipf_selection_bias(
       {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2, .placement = placement, .scale = 1.0});
   for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
+}
+
+// sigmoid_grouped routing, E = 2R experts, K = 2, hot experts packed on rank 0.
+MoeProblem skewed_problem(int num_ranks, balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = 2 * num_ranks, .top_k = 2};
+  MoeProblem p = testing::make_problem(16 * num_ranks, kHidden, kFfn, router, 300 + num_ranks);
+  bias_towards_hot_experts(p, num_ranks, placement);
   return p;
 }
 
@@ -311,12 +318,7 @@ TEST(Replicas, APricedPlanThatPlacesReplicasRunsFasterThanNoneOnTheModelledClock
   constexpr int kRanks = 8, kExperts = 16;
   RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = kExperts, .top_k = 2};
   MoeProblem p = testing::make_problem(128 * kRanks, 16, 64, router, 31);
-  const std::vector<float> bias = balance::zipf_selection_bias({.num_experts = kExperts,
-                                                                .num_ranks = kRanks,
-                                                                .zipf_exponent = 1.2,
-                                                                .placement = balance::HotExpertPlacement::packed,
-                                                                .scale = 1.0});
-  for (int e = 0; e < kExperts; ++e) p.bias.data<float>()[e] = bias[e];
+  bias_towards_hot_experts(p, kRanks);
   EpRunOptions off{.num_ranks = kRanks, .dispatch = DispatchKind::alltoall};
   off.modelled = {.enabled = true, .peak_flops = 2e12, .compute_efficiency = 1.0, .memory_bytes_per_s = 1e12};
   off.links = {.bandwidth_gb_per_s = 50, .latency_us = 2, .topology = transport::threads::LinkTopology::switched};
@@ -463,15 +465,9 @@ TEST(Replicas, CopiesComputeTheirOwnRanksPairsFirst) {
 // (the choice keeps the per-(source, copy) counts). The dedup-aware choice
 // never sends more token bytes than the positional one, and fewer in total.
 MoeProblem packed_problem_k4(int num_ranks) {
-  const int num_experts = 4 * num_ranks;
-  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 4};
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = 4 * num_ranks, .top_k = 4};
   MoeProblem p = testing::make_problem(24 * num_ranks, kHidden, kFfn, router, 500 + num_ranks);
-  const std::vector<float> bias = balance::zipf_selection_bias({.num_experts = num_experts,
-                                                                .num_ranks = num_ranks,
-                                                                .zipf_exponent = 1.2,
-                                                                .placement = balance::HotExpertPlacement::packed,
-                                                                .scale = 1.0});
-  for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
+  bias_towards_hot_experts(p, num_ranks);
   return p;
 }
 
