@@ -6,7 +6,8 @@
 // and packed). Peer in the same run: eplb_global_placement() for the same
 // loads and slot budget, interleaved with the planner so that background load
 // hits both alike; and the cost-aware plan (issue 31, priced at the rates
-// below) beside them. Every plan is verified (quotas sum to the counts, no expert
+// below, as the engine prices the all-to-all) beside them; "min" columns are
+// the fastest repetition (min of 9). Every plan is verified (quotas sum to the counts, no expert
 // twice on a rank, slot limits) before it is timed.
 //
 //   bench_balance_planner [--quick | --calls N balance|priced]
@@ -76,8 +77,9 @@ int main(int argc, char** argv) {
       {64, 8, 2, HotExpertPlacement::spread, 1.05},   {128, 16, 2, HotExpertPlacement::spread, 1.05},
       {256, 32, 2, HotExpertPlacement::spread, 1.05}, {1024, 128, 2, HotExpertPlacement::spread, 1.05},
   };
-  std::printf("%5s %4s %2s %-6s %5s | %9s %9s %9s %7s | %8s %15s | %9s %7s | %9s %8s\n", "E", "R", "B", "hot", "thr",
-              "plan us", "min", "max", "spread", "replicas", "max/mean", "eplb us", "ratio", "priced us", "replicas");
+  std::printf("%5s %4s %2s %-6s %5s | %9s %9s %9s %7s | %8s %15s | %9s %7s | %9s %9s %8s\n", "E", "R", "B", "hot",
+              "thr", "plan us", "min", "max", "spread", "replicas", "max/mean", "eplb us", "ratio", "priced us", "min",
+              "replicas");
   for (const BenchCase& c : cases) {
     LoadGeneratorOptions generator;
     generator.num_experts = c.num_experts;
@@ -113,6 +115,10 @@ int main(int argc, char** argv) {
     costs.weight_seconds = 3.0 * 7168 * 2048 * 2 / 450e9 + 2e-6;
     costs.gradient_seconds = 3.0 * 7168 * 2048 * 4 / 450e9 + 2e-6;
     costs.token_row_seconds = 7168.0 * 16 / 450e9;
+    // The all-to-all's rows per direction (f32 tokens and dx), beside which
+    // the transfers are priced by their bytes (ep/replica_exchange.cc).
+    costs.forward_row_seconds = costs.backward_row_seconds = 7168.0 * 4 / 450e9;
+    costs.link_latency_seconds = 2e-6;
     costs.source_counts = source;
     // Each rank's pairs, as the engine all-gathers them with the counts.
     std::vector<std::int64_t> pairs(static_cast<std::size_t>(c.num_ranks), 0);
@@ -135,12 +141,13 @@ int main(int argc, char** argv) {
     const ReplicaPlan priced = plan_replicas(counts, homes, planner, {}, costs);
     char balance[32];
     std::snprintf(balance, sizeof balance, "%.2f -> %.3f", plan.before.max_over_mean(), plan.after.max_over_mean());
-    std::printf(
-        "%5d %4d %2d %-6s %5.2f | %9.2f %9.2f %9.2f %6.0f%% | %8d %15s | %9.2f %6.1fx | %9.2f %8d\n", c.num_experts,
-        c.num_ranks, c.num_slots, c.placement == HotExpertPlacement::spread ? "spread" : "packed", c.threshold,
-        stats[0].median_seconds * 1e6, stats[0].min_seconds * 1e6, stats[0].max_seconds * 1e6,
-        100 * stats[0].relative_spread(), plan.num_replicas(), balance, stats[1].median_seconds * 1e6,
-        stats[1].median_seconds / stats[0].median_seconds, stats[2].median_seconds * 1e6, priced.num_replicas());
+    std::printf("%5d %4d %2d %-6s %5.2f | %9.2f %9.2f %9.2f %6.0f%% | %8d %15s | %9.2f %6.1fx | %9.2f %9.2f %8d\n",
+                c.num_experts, c.num_ranks, c.num_slots,
+                c.placement == HotExpertPlacement::spread ? "spread" : "packed", c.threshold,
+                stats[0].median_seconds * 1e6, stats[0].min_seconds * 1e6, stats[0].max_seconds * 1e6,
+                100 * stats[0].relative_spread(), plan.num_replicas(), balance, stats[1].median_seconds * 1e6,
+                stats[1].median_seconds / stats[0].median_seconds, stats[2].median_seconds * 1e6,
+                stats[2].min_seconds * 1e6, priced.num_replicas());
     if (sink == 42) std::printf(" ");
   }
   return 0;

@@ -162,9 +162,13 @@ class WaterFill {
       // cost what they add to the busiest port. The gradients likewise
       // beside dx, which flows the other way (a rank's egress carries the
       // dx of the rows it computed for others).
-      value.cost += added_to_busiest_port(costs_.forward_row_seconds, weights_in, weights_out, costs_.weight_seconds);
-      value.cost +=
-          added_to_busiest_port(costs_.backward_row_seconds, gradients_out, gradients_in, costs_.gradient_seconds);
+      // Each transfer holds a port for its bytes only: its latency overlaps
+      // the next message's bytes, and the rows beside it pay the latency
+      // anyway (ReplicaCosts::link_latency_seconds).
+      value.cost += added_to_busiest_port(costs_.forward_row_seconds, weights_in, weights_out,
+                                          bytes_seconds(costs_.weight_seconds));
+      value.cost += added_to_busiest_port(costs_.backward_row_seconds, gradients_out, gradients_in,
+                                          bytes_seconds(costs_.gradient_seconds));
     } else {
       value.cost += static_cast<double>(weight_link) * costs_.weight_seconds +
                     static_cast<double>(gradient_link) * costs_.gradient_seconds;
@@ -186,6 +190,12 @@ class WaterFill {
                                  out + static_cast<double>(beside_rows_out[r]) * transfer_seconds});
     }
     return with_transfers - rows_only;
+  }
+
+  // A transfer's time on the port without the link's latency (a gradient
+  // priced at 0, inference, stays 0).
+  double bytes_seconds(double transfer_seconds) const {
+    return std::max(0.0, transfer_seconds - costs_.link_latency_seconds);
   }
 
   // Whether a run of `rows` of `expert` into a new slot of `receiver` pays

@@ -50,8 +50,9 @@
 //     its busiest link: under packed hot experts, the hot home's). With the
 //     all-to-all's rows per direction given (forward_row_seconds), the
 //     transfers cost only what they add to the busiest port beside the
-//     dispatch's token rows (weights) and dx's (gradients): on a port the
-//     tokens leave idle, they are hidden;
+//     dispatch's token rows (weights) and dx's (gradients), their bytes
+//     only (the rows pay the link's latency, which the transfers' overlaps):
+//     on a port the tokens leave idle, they are hidden;
 //   * takes, among the balance plan, plans that stop short of it (targets
 //     at 1/3 and 2/3 of the way back to the homes' max load) and, with
 //     B > 1, the fill at the balance target with one slot per rank (fewer
@@ -87,6 +88,14 @@ struct ReplicaCosts {
   // exposed (the ring, whose all-gather keeps every link busy).
   double forward_row_seconds = 0;
   double backward_row_seconds = 0;
+  // The part of weight_seconds and gradient_seconds that is the link's
+  // latency. A message holds a port only for its bytes (the modelled links,
+  // transport/threads/emulated_links.h): its latency runs while the next
+  // message's bytes cross, so beside the rows, which pay the latency
+  // themselves, the transfers add only their bytes. The modelled step shows
+  // it (docs/BALANCE.md "Cost model"): on b200 five weights leave rank 0's
+  // port 0.44 us apart, not 2.4.
+  double link_latency_seconds = 0;
   // What planning itself costs a step (the counts round): a plan with
   // replicas pays it, one without lets the engine skip it next time.
   double plan_seconds = 0;

@@ -53,6 +53,7 @@ balance::ReplicaCosts ReplicaExchange::costs() const {
   const double matrices = 3 * hidden * ffn;
   costs.weight_seconds = matrices * weight_element_bytes() / rates.link_bytes_per_s + rates.link_latency_s;
   costs.gradient_seconds = matrices * 4 / rates.link_bytes_per_s + rates.link_latency_s;
+  costs.link_latency_seconds = rates.link_latency_s;
   // The counts round: a bidirectional ring all-gather of E (+ R) i64 per
   // rank, R - 1 hops of latency. Refused plans skip it (plan_step).
   const bool all_to_all = config_.dispatch == DispatchKind::alltoall;

@@ -8,6 +8,8 @@
 //    cross the link (token cost) or are rank 1's own (no token rows);
 //  * R = 3, transfers on ports the token rows leave idle: priced beside the
 //    rows, they cost only what they add to the busiest port;
+//  * R = 4, three transfers on one port: the link's latency paid once, not
+//    three times;
 //  * R = 4, one hot expert: a plan that stops short of the balance target
 //    nets more than the balance plan;
 //  * random loads and costs: a plan is never predicted to cost more than it
@@ -159,6 +161,49 @@ TEST(ReplicaCosts, TransfersBesideTheTokenRowsCostOnlyWhatTheyAddToTheBusiestPor
   beside.weight_seconds = 40;
   beside.gradient_seconds = 40;
   EXPECT_EQ(plan_replicas(counts, homes, {3, 1, 1.0}, {}, beside).predicted_cost_seconds, 0);
+}
+
+// A transfer holds a port for its bytes only; its latency runs while the
+// next message's bytes cross (ReplicaCosts::link_latency_seconds), so
+// beside the rows, which pay the latency themselves, k transfers on one port
+// add k times their bytes, not k times bytes and latency. R = 4, one expert
+// per rank, expert 0 hot: 1000 pairs, 100 from rank 0 and 300 from each
+// other rank; ranks 1-3 hold 100 pairs of their own expert each. B = 1, a
+// row's compute 1, a token row 1 (f = b = 1/4 each way), a weight and a
+// gradient transfer 250 each, 200 of it latency. The balance plan (max 325)
+// puts 225 rows of expert 0 on each of ranks 1-3, all their own pairs:
+// rank 0's ingress goes from 900 rows to 225, the busiest port. Saving:
+// 675 rows of compute + 675 token rows = 1350. Rank 0's egress feeds the
+// three weights and its ingress takes the three gradients, beside no rows
+// of their own: with latency per transfer they add 3 * 250 - 225 / 4 =
+// 693.75 each way, 1387.5 > 1350, refused (the b200 case of docs/BENCHMARKS.md
+// "Priced replicas" 2026-12-07); their bytes add 3 * 50 - 225 / 4 = 93.75
+// each way: 187.5, placed.
+TEST(ReplicaCosts, TransfersOnOnePortPayTheLinkLatencyOnce) {
+  const std::vector<std::int64_t> counts = {1000, 100, 100, 100};
+  const std::vector<int> homes = {0, 1, 2, 3};
+  const std::vector<std::int64_t> source_counts = {100, 0, 0,   0, 300, 100, 0, 0,
+                                                   300, 0, 100, 0, 300, 0,   0, 100};  // [R, E]
+  ReplicaCosts c = costs(250, 250);
+  c.source_counts = source_counts;
+  c.token_row_seconds = 1;
+  c.forward_row_seconds = 0.25;
+  c.backward_row_seconds = 0.25;
+  c.link_latency_seconds = 200;
+  const ReplicaPlan placed = plan_replicas(counts, homes, {4, 1, 1.0}, {}, c);
+  ASSERT_EQ(placed.num_replicas(), 3);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(placed.slot_expert(r, 0), 0) << r;
+  EXPECT_EQ(placed.after.max_load, 325);
+  EXPECT_EQ(placed.predicted_saving_seconds, 675 + 675);
+  EXPECT_EQ(placed.predicted_cost_seconds, 2 * (3 * 50 - 225 * 0.25));
+
+  // The same transfers all bytes (no latency to overlap): refused.
+  c.link_latency_seconds = 0;
+  const ReplicaPlan refused = plan_replicas(counts, homes, {4, 1, 1.0}, {}, c);
+  EXPECT_EQ(refused.num_replicas(), 0);
+  EXPECT_EQ(refused.refused_replicas, 3);
+  EXPECT_EQ(refused.refused_saving_seconds, 1350);
+  EXPECT_EQ(refused.refused_cost_seconds, 2 * (3 * 250 - 225 * 0.25));
 }
 
 // One hot expert on rank 0 of 4: the balance plan (max 325) needs three

@@ -1,5 +1,6 @@
 #include "ep_harness.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -55,6 +56,12 @@ void other_work(transport::Communicator& comm, std::uint32_t round) {
 
 }  // namespace
 
+Picoseconds EpRunResult::modelled_step(std::size_t step) const {
+  const std::vector<Picoseconds>& start = step_modelled_start.at(step);
+  const std::vector<Picoseconds>& end = step_modelled_end.at(step);
+  return *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
+}
+
 EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   const int num_ranks = options.num_ranks;
   const std::int64_t n = p.num_tokens, h = p.hidden, f = p.ffn;
@@ -79,6 +86,8 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
   result.step_transport_sent_by_tag.assign(
       result.step_stats.size(),
       std::vector<std::map<transport::Tag, std::int64_t>>(static_cast<std::size_t>(num_ranks)));
+  result.step_modelled_start.assign(result.step_stats.size(), std::vector<Picoseconds>(num_ranks, 0));
+  result.step_modelled_end = result.step_modelled_start;
   EpConfig config = options.ep;
   config.num_experts = e;
   config.top_k = k;
@@ -119,6 +128,8 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
       if (!options.weight_versions.empty()) version = options.weight_versions[step];
       const transport::SentBytes sent_before = comm.sent_bytes().value();
       const std::map<transport::Tag, std::int64_t> by_tag_before = threads_comm.sent_bytes_by_tag();
+      const ModelledClock* clock = this_thread_modelled_clock();
+      if (clock != nullptr) result.step_modelled_start[step][r] = clock->now();
       if (!options.split_phase_with_other_work) {
         out = layer.forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
         grads = layer.backward(dy);
@@ -130,6 +141,7 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
         other_work(comm, 2);
         grads = layer.finish_backward(moe_step);
       }
+      if (clock != nullptr) result.step_modelled_end[step][r] = clock->now();
       result.step_stats[step][r] = layer.last_step_stats().dispatch;
       result.step_replica_stats[step][r] = layer.last_step_stats().replicas;
       transport::SentBytes sent = comm.sent_bytes().value();

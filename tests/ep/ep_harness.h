@@ -11,6 +11,7 @@
 #include <epmoe/moe_layer.h>
 
 #include "core/fault_injection.h"
+#include "core/modelled_clock.h"
 #include "ep/ep_config.h"
 #include "ep/replica_stats.h"
 #include "ep/step_state.h"
@@ -77,6 +78,11 @@ struct EpRunResult {
   // The same bytes by tag (ThreadsCommunicator::sent_bytes_by_tag), to tell
   // the streams of a collective apart (comm/tag.h).
   std::vector<std::vector<std::map<transport::Tag, std::int64_t>>> step_transport_sent_by_tag;  // [step][rank]
+  // clock=modelled: each rank's clock when every step began and ended,
+  // [step][rank] (all 0 on the wall clock).
+  std::vector<std::vector<Picoseconds>> step_modelled_start, step_modelled_end;
+  // A step's modelled time: the last rank's end - the first rank's start.
+  Picoseconds modelled_step(std::size_t step) const;
 };
 
 EpRunResult run_ep_layer(const MoeProblem& problem, const EpRunOptions& options);

@@ -14,7 +14,9 @@
 //    rows per slot and slots refreshed do not carry over between steps;
 //  * priced plans (EpConfig::replica_costs): replicas that pay are placed,
 //    those that do not are refused, both match the reference; a kept
-//    replica at an unchanged weight version moves no bytes;
+//    replica at an unchanged weight version moves no bytes; on the modelled
+//    clock, a plan the planner places (hot experts packed, transfers
+//    latency-bound) runs faster than no replicas;
 //  * locality-first sub-quotas: every copy computes its own rank's pairs
 //    first (min(quota, own count)), checked through the all-to-all's bytes;
 //  * the dedup-aware replica choice (balance/dedup_aware_choice.h) under
@@ -35,6 +37,7 @@
 #include "ep/replica_rate_probe.h"
 #include "ep_harness.h"
 #include "expect_reference.h"
+#include "hardware/replica_cost_rates.h"
 
 namespace epmoe {
 namespace {
@@ -48,14 +51,21 @@ constexpr std::int64_t kHidden = 8, kFfn = 6;
 
 using testing::as_double;
 
-// sigmoid_grouped routing, E = 2R experts, K = 2, hot experts packed on rank 0.
-MoeProblem skewed_problem(int num_ranks, balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
-  const int num_experts = 2 * num_ranks;
-  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 2};
-  MoeProblem p = testing::make_problem(16 * num_ranks, kHidden, kFfn, router, 300 + num_ranks);
+// The router's selection bias towards Zipf-hot experts (s = 1.2), packed
+// on rank 0 or spread over the ranks.
+void bias_towards_hot_experts(MoeProblem& p, int num_ranks,
+                              balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
+  const int num_experts = p.router.num_experts;
   const std::vector<float> bias = balance::zipf_selection_bias(
       {.num_experts = num_experts, .num_ranks = num_ranks, .zipf_exponent = 1.2, .placement = placement, .scale = 1.0});
   for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
+}
+
+// sigmoid_grouped routing, E = 2R experts, K = 2, hot experts packed on rank 0.
+MoeProblem skewed_problem(int num_ranks, balance::HotExpertPlacement placement = balance::HotExpertPlacement::packed) {
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = 2 * num_ranks, .top_k = 2};
+  MoeProblem p = testing::make_problem(16 * num_ranks, kHidden, kFfn, router, 300 + num_ranks);
+  bias_towards_hot_experts(p, num_ranks, placement);
   return p;
 }
 
@@ -365,6 +375,40 @@ TEST(Replicas, RefusedPlansSkipTheCountsRoundForGrowingSpells) {
   expect_matches_reference(p, run, "skipped planning");
 }
 
+// The b200 case of docs/BENCHMARKS.md "Priced replicas" in small, on the
+// modelled clock: R = 8, hot experts packed on rank 0, switched links where
+// a message's latency (2 us) is five times its bytes' time (the 12 KB of a
+// replica's weights at 50 GB/s). Rank 0's port feeds seven replicas' weights
+// and takes their gradients home; priced with the latency once per port (it
+// runs while the next message's bytes cross), the balance plan pays and the
+// step is faster than without replicas. With the latency priced per
+// transfer it cost 45 us against a 25 us saving and was refused, though it
+// ran 1.38x no replicas. Two training steps (new weights each), the second
+// timed, each side the same.
+TEST(Replicas, APricedPlanThatPlacesReplicasRunsFasterThanNoneOnTheModelledClock) {
+  constexpr int kRanks = 8, kExperts = 16;
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = kExperts, .top_k = 2};
+  MoeProblem p = testing::make_problem(128 * kRanks, 16, 64, router, 31);
+  bias_towards_hot_experts(p, kRanks);
+  EpRunOptions off{.num_ranks = kRanks, .dispatch = DispatchKind::alltoall};
+  off.modelled = {.enabled = true, .peak_flops = 2e12, .compute_efficiency = 1.0, .memory_bytes_per_s = 1e12};
+  off.links = {.bandwidth_gb_per_s = 50, .latency_us = 2, .topology = transport::threads::LinkTopology::switched};
+  off.weight_versions = {1, 2};
+  EpRunOptions priced = off;
+  priced.ep.balance = BalanceMode::dynamic;
+  priced.ep.redundant_slots = 1;
+  priced.ep.replica_costs = hardware::replica_cost_rates(priced.modelled, priced.links, 1);
+  const EpRunResult none = testing::run_ep_layer(p, off);
+  const EpRunResult placed = testing::run_ep_layer(p, priced);
+  const ep::ReplicaStats& chosen = placed.replica_stats[0];
+  ASSERT_GT(chosen.num_replicas, 0) << "refused: saving " << chosen.refused_saving_seconds << " s, cost "
+                                    << chosen.refused_cost_seconds << " s (or the step skipped planning)";
+  expect_quotas_met(placed, "priced");
+  EXPECT_GT(chosen.predicted_saving_seconds, chosen.predicted_cost_seconds);
+  EXPECT_LT(placed.modelled_step(1), none.modelled_step(1));
+  expect_matches_reference(p, placed, "priced on the modelled clock");
+}
+
 // Recomputed x_sorted: the ring re-collects a chunk's rows with the same
 // replica positions, the all-to-all re-sends the same plan.
 TEST(Replicas, RematDispatchKeepsTheSameRows) {
@@ -492,15 +536,9 @@ TEST(Replicas, CopiesComputeTheirOwnRanksPairsFirst) {
 // (the choice keeps the per-(source, copy) counts). The dedup-aware choice
 // never sends more token bytes than the positional one, and fewer in total.
 MoeProblem packed_problem_k4(int num_ranks) {
-  const int num_experts = 4 * num_ranks;
-  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = num_experts, .top_k = 4};
+  RouterConfig router{.kind = RouterKind::sigmoid_grouped, .num_experts = 4 * num_ranks, .top_k = 4};
   MoeProblem p = testing::make_problem(24 * num_ranks, kHidden, kFfn, router, 500 + num_ranks);
-  const std::vector<float> bias = balance::zipf_selection_bias({.num_experts = num_experts,
-                                                                .num_ranks = num_ranks,
-                                                                .zipf_exponent = 1.2,
-                                                                .placement = balance::HotExpertPlacement::packed,
-                                                                .scale = 1.0});
-  for (int e = 0; e < num_experts; ++e) p.bias.data<float>()[e] = bias[e];
+  bias_towards_hot_experts(p, num_ranks);
   return p;
 }
 
