@@ -195,8 +195,15 @@ int run(int rounds, std::int64_t tokens) {
   struct Alone {
     const char* name;
     std::function<void()> call;
+    int products = 1;  // of up_flops each
     double best_us = 1e300;
   };
+  // Candidates: the two up-projection products of dx (or of dwi0, dwi1) as
+  // one product of twice the inner (or output) size, on [d_h0 | d_h1] rows
+  // and [wi0 | wi1] matrices.
+  const Tensor wi01 = random_tensor({kExperts, kHidden, 2 * kFfn}, 8, 0.03f);
+  const Tensor f2_rows = random_tensor({num_rows, 2 * kFfn}, 9, 1.0f);
+  Tensor dw2_out(DType::f32, {kExperts, kHidden, 2 * kFfn});
   std::vector<Alone> alone = {
       {"forward x wi0 (up)",
        [&] {
@@ -224,6 +231,17 @@ int run(int rounds, std::int64_t tokens) {
        [&] {
          grouped_gemm_dlhs(grouped(kHidden, kFfn), f_rows.data<float>(), wi1.data<float>(), h_out.data<float>(), true);
        }},
+      {"dlhs dx = [d_h0|d_h1] [wi0|wi1]^T (K = 2F)",
+       [&] {
+         grouped_gemm_dlhs(grouped(kHidden, 2 * kFfn), f2_rows.data<float>(), wi01.data<float>(), h_out.data<float>());
+       },
+       2},
+      {"drhs [dwi0|dwi1] = x^T [d_h0|d_h1] (N = 2F)",
+       [&] {
+         grouped_gemm_drhs(grouped(kHidden, 2 * kFfn), rows.x.data<float>(), f2_rows.data<float>(),
+                           dw2_out.data<float>());
+       },
+       2},
   };
 
   const std::string path = "/tmp/bench_expert_passes." + std::to_string(::getpid()) + ".json";
@@ -254,11 +272,12 @@ int run(int rounds, std::int64_t tokens) {
   print_passes("experts_forward", forward);
   print_passes("experts_backward", backward);
   std::printf(
-      "\nEach product alone (second of two calls, min over rounds; every product has %.2f GFLOP), FMA peak "
+      "\nEach product alone (second of two calls, min over rounds; every product has %.2f GFLOP, a K = 2F or N = 2F "
+      "one twice that), FMA peak "
       "%.1f GFLOP/s; load average %s:\n| product | ms | GFLOP/s | of FMA peak |\n|---|---:|---:|---:|\n",
       up_flops / 1e9, fma_gflops, bench::load_average().c_str());
   for (const Alone& a : alone) {
-    const double gflops = up_flops / (a.best_us * 1e3);
+    const double gflops = a.products * up_flops / (a.best_us * 1e3);
     std::printf("| %s | %.2f | %.1f | %.2f |\n", a.name, a.best_us / 1e3, gflops, gflops / fma_gflops);
   }
   std::printf("At the FMA peak one product takes %.2f ms.\n", up_flops / (fma_gflops * 1e6));

@@ -72,9 +72,12 @@ void swiglu_forward(const float* h0, const float* h1, float* act, std::int64_t n
   });
 }
 
+namespace {
+
 // silu'(z) = s + z s (1 - s) = s (1 + z (1 - s)), s = sigmoid(z).
-void swiglu_backward(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1, std::int64_t n) {
-  const ComputeScope charge("swiglu backward", {.flops = 12.0 * n, .bytes = 20.0 * n});
+template <bool kWithActivation>
+void swiglu_backward_pass(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1, float* act,
+                          std::int64_t n) {
   parallel_for(n, kElementwiseGrain, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) {
@@ -84,8 +87,21 @@ void swiglu_backward(const float* h0, const float* h1, const float* dact, float*
       const float dsilu = s * (1.0f + z * (1.0f - s));
       dh0[i] = dact[i] * h1[i] * dsilu;
       dh1[i] = dact[i] * silu;
+      if constexpr (kWithActivation) act[i] = silu * h1[i];  // swiglu_forward's h0 * s * h1
     }
   });
+}
+
+}  // namespace
+
+void swiglu_backward(const float* h0, const float* h1, const float* dact, float* dh0, float* dh1, std::int64_t n,
+                     float* act) {
+  const ComputeScope charge("swiglu backward",
+                            {.flops = (act != nullptr ? 13.0 : 12.0) * n, .bytes = (act != nullptr ? 24.0 : 20.0) * n});
+  if (act != nullptr)
+    swiglu_backward_pass<true>(h0, h1, dact, dh0, dh1, act, n);
+  else
+    swiglu_backward_pass<false>(h0, h1, dact, dh0, dh1, nullptr, n);
 }
 
 }  // namespace epmoe

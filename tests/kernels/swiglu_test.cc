@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/rng.h"
@@ -97,6 +98,22 @@ TEST(Swiglu, LargeMagnitudesStayFinite) {
     ASSERT_TRUE(std::isfinite(act[i]) && std::isfinite(dh0[i]) && std::isfinite(dh1[i])) << h0[i];
     EXPECT_NEAR(act[i], silu_ref(h0[i]), 1e-6 * std::abs(silu_ref(h0[i])) + 1e-30) << h0[i];
     EXPECT_NEAR(dh0[i], dsilu_ref(h0[i]), 1e-5 * std::abs(dsilu_ref(h0[i])) + 1e-30) << h0[i];
+  }
+}
+
+// The backward's activation is the forward's, bit for bit (the experts'
+// backward rebuilds it there for dwo), and asking for it changes neither
+// gradient.
+TEST(Swiglu, BackwardRebuildsTheForwardActivationBitForBit) {
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{37}, std::int64_t{100003}}) {
+    const Inputs in = make_inputs(n);
+    std::vector<float> act(n), rebuilt(n, -1.0f), dh0(n), dh1(n), plain_dh0(n), plain_dh1(n);
+    swiglu_forward(in.h0.data(), in.h1.data(), act.data(), n);
+    swiglu_backward(in.h0.data(), in.h1.data(), in.dact.data(), dh0.data(), dh1.data(), n, rebuilt.data());
+    swiglu_backward(in.h0.data(), in.h1.data(), in.dact.data(), plain_dh0.data(), plain_dh1.data(), n);
+    EXPECT_EQ(std::memcmp(act.data(), rebuilt.data(), n * sizeof(float)), 0) << "n = " << n;
+    EXPECT_EQ(std::memcmp(dh0.data(), plain_dh0.data(), n * sizeof(float)), 0) << "n = " << n;
+    EXPECT_EQ(std::memcmp(dh1.data(), plain_dh1.data(), n * sizeof(float)), 0) << "n = " << n;
   }
 }
 
