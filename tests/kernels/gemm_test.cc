@@ -284,10 +284,11 @@ TEST(Gemm, OffGridWeightsKeepTheBitsAndFollowTheVersion) {
       gemm(with_version);  // the second call from the copy the first made
       const std::string where = "k=" + std::to_string(k) + " n=" + std::to_string(n) + " m=" + std::to_string(m);
       ASSERT_TRUE(same_bits(plain, versioned)) << where;
-      if (m * n * k <= (1 << 22))  // the double loop; at the larger shapes the bits above vouch
+      if (m * n * k <= (1 << 22)) {  // the double loop; at the larger shapes the bits above vouch
         EXPECT_LE(relative_error(versioned, reference_gemm(a.data(), b, nullptr, m, n, k, false, false).c),
                   kF32RelativeTolerance)
             << where;
+      }
       const bool copied = onednn && m >= 32 && n >= 256;
       const GemmWeightCacheStats after = gemm_weight_cache_stats();
       EXPECT_EQ(after.preparations - before.preparations, copied ? 1 : 0) << where;
@@ -384,7 +385,9 @@ TEST(Gemm, PackedWeightsFollowTheVersion) {
   }
   const GemmWeightCacheStats stats = gemm_weight_cache_stats();
   // pack_b asks for an entry even where nothing needs packing (oneDNN's path).
-  if (f32_gemm_backend() == F32GemmBackend::onednn) EXPECT_GE(stats.entries, 1);
+  if (f32_gemm_backend() == F32GemmBackend::onednn) {
+    EXPECT_GE(stats.entries, 1);
+  }
   clear_gemm_weight_cache();
   EXPECT_EQ(gemm_weight_cache_stats().entries, 0);
   EXPECT_EQ(gemm_weight_cache_stats().bytes, 0);
