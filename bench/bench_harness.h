@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace epmoe::bench {
@@ -80,6 +82,15 @@ inline std::vector<BenchStats> measure_interleaved(const std::vector<std::functi
 
 inline BenchStats measure(const std::function<void()>& fn, const BenchOptions& options = {}) {
   return measure_interleaved({fn}, options).front();
+}
+
+// The 1, 5 and 15 minute load averages, printed beside every table: how
+// busy the shared machine was while it was measured.
+inline std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
 }
 
 }  // namespace epmoe::bench

@@ -62,13 +62,6 @@ class PlacedBuffer {
   float* data_;
 };
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 struct Shape {
   std::int64_t k, n;  // forward: c[m, n] = a[m, k] b[k, n]
 };
@@ -120,7 +113,7 @@ bool run_backward(const std::vector<std::int64_t>& rows, int repetitions) {
   bool all_ok = true;
   for (const bool dlhs : {true, false}) {
     std::printf("\nH=%lld F=%lld %s, 1 thread, load average %s\n", static_cast<long long>(h), static_cast<long long>(f),
-                dlhs ? "dlhs (dout W^T)" : "drhs (x^T dout)", load_average().c_str());
+                dlhs ? "dlhs (dout W^T)" : "drhs (x^T dout)", bench::load_average().c_str());
     std::printf(
         "| M | FMA peak | on grid | b off grid | a off grid | both off grid |\n|---:|---:|---:|---:|---:|---:|\n");
     const std::int64_t out_count = dlhs ? max_rows * h : h * f;
@@ -195,7 +188,7 @@ int run(bool quick, bool backward_only, int repetitions) {
       for (PlacedBuffer& buffer : b) buffer.data()[i] = w;
     }
     std::printf("\nH(k)=%lld F(n)=%lld forward, 1 thread, load average %s\n", static_cast<long long>(shape.k),
-                static_cast<long long>(shape.n), load_average().c_str());
+                static_cast<long long>(shape.n), bench::load_average().c_str());
     std::printf("| M | FMA peak |");
     for (const Column& column : columns) std::printf(" %s |", column.name);
     std::printf("\n|---:|---:|");

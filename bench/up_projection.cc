@@ -43,13 +43,6 @@ std::vector<std::int64_t> group_sizes(bool zipf) {
   return sizes;
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 int run(int threads, int repetitions) {
   set_compute_threads(threads);
   Rng rng(3);
@@ -68,7 +61,7 @@ int run(int threads, int repetitions) {
   }
   std::printf("bench_up_projection: rows=%lld H=%lld F=%lld E=%d, %d compute threads, load average %s\n",
               static_cast<long long>(kRows), static_cast<long long>(kHidden), static_cast<long long>(kFfn), kExperts,
-              compute_threads(), load_average().c_str());
+              compute_threads(), bench::load_average().c_str());
   std::printf(
       "| groups | separate SwiGLU pass ms (min) | SwiGLU epilogue ms (min) | concatenated ms (min) | "
       "epilogue / separate time (median, min) |\n|---|---:|---:|---:|---:|\n");

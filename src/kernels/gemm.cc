@@ -207,6 +207,11 @@ struct WeightEntry {
   std::vector<bf16_t> bf16;                      // empty until converted
   std::vector<std::unique_ptr<PackedB>> packed;  // append-only: pointers stay valid
   std::unique_ptr<OffGridCopy> off_grid;         // null until copied
+  // Whether the cache's byte counter includes this entry: false once it is
+  // replaced or cleared. A call that still holds it may prepare a form after
+  // that; those bytes are freed with the entry and never counted (counting
+  // them drifted the counter up by one form per such race).
+  bool counted = true;
 };
 
 // What an entry holds, in bytes; its mutex held by the caller.
@@ -228,6 +233,28 @@ WeightCache& weight_cache() {
   return cache;
 }
 
+// A form of `entry` was prepared (its mutex held by the caller).
+void count_prepared(const WeightEntry& entry, std::int64_t bytes) {
+  if (entry.counted) weight_cache().bytes += bytes;
+  ++weight_cache().preparations;
+}
+
+// `entry` leaves the cache (its mutex held by the caller).
+void uncount(WeightEntry& entry) {
+  if (entry.counted) weight_cache().bytes -= held_bytes(entry);
+  entry.counted = false;
+}
+
+// Drops every entry; cache.mutex held by the caller. Each entry is marked
+// under its own lock and unlocked before the map lets it go.
+void drop_all(WeightCache& cache) {
+  for (const auto& [key, entry] : cache.entries) {
+    const std::lock_guard entry_lock(entry->mutex);
+    uncount(*entry);
+  }
+  cache.entries.clear();
+}
+
 // The entry for b at this version; a different version replaces the entry
 // (holders of the old one keep it alive until their call ends).
 std::shared_ptr<WeightEntry> weight_entry(const GemmArgs& args) {
@@ -237,10 +264,8 @@ std::shared_ptr<WeightEntry> weight_entry(const GemmArgs& args) {
   const std::lock_guard lock(cache.mutex);
   auto it = cache.entries.find(key);
   if (it != cache.entries.end() && it->second->version == args.b_version) return it->second;
-  if (it == cache.entries.end() && cache.entries.size() >= static_cast<std::size_t>(kMaxGemmWeightEntries)) {
-    cache.entries.clear();
-    cache.bytes = 0;
-  }
+  if (it == cache.entries.end() && cache.entries.size() >= static_cast<std::size_t>(kMaxGemmWeightEntries))
+    drop_all(cache);
   auto entry = std::make_shared<WeightEntry>();
   entry->version = args.b_version;
   if (it != cache.entries.end()) {
@@ -249,7 +274,7 @@ std::shared_ptr<WeightEntry> weight_entry(const GemmArgs& args) {
     // held it any more (ThreadSanitizer: unlock of an unlocked mutex).
     const std::shared_ptr<WeightEntry> old = std::exchange(it->second, entry);
     const std::lock_guard old_lock(old->mutex);
-    cache.bytes -= held_bytes(*old);
+    uncount(*old);
   } else {
     cache.entries.emplace(key, entry);
   }
@@ -263,8 +288,7 @@ const bf16_t* prepared_bf16(WeightEntry& entry, const GemmArgs& args) {
   if (entry.bf16.empty()) {
     entry.bf16.resize(count);
     convert(std::span<const float>(args.b, count), std::span<bf16_t>(entry.bf16.data(), count));
-    weight_cache().bytes += count * static_cast<std::int64_t>(sizeof(bf16_t));
-    ++weight_cache().preparations;
+    count_prepared(entry, count * static_cast<std::int64_t>(sizeof(bf16_t)));
   } else {
     ++weight_cache().reuses;
   }
@@ -284,9 +308,8 @@ const memory& prepared_packed(WeightEntry& entry, const GemmArgs& args, const me
   auto packed = std::make_unique<PackedB>(PackedB{args.transpose_b, layout, memory(layout, cpu_engine())});
   memory source_mem(source_desc, cpu_engine(), const_cast<void*>(source));
   dnnl::reorder(source_mem, packed->mem).execute(stream, source_mem, packed->mem);
-  weight_cache().bytes += static_cast<std::int64_t>(layout.get_size());
-  ++weight_cache().preparations;
   entry.packed.push_back(std::move(packed));
+  count_prepared(entry, static_cast<std::int64_t>(layout.get_size()));
   return entry.packed.back()->mem;
 }
 
@@ -295,8 +318,7 @@ const float* prepared_off_grid(WeightEntry& entry, const GemmArgs& args) {
   const std::lock_guard lock(entry.mutex);
   if (!entry.off_grid) {
     entry.off_grid = std::make_unique<OffGridCopy>(args.b, args.k * args.n);
-    weight_cache().bytes += entry.off_grid->bytes();
-    ++weight_cache().preparations;
+    count_prepared(entry, entry.off_grid->bytes());
   } else {
     ++weight_cache().reuses;
   }
@@ -376,8 +398,7 @@ std::int64_t gemm_weight_cache_bytes(std::span<const float* const> matrices) {
 void clear_gemm_weight_cache() {
   WeightCache& cache = weight_cache();
   const std::lock_guard lock(cache.mutex);
-  cache.entries.clear();
-  cache.bytes = 0;
+  drop_all(cache);
 }
 
 void gemm(const GemmArgs& args) {

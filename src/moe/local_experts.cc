@@ -247,9 +247,6 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
     });
   }
 
-  Tensor activation(DType::f32, {num_rows, ffn});
-  swiglu_forward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), activation.data<float>(), num_rows * ffn);
-  lend_core_to_collectives();
   // The weight gradient of this chunk: straight into dW for the first chunk,
   // through a scratch buffer and an add for the others (a pass over dW that
   // the single-chunk case should not pay). All three matrices have H * F
@@ -266,14 +263,20 @@ ExpertGradients experts_backward(const ExpertShape& shape, const ep::ExpertRows&
     if (accumulate)
       for (std::size_t g = 0; g < num_groups; ++g) add_into(dw_groups[g], chunk_groups[g], matrix_elements);
   };
-  weight_gradient(down, activation.data<float>(), d_expert_out.data<float>(), dw.dwo);
   Tensor d_activation(DType::f32, {num_rows, ffn});
   grouped_gemm_dlhs(down, d_expert_out.data<float>(), w.wo, d_activation.data<float>());
   lend_core_to_collectives();
+  // dwo needs the activation, which the forward did not keep: the SwiGLU's
+  // backward rebuilds it in its own pass over mlpwi_0 and mlpwi_1 (the same
+  // bits as the forward's; a separate swiglu_forward pass took 15 ms of a
+  // 349 ms backward at the single-rank layer's shape before it vectorised,
+  // ~1.3 ms after: bench_expert_passes).
+  Tensor activation(DType::f32, {num_rows, ffn});
   Tensor d_h0(DType::f32, {num_rows, ffn}), d_h1(DType::f32, {num_rows, ffn});
   swiglu_backward(saved.mlpwi_0.data<float>(), saved.mlpwi_1.data<float>(), d_activation.data<float>(),
-                  d_h0.data<float>(), d_h1.data<float>(), num_rows * ffn);
+                  d_h0.data<float>(), d_h1.data<float>(), num_rows * ffn, activation.data<float>());
   lend_core_to_collectives();
+  weight_gradient(down, activation.data<float>(), d_expert_out.data<float>(), dw.dwo);
   const float* x = num_rows > 0 ? rows.x.data<float>() : nullptr;
   weight_gradient(up, x, d_h0.data<float>(), dw.dwi0);
   weight_gradient(up, x, d_h1.data<float>(), dw.dwi1);

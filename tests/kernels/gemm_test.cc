@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 
 #include <cmath>
@@ -283,10 +284,11 @@ TEST(Gemm, OffGridWeightsKeepTheBitsAndFollowTheVersion) {
       gemm(with_version);  // the second call from the copy the first made
       const std::string where = "k=" + std::to_string(k) + " n=" + std::to_string(n) + " m=" + std::to_string(m);
       ASSERT_TRUE(same_bits(plain, versioned)) << where;
-      if (m * n * k <= (1 << 22))  // the double loop; at the larger shapes the bits above vouch
+      if (m * n * k <= (1 << 22)) {  // the double loop; at the larger shapes the bits above vouch
         EXPECT_LE(relative_error(versioned, reference_gemm(a.data(), b, nullptr, m, n, k, false, false).c),
                   kF32RelativeTolerance)
             << where;
+      }
       const bool copied = onednn && m >= 32 && n >= 256;
       const GemmWeightCacheStats after = gemm_weight_cache_stats();
       EXPECT_EQ(after.preparations - before.preparations, copied ? 1 : 0) << where;
@@ -304,6 +306,49 @@ TEST(Gemm, OffGridWeightsKeepTheBitsAndFollowTheVersion) {
   }
   clear_gemm_weight_cache();
   EXPECT_EQ(gemm_weight_cache_stats().bytes, 0);
+}
+
+// The cache's byte counter is what it holds: two callers replacing each
+// other's version of one b (each replacement subtracts the old entry's
+// bytes) and a third clearing the cache now and then, while a caller that
+// still holds a replaced or cleared entry makes its copy. Such a late copy
+// must not count: the counter would then drift above what the entries hold
+// (before the fix it did, by one copy per such race: 1-2 KiB per thousand
+// calls here).
+TEST(Gemm, WeightCacheBytesStayWhatTheEntriesHold) {
+  if (f32_gemm_backend() != F32GemmBackend::onednn) GTEST_SKIP() << "OpenBLAS keeps nothing";
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  constexpr std::int64_t m = 32, n = 256, k = 1;  // the smallest product that is copied off the grid
+  const std::unique_ptr<float, Free> b(static_cast<float*>(std::aligned_alloc(64, k * n * sizeof(float))));
+  const auto values = random_vector(k * n, 90);
+  std::copy(values.begin(), values.end(), b.get());
+  const auto a = random_vector(m * k, 91);
+  const float* held[] = {b.get()};
+  for (const bool with_clears : {false, true}) {
+    clear_gemm_weight_cache();
+    constexpr std::uint64_t kCalls = 20000;
+    std::atomic<std::uint64_t> calls{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t)
+      threads.emplace_back([&, t] {
+        std::vector<float> c(m * n);
+        for (std::uint64_t i = 0; i < kCalls; ++i) {
+          gemm({.a = a.data(), .b = b.get(), .c = c.data(), .m = m, .n = n, .k = k, .b_version = 2 * i + t + 1});
+          ++calls;
+        }
+      });
+    // Clears during the first three quarters of the calls only: a clear
+    // resets the counter, so one after the last call would hide a drift.
+    if (with_clears)
+      threads.emplace_back([&] {
+        while (calls < 3 * kCalls / 2) clear_gemm_weight_cache();
+      });
+    for (auto& thread : threads) thread.join();
+    EXPECT_EQ(gemm_weight_cache_stats().bytes, gemm_weight_cache_bytes(held)) << "with clears: " << with_clears;
+  }
+  clear_gemm_weight_cache();
 }
 
 // pack_b: within the f32 (or bf16) bound of the double reference; a new
@@ -340,7 +385,9 @@ TEST(Gemm, PackedWeightsFollowTheVersion) {
   }
   const GemmWeightCacheStats stats = gemm_weight_cache_stats();
   // pack_b asks for an entry even where nothing needs packing (oneDNN's path).
-  if (f32_gemm_backend() == F32GemmBackend::onednn) EXPECT_GE(stats.entries, 1);
+  if (f32_gemm_backend() == F32GemmBackend::onednn) {
+    EXPECT_GE(stats.entries, 1);
+  }
   clear_gemm_weight_cache();
   EXPECT_EQ(gemm_weight_cache_stats().entries, 0);
   EXPECT_EQ(gemm_weight_cache_stats().bytes, 0);

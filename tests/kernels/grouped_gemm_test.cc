@@ -355,7 +355,9 @@ TEST(GroupedGemmRowBlocks, PackedWeightsRebuiltForANewVersionReusedForTheSame) {
   const GemmWeightCacheStats first = gemm_weight_cache_stats();
   // One per group's matrix (oneDNN's path asks for an entry even where it
   // packs nothing; EPMOE_F32_GEMM=openblas keeps none).
-  if (f32_gemm_backend() == F32GemmBackend::onednn) EXPECT_EQ(first.entries, 2);
+  if (f32_gemm_backend() == F32GemmBackend::onednn) {
+    EXPECT_EQ(first.entries, 2);
+  }
   run(1);
   const GemmWeightCacheStats second = gemm_weight_cache_stats();
   EXPECT_EQ(second.preparations, first.preparations);  // nothing packed again for the same version

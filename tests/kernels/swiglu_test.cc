@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/rng.h"
@@ -98,6 +99,52 @@ TEST(Swiglu, LargeMagnitudesStayFinite) {
     EXPECT_NEAR(act[i], silu_ref(h0[i]), 1e-6 * std::abs(silu_ref(h0[i])) + 1e-30) << h0[i];
     EXPECT_NEAR(dh0[i], dsilu_ref(h0[i]), 1e-5 * std::abs(dsilu_ref(h0[i])) + 1e-30) << h0[i];
   }
+}
+
+// The backward's activation is the forward's, bit for bit (the experts'
+// backward rebuilds it there for dwo), and asking for it changes neither
+// gradient.
+TEST(Swiglu, BackwardRebuildsTheForwardActivationBitForBit) {
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{37}, std::int64_t{100003}}) {
+    const Inputs in = make_inputs(n);
+    std::vector<float> act(n), rebuilt(n, -1.0f), dh0(n), dh1(n), plain_dh0(n), plain_dh1(n);
+    swiglu_forward(in.h0.data(), in.h1.data(), act.data(), n);
+    swiglu_backward(in.h0.data(), in.h1.data(), in.dact.data(), dh0.data(), dh1.data(), n, rebuilt.data());
+    swiglu_backward(in.h0.data(), in.h1.data(), in.dact.data(), plain_dh0.data(), plain_dh1.data(), n);
+    EXPECT_EQ(std::memcmp(act.data(), rebuilt.data(), n * sizeof(float)), 0) << "n = " << n;
+    EXPECT_EQ(std::memcmp(dh0.data(), plain_dh0.data(), n * sizeof(float)), 0) << "n = " << n;
+    EXPECT_EQ(std::memcmp(dh1.data(), plain_dh1.data(), n * sizeof(float)), 0) << "n = " << n;
+  }
+}
+
+// A NaN in h0 reaches every output, in vector lanes and in the scalar tail
+// alike: the exp clamps a NaN to -88 (swiglu.cc works on the bits), so what
+// keeps it is that each output multiplies by z; silu(-inf) is NaN as in
+// PyTorch. Nothing non-finite may come out finite.
+TEST(Swiglu, NonFiniteInputsReachEveryOutput) {
+  for (const float bad : {std::nanf(""), -std::nanf(""), -INFINITY}) {
+    for (const std::int64_t at : {0, 5, 8, 33, 36}) {
+      const std::int64_t n = 37;  // 4 vectors of 8 and a tail
+      Inputs in = make_inputs(n);
+      in.h0[at] = bad;
+      std::vector<float> act(n), dh0(n), dh1(n);
+      swiglu_forward(in.h0.data(), in.h1.data(), act.data(), n);
+      swiglu_backward(in.h0.data(), in.h1.data(), in.dact.data(), dh0.data(), dh1.data(), n);
+      EXPECT_TRUE(std::isnan(act[at]) && std::isnan(dh0[at]) && std::isnan(dh1[at]))
+          << "h0 = " << bad << " at " << at << ": act " << act[at] << " dh0 " << dh0[at] << " dh1 " << dh1[at];
+      for (std::int64_t i = 0; i < n; ++i)
+        if (i != at) {
+          EXPECT_TRUE(std::isfinite(act[i]) && std::isfinite(dh0[i]) && std::isfinite(dh1[i])) << i;
+        }
+    }
+  }
+  // +inf: silu(inf) = inf, its gradient factor 1.
+  const std::vector<float> h0 = {INFINITY}, one = {1.0f};
+  std::vector<float> act(1), dh0(1), dh1(1);
+  swiglu_forward(h0.data(), one.data(), act.data(), 1);
+  swiglu_backward(h0.data(), one.data(), one.data(), dh0.data(), dh1.data(), 1);
+  EXPECT_EQ(act[0], INFINITY);
+  EXPECT_EQ(dh1[0], INFINITY);
 }
 
 }  // namespace

@@ -127,8 +127,9 @@ TEST_P(SwigluUpProjectionTest, FusedGivesTheUnfusedBits) {
     const Outputs got = fused(shape, x, wi0, wi1, rows);
     // Where the probe allows it, the concatenation really ran (a one-thread
     // group with rows exists in every case with rows).
-    if (rows > 0 && fused_up_projection_keeps_bits(hidden, ffn, dtype))
+    if (rows > 0 && fused_up_projection_keeps_bits(hidden, ffn, dtype)) {
       EXPECT_GT(concatenated_weight_cache_stats().builds, builds_before);
+    }
     EXPECT_TRUE(same_bits(want.h0, got.h0));
     EXPECT_TRUE(same_bits(want.h1, got.h1));
     EXPECT_TRUE(same_bits(want.act, got.act));
