@@ -126,31 +126,46 @@ TEST(PlanVsEngine, BytesPerCollectiveAreExact) {
             }
 }
 
+// The layer of the replica tests below: E = 12, K = 2, H = 10, 6 tokens
+// per rank, one replica slot per rank, balance=dynamic; its engine run, and
+// the plan's shape of it.
+struct ReplicaCase {
+  EpRunResult run;
+  plan::DispatchShape shape;
+};
+
+ReplicaCase run_with_replicas(int num_ranks, DispatchKind dispatch, bool dedup, bool priced, std::uint64_t seed) {
+  const int num_experts = 12, top_k = 2;
+  const std::int64_t hidden = 10, tokens_per_rank = 6;
+  RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
+  const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, 4, router, seed);
+  EpRunOptions options{.num_ranks = num_ranks, .dispatch = dispatch};
+  options.ep.dedup = dedup;
+  options.ep.balance = BalanceMode::dynamic;
+  options.ep.redundant_slots = 1;
+  if (priced) options.ep.replica_costs = {.compute_flops_per_s = 1e9, .link_bytes_per_s = 1e9, .link_latency_s = 0};
+  return {testing::run_ep_layer(p, options),
+          {.num_ranks = num_ranks,
+           .tokens_per_rank = double(tokens_per_rank),
+           .hidden = hidden,
+           .top_k = top_k,
+           .num_experts = num_experts,
+           .token_row_bytes = 4.0 * hidden,
+           .activation_bytes = 4,
+           .replicas = true,
+           .replicas_priced = priced}};
+}
+
 // The ring moves every token whatever the replicas do, so the plan (told
 // there are replicas) predicts every collective but the replicas' weights
 // and gradients, which depend on where the planner puts them.
 TEST(PlanVsEngine, RingBytesWithReplicasAreExactBesidesTheReplicaTransfers) {
-  const int num_experts = 12, top_k = 2;
-  const std::int64_t hidden = 10, tokens_per_rank = 6;
   for (int num_ranks : {2, 3}) {
-    RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
-    const testing::MoeProblem p = testing::make_problem(tokens_per_rank * num_ranks, hidden, 4, router, 60 + num_ranks);
-    EpRunOptions options{.num_ranks = num_ranks, .dispatch = DispatchKind::ring};
-    options.ep.balance = BalanceMode::dynamic;
-    options.ep.redundant_slots = 1;
-    const EpRunResult run = testing::run_ep_layer(p, options);
-    const plan::DispatchShape shape{.num_ranks = num_ranks,
-                                    .tokens_per_rank = double(tokens_per_rank),
-                                    .hidden = hidden,
-                                    .top_k = top_k,
-                                    .num_experts = num_experts,
-                                    .token_row_bytes = 4.0 * hidden,
-                                    .activation_bytes = 4,
-                                    .replicas = true};
+    const ReplicaCase c = run_with_replicas(num_ranks, DispatchKind::ring, false, false, 60 + num_ranks);
     for (int r = 0; r < num_ranks; ++r) {
-      std::map<std::string, std::int64_t> engine = run.stats[r].bytes_sent;
+      std::map<std::string, std::int64_t> engine = c.run.stats[r].bytes_sent;
       EXPECT_EQ(engine.erase("forward/replica weights") + engine.erase("backward/replica gradients"), 2u);
-      expect_same_bytes(engine, as_map(plan::ring_collective_bytes(shape, false)),
+      expect_same_bytes(engine, as_map(plan::ring_collective_bytes(c.shape, false)),
                         "ring replicas R" + std::to_string(num_ranks) + " rank " + std::to_string(r));
     }
   }
@@ -161,8 +176,6 @@ TEST(PlanVsEngine, RingBytesWithReplicasAreExactBesidesTheReplicaTransfers) {
 // per destination rank (what prices the token rows). The plan's count of it
 // equals the engine's on the step that plans (step 0), R = 2, 3, 4.
 TEST(PlanVsEngine, ReplicaCountsRoundBytesAreExactPricedOrNot) {
-  const int num_experts = 12, top_k = 2;
-  const std::int64_t hidden = 10, tokens_per_rank = 6;
   struct Variant {
     DispatchKind dispatch;
     bool dedup, priced;
@@ -170,25 +183,9 @@ TEST(PlanVsEngine, ReplicaCountsRoundBytesAreExactPricedOrNot) {
   for (int num_ranks : {2, 3, 4})
     for (const Variant v : {Variant{DispatchKind::alltoall, false, false}, Variant{DispatchKind::alltoall, false, true},
                             Variant{DispatchKind::alltoall, true, true}, Variant{DispatchKind::ring, false, true}}) {
-      RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = num_experts, .top_k = top_k};
-      const testing::MoeProblem p =
-          testing::make_problem(tokens_per_rank * num_ranks, hidden, 4, router, 80 + num_ranks);
-      EpRunOptions options{.num_ranks = num_ranks, .dispatch = v.dispatch};
-      options.ep.dedup = v.dedup;
-      options.ep.balance = BalanceMode::dynamic;
-      options.ep.redundant_slots = 1;
-      if (v.priced)
-        options.ep.replica_costs = {.compute_flops_per_s = 1e9, .link_bytes_per_s = 1e9, .link_latency_s = 0};
-      const EpRunResult run = testing::run_ep_layer(p, options);
-      const plan::DispatchShape shape{.num_ranks = num_ranks,
-                                      .tokens_per_rank = double(tokens_per_rank),
-                                      .hidden = hidden,
-                                      .top_k = top_k,
-                                      .num_experts = num_experts,
-                                      .token_row_bytes = 4.0 * hidden,
-                                      .activation_bytes = 4,
-                                      .replicas = true,
-                                      .replicas_priced = v.priced};
+      const ReplicaCase c = run_with_replicas(num_ranks, v.dispatch, v.dedup, v.priced, 80 + num_ranks);
+      const plan::DispatchShape& shape = c.shape;
+      const EpRunResult& run = c.run;
       const auto predicted =
           as_map(v.dispatch == DispatchKind::ring
                      ? plan::ring_collective_bytes(shape, false)
