@@ -178,7 +178,7 @@ struct EpConfig {
   int balance_window = 50;                                    // periodic: steps of counts a placement is made from
   int balance_period = 50;                                    // periodic: steps between placements
   ReplicaChoice replica_choice = ReplicaChoice::dedup;        // alltoall with dedup only
-  ReplicaCostRates replica_costs;                             // balance=dynamic; unpriced by default
+  ReplicaCostRates replica_costs = {};                        // balance=dynamic; unpriced by default
   ReplicaPlanning replica_planning = ReplicaPlanning::exact;  // balance=dynamic
   // The group's collective tags: [tag_base, tag_base + kEpGroupTagRange)
   // (a multiple of 1024); other collectives on the same communicator must

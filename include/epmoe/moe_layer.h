@@ -70,11 +70,11 @@ namespace epmoe {
 // converts; so does any f32 C-contiguous memory, e.g. a framework's or a
 // std::vector's): read in place, never copied.
 struct MoeWeights {
-  TensorView gate;  // [H, E]
-  TensorView wi0;   // [E_l, H, F], this rank's experts
-  TensorView wi1;   // [E_l, H, F]
-  TensorView wo;    // [E_l, F, H]
-  TensorView bias;  // [E] or empty (sigmoid_grouped selection bias)
+  TensorView gate;       // [H, E]
+  TensorView wi0;        // [E_l, H, F], this rank's experts
+  TensorView wi1;        // [E_l, H, F]
+  TensorView wo;         // [E_l, F, H]
+  TensorView bias = {};  // [E] or empty (sigmoid_grouped selection bias)
 };
 
 struct MoeForwardOutput {

@@ -42,15 +42,6 @@ void MoeLayerConfig::validate() const {
 
 namespace {
 
-// The expert weights a check or a cache last saw: (caller's version, buffers).
-struct ExpertWeightsSeen {
-  std::optional<std::uint64_t> version;
-  const void* wi0 = nullptr;
-  const void* wi1 = nullptr;
-  const void* wo = nullptr;
-  bool operator==(const ExpertWeightsSeen&) const = default;
-};
-
 // Keeps `tensor` (recorded in the ledger) or drops it, as the policy says.
 void keep_or_drop(Tensor& tensor, bool keep, MemoryLedger* ledger, const char* name) {
   if (keep) {
@@ -80,6 +71,15 @@ void copy_into(MutableTensorView out, const Tensor& from) {
 
 // The layer: what outlives its steps.
 struct MoeLayer::Impl {
+  // The expert weights a check or a cache last saw: (caller's version, buffers).
+  struct ExpertWeightsSeen {
+    std::optional<std::uint64_t> version;
+    const void* wi0 = nullptr;
+    const void* wi1 = nullptr;
+    const void* wo = nullptr;
+    bool operator==(const ExpertWeightsSeen&) const = default;
+  };
+
   Impl(const MoeLayerConfig& layer_config, EpGroup& ep_group, MemoryLedger* memory_ledger)
       : config((layer_config.validate(), layer_config)),
         dispatcher(&ep_group.dispatcher()),
@@ -306,7 +306,7 @@ MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::op
   // The expert weights are most of the bytes; a caller's version vouches for
   // unchanged values (as it does for the replica slots), so a repeated
   // forward on the same version and buffers skips their pass.
-  const ExpertWeightsSeen seen{weight_version, weights.wi0.raw(), weights.wi1.raw(), weights.wo.raw()};
+  const Impl::ExpertWeightsSeen seen{weight_version, weights.wi0.raw(), weights.wi1.raw(), weights.wo.raw()};
   if (!weight_version || !(seen == layer.finite_weights_seen)) {
     layer.finite_weights_seen = {};
     check_input(config, "wi0", weights.wi0);

@@ -380,7 +380,9 @@ TEST(SyntheticTokensRepeat, EntropyRateMatchesADirectDoubleSum) {
       rate += tokens.probability(x) * h;
     }
     EXPECT_NEAR(tokens.entropy_rate_nats(), rate, 1e-12) << r;
-    if (r > 0) EXPECT_LT(tokens.entropy_rate_nats(), tokens.entropy_nats());
+    if (r > 0) {
+      EXPECT_LT(tokens.entropy_rate_nats(), tokens.entropy_nats());
+    }
   }
 }
 

@@ -61,26 +61,26 @@ struct RankMemory {
 };
 
 struct EpRunResult {
-  Tensor y, topk_ids, topk_weights;
-  MoeGradients grads;                                      // gathered: dx [N,H], dgate summed, dW [E,...]
-  std::vector<ep::DispatchStats> stats;                    // per rank, last step
-  std::vector<RankMemory> memory;                          // per rank
-  std::vector<std::vector<ep::DispatchStats>> step_stats;  // [step][rank]
+  Tensor y = {}, topk_ids = {}, topk_weights = {};
+  MoeGradients grads = {};                                      // gathered: dx [N,H], dgate summed, dW [E,...]
+  std::vector<ep::DispatchStats> stats = {};                    // per rank, last step
+  std::vector<RankMemory> memory = {};                          // per rank
+  std::vector<std::vector<ep::DispatchStats>> step_stats = {};  // [step][rank]
   // The replica exchange's (MoeLayer::replica_stats; all-default without
   // replicas), as stats and step_stats.
-  std::vector<ep::ReplicaStats> replica_stats;                    // per rank, last step
-  std::vector<std::vector<ep::ReplicaStats>> step_replica_stats;  // [step][rank]
+  std::vector<ep::ReplicaStats> replica_stats = {};                    // per rank, last step
+  std::vector<std::vector<ep::ReplicaStats>> step_replica_stats = {};  // [step][rank]
   // What the threads transport itself counted each rank sending to the
   // others (Communicator::sent_bytes) over a step's forward + backward (with
   // split_phase_with_other_work, the other work's all-reduces included).
-  std::vector<transport::SentBytes> transport_sent;                    // per rank, last step
-  std::vector<std::vector<transport::SentBytes>> step_transport_sent;  // [step][rank]
+  std::vector<transport::SentBytes> transport_sent = {};                    // per rank, last step
+  std::vector<std::vector<transport::SentBytes>> step_transport_sent = {};  // [step][rank]
   // The same bytes by tag (ThreadsCommunicator::sent_bytes_by_tag), to tell
   // the streams of a collective apart (comm/tag.h).
-  std::vector<std::vector<std::map<transport::Tag, std::int64_t>>> step_transport_sent_by_tag;  // [step][rank]
+  std::vector<std::vector<std::map<transport::Tag, std::int64_t>>> step_transport_sent_by_tag = {};  // [step][rank]
   // clock=modelled: each rank's clock when every step began and ended,
   // [step][rank] (all 0 on the wall clock).
-  std::vector<std::vector<Picoseconds>> step_modelled_start, step_modelled_end;
+  std::vector<std::vector<Picoseconds>> step_modelled_start = {}, step_modelled_end = {};
   // A step's modelled time: the last rank's end - the first rank's start.
   Picoseconds modelled_step(std::size_t step) const;
 };

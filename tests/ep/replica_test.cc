@@ -569,7 +569,9 @@ TEST(Replicas, DedupAwareChoiceUnderPackedZipf) {
         const EpRunResult run = testing::run_ep_layer(p, on);
         expect_matches_reference(p, run, what);
         const int num_replicas = expect_quotas_met(run, what);
-        if (num_ranks > 1) EXPECT_GT(num_replicas, 0) << what << ": the skew must make the planner place replicas";
+        if (num_ranks > 1) {
+          EXPECT_GT(num_replicas, 0) << what << ": the skew must make the planner place replicas";
+        }
         if (v.dedup)
           token_bytes[v.choice == ReplicaChoice::dedup] = total_bytes(run.stats, "forward/all_to_all_v tokens");
       }

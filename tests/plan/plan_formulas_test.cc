@@ -144,9 +144,15 @@ TEST(Communication, RingMovesFewerTokenRowsExactlyWhenRanksBelowTopK) {
       const double ring = token_bytes(ring_collective_bytes(s, false));
       const double a2a = token_bytes(alltoall_collective_bytes(s, expected_alltoall_traffic(s, false), false));
       const double dedup = token_bytes(alltoall_collective_bytes(s, expected_alltoall_traffic(s, true), false));
-      if (r < k) EXPECT_LT(ring, a2a) << "R=" << r << " K=" << k;
-      if (r == k) EXPECT_DOUBLE_EQ(ring, a2a) << "R=" << r << " K=" << k;
-      if (r > k) EXPECT_GT(ring, a2a) << "R=" << r << " K=" << k;
+      if (r < k) {
+        EXPECT_LT(ring, a2a) << "R=" << r << " K=" << k;
+      }
+      if (r == k) {
+        EXPECT_DOUBLE_EQ(ring, a2a) << "R=" << r << " K=" << k;
+      }
+      if (r > k) {
+        EXPECT_GT(ring, a2a) << "R=" << r << " K=" << k;
+      }
       EXPECT_LE(dedup, a2a);   // dedup never sends more rows
       EXPECT_LE(dedup, ring);  // at most one row per (token, other rank)
     }
