@@ -62,7 +62,7 @@ nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
                            const std::optional<ModelledRankTime>& modelled) {
   std::map<std::string, std::int64_t> bytes;
   std::int64_t saved_peak = 0, dropped = 0;
-  nlohmann::json after = nlohmann::json::array();
+  nlohmann::json after = nlohmann::json::array(), replicas = nlohmann::json::array();
   for (int l = 0; l < model.config().num_layers; ++l) {
     const MoeLayer& layer = model.layer(l);
     const MoeStepStats& step = layer.last_step_stats();
@@ -72,9 +72,14 @@ nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
     // The replica plan's per-rank loads after balancing (null without replicas).
     const ReplicaStats& plan = step.replicas;
     after.push_back(plan.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(plan.max_over_mean_after));
+    replicas.push_back(plan.num_replicas);
   }
   bytes["gradients/all_reduce"] = grad_bytes;
-  nlohmann::json report = {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"dropped", dropped}, {"after", after}};
+  nlohmann::json report = {{"bytes_sent", bytes},
+                           {"saved_peak", saved_peak},
+                           {"dropped", dropped},
+                           {"after", after},
+                           {"replicas", replicas}};
   if (modelled) report["modelled"] = *modelled;
   return report;
 }
@@ -130,6 +135,7 @@ void to_json(nlohmann::json& out, const StepRecord& r) {
          {"expert_load_max_over_mean", r.expert_load_max_over_mean},
          {"rank_load_max_over_mean_before", r.rank_load_max_over_mean_before},
          {"rank_load_max_over_mean_after", r.rank_load_max_over_mean_after},
+         {"replicas", r.replicas},
          {"expert_counts", r.expert_counts},
          {"saved_activation_peak_bytes", r.saved_activation_peak_bytes},
          {"dropped_pairs", r.dropped_pairs},
@@ -641,6 +647,7 @@ class TrainingRun {
       for (int l = 0; l < num_layers_; ++l) {
         if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();
       }
+      record.replicas = own["replicas"].get<std::vector<int>>();
       if (observer_.on_step) observer_.on_step(record);
     } catch (const Error&) {
       rethrow_naming_step(pending->step);

@@ -87,6 +87,7 @@ struct StepRecord {
   std::vector<double> expert_load_max_over_mean;       // [L] over experts, from the counts
   std::vector<double> rank_load_max_over_mean_before;  // [L] rows per rank, every expert at home
   std::vector<double> rank_load_max_over_mean_after;   // [L] after replica balancing
+  std::vector<int> replicas;                           // [L] replicas the step's plan placed (0 without)
   // [L][E] global (token, k) pairs routed to each expert (summed over ranks,
   // before any capacity cut): what `epmoe balance --loads metrics.jsonl`
   // replays.

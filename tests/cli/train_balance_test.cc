@@ -91,6 +91,20 @@ TEST_F(TrainBalance, AForecastThatPlacesReplicasLooksOnTheNextStep) {
   int looked = 0;
   for (std::size_t i = 1; i < balanced.size(); ++i) looked += counts_round_bytes(balanced[i]) > 0 ? 1 : 0;
   EXPECT_GT(looked, 10) << "of 19 steps";
+  // Each line says how many replicas its step placed, per layer: none at
+  // step 0 (no forecast) and none with balance=off; some on a step that
+  // looked and then moved replica weights.
+  const auto replicas_of = [](const nlohmann::json& line) {
+    int sum = 0;
+    for (const nlohmann::json& layer : line.at("replicas")) sum += layer.get<int>();
+    return sum;
+  };
+  EXPECT_EQ(replicas_of(balanced[0]), 0);
+  for (const nlohmann::json& line : off) EXPECT_EQ(replicas_of(line), 0) << line.at("step");
+  for (const nlohmann::json& line : balanced) {
+    const bool moved = line.at("bytes_sent").value("moe/forward/replica weights", std::int64_t{0}) > 0;
+    EXPECT_EQ(replicas_of(line) > 0, moved) << line.at("step");
+  }
 }
 
 // replica_costs=measured on the wall clock: step 0 has no forecast and goes
