@@ -142,5 +142,9 @@ class MoeLayer:
         return self._layer.phase_seconds()
 
     def last_step_stats(self) -> dict:
-        """The last step's bytes sent per collective, rows per local expert, and replica statistics."""
+        """The last step's bytes sent per collective, rows per local expert, and replica statistics:
+        the plan (slots, loads before and after) and, with balance="dynamic", the cost model's verdict
+        (predicted_saving_us / predicted_cost_us of what it placed, refused_replicas / refused_saving_us /
+        refused_cost_us of what it refused, skipped_planning, priced_at), named as in `epmoe layer`'s
+        metrics.json "balance"."""
         return self._layer.last_step_stats()

@@ -14,6 +14,7 @@ ThreadsWorld (one thread per rank); the same under mpirun is test_mpi.py.
 * outputs follow the inputs' kind, or go into the caller's arrays;
 * the GIL is released while a rank computes."""
 
+import json
 import os
 
 import numpy as np
@@ -43,6 +44,45 @@ def test_threads_ranks_give_epmoe_layers_bits(problem, tmp_path, case, num_ranks
     parts = epmoe.run_threads(num_ranks,
                               lambda comm: run_rank(epmoe, comm, arrays, keys, num_ranks, comm.rank))
     assert differences(assemble(parts), want) == []
+
+
+@pytest.mark.parametrize("case", ["replicas", "replicas_unpriced"])
+def test_replica_stats_report_the_plan_and_its_price_as_epmoe_layer_does(problem, tmp_path, case):
+    """last_step_stats() of every rank carries the replica plan's verdict
+    (predicted saving and cost of what it placed and of what it refused, the
+    rates it priced at) with the names and units of `epmoe layer`'s
+    metrics.json "balance", and the same values: the plan is identical on
+    every rank and in the tool."""
+    tool, directory, arrays = problem
+    keys = dict(CASES["replicas"], **({"replica_costs": "off"} if case == "replicas_unpriced" else {}))
+    num_ranks = 3
+    run_tool(tool, directory, tmp_path / "out", keys, num_ranks)
+    with open(tmp_path / "out" / "metrics.json") as f:
+        want = json.load(f)["balance"]
+
+    def rank_main(comm):
+        share = rank_share(arrays, comm.rank, num_ranks)
+        group = epmoe.EpGroup(comm, num_experts=DIMS["num_experts"], top_k=keys["top_k"], hidden=DIMS["hidden"],
+                              **{k: v for k, v in keys.items() if k != "top_k"})
+        layer = epmoe.MoeLayer(group, ffn=DIMS["ffn"])
+        layer.forward(share["x"], share["gate"], share["wi0"], share["wi1"], share["wo"])
+        layer.backward(share["dy"])
+        return layer.last_step_stats()
+
+    names = ("num_replicas", "rank_loads_before", "rank_loads_after", "max_over_mean_before", "max_over_mean_after",
+             "ideal_max_over_mean", "predicted_saving_us", "predicted_cost_us", "refused_replicas",
+             "refused_saving_us", "refused_cost_us", "skipped_planning", "priced_at")
+    for stats in epmoe.run_threads(num_ranks, rank_main):
+        assert {n: stats[n] for n in names} == {n: want[n] for n in names}  # the same doubles, through JSON
+    # The case is one where the verdict says something: priced, the plan
+    # either placed replicas that pay or refused some that would not;
+    # unpriced, it balanced at no price.
+    if case == "replicas":
+        assert want["priced_at"]["compute_gflops"] > 0
+        assert (want["num_replicas"] > 0 and want["predicted_saving_us"] > want["predicted_cost_us"]) or \
+            (want["refused_replicas"] > 0 and want["refused_cost_us"] >= want["refused_saving_us"])
+    else:
+        assert want["num_replicas"] > 0 and want["predicted_saving_us"] == 0 and want["priced_at"]["compute_gflops"] == 0
 
 
 def test_a_single_rank_group_without_a_communicator_gives_ranks_1_bits(problem, tmp_path):

@@ -57,12 +57,28 @@ std::map<std::string, double> moe_phase_totals(const MoeLm& model) {
   return totals;
 }
 
+// The cost model's verdict on one layer's plan (docs/BALANCE.md "Cost
+// model"), named and scaled as `epmoe layer`'s metrics.json "balance".
+nlohmann::json replica_verdict(const ReplicaStats& plan) {
+  return {{"predicted_saving_us", plan.predicted_saving_seconds * 1e6},
+          {"predicted_cost_us", plan.predicted_cost_seconds * 1e6},
+          {"refused_replicas", plan.refused_replicas},
+          {"refused_saving_us", plan.refused_saving_seconds * 1e6},
+          {"refused_cost_us", plan.refused_cost_seconds * 1e6},
+          {"skipped_planning", plan.skipped_planning},
+          {"priced_at",
+           {{"compute_gflops", plan.priced_at.compute_flops_per_s * 1e-9},
+            {"link_gb_per_s", plan.priced_at.link_bytes_per_s * 1e-9},
+            {"link_latency_us", plan.priced_at.link_latency_s * 1e6}}}};
+}
+
 // What one rank measured in a step, gathered to rank 0 for the record.
 nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
                            const std::optional<ModelledRankTime>& modelled) {
   std::map<std::string, std::int64_t> bytes;
   std::int64_t saved_peak = 0, dropped = 0;
-  nlohmann::json after = nlohmann::json::array(), replicas = nlohmann::json::array();
+  nlohmann::json after = nlohmann::json::array(), replicas = nlohmann::json::array(),
+                 verdicts = nlohmann::json::array();
   for (int l = 0; l < model.config().num_layers; ++l) {
     const MoeLayer& layer = model.layer(l);
     const MoeStepStats& step = layer.last_step_stats();
@@ -73,13 +89,11 @@ nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
     const ReplicaStats& plan = step.replicas;
     after.push_back(plan.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(plan.max_over_mean_after));
     replicas.push_back(plan.num_replicas);
+    verdicts.push_back(replica_verdict(plan));
   }
   bytes["gradients/all_reduce"] = grad_bytes;
-  nlohmann::json report = {{"bytes_sent", bytes},
-                           {"saved_peak", saved_peak},
-                           {"dropped", dropped},
-                           {"after", after},
-                           {"replicas", replicas}};
+  nlohmann::json report = {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"dropped", dropped},
+                           {"after", after},      {"replicas", replicas},     {"replica_verdicts", verdicts}};
   if (modelled) report["modelled"] = *modelled;
   return report;
 }
@@ -136,6 +150,7 @@ void to_json(nlohmann::json& out, const StepRecord& r) {
          {"rank_load_max_over_mean_before", r.rank_load_max_over_mean_before},
          {"rank_load_max_over_mean_after", r.rank_load_max_over_mean_after},
          {"replicas", r.replicas},
+         {"replica_verdicts", r.replica_verdicts},
          {"expert_counts", r.expert_counts},
          {"saved_activation_peak_bytes", r.saved_activation_peak_bytes},
          {"dropped_pairs", r.dropped_pairs},
@@ -648,6 +663,7 @@ class TrainingRun {
         if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();
       }
       record.replicas = own["replicas"].get<std::vector<int>>();
+      record.replica_verdicts = own["replica_verdicts"];
       if (observer_.on_step) observer_.on_step(record);
     } catch (const Error&) {
       rethrow_naming_step(pending->step);

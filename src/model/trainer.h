@@ -88,6 +88,10 @@ struct StepRecord {
   std::vector<double> rank_load_max_over_mean_before;  // [L] rows per rank, every expert at home
   std::vector<double> rank_load_max_over_mean_after;   // [L] after replica balancing
   std::vector<int> replicas;                           // [L] replicas the step's plan placed (0 without)
+  // [L] the cost model's verdict on each layer's plan: predicted saving and
+  // cost of what it placed and of what it refused, the rates it priced at
+  // (all 0 without replicas or unpriced; docs/TRAINING.md).
+  nlohmann::json replica_verdicts = nlohmann::json::array();
   // [L][E] global (token, k) pairs routed to each expert (summed over ranks,
   // before any capacity cut): what `epmoe balance --loads metrics.jsonl`
   // replays.

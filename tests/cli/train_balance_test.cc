@@ -74,6 +74,22 @@ TEST_F(TrainBalance, TheDefaultCostsARunWhoseReplicasDoNotPayNothing) {
   EXPECT_EQ(losses_of(exact), losses_of(off));
   EXPECT_GT(counts_round_bytes(exact[0]), 0);
   EXPECT_GT(exact[0].at("step_seconds").get<double>(), off[0].at("step_seconds").get<double>());
+
+  // Each line carries the cost model's verdict per layer: step 0's exact
+  // plans were priced at h100's rates and refused replicas whose cost
+  // exceeded their saving, placing none (no predicted saving); the
+  // forecast's steps after a refused forecast made no plan at all.
+  for (const nlohmann::json& verdict : exact[0].at("replica_verdicts")) {
+    EXPECT_FALSE(verdict.at("skipped_planning").get<bool>());
+    EXPECT_EQ(verdict.at("predicted_saving_us").get<double>(), 0.0);
+    EXPECT_GT(verdict.at("refused_replicas").get<int>(), 0);
+    EXPECT_GT(verdict.at("refused_cost_us").get<double>(), verdict.at("refused_saving_us").get<double>());
+    EXPECT_GT(verdict.at("priced_at").at("compute_gflops").get<double>(), 0.0);
+  }
+  for (std::size_t i = 1; i < forecast.size(); ++i) {
+    for (const nlohmann::json& verdict : forecast[i].at("replica_verdicts"))
+      EXPECT_TRUE(verdict.at("skipped_planning").get<bool>()) << forecast[i].at("step");
+  }
 }
 
 // Where the forecast places replicas (replica_costs=off: balance whatever it
