@@ -187,6 +187,26 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
     }
     std::printf("%-6s  phases (ms, one step):%s\n", to_string(dtype).c_str(), line.c_str());
   }
+  // Which oneDNN implementation ran one step's products (issue 29: do the
+  // expert products reach its brgemm / AMX kernels, or stay on gemm:jit?):
+  // one more step with the census reset before it.
+  reset_gemm_implementation_census();
+  layer.forward(x, weights, version);
+  layer.backward(dy);
+  std::string census_text, census_json;
+  for (const GemmImplementationUse& use : gemm_implementation_census()) {
+    const double share = use.flops / flops;
+    char item[160];
+    std::snprintf(item, sizeof(item), "%s%s (%s) %.1f%% in %lld calls", census_text.empty() ? "" : ", ",
+                  use.implementation.c_str(), to_string(use.compute_dtype).c_str(), 100 * share, (long long)use.calls);
+    census_text += item;
+    std::snprintf(item, sizeof(item),
+                  "%s{\"implementation\": \"%s\", \"compute_dtype\": \"%s\", \"calls\": %lld, "
+                  "\"flop_share\": %.4f}",
+                  census_json.empty() ? "" : ", ", use.implementation.c_str(), to_string(use.compute_dtype).c_str(),
+                  (long long)use.calls, share);
+    census_json += item;
+  }
   const double layer_gflops = flops / forward.median_seconds * 1e-9;
   const double big_gflops = big_flops / big.median_seconds * 1e-9;
   const std::string name = to_string(dtype);
@@ -197,11 +217,12 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
         "\"fwd_bwd_seconds\": %.6g, \"spread\": %.3f, \"gflops\": %.2f, "
         "\"concatenated_fwd_bwd_seconds\": %.6g, \"concatenated_spread\": %.3f, "
         "\"large_matmul_gflops\": %.2f, \"bound_gflops\": %.2f, \"bound_rows\": %lld, "
-        "\"best_gflops\": %.2f, \"best_bound_gflops\": %.2f, \"fma_peak_gflops\": %.2f}\n",
+        "\"best_gflops\": %.2f, \"best_bound_gflops\": %.2f, \"fma_peak_gflops\": %.2f, "
+        "\"implementations\": [%s]}\n",
         name.c_str(), (long long)n, (long long)h, (long long)f, args.experts, args.top_k, compute_threads(),
         forward.median_seconds, forward.relative_spread(), layer_gflops, concatenated.median_seconds,
         concatenated.relative_spread(), big_gflops, bound_gflops, (long long)expert_rows, best_layer_gflops,
-        best_bound_gflops, peak.gflops);
+        best_bound_gflops, peak.gflops, census_json.c_str());
   } else {
     std::printf(
         "%-6s  fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   large matmul %7.1f GFLOP/s   "
@@ -217,6 +238,7 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
         "layer/FMA peak %.2f\n",
         name.c_str(), best_layer_gflops, best_bound_gflops, best_layer_gflops / best_bound_gflops,
         best_layer_gflops / peak.gflops);
+    std::printf("%-6s  one step's FLOPs by oneDNN implementation: %s\n", name.c_str(), census_text.c_str());
     const double concatenated_gflops = flops / concatenated.median_seconds * 1e-9;
     std::printf(
         "%-6s  opt-in concatenated wi0|wi1: fwd+bwd %8.2f ms (spread %4.1f%%)  %7.1f GFLOP/s   "

@@ -63,6 +63,10 @@ print(f"{ours['compute_dtype']:5s} N={ours['tokens']} H={ours['hidden']} F={ours
       + "), "
       f"{theirs['impl']} ({sys.argv[3]}) {theirs['fwd_bwd_seconds']*1e3:.2f} ms ({theirs['gflops']:.0f} GFLOP/s); "
       f"speed-up x{theirs['fwd_bwd_seconds']/ours['fwd_bwd_seconds']:.2f}")
+uses = ours.get("implementations", [])
+if uses:
+    print("      epmoe's products by oneDNN implementation: " + ", ".join(
+        f"{u['implementation']} ({u['compute_dtype']}) {100 * u['flop_share']:.1f}%" for u in uses))
 PY
   done
 done

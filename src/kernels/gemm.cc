@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -78,11 +79,49 @@ GemmMemoryDescs make_descs(const PrimitiveKey& key) {
           matrix_desc(key.m, key.n, false, memory::data_type::f32)};
 }
 
-// A primitive and the weights layout it was created for (b's plain desc,
-// or with pack_b the layout oneDNN chose).
+// --- Which implementation ran the products (gemm_implementation_census) ---
+// One counter per (implementation, dtype), made when a primitive of it is
+// first created and never freed (a deque: stable addresses), so a cached
+// primitive holds its counter and a call counts with two relaxed atomic adds,
+// no lock.
+struct ImplementationCounter {
+  ImplementationCounter(std::string name, ComputeDType dtype) : implementation(std::move(name)), compute_dtype(dtype) {}
+  const std::string implementation;
+  const ComputeDType compute_dtype;
+  std::atomic<std::int64_t> calls{0}, flops{0};
+
+  void count(const GemmArgs& args) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    flops.fetch_add(2 * args.m * args.n * args.k, std::memory_order_relaxed);
+  }
+};
+
+struct ImplementationCensus {
+  std::mutex mutex;
+  std::deque<ImplementationCounter> counters;
+};
+
+ImplementationCensus& implementation_census() {
+  static ImplementationCensus census;
+  return census;
+}
+
+ImplementationCounter& implementation_counter(const std::string& implementation, ComputeDType dtype) {
+  ImplementationCensus& census = implementation_census();
+  const std::lock_guard lock(census.mutex);
+  for (ImplementationCounter& counter : census.counters) {
+    if (counter.implementation == implementation && counter.compute_dtype == dtype) return counter;
+  }
+  return census.counters.emplace_back(implementation, dtype);
+}
+
+// A primitive, the weights layout it was created for (b's plain desc, or
+// with pack_b the layout oneDNN chose) and the counter of the implementation
+// oneDNN picked for it.
 struct CachedPrimitive {
   dnnl::matmul primitive;
   memory::desc weights;
+  ImplementationCounter* counter;
 };
 
 CachedPrimitive make_primitive(const PrimitiveKey& key) {
@@ -97,7 +136,7 @@ CachedPrimitive make_primitive(const PrimitiveKey& key) {
   const dnnl::matmul::desc desc(descs.a, descs.b, descs.c);
   try {
     const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
-    return {dnnl::matmul(pd), pd.weights_desc()};
+    return {dnnl::matmul(pd), pd.weights_desc(), &implementation_counter(pd.impl_info_str(), key.compute_dtype)};
   } catch (const dnnl::error& e) {
     // oneDNN's own text ("could not create a primitive descriptor
     // iterator") names neither the key nor the cause.
@@ -419,6 +458,8 @@ void gemm(const GemmArgs& args) {
                 static_cast<blasint>(args.transpose_a ? args.m : args.k), args.b,
                 static_cast<blasint>(args.transpose_b ? args.k : args.n), args.accumulate ? 1.0f : 0.0f, args.c,
                 static_cast<blasint>(args.n));
+    static ImplementationCounter& openblas = implementation_counter("openblas", ComputeDType::f32);
+    openblas.count(args);
     return;
   }
 #else
@@ -456,6 +497,7 @@ void gemm(const GemmArgs& args) {
         memory c_mem(descs.c, engine, args.c);
         packed.primitive.execute(state.stream,
                                  {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+        packed.counter->count(args);
         return;
       }
     }
@@ -482,12 +524,38 @@ void gemm(const GemmArgs& args) {
   } else if (args.dynamic_dim == GemmDynamicDim::k && args.transpose_a && !args.transpose_b) {
     primitive_key.k = DNNL_RUNTIME_DIM_VAL;
   }
-  const dnnl::matmul& primitive = cached_primitive(state, primitive_key).primitive;
+  const CachedPrimitive& cached = cached_primitive(state, primitive_key);
   memory a_mem(descs.a, engine, const_cast<void*>(a));
   memory b_mem(descs.b, engine, const_cast<void*>(b));
   memory c_mem(descs.c, engine, args.c);
-  primitive.execute(state.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  cached.primitive.execute(state.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  cached.counter->count(args);
   // Runs are synchronous on a CPU stream with the OpenMP runtime; no wait needed.
+}
+
+std::vector<GemmImplementationUse> gemm_implementation_census() {
+  std::vector<GemmImplementationUse> uses;
+  ImplementationCensus& census = implementation_census();
+  {
+    const std::lock_guard lock(census.mutex);
+    for (const ImplementationCounter& counter : census.counters) {
+      const std::int64_t calls = counter.calls.load(std::memory_order_relaxed);
+      if (calls > 0)
+        uses.push_back(
+            {counter.implementation, counter.compute_dtype, calls, counter.flops.load(std::memory_order_relaxed)});
+    }
+  }
+  std::stable_sort(uses.begin(), uses.end(), [](const auto& x, const auto& y) { return x.flops > y.flops; });
+  return uses;
+}
+
+void reset_gemm_implementation_census() {
+  ImplementationCensus& census = implementation_census();
+  const std::lock_guard lock(census.mutex);
+  for (ImplementationCounter& counter : census.counters) {
+    counter.calls.store(0, std::memory_order_relaxed);
+    counter.flops.store(0, std::memory_order_relaxed);
+  }
 }
 
 bool gemm_packs_weights(std::int64_t m, std::int64_t n, std::int64_t k, bool transpose_b, ComputeDType dtype) {

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "kernels/compute_dtype.h"
 
@@ -85,6 +87,26 @@ void gemm(const GemmArgs& args);
 // naming EPMOE_F32_GEMM at the first f32 gemm.
 enum class F32GemmBackend { onednn, openblas };
 F32GemmBackend f32_gemm_backend();
+
+// Which implementation ran the products: per (implementation, dtype), the
+// calls and their FLOPs (2mnk) since the process started or the last
+// reset_gemm_implementation_census(), most FLOPs first, only those called.
+// The implementation is oneDNN's own name for the primitive it picked
+// (`impl_info_str`: "gemm:jit" for every f32 matmul of oneDNN 2.6 on AVX2,
+// "brg:avx512_core", "brg:avx512_core_amx" where its brgemm kernels run),
+// or "openblas" (EPMOE_F32_GEMM=openblas). Issue 29 asked whether the expert
+// products reach the brgemm / AMX kernels; this answers it for any run
+// without ONEDNN_VERBOSE (bench_moe_layer prints it for one step). Counting
+// is two relaxed atomic adds per call; products with m, n or k = 0 run
+// nothing and are not counted.
+struct GemmImplementationUse {
+  std::string implementation;
+  ComputeDType compute_dtype = ComputeDType::f32;
+  std::int64_t calls = 0;
+  std::int64_t flops = 0;
+};
+std::vector<GemmImplementationUse> gemm_implementation_census();
+void reset_gemm_implementation_census();
 
 // Whether oneDNN, for an exact-shape product of this shape on one thread
 // with b's layout left to it (format `any`), picks a layout of its own for b

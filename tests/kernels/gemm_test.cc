@@ -393,6 +393,59 @@ TEST(Gemm, PackedWeightsFollowTheVersion) {
   EXPECT_EQ(gemm_weight_cache_stats().bytes, 0);
 }
 
+// The census counts every product that ran, once, with its 2mnk FLOPs,
+// under the implementation that ran it: across the paths of gemm() (plain,
+// accumulate, runtime m, b transposed, packed and off-grid weights with a
+// version), from two threads at once, and not the empty products.
+TEST(Gemm, ImplementationCensusCountsEveryProductOnce) {
+  reset_gemm_implementation_census();
+  EXPECT_TRUE(gemm_implementation_census().empty());
+  const auto a = random_vector(300 * 64, 80), b = random_vector(64 * 512, 81);
+  std::vector<float> c(300 * 512);
+  std::int64_t calls = 0, flops = 0;
+  const auto run = [&](GemmArgs args) {
+    args.a = a.data();
+    args.b = b.data();
+    args.c = c.data();
+    gemm(args);
+    if (args.m > 0 && args.n > 0 && args.k > 0) {
+      ++calls;
+      flops += 2 * args.m * args.n * args.k;
+    }
+  };
+  run({.m = 5, .n = 7, .k = 3});
+  run({.m = 5, .n = 7, .k = 3, .accumulate = true});
+  run({.m = 17, .n = 9, .k = 11, .dynamic_dim = GemmDynamicDim::m});
+  run({.m = 17, .n = 9, .k = 11, .transpose_b = true});
+  run({.m = 33, .n = 48, .k = 64, .b_version = 1, .pack_b = true});
+  run({.m = 64, .n = 256, .k = 32, .b_version = 3});  // off the grid (uses_off_grid_b)
+  run({.m = 0, .n = 7, .k = 3});
+  run({.m = 5, .n = 7, .k = 0});
+  std::vector<float> c2(c.size());
+  std::thread other([&] { gemm({.a = a.data(), .b = b.data(), .c = c2.data(), .m = 40, .n = 30, .k = 20}); });
+  other.join();
+  ++calls;
+  flops += 2 * 40 * 30 * 20;
+  if (bf16_gemm_supported()) run({.m = 9, .n = 10, .k = 12, .compute_dtype = ComputeDType::bf16});
+
+  std::int64_t counted_calls = 0, counted_flops = 0;
+  for (const GemmImplementationUse& use : gemm_implementation_census()) {
+    counted_calls += use.calls;
+    counted_flops += use.flops;
+    // oneDNN's names are "<kind>:<isa>" ("gemm:jit", "brg:avx512_core_amx").
+    if (use.compute_dtype == ComputeDType::f32 && f32_gemm_backend() == F32GemmBackend::openblas) {
+      EXPECT_EQ(use.implementation, "openblas");
+    } else {
+      EXPECT_NE(use.implementation.find(':'), std::string::npos) << use.implementation;
+    }
+  }
+  EXPECT_EQ(counted_calls, calls);
+  EXPECT_EQ(counted_flops, flops);
+  clear_gemm_weight_cache();
+  reset_gemm_implementation_census();
+  EXPECT_TRUE(gemm_implementation_census().empty());
+}
+
 // The library follows EPMOE_F32_GEMM (ctest also runs these suites with
 // EPMOE_F32_GEMM=openblas where the build has it).
 TEST(Gemm, F32BackendFollowsTheEnvironment) {
