@@ -17,10 +17,12 @@
 //                rank, or swaps two slots' experts (quotas kept), accepting a
 //                move only if no rank's load goes above the plan's max load
 //                and the off-rank rows (the same dedup-aware choice on every
-//                source) fall. It sees
-//                every token's experts, which the planner never would; what
-//                it saves bounds what a co-pick-aware receiver choice with
-//                the same slots and loads could save.
+//                source) fall;
+//   port-first   the same climb aimed at the busiest port's rows (what the
+//                all-to-all's time follows), the total not allowed to rise.
+// The oracle sees every token's experts, which the planner never would: what
+// it finds is what a co-pick-aware choice with the same loads could hope for
+// (a local optimum of these moves, not a proof of the best).
 // Rows are summed over source ranks; MB is forward token bytes per rank
 // (rows x H x 4 / R, as bench_ep_layer's "fwd token MB" for f32 tokens).
 //
