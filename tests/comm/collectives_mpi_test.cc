@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -135,6 +138,15 @@ bool process_stopped(std::int64_t pid) {
   return state != std::string::npos && state + 2 < text.size() && text[state + 2] == 'T';
 }
 
+std::vector<std::int64_t> every_ranks_pid(transport::Communicator& comm, std::uint32_t tag) {
+  std::int64_t pid = ::getpid();
+  std::vector<std::int64_t> pids(static_cast<std::size_t>(comm.size()));
+  ring_all_gather(comm,
+                  {.input = &pid, .output = pids.data(), .num_elements_per_rank = 1, .dtype = DType::i64, .tag = tag})
+      .wait();
+  return pids;
+}
+
 TEST(CollectivesMpi, ARankResumedWhileAProbeIsOpenIsStillNamedLate) {
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
   // Every rank skips (before any collective, so none waits for another):
@@ -145,11 +157,7 @@ TEST(CollectivesMpi, ARankResumedWhileAProbeIsOpenIsStillNamedLate) {
   GTEST_SKIP() << "timing windows of 200-300 ms are meaningless under a sanitizer (5-15x slower)";
 #endif
   transport::Communicator& comm = *g_comm;
-  std::int64_t pid = ::getpid();
-  std::vector<std::int64_t> pids(static_cast<std::size_t>(comm.size()));
-  ring_all_gather(comm,
-                  {.input = &pid, .output = pids.data(), .num_elements_per_rank = 1, .dtype = DType::i64, .tag = 40})
-      .wait();
+  const std::vector<std::int64_t> pids = every_ranks_pid(comm, 40);
   constexpr auto kWait = std::chrono::milliseconds(300);
   if (comm.rank() == 1) {
     ::kill(::getpid(), SIGSTOP);  // until rank 0 resumes it
@@ -178,6 +186,65 @@ TEST(CollectivesMpi, ARankResumedWhileAProbeIsOpenIsStillNamedLate) {
     EXPECT_NE(message.find("it is the late rank"), std::string::npos) << message;
   }
   barrier(comm, BarrierOptions{.tag = 78}).wait();
+}
+
+// A host that runs none of the job for a while (a loaded 2-core machine ran
+// 4 ranks' liveness helpers 420-441 ms apart, once in ~200 runs of this
+// binary) is not a late rank: every rank, the waiting one included, shows
+// the same stall. Another process stops every rank for 400 ms (a stopped
+// rank cannot resume itself), (a) just before rank 0's 300 ms wait on rank
+// 1, which never sends (100 ms before it): the stall ended before the wait
+// and names nobody;
+// (b) 100 ms into that wait: rank 0 was not running either, so the note says
+// so and names nobody. Before, both named every other rank late.
+pid_t stop_every_rank_later(const std::vector<std::int64_t>& pids, const std::string& delay_s,
+                            const std::string& stop_s) {
+  std::ostringstream list, text;
+  for (std::int64_t pid : pids) list << ' ' << pid;
+  text << "sleep " << delay_s << "; kill -STOP" << list.str() << "; sleep " << stop_s << "; kill -CONT" << list.str();
+  std::string script = text.str();
+  std::string shell = "/bin/sh", dash_c = "-c";
+  char* argv[] = {shell.data(), dash_c.data(), script.data(), nullptr};
+  pid_t child = 0;
+  if (::posix_spawn(&child, "/bin/sh", nullptr, nullptr, argv, environ) != 0)
+    throw std::runtime_error("posix_spawn /bin/sh failed");
+  return child;
+}
+
+std::string timed_out_wait_message(transport::Communicator& comm, int tag) {
+  int value = 0;
+  auto request = comm.irecv(1, tag, &value, sizeof(value));
+  try {
+    request->wait(std::chrono::milliseconds(300));
+  } catch (const PeerError& e) {
+    return e.what();
+  }
+  return "no timeout";
+}
+
+TEST(CollectivesMpi, AStarvedMachineNamesNoRankLate) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "timing windows of 100-400 ms are meaningless under a sanitizer (5-15x slower)";
+#endif
+  transport::Communicator& comm = *g_comm;
+  const std::vector<std::int64_t> pids = every_ranks_pid(comm, 41);
+  if (comm.rank() == 0) {
+    int status = 0;
+    const pid_t before = stop_every_rank_later(pids, "0", "0.4");
+    ::waitpid(before, &status, 0);                                // this rank is stopped meanwhile too
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // every helper has run again by then
+    const std::string stalled_before = timed_out_wait_message(comm, 12347);
+    EXPECT_NE(stalled_before.find("waiting to receive from peer 1, tag 12347"), std::string::npos) << stalled_before;
+    EXPECT_EQ(stalled_before.find("liveness probe"), std::string::npos) << stalled_before;
+    EXPECT_EQ(stalled_before.find("this rank too"), std::string::npos) << stalled_before;
+
+    const pid_t during = stop_every_rank_later(pids, "0.1", "0.4");
+    const std::string stalled_during = timed_out_wait_message(comm, 12348);
+    ::waitpid(during, &status, 0);
+    EXPECT_NE(stalled_during.find("; this rank too was not running for "), std::string::npos) << stalled_during;
+    EXPECT_EQ(stalled_during.find("liveness probe"), std::string::npos) << stalled_during;
+  }
+  barrier(comm, BarrierOptions{.tag = 79}).wait();
 }
 
 }  // namespace

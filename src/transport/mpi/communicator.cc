@@ -112,7 +112,9 @@ class MpiRequest final : public Request {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - posted_at_);
         std::ostringstream what;
         what << "timed out after " << waited.count() << " ms waiting to " << (is_send_ ? "send to" : "receive from");
-        throw PeerError(describe_wait(rank_, what.str(), peer_, tag_) + state_.liveness->late_rank_note(peer_));
+        throw PeerError(describe_wait(rank_, what.str(), peer_, tag_) +
+                        state_.liveness->late_rank_note(
+                            peer_, std::chrono::duration_cast<std::chrono::microseconds>(now - posted_at_)));
       }
       // A progress thread whose launcher is lending it a core stops
       // spinning: the lender waits for it to sleep, and a spin would hold

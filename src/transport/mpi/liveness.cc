@@ -29,16 +29,29 @@ LivenessProbe::~LivenessProbe() {
   if (helper_.joinable()) helper_.join();
 }
 
+void LivenessProbe::remember_gap(Gap gap) {
+  const std::lock_guard lock(gaps_mutex_);
+  while (!gaps_.empty() && (gaps_.size() >= kMaxGaps || gap.end - gaps_.front().end > kGapMemory)) gaps_.pop_front();
+  gaps_.push_back(gap);
+}
+
+std::chrono::microseconds LivenessProbe::stall_since(Clock::time_point from) {
+  const std::lock_guard lock(gaps_mutex_);
+  Clock::duration longest{0};
+  for (const Gap& gap : gaps_) {
+    if (gap.end > from) longest = std::max(longest, gap.end - gap.start);
+  }
+  return std::chrono::duration_cast<std::chrono::microseconds>(longest);
+}
+
 void LivenessProbe::serve() {
-  std::int64_t ping = 0;
+  std::array<std::int64_t, 2> ping{};  // sequence, the wait's length in us
   MPI_Request recv = MPI_REQUEST_NULL;
-  MPI_Irecv(&ping, 1, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
+  MPI_Irecv(ping.data(), 2, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
   std::deque<std::array<std::int64_t, 2>> answers;  // stable addresses, kept until their sends complete
   std::vector<MPI_Request> answer_requests;
   auto sleep = kLivenessFirstSleep;
-  // The longest gap between two polls lately, and when it ended (see liveness.h).
-  auto previous_poll = std::chrono::steady_clock::now(), stall_ended = previous_poll;
-  std::chrono::microseconds stall{0};
+  auto previous_poll = Clock::now();
   while (!stopping_.load(std::memory_order_acquire)) {
     int flag = 0;
     MPI_Status status;
@@ -50,20 +63,19 @@ void LivenessProbe::serve() {
     // rank answered the ping it had found with the gap before its stop, and
     // a rank stopped for 500 ms reported 0.2 ms (1 of ~15 runs of
     // CollectivesMpi.ARankResumedWhileAProbeIsOpenIsStillNamedLate at -np 4).
-    const auto now = std::chrono::steady_clock::now();
-    const auto gap = std::chrono::duration_cast<std::chrono::microseconds>(now - previous_poll);
+    const auto now = Clock::now();
+    if (now - previous_poll >= kRememberedGap) remember_gap({previous_poll, now});
     previous_poll = now;
-    if (now - stall_ended > kStallMemory) stall = std::chrono::microseconds{0};
-    if (gap >= stall) {
-      stall = gap;
-      stall_ended = now;
-    }
     if (flag) {
-      answers.push_back({ping, static_cast<std::int64_t>(stall.count())});
+      // Gaps that ended within the wait's length before now: for a running
+      // rank the wait itself; for one stopped when the ping came, its stop
+      // ended just now and counts whole (liveness.h).
+      const std::chrono::microseconds stall = stall_since(now - std::chrono::microseconds(ping[1]));
+      answers.push_back({ping[0], static_cast<std::int64_t>(stall.count())});
       answer_requests.push_back(MPI_REQUEST_NULL);
       MPI_Isend(answers.back().data(), 2, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, control_,
                 &answer_requests.back());
-      MPI_Irecv(&ping, 1, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
+      MPI_Irecv(ping.data(), 2, MPI_INT64_T, MPI_ANY_SOURCE, kPingTag, control_, &recv);
       sleep = kLivenessFirstSleep;
       continue;
     }
@@ -84,7 +96,7 @@ void LivenessProbe::serve() {
   }
 }
 
-std::vector<ProbeAnswer> LivenessProbe::probe(std::chrono::milliseconds window) {
+std::vector<ProbeAnswer> LivenessProbe::probe(std::chrono::milliseconds window, std::chrono::microseconds waited) {
   std::lock_guard<std::mutex> lock(probe_mutex_);
   const std::int64_t sequence = next_sequence_++;
   std::vector<std::array<std::int64_t, 2>> answer(static_cast<std::size_t>(size_), {0, 0});
@@ -96,7 +108,8 @@ std::vector<ProbeAnswer> LivenessProbe::probe(std::chrono::milliseconds window) 
     if (r == rank_) continue;
     MPI_Irecv(answer[r].data(), 2, MPI_INT64_T, r, kAnswerTag, control_, &recvs[r]);
     // A ping to a stopped rank may never complete: its buffer outlives the probe.
-    MPI_Isend(&ping_buffers_.emplace_back(sequence), 1, MPI_INT64_T, r, kPingTag, control_, &pings[r]);
+    MPI_Isend(ping_buffers_.emplace_back(std::array<std::int64_t, 2>{sequence, waited.count()}).data(), 2, MPI_INT64_T,
+              r, kPingTag, control_, &pings[r]);
   }
   const auto give_up = std::chrono::steady_clock::now() + window;
   auto sleep = kLivenessFirstSleep;
@@ -124,14 +137,24 @@ std::vector<ProbeAnswer> LivenessProbe::probe(std::chrono::milliseconds window) 
   return found;
 }
 
-std::string LivenessProbe::late_rank_note(int peer) {
+std::string LivenessProbe::late_rank_note(int peer, std::chrono::microseconds waited) {
   (void)peer;  // the late rank is whoever does not answer (or was not running), the peer or not
-  const std::vector<ProbeAnswer> found = probe(kProbeWindow);
+  const Clock::time_point wait_began = Clock::now() - waited;
+  const std::vector<ProbeAnswer> found = probe(kProbeWindow, waited);
+  // This rank's own stall within the wait and the probe: a machine that ran
+  // none of the job for a while shows in every answer (liveness.h).
+  const std::chrono::microseconds own_stall = stall_since(wait_began);
   std::ostringstream note;
+  if (own_stall >= kStalledGap) {
+    note << "; this rank too was not running for "
+         << std::chrono::duration_cast<std::chrono::milliseconds>(own_stall).count()
+         << " ms during the wait (a starved machine): no rank is named late for a stall shorter than "
+         << std::chrono::duration_cast<std::chrono::milliseconds>(own_stall + kStalledGap).count() << " ms";
+  }
   int num_late = 0;
   for (int r = 0; r < size_; ++r) {
     const ProbeAnswer& answer = found[static_cast<std::size_t>(r)];
-    if (!answer.late()) continue;
+    if (!answer.late(own_stall)) continue;
     ++num_late;
     note << "; rank " << r;
     if (answer.answered) {

@@ -18,18 +18,31 @@
 // mpirun sends every process SIGCONT before SIGTERM, so a stopped rank wakes
 // up and answers the probes the other ranks still have open - which then
 // named nobody, or only their ring neighbour (issue 28). So the helper
-// measures the gaps between its polls (2 ms apart when it runs): an answer
-// carries the longest gap of the last kStallMemory, and a rank whose answer
-// reports a gap of kStalledGap or more was stopped (or starved) while the
-// others waited: it is named as late too.
+// measures the gaps between its polls (2 ms apart when it runs) and keeps the
+// recent long ones; a ping says how long the timed-out wait lasted, and the
+// answer carries the longest gap that ended within that time before the ping
+// was found (a gap that ended before the wait began is not the wait's cause;
+// one that spans it, a stop the prober's ping ended, counts whole). A rank
+// whose answer reports kStalledGap or more was stopped (or starved) while the
+// other waited: it is named late too.
 //
-// Messages: ping = one int64 sequence number (tag kPingTag), answer = the
-// same number back and the stall in microseconds (kAnswerTag); an answer with
-// an old number (to a probe that already gave up) is dropped.
+// A starved machine: a host that stops scheduling all of the job's processes
+// for hundreds of ms (a loaded 2-core machine running 4 ranks did, once in
+// ~200 runs) makes every rank report a stall, the waiting one included. So
+// the waiting rank measures its own helper's stall within the same wait, and
+// names a rank late only if its stall exceeds that by kStalledGap; the note
+// then says that this rank too was not running. Before, such a machine-wide
+// stall, remembered for a second, named every rank late.
+//
+// Messages: ping = an int64 sequence number and the wait's length in
+// microseconds (tag kPingTag), answer = the same number back and the stall in
+// microseconds (kAnswerTag); an answer with an old number (to a probe that
+// already gave up) is dropped.
 #pragma once
 
 #include <mpi.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -48,13 +61,18 @@ constexpr std::chrono::milliseconds kProbeWindow{500};
 // Half the window: far above the helper's 2 ms polls (and the tens of ms a
 // loaded machine adds), below what a stopped process shows.
 constexpr std::chrono::milliseconds kStalledGap{250};
-constexpr std::chrono::milliseconds kStallMemory{1000};
+// Gaps between the helper's polls this long or longer are kept, for as long
+// as a wait may last (kGapMemory) and at most kMaxGaps of them.
+constexpr std::chrono::milliseconds kRememberedGap{20};
+constexpr std::chrono::minutes kGapMemory{10};
+constexpr std::size_t kMaxGaps = 256;
 
 // What a probe found about one other rank.
 struct ProbeAnswer {
   bool answered = false;
-  std::chrono::microseconds stall{0};  // the longest gap in its helper's polls lately (answered only)
-  bool late() const { return !answered || stall >= kStalledGap; }
+  std::chrono::microseconds stall{0};  // its longest gap not running that ended within the wait (answered only)
+  // `own_stall`: the probing rank's own within the same wait (a starved machine).
+  bool late(std::chrono::microseconds own_stall) const { return !answered || stall >= own_stall + kStalledGap; }
 };
 
 class LivenessProbe {
@@ -65,16 +83,25 @@ class LivenessProbe {
   LivenessProbe(const LivenessProbe&) = delete;
   LivenessProbe& operator=(const LivenessProbe&) = delete;
 
-  // Every rank's answer within `window` (this rank's: answered, no stall).
-  std::vector<ProbeAnswer> probe(std::chrono::milliseconds window);
-  // For a timed-out wait on `peer`: "; rank 2 did not answer a liveness probe
-  // within 500 ms: it is the late rank (stopped or hung)" (or "answered ...
-  // only after not running for 480 ms"), or "" when every rank answered in
-  // time (then the peer is alive but never sent: a program error).
-  std::string late_rank_note(int peer);
+  // Every rank's answer within `window` (this rank's: answered, no stall),
+  // their stalls within the `waited` before the ping.
+  std::vector<ProbeAnswer> probe(std::chrono::milliseconds window, std::chrono::microseconds waited);
+  // For a wait on `peer` that timed out after `waited`: "; rank 2 did not
+  // answer a liveness probe within 500 ms: it is the late rank (stopped or
+  // hung)" (or "answered ... only after not running for 480 ms"), or "" when
+  // every rank answered in time (then the peer is alive but never sent: a
+  // program error).
+  std::string late_rank_note(int peer, std::chrono::microseconds waited);
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Gap {
+    Clock::time_point start, end;
+  };
   void serve();
+  void remember_gap(Gap gap);
+  // The longest gap between this process's helper's polls that ended after `from`.
+  std::chrono::microseconds stall_since(Clock::time_point from);
 
   MPI_Comm control_;
   int rank_;
@@ -82,8 +109,10 @@ class LivenessProbe {
   std::atomic<bool> stopping_{false};
   std::mutex probe_mutex_;  // one probe at a time; guards next_sequence_
   std::int64_t next_sequence_ = 1;
-  std::deque<std::int64_t> ping_buffers_;  // guarded by probe_mutex_; a few per timeout, never freed
-  std::thread helper_;                     // last: started once the members above exist
+  std::deque<std::array<std::int64_t, 2>> ping_buffers_;  // guarded by probe_mutex_; a few per timeout, never freed
+  std::mutex gaps_mutex_;
+  std::deque<Gap> gaps_;  // guarded by gaps_mutex_; the helper's recent long gaps, oldest first
+  std::thread helper_;    // last: started once the members above exist
 };
 
 }  // namespace epmoe::transport::mpi
