@@ -19,6 +19,7 @@
 #include <epmoe/moe_layer.h>
 
 #include "array_views.h"
+#include "ep/replica_verdict.h"
 #include "ep_group_binding.h"
 
 namespace nb = nanobind;
@@ -186,20 +187,11 @@ nb::dict last_step_stats(PyMoeLayer& self) {
   out["ideal_max_over_mean"] = stats.replicas.ideal_max_over_mean;
   out["rank_loads_before"] = stats.replicas.rank_loads_before;
   out["rank_loads_after"] = stats.replicas.rank_loads_after;
-  // The cost model's verdict, named and scaled as in `epmoe layer`'s
-  // metrics.json "balance" (docs/BALANCE.md "Cost model"; 0 unpriced).
-  const ReplicaStats& replicas = stats.replicas;
-  nb::dict priced_at;
-  priced_at["compute_gflops"] = replicas.priced_at.compute_flops_per_s * 1e-9;
-  priced_at["link_gb_per_s"] = replicas.priced_at.link_bytes_per_s * 1e-9;
-  priced_at["link_latency_us"] = replicas.priced_at.link_latency_s * 1e6;
-  out["priced_at"] = priced_at;
-  out["predicted_saving_us"] = replicas.predicted_saving_seconds * 1e6;
-  out["predicted_cost_us"] = replicas.predicted_cost_seconds * 1e6;
-  out["refused_replicas"] = replicas.refused_replicas;
-  out["refused_saving_us"] = replicas.refused_saving_seconds * 1e6;
-  out["refused_cost_us"] = replicas.refused_cost_seconds * 1e6;
-  out["skipped_planning"] = replicas.skipped_planning;
+  // The cost model's verdict, named and scaled as every report names it
+  // (ep/replica_verdict.h: `epmoe layer`'s metrics.json "balance").
+  const nb::dict verdict =
+      nb::cast<nb::dict>(nb::module_::import_("json").attr("loads")(ep::replica_verdict_json(stats.replicas).dump()));
+  for (auto [key, value] : verdict) out[key] = value;
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include "core/modelled_report.h"
 #include "core/timer.h"
 #include "core/trace_recorder.h"
+#include "ep/replica_verdict.h"
 #include "model/checkpoint.h"
 #include "model/gradient_reduction.h"
 #include "moe/load_balance.h"
@@ -57,21 +58,6 @@ std::map<std::string, double> moe_phase_totals(const MoeLm& model) {
   return totals;
 }
 
-// The cost model's verdict on one layer's plan (docs/BALANCE.md "Cost
-// model"), named and scaled as `epmoe layer`'s metrics.json "balance".
-nlohmann::json replica_verdict(const ReplicaStats& plan) {
-  return {{"predicted_saving_us", plan.predicted_saving_seconds * 1e6},
-          {"predicted_cost_us", plan.predicted_cost_seconds * 1e6},
-          {"refused_replicas", plan.refused_replicas},
-          {"refused_saving_us", plan.refused_saving_seconds * 1e6},
-          {"refused_cost_us", plan.refused_cost_seconds * 1e6},
-          {"skipped_planning", plan.skipped_planning},
-          {"priced_at",
-           {{"compute_gflops", plan.priced_at.compute_flops_per_s * 1e-9},
-            {"link_gb_per_s", plan.priced_at.link_bytes_per_s * 1e-9},
-            {"link_latency_us", plan.priced_at.link_latency_s * 1e6}}}};
-}
-
 // What one rank measured in a step, gathered to rank 0 for the record.
 nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
                            const std::optional<ModelledRankTime>& modelled) {
@@ -89,7 +75,7 @@ nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
     const ReplicaStats& plan = step.replicas;
     after.push_back(plan.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(plan.max_over_mean_after));
     replicas.push_back(plan.num_replicas);
-    verdicts.push_back(replica_verdict(plan));
+    verdicts.push_back(ep::replica_verdict_json(plan));
   }
   bytes["gradients/all_reduce"] = grad_bytes;
   nlohmann::json report = {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"dropped", dropped},

@@ -101,15 +101,7 @@ nlohmann::json balance_metrics(const ExpertParallelSettings& settings, const std
   // The cost model's verdict (docs/BALANCE.md "Cost model"; 0 unpriced).
   out["priced"] = settings.ep.replica_costs.priced();
   out["measured_rates"] = settings.ep.replica_costs.measure;
-  out["priced_at"] = {{"compute_gflops", first.priced_compute_flops_per_s * 1e-9},
-                      {"link_gb_per_s", first.priced_link_bytes_per_s * 1e-9},
-                      {"link_latency_us", first.priced_link_latency_s * 1e6}};
-  out["predicted_saving_us"] = first.predicted_saving_seconds * 1e6;
-  out["predicted_cost_us"] = first.predicted_cost_seconds * 1e6;
-  out["refused_replicas"] = first.refused_replicas;
-  out["refused_saving_us"] = first.refused_saving_seconds * 1e6;
-  out["refused_cost_us"] = first.refused_cost_seconds * 1e6;
-  out["skipped_planning"] = first.skipped_planning;
+  out.update(first.replica_verdict);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include "core/modelled_clock.h"
 #include "core/modelled_report.h"
 #include "core/timer.h"
+#include "ep/replica_verdict.h"
 
 namespace epmoe::run {
 
@@ -116,15 +117,7 @@ RankReport run_layer_rank(LayerRank& rank, const LayerInputs& inputs, const Expe
   report.ideal_max_over_mean = replicas.ideal_max_over_mean;
   report.num_replicas = replicas.num_replicas;
   report.planner_seconds = replicas.planner_seconds;
-  report.predicted_saving_seconds = replicas.predicted_saving_seconds;
-  report.predicted_cost_seconds = replicas.predicted_cost_seconds;
-  report.refused_replicas = replicas.refused_replicas;
-  report.refused_saving_seconds = replicas.refused_saving_seconds;
-  report.refused_cost_seconds = replicas.refused_cost_seconds;
-  report.priced_compute_flops_per_s = replicas.priced_at.compute_flops_per_s;
-  report.priced_link_bytes_per_s = replicas.priced_at.link_bytes_per_s;
-  report.priced_link_latency_s = replicas.priced_at.link_latency_s;
-  report.skipped_planning = replicas.skipped_planning;
+  report.replica_verdict = ep::replica_verdict_json(replicas);
   return report;
 }
 

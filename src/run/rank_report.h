@@ -66,14 +66,8 @@ struct RankReport {
   double max_over_mean_before = 1.0, max_over_mean_after = 1.0, ideal_max_over_mean = 1.0;
   int num_replicas = 0;
   double planner_seconds = 0;
-  // Priced replicas (ReplicaStats): predicted seconds of the plan and of
-  // what it refused.
-  double predicted_saving_seconds = 0, predicted_cost_seconds = 0;
-  int refused_replicas = 0;
-  double refused_saving_seconds = 0, refused_cost_seconds = 0;
-  // The rates the plan was priced at (measured ones with replica_costs=measured).
-  double priced_compute_flops_per_s = 0, priced_link_bytes_per_s = 0, priced_link_latency_s = 0;
-  bool skipped_planning = false;
+  // The cost model's verdict on the plan (ep/replica_verdict.h).
+  nlohmann::json replica_verdict = nlohmann::json::object();
   // clock=modelled only (then phase_seconds are modelled seconds too).
   std::optional<ModelledRankTime> modelled;
 };
@@ -85,9 +79,6 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RankReport, rank, first_token, num_tokens, fi
                                    backward_seconds, saved_activation_peak_bytes, saved_peak_bytes_by_name,
                                    buffer_bytes_by_name, recomputed_bytes, rows_per_slot, slot_experts,
                                    rank_loads_before, rank_loads_after, max_over_mean_before, max_over_mean_after,
-                                   ideal_max_over_mean, num_replicas, planner_seconds, predicted_saving_seconds,
-                                   predicted_cost_seconds, refused_replicas, refused_saving_seconds,
-                                   refused_cost_seconds, priced_compute_flops_per_s, priced_link_bytes_per_s,
-                                   priced_link_latency_s, skipped_planning, modelled)
+                                   ideal_max_over_mean, num_replicas, planner_seconds, replica_verdict, modelled)
 
 }  // namespace epmoe::run
