@@ -88,7 +88,7 @@ struct ImplementationCounter {
   ImplementationCounter(std::string name, ComputeDType dtype) : implementation(std::move(name)), compute_dtype(dtype) {}
   const std::string implementation;
   const ComputeDType compute_dtype;
-  std::atomic<std::int64_t> calls{0}, flops{0};
+  std::atomic<std::int64_t> calls{0}, flops{0}, primitives{0};
 
   void count(const GemmArgs& args) {
     calls.fetch_add(1, std::memory_order_relaxed);
@@ -136,7 +136,9 @@ CachedPrimitive make_primitive(const PrimitiveKey& key) {
   const dnnl::matmul::desc desc(descs.a, descs.b, descs.c);
   try {
     const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
-    return {dnnl::matmul(pd), pd.weights_desc(), &implementation_counter(pd.impl_info_str(), key.compute_dtype)};
+    ImplementationCounter& counter = implementation_counter(pd.impl_info_str(), key.compute_dtype);
+    counter.primitives.fetch_add(1, std::memory_order_relaxed);
+    return {dnnl::matmul(pd), pd.weights_desc(), &counter};
   } catch (const dnnl::error& e) {
     // oneDNN's own text ("could not create a primitive descriptor
     // iterator") names neither the key nor the cause.
@@ -157,6 +159,9 @@ struct ThreadGemmState {
   // pack_b shapes whose primitive chose a plain b layout (probed once per
   // shape without m, so a new m every step costs no primitive creation).
   std::unordered_map<PrimitiveKey, bool, PrimitiveKeyHash> plain_b_layout;
+  // f32 shapes with b transposed (m = 0) whose runtime-m primitive runs the
+  // exact shape's kernel (runtime_m_keeps_the_kernel).
+  std::unordered_map<PrimitiveKey, bool, PrimitiveKeyHash> runtime_m_same_kernel;
   std::vector<bf16_t> a_bf16, b_bf16;  // reusable bf16 operand copies
 };
 
@@ -174,6 +179,23 @@ const CachedPrimitive& cached_primitive(ThreadGemmState& state, const PrimitiveK
   if (it != state.primitives.end()) return it->second;
   if (state.primitives.size() >= kMaxCachedPrimitives) state.primitives.clear();
   return state.primitives.emplace(key, make_primitive(key)).first->second;
+}
+
+// Whether a primitive with m given at run time runs on the same oneDNN
+// implementation as the exact shape would, for this product's n, k,
+// transposes and threads: probed once per thread and shape (m = 64 standing
+// for every m), by the names oneDNN gives the two primitives.
+bool runtime_m_keeps_the_kernel(ThreadGemmState& state, const PrimitiveKey& exact_key) {
+  PrimitiveKey shape_key = exact_key;
+  shape_key.m = 0;
+  if (auto it = state.runtime_m_same_kernel.find(shape_key); it != state.runtime_m_same_kernel.end()) return it->second;
+  PrimitiveKey probe = exact_key, runtime = exact_key;
+  probe.m = 64;
+  runtime.m = DNNL_RUNTIME_DIM_VAL;
+  const ImplementationCounter* exact_kernel = cached_primitive(state, probe).counter;
+  const bool same = exact_kernel == cached_primitive(state, runtime).counter;
+  state.runtime_m_same_kernel.emplace(shape_key, same);
+  return same;
 }
 
 const bf16_t* to_bf16(const float* src, std::int64_t count, std::vector<bf16_t>& scratch) {
@@ -514,12 +536,16 @@ void gemm(const GemmArgs& args) {
   //   E = 64: f32 fwd 1.28, drhs 1.04; bf16 fwd 1.00, dlhs 1.21, drhs 1.51
   // and with sizes fixed (every shape cached) 0.90-1.20. The exception is
   // f32 with b transposed (dlhs): there gemm:jit was 0.81x (E = 64, fresh
-  // sizes) and 0.72x (fixed) of brgemm, so that case caches exact shapes.
+  // sizes) and 0.72x (fixed) of brgemm, so that case caches exact shapes,
+  // where the exact shape reaches another kernel than runtime m does
+  // (runtime_m_keeps_the_kernel): on AVX2, where both are gemm:jit, a new
+  // exact shape every step was only the cost of creating it (the main job's
+  // experts backward 21.4 -> 19.2 ms per step with runtime m, same losses).
   // Runtime dimensions also bound the cache, which with exact shapes grows
   // by up to G shapes every step.
   PrimitiveKey primitive_key = exact_key;
   if (args.dynamic_dim == GemmDynamicDim::m && !args.transpose_a &&
-      !(args.transpose_b && args.compute_dtype == ComputeDType::f32)) {
+      !(args.transpose_b && args.compute_dtype == ComputeDType::f32 && !runtime_m_keeps_the_kernel(state, exact_key))) {
     primitive_key.m = DNNL_RUNTIME_DIM_VAL;
   } else if (args.dynamic_dim == GemmDynamicDim::k && args.transpose_a && !args.transpose_b) {
     primitive_key.k = DNNL_RUNTIME_DIM_VAL;
@@ -540,9 +566,10 @@ std::vector<GemmImplementationUse> gemm_implementation_census() {
     const std::lock_guard lock(census.mutex);
     for (const ImplementationCounter& counter : census.counters) {
       const std::int64_t calls = counter.calls.load(std::memory_order_relaxed);
-      if (calls > 0)
-        uses.push_back(
-            {counter.implementation, counter.compute_dtype, calls, counter.flops.load(std::memory_order_relaxed)});
+      const std::int64_t primitives = counter.primitives.load(std::memory_order_relaxed);
+      if (calls > 0 || primitives > 0)
+        uses.push_back({counter.implementation, counter.compute_dtype, calls,
+                        counter.flops.load(std::memory_order_relaxed), primitives});
     }
   }
   std::stable_sort(uses.begin(), uses.end(), [](const auto& x, const auto& y) { return x.flops > y.flops; });
@@ -555,7 +582,12 @@ void reset_gemm_implementation_census() {
   for (ImplementationCounter& counter : census.counters) {
     counter.calls.store(0, std::memory_order_relaxed);
     counter.flops.store(0, std::memory_order_relaxed);
+    counter.primitives.store(0, std::memory_order_relaxed);
   }
+}
+
+bool gemm_runtime_m_keeps_the_kernel(std::int64_t n, std::int64_t k, bool transpose_b, ComputeDType dtype) {
+  return runtime_m_keeps_the_kernel(thread_state(), {0, n, k, false, transpose_b, false, dtype, compute_threads()});
 }
 
 bool gemm_packs_weights(std::int64_t m, std::int64_t n, std::int64_t k, bool transpose_b, ComputeDType dtype) {

@@ -89,8 +89,9 @@ enum class F32GemmBackend { onednn, openblas };
 F32GemmBackend f32_gemm_backend();
 
 // Which implementation ran the products: per (implementation, dtype), the
-// calls and their FLOPs (2mnk) since the process started or the last
-// reset_gemm_implementation_census(), most FLOPs first, only those called.
+// calls, their FLOPs (2mnk) and the primitives created since the process
+// started or the last reset_gemm_implementation_census(), most FLOPs first,
+// only those with a call or a creation.
 // The implementation is oneDNN's own name for the primitive it picked
 // (`impl_info_str`: "gemm:jit" for every f32 matmul of oneDNN 2.6 on AVX2,
 // "brg:avx512_core", "brg:avx512_core_amx" where its brgemm kernels run),
@@ -104,9 +105,18 @@ struct GemmImplementationUse {
   ComputeDType compute_dtype = ComputeDType::f32;
   std::int64_t calls = 0;
   std::int64_t flops = 0;
+  std::int64_t primitives = 0;  // created (100-230 us each for a new exact shape)
 };
 std::vector<GemmImplementationUse> gemm_implementation_census();
 void reset_gemm_implementation_census();
+
+// Whether an f32 product with b transposed and a new m every call (the
+// grouped dlhs) runs with m given at run time: true where that primitive is
+// the implementation the exact shape would get (gemm:jit for both on AVX2:
+// one primitive serves every m, the same bits), false where the exact shape
+// reaches another kernel (brgemm on AVX-512, 1.2-1.4x gemm:jit there), which
+// is then created per new m. Probed once per thread and shape.
+bool gemm_runtime_m_keeps_the_kernel(std::int64_t n, std::int64_t k, bool transpose_b, ComputeDType dtype);
 
 // Whether oneDNN, for an exact-shape product of this shape on one thread
 // with b's layout left to it (format `any`), picks a layout of its own for b

@@ -446,6 +446,42 @@ TEST(Gemm, ImplementationCensusCountsEveryProductOnce) {
   EXPECT_TRUE(gemm_implementation_census().empty());
 }
 
+// The grouped dlhs (f32, b transposed, a new m every step) creates no
+// primitive per new m where the runtime-m primitive is the implementation the
+// exact shape would get (gemm:jit on AVX2: it took 10% of the main job's
+// experts backward to create them), and one per new m where the exact shape
+// reaches another kernel (brgemm on AVX-512); the results hold either way.
+TEST(Gemm, ANewRowCountCreatesAPrimitiveOnlyWhereTheExactShapeGetsAnotherKernel) {
+  const std::int64_t n = 24, k = 40;
+  const bool keeps = gemm_runtime_m_keeps_the_kernel(n, k, /*transpose_b=*/true, ComputeDType::f32);
+  const auto a = random_vector(97 * n, 90), b = random_vector(k * n, 91);
+  std::vector<float> c(97 * k);
+  const auto run = [&](std::int64_t m) {
+    gemm({.a = a.data(),
+          .b = b.data(),
+          .c = c.data(),
+          .m = m,
+          .n = k,
+          .k = n,
+          .transpose_b = true,
+          .dynamic_dim = GemmDynamicDim::m});
+    c.resize(m * k);
+    EXPECT_LE(relative_error(c, reference_gemm(a.data(), b.data(), nullptr, m, k, n, false, true).c),
+              kF32RelativeTolerance)
+        << "m=" << m;
+    c.resize(97 * k);
+  };
+  run(37);  // the first m: the runtime-m primitive, or the exact shape 37
+  reset_gemm_implementation_census();
+  for (std::int64_t m : {41, 53, 97}) run(m);
+  std::int64_t created = 0;
+  for (const GemmImplementationUse& use : gemm_implementation_census()) created += use.primitives;
+  const bool onednn = f32_gemm_backend() == F32GemmBackend::onednn;
+  EXPECT_EQ(created, onednn && !keeps ? 3 : 0)
+      << (keeps ? "runtime m keeps the kernel" : "the exact shape's kernel differs");
+  reset_gemm_implementation_census();
+}
+
 // The library follows EPMOE_F32_GEMM (ctest also runs these suites with
 // EPMOE_F32_GEMM=openblas where the build has it).
 TEST(Gemm, F32BackendFollowsTheEnvironment) {
