@@ -16,6 +16,7 @@
 #include "data/npy.h"
 #include "data/output_paths.h"
 #include "data/staged_output_dir.h"
+#include "kernels/gemm.h"
 #include "run/config_keys.h"
 #include "run/expert_parallel_run.h"
 #include "run/json_output.h"
@@ -50,6 +51,21 @@ using run::run_layer_across_ranks;
 using run::TransportKind;
 using run::write_json_file;
 namespace {
+
+// Which implementation ran the run's products (kernels/gemm.h): this
+// process's count, so every rank's with ranks as threads and rank 0's alone
+// under mpirun (all ranks run the same code on the same kind of CPU).
+nlohmann::json gemm_implementations() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const GemmImplementationUse& use : gemm_implementation_census()) {
+    out.push_back({{"implementation", use.implementation},
+                   {"compute_dtype", to_string(use.compute_dtype)},
+                   {"calls", use.calls},
+                   {"gflop", static_cast<double>(use.flops) * 1e-9},
+                   {"primitives", use.primitives}});
+  }
+  return out;
+}
 
 constexpr char kLayerCommand[] = "layer";
 constexpr char kMetricsFile[] = "metrics.json";
@@ -125,7 +141,8 @@ void run_layer_command(const LayerArguments& arguments) {
     write_npy(staged->staged_path(output.file_name), *output.tensor);
     file_names.push_back(output.file_name);
   }
-  const nlohmann::json metrics = layer_metrics(values, inputs, config, settings, run->ranks, file_names);
+  nlohmann::json metrics = layer_metrics(values, inputs, config, settings, run->ranks, file_names);
+  metrics["gemm_implementations"] = gemm_implementations();
   write_json_file(staged->staged_path(kMetricsFile), metrics);
   // Before the commit: a trace that cannot be written leaves --out as it was.
   if (trace) trace->write(settings.trace_file);

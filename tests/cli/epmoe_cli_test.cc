@@ -131,6 +131,16 @@ TEST_F(EpmoeCli, GenInputsThenLayerWritesEveryOutput) {
                    18.0 * kTokens * kTopK * kHidden * kFfn / 1e9);  // 6 fwd + 12 bwd flop per H*F
   EXPECT_GT(metrics["expert_gflop_per_second"].get<double>(), 0.0);
   EXPECT_GT(metrics["saved_activation_peak_bytes"].get<std::int64_t>(), 0);
+  // Which implementation ran the products: every product once, the experts'
+  // and the router's (2·N·H·E forward, twice that backward).
+  double census_gflop = 0;
+  for (const nlohmann::json& use : metrics["gemm_implementations"]) {
+    EXPECT_FALSE(use["implementation"].get<std::string>().empty());
+    EXPECT_EQ(use["compute_dtype"], "f32");
+    EXPECT_GT(use["calls"].get<std::int64_t>(), 0);
+    census_gflop += use["gflop"].get<double>();
+  }
+  EXPECT_DOUBLE_EQ(census_gflop, (18.0 * kTokens * kTopK * kHidden * kFfn + 6.0 * kTokens * kHidden * kExperts) / 1e9);
   // ranks=1 with the default dispatcher keys runs the single-rank path: one
   // rank, no communication.
   const auto& expert_parallel = metrics["expert_parallel"];
