@@ -54,15 +54,17 @@ namespace {
 
 // Which implementation ran the run's products (kernels/gemm.h): this
 // process's count, so every rank's with ranks as threads and rank 0's alone
-// under mpirun (all ranks run the same code on the same kind of CPU).
+// under mpirun (all ranks run the same code on the same kind of CPU). Calls
+// and FLOPs only: the primitives created depend on which OpenMP worker ran
+// which group (each keeps its own), and identical runs must write identical
+// metrics (clock=modelled, ModelledDeterminism).
 nlohmann::json gemm_implementations() {
   nlohmann::json out = nlohmann::json::array();
   for (const GemmImplementationUse& use : gemm_implementation_census()) {
     out.push_back({{"implementation", use.implementation},
                    {"compute_dtype", to_string(use.compute_dtype)},
                    {"calls", use.calls},
-                   {"gflop", static_cast<double>(use.flops) * 1e-9},
-                   {"primitives", use.primitives}});
+                   {"gflop", static_cast<double>(use.flops) * 1e-9}});
   }
   return out;
 }
