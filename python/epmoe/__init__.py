@@ -29,6 +29,9 @@ Load balancing and reports:
 * ``plan(**keys)``: what ``epmoe plan --json`` prints, as a dict.
 * ``replay_balance(loads, **keys)``: what ``epmoe balance --loads --json``
   computes on loads [steps, E], as a dict.
+* ``gemm_implementations(reset=False)``: which oneDNN implementation ran
+  this process's products (``gemm:jit`` on AVX2, ``brg:avx512_core_amx...``
+  where AMX kernels ran), with their calls and GFLOP.
 * ``python -m epmoe.report``: a run's metrics (and trace) or a balance replay
   drawn into one self-contained HTML file.
 
@@ -61,7 +64,7 @@ __all__ = [
     "MoeLayer", "MoeStep", "ForwardOutput", "Gradients",
     "WholeWorldLayer",
     "UsageError", "PeerError", "AbortedError", "EplbAssertionError",
-    "rebalance_experts", "plan_replicas", "plan", "replay_balance",
+    "rebalance_experts", "plan_replicas", "plan", "replay_balance", "gemm_implementations",
 ]
 __version__ = "0.1.0"
 
@@ -209,3 +212,14 @@ def replay_balance(loads, **keys):
     """
     array, _ = _numeric_array("loads", loads, 2, "[steps, experts]")
     return json.loads(_epmoe.replay_balance_json(_as_int64("loads", array), _keys(keys)))
+
+
+def gemm_implementations(reset=False):
+    """Which implementation ran this process's GEMMs since it started (or the
+    last ``reset=True``): a list of dicts ``{"implementation", "compute_dtype",
+    "calls", "gflop"}``, most GFLOP first. The implementation is oneDNN's own
+    name for the kernel it picked ("gemm:jit" for every f32 product on AVX2;
+    "brg:avx512_core_amx..." where its AMX kernels ran), or "openblas" with
+    EPMOE_F32_GEMM=openblas. ``reset=True`` zeroes the counts after reading
+    them, so that the next call covers what ran in between."""
+    return _epmoe.gemm_implementations(bool(reset))

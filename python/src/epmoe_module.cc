@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "ep_group_binding.h"
 #include "error_translation.h"
+#include "kernels/gemm.h"
 #include "layer_binding.h"
 #include "moe_layer_binding.h"
 #include "run/balance_replay.h"
@@ -163,6 +164,21 @@ std::string replay_balance_json(nb::ndarray<const std::int64_t, nb::ndim<2>, nb:
   return report.dump();
 }
 
+// The process's GEMM census (kernels/gemm.h), then zeroed when asked.
+nb::list gemm_implementations(bool reset) {
+  nb::list out;
+  for (const epmoe::GemmImplementationUse& use : epmoe::gemm_implementation_census()) {
+    nb::dict entry;
+    entry["implementation"] = use.implementation;
+    entry["compute_dtype"] = epmoe::to_string(use.compute_dtype);
+    entry["calls"] = use.calls;
+    entry["gflop"] = static_cast<double>(use.flops) * 1e-9;
+    out.append(entry);
+  }
+  if (reset) epmoe::reset_gemm_implementation_census();
+  return out;
+}
+
 }  // namespace
 
 NB_MODULE(_epmoe, m) {
@@ -176,6 +192,7 @@ NB_MODULE(_epmoe, m) {
         nb::arg("rebalance_threshold"));
   m.def("plan_json", &plan_json, nb::arg("keys"));
   m.def("replay_balance_json", &replay_balance_json, nb::arg("loads"), nb::arg("keys"));
+  m.def("gemm_implementations", &gemm_implementations, nb::arg("reset"));
   bind_layer(m);
   bind_communicators(m);
   bind_ep_group(m);

@@ -96,6 +96,23 @@ def make_layer(communicator=None, **keys):
     return epmoe.MoeLayer(group, ffn=DIMS["ffn"])
 
 
+def test_gemm_implementations_count_every_product_of_a_step_once(problem):
+    """epmoe.gemm_implementations(): after a reset, one forward and backward
+    of a single-rank layer show every product once under the implementation
+    that ran it: the experts' 18·N·K·H·F FLOPs and the router's 6·N·H·E."""
+    _, _, arrays = problem
+    share = rank_share(arrays, 0, 1)
+    layer = make_layer()
+    epmoe.gemm_implementations(reset=True)
+    layer.forward(share["x"], share["gate"], share["wi0"], share["wi1"], share["wo"])
+    layer.backward(share["dy"])
+    uses = epmoe.gemm_implementations(reset=True)
+    assert uses and all(u["implementation"] and u["calls"] > 0 and u["compute_dtype"] == "f32" for u in uses)
+    n, h, f, e, k = DIMS["num_tokens"], DIMS["hidden"], DIMS["ffn"], DIMS["num_experts"], 2
+    assert sum(u["gflop"] for u in uses) == pytest.approx((18 * n * k * h * f + 6 * n * h * e) * 1e-9, rel=1e-12)
+    assert epmoe.gemm_implementations() == []  # the reset zeroed them
+
+
 @pytest.mark.parametrize("differing, expected", [
     ({"top_k": 3}, "rank 1 has top_k=3 but rank 0 has top_k=2"),
     ({"num_experts": 6}, "rank 1 has num_experts=6 but rank 0 has num_experts=12"),
