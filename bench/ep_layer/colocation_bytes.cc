@@ -3,8 +3,8 @@
 // save, measured before building it.
 //
 // The routings are the ones bench/priced_replicas.sh times: the four shapes
-// of that script, each rank's tokens and the replicated gate drawn exactly as
-// bench_ep_layer's modelled runner draws them (modelled_layer_bench.cc), the
+// of that script, each rank's tokens and the replicated gate drawn as every
+// layer bench draws them (layer_shape.h: rank_rng, replicated_gate), the
 // sigmoid_grouped router with the Zipf s=1.2 selection bias (scale 0.15), hot
 // experts packed on rank 0 or spread. For the balance-only plan
 // (plan_replicas, rebalance_threshold=1.05, no costs) at B = 1, 2:
@@ -63,9 +63,8 @@ Routing route(const bench::LayerShape& s, HotExpertPlacement placement) {
   routing.counts.assign(static_cast<std::size_t>(s.num_ranks) * s.num_experts, 0);
   routing.global.assign(s.num_experts, 0);
   for (int r = 0; r < s.num_ranks; ++r) {
-    Rng rng = Rng(7).fork(static_cast<std::uint64_t>(r));
-    Rng shared(11);
-    const Tensor gate = bench::random_tensor({s.hidden, s.num_experts}, shared, 1.0 / std::sqrt(double(s.hidden)));
+    Rng rng = bench::rank_rng(r);
+    const Tensor gate = bench::replicated_gate(s.hidden, s.num_experts);
     const Tensor x = bench::random_tensor({s.tokens, s.hidden}, rng, 1.0);
     Router router({.kind = RouterKind::sigmoid_grouped, .num_experts = s.num_experts, .top_k = s.top_k});
     const RouterOutput out = router.forward(x.view(), gate.view(), bias.view());

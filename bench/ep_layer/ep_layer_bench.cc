@@ -114,10 +114,9 @@ void trace_first_configuration(const BenchArgs& args, const LayerShape& shape,
   TraceRecorder trace;
   threads.trace = &trace;
   transport::threads::run_ranks(shape.num_ranks, threads, [&](transport::Communicator& comm) {
-    Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
-    Rng shared(11);
+    Rng rng = rank_rng(comm.rank());
     const int el = shape.num_experts / shape.num_ranks;
-    Tensor gate = random_tensor({shape.hidden, shape.num_experts}, shared, 1.0 / std::sqrt(double(shape.hidden)));
+    Tensor gate = replicated_gate(shape.hidden, shape.num_experts);
     Tensor x = random_tensor({config.tokens, shape.hidden}, rng, 1.0);
     Tensor dy = random_tensor({config.tokens, shape.hidden}, rng, 1.0);
     Tensor wi0 = random_tensor({el, shape.hidden, shape.ffn}, rng, 1.0 / std::sqrt(double(shape.hidden)));
@@ -167,10 +166,9 @@ int run_remat_bench(const BenchArgs& args) {
     for (const char* policy : {"minimal", "save_dispatch", "full"}) {
       double backward_ms = 0, backward_mb = 0, saved_mb = 0, recomputed_mb = 0;
       transport::threads::run_ranks(base.num_ranks, threads, [&](transport::Communicator& comm) {
-        Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
-        Rng shared(11);
+        Rng rng = rank_rng(comm.rank());
         const int el = base.num_experts / base.num_ranks;
-        Tensor gate = random_tensor({base.hidden, base.num_experts}, shared, 1.0 / std::sqrt(double(base.hidden)));
+        Tensor gate = replicated_gate(base.hidden, base.num_experts);
         Tensor x = random_tensor({tokens, base.hidden}, rng, 1.0), dy = random_tensor({tokens, base.hidden}, rng, 1.0);
         Tensor wi0 = random_tensor({el, base.hidden, base.ffn}, rng, 1.0 / std::sqrt(double(base.hidden)));
         Tensor wi1 = random_tensor({el, base.hidden, base.ffn}, rng, 1.0 / std::sqrt(double(base.hidden)));
@@ -264,10 +262,9 @@ int run_replicas_bench(const BenchArgs& args) {
         std::vector<ReplicaStats> replica_stats(static_cast<std::size_t>(shape.num_ranks));
         std::vector<float> y_sample;
         transport::threads::run_ranks(shape.num_ranks, threads, [&](transport::Communicator& comm) {
-          Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
-          Rng shared(11);
+          Rng rng = rank_rng(comm.rank());
           const int el = shape.num_experts / shape.num_ranks;
-          Tensor gate = random_tensor({shape.hidden, shape.num_experts}, shared, 1.0 / std::sqrt(double(shape.hidden)));
+          Tensor gate = replicated_gate(shape.hidden, shape.num_experts);
           Tensor bias(DType::f32, {shape.num_experts});
           for (int e = 0; e < shape.num_experts; ++e) bias.data<float>()[e] = bias_values[e];
           Tensor x = random_tensor({shape.tokens, shape.hidden}, rng, 1.0);
@@ -390,10 +387,9 @@ int run_ep_layer_bench(int argc, char** argv) {
   for (const Variant& v : variants) {
     Result& result = results[v.name];
     transport::threads::run_ranks(num_ranks, threads, [&](transport::Communicator& comm) {
-      Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
-      Rng shared(11);  // the replicated gate: the same on every rank
+      Rng rng = rank_rng(comm.rank());
       const int el = num_experts / num_ranks;
-      Tensor gate = random_tensor({hidden, num_experts}, shared, 1.0 / std::sqrt(double(hidden)));
+      Tensor gate = replicated_gate(hidden, num_experts);
       Tensor x = random_tensor({tokens, hidden}, rng, 1.0), dy = random_tensor({tokens, hidden}, rng, 1.0);
       Tensor wi0 = random_tensor({el, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));
       Tensor wi1 = random_tensor({el, hidden, ffn}, rng, 1.0 / std::sqrt(double(hidden)));

@@ -1,5 +1,6 @@
 #include "layer_shape.h"
 
+#include <cmath>
 #include <utility>
 
 namespace epmoe::bench {
@@ -17,6 +18,13 @@ Tensor random_tensor(Shape shape, Rng& rng, double scale) {
   Tensor t(DType::f32, std::move(shape));
   for (float& v : t.span<float>()) v = static_cast<float>(rng.normal() * scale);
   return t;
+}
+
+Rng rank_rng(int rank) { return Rng(7).fork(static_cast<std::uint64_t>(rank)); }
+
+Tensor replicated_gate(std::int64_t hidden, int num_experts) {
+  Rng shared(11);
+  return random_tensor({hidden, num_experts}, shared, 1.0 / std::sqrt(double(hidden)));
 }
 
 double hit_probability(int num_experts, int experts_per_rank, int top_k) {

@@ -25,6 +25,13 @@ LayerShape shape_from(const BenchArgs& args, int default_ranks);
 // f32, normal(0, scale) entries.
 Tensor random_tensor(Shape shape, Rng& rng, double scale);
 
+// The draws every layer bench makes, so that their routings agree (the
+// co-location bench re-routes exactly what the modelled runner times): a
+// rank's own tokens and weights come from rank_rng(rank); the replicated
+// gate [H, E], normal(0, 1/sqrt(H)), is the same on every rank.
+Rng rank_rng(int rank);
+Tensor replicated_gate(std::int64_t hidden, int num_experts);
+
 // Probability that a token with K distinct uniform experts out of E hits at
 // least one of a rank's E_l experts: 1 - C(E - E_l, K) / C(E, K).
 double hit_probability(int num_experts, int experts_per_rank, int top_k);

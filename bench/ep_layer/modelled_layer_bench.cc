@@ -227,10 +227,9 @@ class Runner {
     transport::threads::ThreadsOptions threads = hardware_.threads;
     threads.trace = trace;
     transport::threads::run_ranks(s.num_ranks, threads, [&](transport::Communicator& comm) {
-      Rng rng = Rng(7).fork(static_cast<std::uint64_t>(comm.rank()));
-      Rng shared(11);  // the replicated gate: the same on every rank
+      Rng rng = rank_rng(comm.rank());
       const int el = s.num_experts / s.num_ranks;
-      Tensor gate = random_tensor({s.hidden, s.num_experts}, shared, 1.0 / std::sqrt(double(s.hidden)));
+      Tensor gate = replicated_gate(s.hidden, s.num_experts);
       Tensor x = random_tensor({s.tokens, s.hidden}, rng, 1.0), dy = random_tensor({s.tokens, s.hidden}, rng, 1.0);
       Tensor wi0 = random_tensor({el, s.hidden, s.ffn}, rng, 1.0 / std::sqrt(double(s.hidden)));
       Tensor wi1 = random_tensor({el, s.hidden, s.ffn}, rng, 1.0 / std::sqrt(double(s.hidden)));
