@@ -66,6 +66,7 @@ void LivenessProbe::serve() {
     const auto now = Clock::now();
     if (now - previous_poll >= kRememberedGap) remember_gap({previous_poll, now});
     previous_poll = now;
+    last_poll_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
     if (flag) {
       // Gaps that ended within the wait's length before now: for a running
       // rank the wait itself; for one stopped when the ping came, its stop
@@ -142,8 +143,13 @@ std::string LivenessProbe::late_rank_note(int peer, std::chrono::microseconds wa
   const Clock::time_point wait_began = Clock::now() - waited;
   const std::vector<ProbeAnswer> found = probe(kProbeWindow, waited);
   // This rank's own stall within the wait and the probe: a machine that ran
-  // none of the job for a while shows in every answer (liveness.h).
-  const std::chrono::microseconds own_stall = stall_since(wait_began);
+  // none of the job for a while shows in every answer (liveness.h). Its
+  // helper may not have polled since this process resumed (the waiting
+  // thread ran first, and the others' answers came at once): the gap it is
+  // still in counts too.
+  const Clock::time_point last_poll{Clock::duration(last_poll_.load(std::memory_order_relaxed))};
+  const std::chrono::microseconds own_stall = std::max(
+      stall_since(wait_began), std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - last_poll));
   std::ostringstream note;
   if (own_stall >= kStalledGap) {
     note << "; this rank too was not running for "

@@ -110,6 +110,9 @@ class LivenessProbe {
   std::mutex probe_mutex_;  // one probe at a time; guards next_sequence_
   std::int64_t next_sequence_ = 1;
   std::deque<std::array<std::int64_t, 2>> ping_buffers_;  // guarded by probe_mutex_; a few per timeout, never freed
+  // When the helper last polled: the gap it is in now, which no poll has
+  // recorded yet (after a stop, the waiting thread may run first).
+  std::atomic<Clock::rep> last_poll_{Clock::now().time_since_epoch().count()};
   std::mutex gaps_mutex_;
   std::deque<Gap> gaps_;  // guarded by gaps_mutex_; the helper's recent long gaps, oldest first
   std::thread helper_;    // last: started once the members above exist
