@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/threading.h"
 #include "kernels/convert.h"
+#include "kernels/few_rows_gemm.h"
 
 namespace epmoe {
 namespace {
@@ -411,6 +412,16 @@ bool uses_off_grid_b(const GemmArgs& args) {
          reinterpret_cast<std::uintptr_t>(args.b) % 32 == 0;
 }
 
+// Whether this product runs on few_rows_gemm rather than oneDNN: f32, a and
+// b as stored, at most kFewRows rows, with or without pack_b (so that a row
+// block's last few rows keep the per-group path's bits where b's layout is
+// plain). Measured against oneDNN 2.6's gemm:jit on AVX2
+// (kernels/few_rows_gemm.h); not measured against brgemm (AVX-512, AMX):
+// bench_few_rows is what to run there.
+bool uses_few_rows_kernel(const GemmArgs& args) {
+  return args.compute_dtype == ComputeDType::f32 && !args.transpose_a && !args.transpose_b && args.m <= kFewRows;
+}
+
 bool is_plain(const memory::desc& desc) {
   return desc.data.format_kind == dnnl_blocked && desc.data.format_desc.blocking.inner_nblks == 0;
 }
@@ -487,6 +498,12 @@ void gemm(const GemmArgs& args) {
 #else
   if (args.compute_dtype == ComputeDType::f32) f32_gemm_backend();  // refuses openblas by name
 #endif
+  if (uses_few_rows_kernel(args)) {
+    few_rows_gemm(args.a, args.b, args.c, args.m, args.n, args.k, args.accumulate);
+    static ImplementationCounter& few_rows = implementation_counter("epmoe:few_rows", ComputeDType::f32);
+    few_rows.count(args);
+    return;
+  }
   ThreadGemmState& state = thread_state();
   // Kept per version: bf16 copies, packed layouts and f32 copies off the grid.
   const bool off_grid = uses_off_grid_b(args);

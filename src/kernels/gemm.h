@@ -62,6 +62,10 @@ struct GemmArgs {
   const char* trace_name = "gemm";
 };
 
+// f32 products of at most kFewRows (4) rows with a and b as stored (an
+// expert's forward with a few tokens) run on few_rows_gemm, one pass over b
+// that measured 1.03-2.2x faster than oneDNN there (kernels/few_rows_gemm.h);
+// with EPMOE_F32_GEMM=openblas every f32 product runs on OpenBLAS.
 // m, n or k may be zero: then c is left alone (accumulate) or zero-filled.
 // compute_dtype=bf16 where oneDNN has no bf16 matmul on this CPU (its bf16
 // kernels need AVX-512; on an AVX2-only AMD EPYC, 2026-12-01, every bf16
@@ -95,7 +99,9 @@ F32GemmBackend f32_gemm_backend();
 // The implementation is oneDNN's own name for the primitive it picked
 // (`impl_info_str`: "gemm:jit" for every f32 matmul of oneDNN 2.6 on AVX2,
 // "brg:avx512_core", "brg:avx512_core_amx" where its brgemm kernels run),
-// or "openblas" (EPMOE_F32_GEMM=openblas). Issue 29 asked whether the expert
+// "openblas" (EPMOE_F32_GEMM=openblas), or "epmoe:few_rows" (f32 products
+// of at most kFewRows rows, a and b as stored: kernels/few_rows_gemm.h).
+// Issue 29 asked whether the expert
 // products reach the brgemm / AMX kernels; this answers it for any run
 // without ONEDNN_VERBOSE (bench_moe_layer prints it for one step). Counting
 // is two relaxed atomic adds per call; products with m, n or k = 0 run
