@@ -3,13 +3,16 @@
 // over b's rows that adds each into the m rows of c while they sit in L1.
 //
 // Why not the GEMM library: with a few rows a product is bound by reading b
-// (2 m flops per weight), and oneDNN 2.6's gemm:jit (AVX2) reached only
-// 0.5-0.6 of that bound at 2-4 rows with the weights cold and 0.2-0.5 with
-// them warm, OpenBLAS no better (bench/few_rows.cc, docs/BENCHMARKS.md
+// (2 m flops per weight), and oneDNN 2.6's gemm:jit (AVX2) reached 0.3-0.65
+// of that bound at 2-16 rows with the weights cold, 0.1-0.8 warm, and
+// OpenBLAS was no better below 5 rows (bench/few_rows.cc, docs/BENCHMARKS.md
 // issue 29, 2026-12-07 evening). This loop, plain C++ that the compiler
 // vectorises for whatever -march the build targets (no intrinsics), ran
-// 1.03-2.2x oneDNN's time at m = 1-4 over H x F = 128x256 to 2048x768,
-// warm and cold, and lost from m = 6, hence kFewRows.
+// at 1.29x oneDNN's speed (geometric mean; 1.66x at 2 rows, 1.31x at 3,
+// 1.13x at 4, 1.14x at 1) over the forward's two products at H x F =
+// 128x256 to 7168x2048, weights cold and warm; slower in 6 of those 64
+// cases (0.86-0.97x, at 1 and 4 rows), and no longer ahead at 6-8 rows (a
+// probe of the same loop), hence kFewRows.
 //
 // Bits: every c[i, j] sums its k products in a fixed order (blocks of 8
 // terms, pairwise within a block, blocks in order), the same for every
