@@ -133,8 +133,8 @@ Call onednn_runtime_m(const Product& p, Operands& o) {
                          matrix(DNNL_RUNTIME_DIM_VAL, p.n, false)),
       engine));
   return [&p, &o, s](int e) {
-    memory a(matrix(p.m, p.k, false), engine, o.a.get()), b(matrix(p.k, p.n, p.transpose_b), engine, o.weights[e].get()),
-        c(matrix(p.m, p.n, false), engine, o.c.get());
+    memory a(matrix(p.m, p.k, false), engine, o.a.get()),
+        b(matrix(p.k, p.n, p.transpose_b), engine, o.weights[e].get()), c(matrix(p.m, p.n, false), engine, o.c.get());
     s->primitive.execute(s->stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   };
 }
@@ -205,12 +205,11 @@ int main(int argc, char** argv) {
   struct Shape {
     std::int64_t hidden, ffn;
   };
-  const std::vector<Shape> shapes = quick ? std::vector<Shape>{{1024, 512}}
-                                          : std::vector<Shape>{{128, 256}, {1024, 512}, {2048, 768}, {7168, 2048}};
-  const std::vector<std::int64_t> row_counts =
-      !rows_given.empty() ? rows_given
-      : quick             ? std::vector<std::int64_t>{1, 2, 4, 8, 16, 32}
-                          : std::vector<std::int64_t>{1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
+  const std::vector<Shape> shapes =
+      quick ? std::vector<Shape>{{1024, 512}} : std::vector<Shape>{{128, 256}, {1024, 512}, {2048, 768}, {7168, 2048}};
+  const std::vector<std::int64_t> row_counts = !rows_given.empty() ? rows_given
+                                               : quick             ? std::vector<std::int64_t>{1, 2, 4, 8, 16, 32}
+                                                       : std::vector<std::int64_t>{1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
   for (const Shape& shape : shapes) {
     for (bool cold : {true, false}) {
       std::printf("\n== H=%ld F=%ld, weights %s\n", long(shape.hidden), long(shape.ffn),
@@ -259,7 +258,8 @@ int main(int argc, char** argv) {
             peak = std::max(peak, bench::measure_fma_peak(1, 0.002, 1).gflops);
             if (cold) bandwidth.measure();
           }
-          const double bound = std::max(cold ? weight_bytes / bandwidth.bytes_per_second() : 0.0, p.flops() / (peak * 1e9));
+          const double bound =
+              std::max(cold ? weight_bytes / bandwidth.bytes_per_second() : 0.0, p.flops() / (peak * 1e9));
           std::printf("%-9s %4ld | %8.1f %7.1f %7.1f |", which, long(rows), bound * 1e6,
                       bandwidth.bytes_per_second() * 1e-9, peak);
           for (double t : best) {
@@ -275,6 +275,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("\nverification: %s\n", verified ? "every candidate within 1e-5 * max|c| * sqrt(k) of onednn's" : "FAILED");
+  std::printf("\nverification: %s\n",
+              verified ? "every candidate within 1e-5 * max|c| * sqrt(k) of onednn's" : "FAILED");
   return verified ? 0 : 1;
 }

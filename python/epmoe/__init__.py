@@ -29,9 +29,10 @@ Load balancing and reports:
 * ``plan(**keys)``: what ``epmoe plan --json`` prints, as a dict.
 * ``replay_balance(loads, **keys)``: what ``epmoe balance --loads --json``
   computes on loads [steps, E], as a dict.
-* ``gemm_implementations(reset=False)``: which oneDNN implementation ran
-  this process's products (``gemm:jit`` on AVX2, ``brg:avx512_core_amx...``
-  where AMX kernels ran), with their calls and GFLOP.
+* ``gemm_implementations(reset=False)``: which implementation ran this
+  process's products (oneDNN's ``gemm:jit`` on AVX2,
+  ``brg:avx512_core_amx...`` where AMX kernels ran, ``epmoe:few_rows`` for
+  an expert's forward with 1-4 rows), with their calls and GFLOP.
 * ``python -m epmoe.report``: a run's metrics (and trace) or a balance replay
   drawn into one self-contained HTML file.
 
@@ -219,7 +220,8 @@ def gemm_implementations(reset=False):
     last ``reset=True``): a list of dicts ``{"implementation", "compute_dtype",
     "calls", "gflop"}``, most GFLOP first. The implementation is oneDNN's own
     name for the kernel it picked ("gemm:jit" for every f32 product on AVX2;
-    "brg:avx512_core_amx..." where its AMX kernels ran), or "openblas" with
-    EPMOE_F32_GEMM=openblas. ``reset=True`` zeroes the counts after reading
+    "brg:avx512_core_amx..." where its AMX kernels ran), "epmoe:few_rows"
+    for f32 forward products of 1-4 rows (kernels/few_rows_gemm.h), or
+    "openblas" with EPMOE_F32_GEMM=openblas. ``reset=True`` zeroes the counts after reading
     them, so that the next call covers what ran in between."""
     return _epmoe.gemm_implementations(bool(reset))

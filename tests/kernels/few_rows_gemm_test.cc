@@ -46,7 +46,8 @@ TEST(FewRowsGemm, MatchesDoubleAtEveryRowCountAndEdgeSize) {
           const auto c_in = random_vector(m * n, 30 + n);
           std::vector<float> c = accumulate ? c_in : std::vector<float>(m * n, std::nanf(""));
           few_rows_gemm(a.data(), b.data(), c.data(), m, n, k, accumulate);
-          const auto ref = reference_gemm(a.data(), b.data(), accumulate ? c_in.data() : nullptr, m, n, k, false, false);
+          const auto ref =
+              reference_gemm(a.data(), b.data(), accumulate ? c_in.data() : nullptr, m, n, k, false, false);
           expect_within_f32_bound(c, ref, accumulate ? &c_in : nullptr, k,
                                   "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                                       " accumulate=" + std::to_string(accumulate));
