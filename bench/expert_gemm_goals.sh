@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 build=$(realpath "${1:-build}")
 venv=${TORCH_VENV:-/tmp/torch-venv}
 steps=${STEPS:-60}
-for tool in "$build/bench/bench_moe_layer" "$build/bench/bench_grouped_gemm" "$build/epmoe"; do
+for tool in "$build/bench/bench_moe_layer" "$build/bench/bench_grouped_gemm" "$build/bench/bench_few_rows" "$build/epmoe"; do
   [[ -x $tool ]] || { echo "expert_gemm_goals: $tool is not built (cmake --build $build)" >&2; exit 2; }
 done
 work=$(mktemp -d)
@@ -59,6 +59,8 @@ if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c "import torch" 2>/dev/null
 fi
 echo "grouped GEMM: $threads thread(s), load $(load)"
 "$build/bench/bench_grouped_gemm" --quick --threads "$threads" > "$work/grouped.txt"
+echo "few rows: 1 thread, load $(load)"
+"$build/bench/bench_few_rows" --quick --rows 1,2,3,4 > "$work/few_rows.txt"
 for dtype in "${dtypes[@]}"; do
   echo "training: $dtype, $steps steps, load $(load)"
   (cd "$work" && "$build/epmoe" train steps="$steps" progress=off compute_dtype="$dtype" \
@@ -118,6 +120,15 @@ for line in open(os.path.join(work, "grouped.txt")):
 for (dtype, op), ratio in sorted(worst.items()):
     rows.append((f"grouped/dense >= 0.8, Zipf groups, E=64 ({op})", f"{dtype}, {threads} thr", f"{ratio:.2f}",
                  verdict(ratio, 0.8)))
+
+# Item 3's small-M path, chosen by measurement on an AVX2 CPU: is it still
+# at least oneDNN's speed on this one?
+for line in open(os.path.join(work, "few_rows.txt")):
+    m = re.search(r"geometric mean ([\d.]+), min ([\d.]+), max ([\d.]+) over (\d+) cells", line)
+    if m:
+        rows.append(("few-rows kernel (1-4 rows) >= oneDNN's speed, the choice of kernels/gemm.cc", "f32, 1 thr",
+                     f"{m[1]}x geometric mean ({m[2]}-{m[3]}, {m[4]} products, H=1024 F=512, weights cold and warm)",
+                     verdict(float(m[1]), 1.0)))
 
 def tokens_per_second(dtype):
     path = os.path.join(work, f"train_{dtype}", "metrics.jsonl")

@@ -23,7 +23,9 @@
 //   epmoe     epmoe::gemm as grouped_gemm calls it (runtime M, a weight
 //             version): whatever kernels/gemm.cc's rules pick
 // Each candidate's output is checked against the first's (within the f32
-// bound; the same library gives the same bits).
+// bound; the same library gives the same bits). The last line sums up the
+// rule: epmoe's speed over oneDNN's in the cells where gemm() took the
+// few-rows kernel (bench/expert_gemm_goals.sh prints it on every machine).
 //
 //   bench_few_rows [--quick] [--rows M1,M2,...]
 #include <cblas.h>
@@ -202,6 +204,7 @@ int main(int argc, char** argv) {
       "columns: us per product (fraction of the bound max(W bytes / read bandwidth, flops / FMA peak)); last: the "
       "implementation(s) epmoe's calls ran on\n");
   bool verified = true;
+  std::vector<double> few_rows_speedups;  // oneDNN's time / gemm()'s, where gemm() took the few-rows kernel
   struct Shape {
     std::int64_t hidden, ffn;
   };
@@ -267,13 +270,25 @@ int main(int argc, char** argv) {
             std::snprintf(cell, sizeof cell, "%.1f (%.2f)", t * 1e6, bound / t);
             std::printf(" %-20s", cell);
           }
-          for (const GemmImplementationUse& use : gemm_implementation_census())
+          for (const GemmImplementationUse& use : gemm_implementation_census()) {
             std::printf(" %s", use.implementation.c_str());
+            if (use.implementation == "epmoe:few_rows") few_rows_speedups.push_back(best[0] / best[2]);
+          }
           std::printf("\n");
           std::fflush(stdout);
         }
       }
     }
+  }
+  if (!few_rows_speedups.empty()) {
+    double log_sum = 0;
+    for (double r : few_rows_speedups) log_sum += std::log(r);
+    std::printf(
+        "\nfew rows: epmoe / oneDNN speed where gemm() took the few-rows kernel: geometric mean %.2f, "
+        "min %.2f, max %.2f over %zu cells\n",
+        std::exp(log_sum / double(few_rows_speedups.size())),
+        *std::min_element(few_rows_speedups.begin(), few_rows_speedups.end()),
+        *std::max_element(few_rows_speedups.begin(), few_rows_speedups.end()), few_rows_speedups.size());
   }
   std::printf("\nverification: %s\n",
               verified ? "every candidate within 1e-5 * max|c| * sqrt(k) of onednn's" : "FAILED");
