@@ -8,12 +8,15 @@
 namespace epmoe {
 namespace {
 
-// A second thread pays for itself above ~1M weights of b (4 MiB): below,
-// one thread streams b faster than waking another. Threads take contiguous
-// column slices of every row; no finer column blocks: with c's few rows
-// read from L1 or L2 either way, whole rows of b stream best (1 KiB pieces
-// of 7168 rows ran at 0.6-0.8x of whole rows).
-constexpr std::int64_t kWeightsPerThread = std::int64_t{1} << 20;
+// Two threads, each with a slice of the columns, against one, m = 2,
+// k = 1024, weights warm and cold, two runs (AMD EPYC, 2026-12-07, load
+// 2-3): 0.86-1.25x at 256K weights of b, 0.69-1.39x at 512K, 1.07-1.62x at
+// 1M, 1.36-1.85x from 2M (one outlier of 0.88). So a thread gets at least
+// 512K weights (2 MiB). Threads take contiguous column slices of every row;
+// no finer column blocks: with c's few rows read from L1 or L2 either way,
+// whole rows of b stream best (1 KiB pieces of 7168 rows ran at 0.6-0.8x of
+// whole rows).
+constexpr std::int64_t kWeightsPerThread = std::int64_t{1} << 19;
 
 // c[:, j0:j1] (+)= a b[:, j0:j1]. Per row of a, eight rows of b at a time:
 // one load and store of c per eight products, and eight streams of b the
