@@ -38,12 +38,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <epmoe/tensor.h>
 
 #include "bench_harness.h"
 #include "core/threading.h"
@@ -58,28 +59,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using dnnl::memory;
 
-struct AlignedFloats {
-  explicit AlignedFloats(std::int64_t count)
-      : data(static_cast<float*>(std::aligned_alloc(64, ((count * 4 + 63) / 64) * 64))) {}
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> data;
-  float* get() const { return data.get(); }
-};
+// Buffers are Tensors: where the layer's weights sit (64-byte aligned).
+float* floats(Tensor& t) { return t.data<float>(); }
 
 // Bytes per second of a vectorised sum over a buffer 8x the L3 (best of the
 // calls made so far): the rate at which one core streams weights from memory.
 class ReadBandwidth {
  public:
-  ReadBandwidth() : buffer_(kFloats) {
-    for (std::int64_t i = 0; i < kFloats; ++i) buffer_.get()[i] = 1.0f;
+  ReadBandwidth() : buffer_(DType::f32, {kFloats}) {
+    for (float& v : buffer_.span<float>()) v = 1.0f;
   }
   void measure() {
     using Lanes = float __attribute__((vector_size(32)));
     const auto start = Clock::now();
     Lanes sum[4] = {};
-    const Lanes* v = reinterpret_cast<const Lanes*>(buffer_.get());
+    const Lanes* v = reinterpret_cast<const Lanes*>(floats(buffer_));
     for (std::int64_t i = 0; i < kFloats / 8; i += 4)
       for (int j = 0; j < 4; ++j) sum[j] += v[i + j];
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -90,7 +84,7 @@ class ReadBandwidth {
 
  private:
   static constexpr std::int64_t kFloats = std::int64_t{64} << 20;  // 256 MiB
-  AlignedFloats buffer_;
+  Tensor buffer_;
   double best_ = 0;
   volatile float sink_ = 0;
 };
@@ -103,16 +97,16 @@ struct Product {
 };
 
 struct Operands {
-  std::vector<AlignedFloats> weights;  // one per expert, [k, n] or [n, k]
-  AlignedFloats a, c;
-  Operands(const Product& p, int experts) : a(p.m * p.k), c(p.m * p.n) {
+  std::vector<Tensor> weights;  // one per expert, [k, n] or [n, k]
+  Tensor a, c;
+  Operands(const Product& p, int experts) : a(DType::f32, {p.m, p.k}), c(DType::f32, {p.m, p.n}) {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     for (int e = 0; e < experts; ++e) {
-      weights.emplace_back(p.k * p.n);
-      for (std::int64_t i = 0; i < p.k * p.n; ++i) weights.back().get()[i] = dist(rng);
+      weights.emplace_back(DType::f32, Shape{p.k, p.n});
+      for (float& v : weights.back().span<float>()) v = dist(rng);
     }
-    for (std::int64_t i = 0; i < p.m * p.k; ++i) a.get()[i] = dist(rng);
+    for (float& v : a.span<float>()) v = dist(rng);
   }
 };
 
@@ -135,8 +129,9 @@ Call onednn_runtime_m(const Product& p, Operands& o) {
                          matrix(DNNL_RUNTIME_DIM_VAL, p.n, false)),
       engine));
   return [&p, &o, s](int e) {
-    memory a(matrix(p.m, p.k, false), engine, o.a.get()),
-        b(matrix(p.k, p.n, p.transpose_b), engine, o.weights[e].get()), c(matrix(p.m, p.n, false), engine, o.c.get());
+    memory a(matrix(p.m, p.k, false), engine, floats(o.a)),
+        b(matrix(p.k, p.n, p.transpose_b), engine, floats(o.weights[e])),
+        c(matrix(p.m, p.n, false), engine, floats(o.c));
     s->primitive.execute(s->stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   };
 }
@@ -144,16 +139,16 @@ Call onednn_runtime_m(const Product& p, Operands& o) {
 Call openblas(const Product& p, Operands& o) {
   return [&p, &o](int e) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, p.transpose_b ? CblasTrans : CblasNoTrans, int(p.m), int(p.n), int(p.k),
-                1.0f, o.a.get(), int(p.k), o.weights[e].get(), int(p.transpose_b ? p.k : p.n), 0.0f, o.c.get(),
+                1.0f, floats(o.a), int(p.k), floats(o.weights[e]), int(p.transpose_b ? p.k : p.n), 0.0f, floats(o.c),
                 int(p.n));
   };
 }
 
 Call epmoe_gemm(const Product& p, Operands& o) {
   return [&p, &o](int e) {
-    gemm({.a = o.a.get(),
-          .b = o.weights[e].get(),
-          .c = o.c.get(),
+    gemm({.a = floats(o.a),
+          .b = floats(o.weights[e]),
+          .c = floats(o.c),
           .m = p.m,
           .n = p.n,
           .k = p.k,
@@ -234,15 +229,15 @@ int main(int argc, char** argv) {
           std::vector<float> expected;
           double scale = 0;
           for (std::size_t c = 0; c < calls.size(); ++c) {
-            std::fill(o.c.get(), o.c.get() + p.m * p.n, std::nanf(""));
+            std::fill(floats(o.c), floats(o.c) + p.m * p.n, std::nanf(""));
             calls[c](0);
             if (c == 0) {
-              expected.assign(o.c.get(), o.c.get() + p.m * p.n);
+              expected.assign(floats(o.c), floats(o.c) + p.m * p.n);
               for (float v : expected) scale = std::max(scale, double(std::abs(v)));
               continue;
             }
             for (std::int64_t i = 0; i < p.m * p.n; ++i) {
-              if (!(std::abs(o.c.get()[i] - expected[i]) <= 1e-5 * scale * std::sqrt(double(p.k)))) {
+              if (!(std::abs(floats(o.c)[i] - expected[i]) <= 1e-5 * scale * std::sqrt(double(p.k)))) {
                 std::printf("VERIFY FAILED: candidate %zu, %s M=%ld\n", c, which, long(rows));
                 verified = false;
                 break;
