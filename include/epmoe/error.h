@@ -10,12 +10,18 @@
 #pragma once
 
 #include <stdexcept>
+#include <string>
 
 namespace epmoe {
 
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+
+  // Puts `context` ("step 7: ") in front of the message and keeps the
+  // exception's type, so that a caller can say where an error happened:
+  //   catch (epmoe::Error& e) { e.add_context("step 7: "); throw; }
+  void add_context(const std::string& context) { std::runtime_error::operator=(std::runtime_error(context + what())); }
 };
 
 // A configuration key has a bad value or violates a rule with another key.

@@ -4,13 +4,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <typeinfo>
 
 #include "comm/all_gather.h"
 #include "comm/all_gather_texts.h"
 #include "comm/all_reduce.h"
 #include "core/error.h"
-#include "core/fault_injection.h"
 #include "core/modelled_report.h"
 #include "core/timer.h"
 #include "core/trace_recorder.h"
@@ -93,28 +91,18 @@ bool names_a_step(const std::string& what) {
 }
 
 // An error raised inside step N (a layer's non-finite check, a peer's
-// failure, a checkpoint write) is rethrown as the same kind with "step N: "
+// failure, a checkpoint write) is rethrown, its type kept, with "step N: "
 // in front, so the message says when; one that already names its step (the
 // divergence check; step N's metrics exchange completing in step N + 1)
-// passes unchanged.
+// passes unchanged, and so does a wait aborted by another rank's failure:
+// its text is that rank's, step included.
 [[noreturn]] void rethrow_naming_step(std::int64_t step) {
   try {
     throw;
-  } catch (const Error& e) {
-    const std::string prefix = "step " + std::to_string(step) + ": ";
-    const std::string what = e.what();
-    if (names_a_step(what)) throw;
-    // Rebuilt only as one of the kinds known here, matched exactly: any other
-    // subclass passes as it is, because its type carries meaning (a peer
-    // woken by another rank's failure is told from the root cause by its
-    // type, and its text is that rank's, step included).
-    const std::type_info& kind = typeid(e);
-    if (kind == typeid(InjectedFault)) throw InjectedFault(prefix + what);
-    if (kind == typeid(NumericError)) throw NumericError(prefix + what);
-    if (kind == typeid(ConfigError)) throw ConfigError(prefix + what);
-    if (kind == typeid(FileError)) throw FileError(prefix + what);
-    if (kind == typeid(PeerError)) throw PeerError(prefix + what);
-    if (kind == typeid(Error)) throw Error(prefix + what);
+  } catch (const transport::AbortedError&) {
+    throw;
+  } catch (Error& e) {
+    if (!names_a_step(e.what())) e.add_context("step " + std::to_string(step) + ": ");
     throw;
   }
 }

@@ -58,7 +58,7 @@ std::vector<double> train_losses(const TrainSetup& setup) {
     group_config.dispatch = setup.dispatch;
     group_config.tag_base = 1024;  // above the trainer's [0, 1024)
     EpGroup group(comm, group_config);
-    TrainSummary summary = train(comm, group, setup.trainer, setup.model);
+    TrainSummary summary = train(comm, group, setup.trainer, setup.model, setup.observer);
     if (comm.rank() == 0) {
       std::lock_guard lock(mutex);
       losses = summary.losses;

@@ -20,6 +20,7 @@ struct TrainSetup {
   MoeLmConfig model;                // small_model() by default
   TrainerConfig trainer;            // small_trainer() by default
   FaultInjector* faults = nullptr;  // the run's fault injection, in scope on every rank (nullptr: none)
+  TrainObserver observer;           // called on rank 0
 };
 
 MoeLmConfig small_model();      // V=64 H=32 F=32 E=8 K=2 L=2

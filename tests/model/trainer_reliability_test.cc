@@ -9,8 +9,8 @@
 //  * a rank that throws between writing a checkpoint's files and committing
 //    it (fault point "checkpoint") stops all 3 ranks within 2 s with its
 //    error's text and leaves no step_N/ behind;
-//  * an error raised inside a step (fault point "dispatch" in a layer) names
-//    the step.
+//  * an error raised inside a step (fault point "dispatch" in a layer, or an
+//    observer's UsageError) names the step and keeps its type.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -243,6 +243,28 @@ TEST(TrainerFaults, AnErrorInsideALayerNamesTheStep) {
   }
   EXPECT_EQ(message.rfind("step 3: ", 0), 0u) << message;
   EXPECT_NE(message.find("injected fault at dispatch"), std::string::npos) << message;
+}
+
+// Every kind of Error keeps its type when the step is put in front, not
+// only the kinds a list named: an observer's UsageError (which no list had)
+// reaches the caller as a UsageError whose text starts with its step.
+TEST(TrainerFaults, AnyErrorKindNamesTheStepAndKeepsItsType) {
+  for (const int ranks : {1, 2}) {
+    TrainSetup setup = small_setup(ranks);
+    setup.trainer.steps = 4;
+    setup.observer.on_step = [](const StepRecord& record) {
+      if (record.step == 2) throw UsageError("the observer refused this record");
+    };
+    std::string message = "(no error)";
+    try {
+      train_losses(setup);
+    } catch (const UsageError& e) {
+      message = e.what();
+    } catch (const std::exception& e) {
+      message = std::string("another type: ") + e.what();
+    }
+    EXPECT_EQ(message, "step 2: the observer refused this record") << "ranks=" << ranks;
+  }
 }
 
 }  // namespace
