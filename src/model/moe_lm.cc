@@ -209,16 +209,13 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
   return result;
 }
 
-double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, double aux_loss_coef,
+double MoeLm::backward(const GlobalExpertCounts& global_expert_counts, double aux_loss_coef,
                        const GradientsReady& on_gradients_ready) {
   EPMOE_CHECK(saved_ != nullptr);  // a forward first
   std::unique_ptr<Activations> saved = std::move(saved_);
   Activations& a = *saved;
   const int num_layers = config_.num_layers, num_experts = config_.layer.router.num_experts;
-  if (aux_loss_coef > 0) {
-    EPMOE_CHECK_EQ(static_cast<std::int64_t>(global_expert_counts.size()),
-                   static_cast<std::int64_t>(num_layers) * num_experts);
-  }
+  std::optional<std::span<const std::int64_t>> counts;  // asked for by the first layer that needs them
   const std::int64_t n = a.ids.numel(), h = config_.layer.hidden, v = config_.vocab_size;
 
   // Head: d(final_normed) = d_logits head^T, d(head) = final_normed^T d_logits.
@@ -255,10 +252,14 @@ double MoeLm::backward(std::span<const std::int64_t> global_expert_counts, doubl
     MoeLayer& layer = *layers_[static_cast<std::size_t>(l)];
     LoadBalanceLossPart balance;
     if (aux_loss_coef > 0) {
-      balance = load_balance_loss(config_.layer.router.kind, layer.routing(a.steps[static_cast<std::size_t>(l)]).logits,
-                                  global_expert_counts.subspan(static_cast<std::size_t>(l * num_experts),
-                                                               static_cast<std::size_t>(num_experts)),
-                                  global_tokens_, config_.layer.router.top_k, aux_loss_coef);
+      if (!counts) {
+        counts = global_expert_counts();
+        EPMOE_CHECK_EQ(static_cast<std::int64_t>(counts->size()), static_cast<std::int64_t>(num_layers) * num_experts);
+      }
+      balance = load_balance_loss(
+          config_.layer.router.kind, layer.routing(a.steps[static_cast<std::size_t>(l)]).logits,
+          counts->subspan(static_cast<std::size_t>(l * num_experts), static_cast<std::size_t>(num_experts)),
+          global_tokens_, config_.layer.router.top_k, aux_loss_coef);
       aux_loss += balance.loss;
     }
     // h_{l+1} = h_l + moe(normed) + shared(normed): d_h reaches both branches unchanged.

@@ -82,15 +82,16 @@ class MoeLm {
   // backward runs. The pointers are valid for the call.
   using GradientsReady = std::function<void(std::span<Parameter* const>)>;
 
-  // After forward, with the step's expert counts summed over ranks (read
-  // only when aux_loss_coef > 0, and only once the first
-  // on_gradients_ready call - the head's - has returned, so that a caller
-  // may complete their exchange under the head's backward; may be empty
-  // when aux_loss_coef = 0): the load-balance
-  // loss (when aux_loss_coef > 0) and the backward into every parameter's
-  // grad (replicated ones hold this rank's part). Returns this rank's part
-  // of the load-balance loss.
-  double backward(std::span<const std::int64_t> global_expert_counts, double aux_loss_coef,
+  // The step's expert counts summed over ranks, [L * E]: asked for once,
+  // when the load-balance loss first needs them (aux_loss_coef > 0), which
+  // is after the first on_gradients_ready call (the head's) has returned,
+  // so that a caller may complete their exchange under the head's backward.
+  using GlobalExpertCounts = std::function<std::span<const std::int64_t>()>;
+
+  // After forward: the load-balance loss (when aux_loss_coef > 0) and the
+  // backward into every parameter's grad (replicated ones hold this rank's
+  // part). Returns this rank's part of the load-balance loss.
+  double backward(const GlobalExpertCounts& global_expert_counts, double aux_loss_coef,
                   const GradientsReady& on_gradients_ready = {});
 
  private:

@@ -333,7 +333,6 @@ class TrainingRun {
     s.forward_words = s.forward.expert_counts;
     s.forward_words.push_back(bits_of(s.forward.loss_sum));
     s.all_forward_words.resize(s.forward_words.size() * static_cast<std::size_t>(num_ranks_));
-    s.counts.assign(s.forward.expert_counts.size(), 0);  // its final size: backward() holds a view
     s.forward_stats =
         comm::ring_all_gather(comm_, {.input = s.forward_words.data(),
                                       .output = s.all_forward_words.data(),
@@ -351,6 +350,7 @@ class TrainingRun {
     s.forward_stats.wait();
     s.forward_stats_done = true;
     const std::size_t words = s.forward_words.size();
+    s.counts.assign(s.forward.expert_counts.size(), 0);
     for (int r = 0; r < num_ranks_; ++r) {
       const std::int64_t* part = s.all_forward_words.data() + r * words;
       for (std::size_t i = 0; i < s.counts.size(); ++i) s.counts[i] += part[i];
@@ -379,13 +379,19 @@ class TrainingRun {
   // head's first), so that it runs under the backward of earlier layers.
   void backward(Step& s) {
     ScopedPhase phase(s.times, "backward");
+    // Asked for by the first layer whose load-balance loss needs them: after
+    // the head's backward overlapped, already complete otherwise (run_step).
+    const auto global_counts = [&] {
+      finish_forward_stats(s, false);
+      return std::span<const std::int64_t>(s.counts);
+    };
     if (!config_.overlap_gradient_all_reduce) {
-      s.aux_part = model_.backward(s.counts, config_.aux_loss_coef);
+      s.aux_part = model_.backward(global_counts, config_.aux_loss_coef);
       return;
     }
     s.reduction.emplace(comm_, std::span<float>(flat_), tags_ + kGradientBuckets, timeout_);
     std::int64_t ready_begin = replicated_;
-    s.aux_part = model_.backward(s.counts, config_.aux_loss_coef, [&](std::span<Parameter* const> done) {
+    s.aux_part = model_.backward(global_counts, config_.aux_loss_coef, [&](std::span<Parameter* const> done) {
       std::int64_t begin = ready_begin, end = ready_begin;
       for (Parameter* p : done) {
         if (!p->replicated) continue;
@@ -399,9 +405,6 @@ class TrainingRun {
       EPMOE_CHECK_EQ(end, ready_begin);
       ready_begin = begin;
       s.reduction->ready(begin);
-      // The layers' backward reads the counts only after this first call
-      // (the head's) returns: the exchange has run under the head's backward.
-      if (config_.aux_loss_coef > 0) finish_forward_stats(s, false);
     });
     EPMOE_CHECK_EQ(ready_begin, std::int64_t{0});
   }
