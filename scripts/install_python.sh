@@ -43,7 +43,10 @@ fi
 # The module's layer libraries are the Release build's objects, found in
 # ccache (CMakeLists.txt): a cache hit needs the same compiler command, so
 # the same compiler and generator as ./build (CMake's Makefiles; pip would
-# pick Ninja, whose object paths differ).
+# pick Ninja, whose object paths differ). In a build directory of its own:
+# after a plain `pip install .` (Ninja) in pyproject's build-python-*, a
+# Makefiles build there has no dependency records for Ninja's objects and
+# kept a stale module while the sources had changed.
 CXX=$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' build/CMakeCache.txt) \
   CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-  "$venv/bin/pip" install -q --no-build-isolation .
+  "$venv/bin/pip" install -q --no-build-isolation --config-settings=build-dir="build-python-make-{wheel_tag}" .
