@@ -142,25 +142,26 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   const double bound_flops = 2.0 * double(expert_rows) * h * f;
   // Interleaved repetitions (layer, matmul, layer, ...): a background load
   // that comes and goes hits both alike, so their ratio stays meaningful.
-  const std::vector<BenchStats> measured = measure_interleaved({[&] {
-                                                                  layer.forward(x, weights, version);
-                                                                  layer.backward(dy);
-                                                                },
-                                                                [&] {
-                                                                  concatenated_layer.forward(x, weights, version);
-                                                                  concatenated_layer.backward(dy);
-                                                                },
-                                                                [&] {
-                                                                  gemm({.a = a.data<float>(),
-                                                                        .b = b.data<float>(),
-                                                                        .c = c.data<float>(),
-                                                                        .m = std::int64_t(rows),
-                                                                        .n = cols,
-                                                                        .k = h,
-                                                                        .compute_dtype = dtype});
-                                                                },
-                                                                [&] { gemm(bound_args); }},
-                                                               options);
+  const std::vector<BenchStats> measured =
+      measure_interleaved({[&] {
+                             layer.forward(x, weights, {.weight_version = version});
+                             layer.backward(dy);
+                           },
+                           [&] {
+                             concatenated_layer.forward(x, weights, {.weight_version = version});
+                             concatenated_layer.backward(dy);
+                           },
+                           [&] {
+                             gemm({.a = a.data<float>(),
+                                   .b = b.data<float>(),
+                                   .c = c.data<float>(),
+                                   .m = std::int64_t(rows),
+                                   .n = cols,
+                                   .k = h,
+                                   .compute_dtype = dtype});
+                           },
+                           [&] { gemm(bound_args); }},
+                          options);
   const BenchStats& forward = measured[0];
   const BenchStats& concatenated = measured[1];
   const BenchStats& big = measured[2];
@@ -175,7 +176,7 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   if (args.phases && !args.json) {
     // One more step, its time per phase (the layer's accumulated phase times, differenced).
     const std::map<std::string, double> before = layer.stats().phase_seconds;
-    layer.forward(x, weights, version);
+    layer.forward(x, weights, {.weight_version = version});
     layer.backward(dy);
     std::string line;
     for (const auto& [phase, total] : layer.stats().phase_seconds) {
@@ -191,7 +192,7 @@ void run(const LayerBenchArgs& args, ComputeDType dtype, const FmaPeak& peak) {
   // expert products reach its brgemm / AMX kernels, or stay on gemm:jit?):
   // one more step with the census reset before it.
   reset_gemm_implementation_census();
-  layer.forward(x, weights, version);
+  layer.forward(x, weights, {.weight_version = version});
   layer.backward(dy);
   std::string census_text, census_json;
   for (const GemmImplementationUse& use : gemm_implementation_census()) {

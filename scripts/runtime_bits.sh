@@ -44,6 +44,7 @@ train_configs=(
   "dedup=true token_chunks=2"
   "balance=dynamic redundant_slots=1"
   "shared_expert_ffn=32 fp8_tokens=token"
+  "router=random aux_loss_coef=0"
 )
 for ranks in 1 2 4; do
   for config in "${train_configs[@]}"; do

@@ -122,6 +122,20 @@ struct MoeStepStats {
 
 class MoeLayer;
 
+// What a step's forward is told beside its inputs; every field optional.
+struct MoeStepContext {
+  // Identifies the values of the experts' weights, the same on every rank
+  // of the step: replica slots are not resent, and the weights not
+  // re-checked for finiteness, while it and their buffers are unchanged.
+  // Default: a new version every forward (always correct).
+  std::optional<std::uint64_t> weight_version = std::nullopt;
+  // router=random: the stream of its seed this step draws from, so that a
+  // trainer makes the draws a function of (step, layer, rank) and a resumed
+  // run draws what an uninterrupted one would have. Default: the layer's
+  // generator goes on where its last step left it.
+  std::optional<std::uint64_t> random_router_stream = std::nullopt;
+};
+
 // One step of one layer, from begin_forward to finish_backward. Move-only;
 // destroying it mid-step abandons the step.
 class MoeStep {
@@ -155,12 +169,7 @@ class MoeLayer {
   int num_local_experts() const;
 
   // One step at a time: begin and finish of the layer's own step.
-  // `weight_version` identifies the values of the experts' weights, the
-  // same on every rank of the step: replica slots are not resent, and the
-  // weights not re-checked for finiteness, while it and their buffers are
-  // unchanged. Default: a new version every forward (always correct).
-  MoeForwardOutput forward(TensorView x, const MoeWeights& weights,
-                           std::optional<std::uint64_t> weight_version = std::nullopt,
+  MoeForwardOutput forward(TensorView x, const MoeWeights& weights, const MoeStepContext& context = {},
                            const MoeForwardBuffers& out = {});
   // Uses the last forward()'s step; dy [N, H]. `extra_d_logits` [N, E]
   // (optional): a gradient of the router logits from a loss outside the
@@ -177,8 +186,7 @@ class MoeLayer {
   //  * begin_backward: checks dy and starts sending the cotangents.
   //  * finish_backward: the experts' backward, the gradients' return, the
   //    router's backward. Ends the step.
-  [[nodiscard]] MoeStep begin_forward(TensorView x, const MoeWeights& weights,
-                                      std::optional<std::uint64_t> weight_version = std::nullopt);
+  [[nodiscard]] MoeStep begin_forward(TensorView x, const MoeWeights& weights, const MoeStepContext& context = {});
   MoeForwardOutput finish_forward(MoeStep& step, const MoeForwardBuffers& out = {});
   void begin_backward(MoeStep& step, TensorView dy, TensorView extra_d_logits = {});
   MoeGradients finish_backward(MoeStep& step, const MoeGradientBuffers& out = {});
@@ -186,11 +194,6 @@ class MoeLayer {
   // The router's output of a step whose forward finished, until its
   // backward ends.
   const RouterOutput& routing(const MoeStep& step) const;
-
-  // random router: restarts its generator on stream `stream` of its seed, so
-  // a trainer can make the draws a function of (step, layer, rank) and a
-  // resumed run draws what an uninterrupted one would have.
-  void set_random_router_stream(std::uint64_t stream);
 
   // Replicas: what later steps' replica plans depend on, for checkpoints;
   // empty without replicas. Restoring an empty state is a no-op.

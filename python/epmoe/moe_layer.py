@@ -87,9 +87,18 @@ class MoeLayer:
     compute_dtype = property(lambda self: self._layer.compute_dtype)
     router = property(lambda self: self._layer.router)
 
-    def begin_forward(self, x, gate, wi0, wi1, wo, bias=None, weight_version=None) -> MoeStep:
-        """Checks the inputs, routes, and starts the dispatch."""
-        return MoeStep(self._layer.begin_forward(x, gate, wi0, wi1, wo, bias, weight_version),
+    def begin_forward(self, x, gate, wi0, wi1, wo, bias=None, weight_version=None,
+                      random_router_stream=None) -> MoeStep:
+        """Checks the inputs, routes, and starts the dispatch.
+
+        weight_version: identifies the expert weights' values, the same on
+        every rank (replica slots are not resent while it and the buffers are
+        unchanged); None: a new version every call. random_router_stream
+        (router="random"): the stream of the router's seed this step draws
+        from, e.g. a function of (step, layer, rank) so that a resumed run
+        draws what an uninterrupted one would; None: the layer's generator
+        goes on."""
+        return MoeStep(self._layer.begin_forward(x, gate, wi0, wi1, wo, bias, weight_version, random_router_stream),
                        torch_tensor_module(x))
 
     def finish_forward(self, step: MoeStep, out: ForwardOutput | None = None) -> ForwardOutput:
@@ -118,11 +127,12 @@ class MoeLayer:
                          new_array(torch, (local, h, f), "float32"), new_array(torch, (local, h, f), "float32"),
                          new_array(torch, (local, f, h), "float32"))
 
-    def forward(self, x, gate, wi0, wi1, wo, bias=None, out: ForwardOutput | None = None) -> ForwardOutput:
+    def forward(self, x, gate, wi0, wi1, wo, bias=None, out: ForwardOutput | None = None, *,
+                weight_version=None, random_router_stream=None) -> ForwardOutput:
         """begin_forward and finish_forward; the step is kept for backward()
         (a later forward() drops it: inference)."""
         self._step = None  # with replicas a layer holds one step at a time
-        step = self.begin_forward(x, gate, wi0, wi1, wo, bias)
+        step = self.begin_forward(x, gate, wi0, wi1, wo, bias, weight_version, random_router_stream)
         result = self.finish_forward(step, out)
         self._step = step
         return result

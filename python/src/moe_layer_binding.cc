@@ -90,7 +90,8 @@ PyMoeStep& step_of(nb::pointer_and_handle<PyMoeLayer> self, PyMoeStep& step, con
 
 std::unique_ptr<PyMoeStep> begin_forward(nb::pointer_and_handle<PyMoeLayer> self, nb::handle x, nb::handle gate,
                                          nb::handle wi0, nb::handle wi1, nb::handle wo, nb::handle bias,
-                                         std::optional<std::uint64_t> weight_version) {
+                                         std::optional<std::uint64_t> weight_version,
+                                         std::optional<std::uint64_t> random_router_stream) {
   constexpr const char* kCall = "MoeLayer.begin_forward";
   MoeLayer& layer = self.p->get("begin_forward");
   auto step = std::make_unique<PyMoeStep>(nb::borrow(self.h), self.p->on_mpi());
@@ -103,7 +104,8 @@ std::unique_ptr<PyMoeStep> begin_forward(nb::pointer_and_handle<PyMoeLayer> self
   step->num_tokens = x_view.dim(0);
   {
     nb::gil_scoped_release release;
-    step->step() = layer.begin_forward(x_view, weights, weight_version);
+    step->step() = layer.begin_forward(
+        x_view, weights, {.weight_version = weight_version, .random_router_stream = random_router_stream});
   }
   return step;
 }
@@ -212,7 +214,8 @@ void bind_moe_layer(nb::module_& m) {
                    [](PyMoeLayer& l) { return to_string(l.get("compute_dtype").config().compute_dtype); })
       .def_prop_ro("router", [](PyMoeLayer& l) { return to_string(l.get("router").config().router.kind); })
       .def("begin_forward", &begin_forward, nb::arg("x"), nb::arg("gate"), nb::arg("wi0"), nb::arg("wi1"),
-           nb::arg("wo"), nb::arg("bias").none() = nb::none(), nb::arg("weight_version").none() = nb::none())
+           nb::arg("wo"), nb::arg("bias").none() = nb::none(), nb::arg("weight_version").none() = nb::none(),
+           nb::arg("random_router_stream").none() = nb::none())
       .def("finish_forward", &finish_forward, nb::arg("step"), nb::arg("y").none() = nb::none(),
            nb::arg("topk_ids").none() = nb::none(), nb::arg("topk_weights").none() = nb::none())
       .def("begin_backward", &begin_backward, nb::arg("step"), nb::arg("dy"),
@@ -222,12 +225,6 @@ void bind_moe_layer(nb::module_& m) {
            nb::arg("dwi1").none() = nb::none(), nb::arg("dwo").none() = nb::none())
       .def("phase_seconds", [](PyMoeLayer& l) { return l.get("phase_seconds").stats().phase_seconds; })
       .def("last_step_stats", &last_step_stats)
-      .def(
-          "set_random_router_stream",
-          [](PyMoeLayer& l, std::uint64_t stream) {
-            l.get("set_random_router_stream").set_random_router_stream(stream);
-          },
-          nb::arg("stream"))
       .def("balance_state", [](PyMoeLayer& l) { return l.get("balance_state").balance_state(); })
       .def(
           "restore_balance_state",

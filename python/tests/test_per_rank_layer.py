@@ -113,6 +113,26 @@ def test_gemm_implementations_count_every_product_of_a_step_once(problem):
     assert epmoe.gemm_implementations() == []  # the reset zeroed them
 
 
+def test_a_random_router_stream_decides_the_draws_whatever_the_layer_drew_before(problem):
+    """random_router_stream (begin_forward and forward): the same stream gives
+    the same expert ids on a used and a fresh layer; without one the layer's
+    generator goes on."""
+    _, _, arrays = problem
+    share = rank_share(arrays, 0, 1)
+    weights = [share[name] for name in ("x", "gate", "wi0", "wi1", "wo")]
+    group = epmoe.EpGroup(None, num_experts=DIMS["num_experts"], top_k=2, hidden=DIMS["hidden"])
+    used, fresh = (epmoe.MoeLayer(group, ffn=DIMS["ffn"], router="random") for _ in range(2))
+    used.forward(*weights)
+    step = used.begin_forward(*weights, random_router_stream=3)
+    used.finish_forward(step)
+    seven = used.forward(*weights, random_router_stream=7).topk_ids
+    assert np.array_equal(fresh.forward(*weights, random_router_stream=7).topk_ids, seven)
+    assert not np.array_equal(fresh.forward(*weights).topk_ids, seven)
+    assert not np.array_equal(fresh.forward(*weights, random_router_stream=8).topk_ids, seven)
+    step = fresh.begin_forward(*weights, weight_version=1, random_router_stream=7)
+    assert np.array_equal(fresh.finish_forward(step).topk_ids, seven)
+
+
 @pytest.mark.parametrize("differing, expected", [
     ({"top_k": 3}, "rank 1 has top_k=3 but rank 0 has top_k=2"),
     ({"num_experts": 6}, "rank 1 has num_experts=6 but rank 0 has num_experts=12"),

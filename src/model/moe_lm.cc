@@ -167,15 +167,16 @@ LmForwardResult MoeLm::forward(const Tensor& tokens, std::int64_t global_tokens,
     a.inv_rms.push_back(Tensor(DType::f32, {n}));
     a.normed.push_back(Tensor(DType::f32, {n, h}));
     rms_norm_forward(a.h[l], p.norm->value, config_.norm_eps, a.normed[l], a.inv_rms[l]);
-    // Random routing draws from a stream of (step, layer, rank): a resumed run
-    // draws what the uninterrupted one did.
-    layer.set_random_router_stream((static_cast<std::uint64_t>(step) * num_layers + l) * num_ranks_ + rank_);
     const MoeWeights weights{p.gate->value, p.wi0->value, p.wi1->value, p.wo->value,
                              p.selection_bias != nullptr ? p.selection_bias->value.view() : TensorView()};
     // The weights change once per step: the step names their version (from
     // 1: 0 means "no weights held"), so replica slots are refreshed once per
-    // step, not once per call.
-    a.steps.push_back(layer.begin_forward(a.normed[l], weights, static_cast<std::uint64_t>(step) + 1));
+    // step, not once per call. Random routing draws from a stream of (step,
+    // layer, rank): a resumed run draws what the uninterrupted one did.
+    const MoeStepContext context{
+        .weight_version = static_cast<std::uint64_t>(step) + 1,
+        .random_router_stream = (static_cast<std::uint64_t>(step) * num_layers + l) * num_ranks_ + rank_};
+    a.steps.push_back(layer.begin_forward(a.normed[l], weights, context));
     // The shared expert reads only the layer's input: it runs while the
     // dispatch the layer started moves the tokens.
     Tensor shared_y;

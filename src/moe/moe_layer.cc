@@ -219,7 +219,6 @@ const MoeLayerConfig& MoeLayer::config() const { return impl_->config; }
 int MoeLayer::num_local_experts() const { return impl_->dispatcher->num_local_experts(); }
 const MoeLayerStats& MoeLayer::stats() const { return impl_->stats; }
 const MoeStepStats& MoeLayer::last_step_stats() const { return impl_->last_step; }
-void MoeLayer::set_random_router_stream(std::uint64_t stream) { impl_->router.set_stream(stream); }
 
 std::vector<std::int64_t> MoeLayer::balance_state() const {
   return impl_->replicas != nullptr ? impl_->replicas->planning_state() : std::vector<std::int64_t>{};
@@ -287,7 +286,8 @@ void expect_stage(const MoeLayer::Impl& layer, const std::unique_ptr<MoeStep::St
 
 }  // namespace
 
-MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version) {
+MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, const MoeStepContext& context) {
+  const std::optional<std::uint64_t>& weight_version = context.weight_version;
   Impl& layer = *impl_;
   const MoeLayerConfig& config = layer.config;
   if (layer.replicas != nullptr && layer.steps_in_flight > 0) {
@@ -324,6 +324,7 @@ MoeStep MoeLayer::begin_forward(TensorView x, const MoeWeights& weights, std::op
   s.weights = weights;
   {
     ScopedPhase phase(times, "route");
+    if (context.random_router_stream) layer.router.set_stream(*context.random_router_stream);
     s.routing = layer.router.forward(x, weights.gate, weights.bias);
     const int num_experts = config.router.num_experts, top_k = config.router.top_k;
     check_produced(config, "router logits", "forward/route", s.routing.logits.span<float>(), at_row(num_experts));
@@ -648,7 +649,7 @@ MoeGradients MoeLayer::finish_backward(MoeStep& step, const MoeGradientBuffers& 
   return grads;
 }
 
-MoeForwardOutput MoeLayer::forward(TensorView x, const MoeWeights& weights, std::optional<std::uint64_t> weight_version,
+MoeForwardOutput MoeLayer::forward(TensorView x, const MoeWeights& weights, const MoeStepContext& context,
                                    const MoeForwardBuffers& out) {
   impl_->own_step = MoeStep();  // a forward without its backward (inference) is simply dropped
   // A null buffer is refused before the dispatch starts (finish_forward checks the rest).
@@ -657,7 +658,7 @@ MoeForwardOutput MoeLayer::forward(TensorView x, const MoeWeights& weights, std:
                                    {"output buffer topk_weights", out.topk_weights}}) {
     check_data(impl_->config, name, view);
   }
-  impl_->own_step = begin_forward(x, weights, weight_version);
+  impl_->own_step = begin_forward(x, weights, context);
   return finish_forward(impl_->own_step, out);
 }
 

@@ -71,7 +71,7 @@ RankReport run_layer_rank(LayerRank& rank, const LayerInputs& inputs, const Expe
   // On the thread's clock, as the phases are: modelled with clock=modelled,
   // so that nothing a modelled run reports depends on the host (issue 30).
   const double forward_start = this_thread_clock_seconds();
-  layer.forward(inputs.x.rows(t0, t1), weights, std::nullopt,
+  layer.forward(inputs.x.rows(t0, t1), weights, {},
                 {.y = out.y, .topk_ids = out.topk_ids, .topk_weights = out.topk_weights});
   const double forward_seconds = this_thread_clock_seconds() - forward_start;
   if (clock != nullptr) modelled_forward_end = modelled_mark(*clock);

@@ -131,10 +131,10 @@ EpRunResult run_ep_layer(const MoeProblem& p, const EpRunOptions& options) {
       const ModelledClock* clock = this_thread_modelled_clock();
       if (clock != nullptr) result.step_modelled_start[step][r] = clock->now();
       if (!options.split_phase_with_other_work) {
-        out = layer.forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
+        out = layer.forward(x, {p.gate, wi0, wi1, wo, p.bias}, {.weight_version = version});
         grads = layer.backward(dy);
       } else {
-        MoeStep moe_step = layer.begin_forward(x, {p.gate, wi0, wi1, wo, p.bias}, version);
+        MoeStep moe_step = layer.begin_forward(x, {p.gate, wi0, wi1, wo, p.bias}, {.weight_version = version});
         other_work(comm, 1);
         out = layer.finish_forward(moe_step);
         layer.begin_backward(moe_step, dy);

@@ -94,7 +94,7 @@ TEST(SteadyState, AStepAllocatesNothingAndTakesNoPageFaults) {
         const auto step = [&] {
           // The caller's results are fresh tensors, as a caller holds them:
           // dropped each step, so their blocks come back to the cache.
-          const MoeForwardOutput out = layer.forward(x, w, 1);
+          const MoeForwardOutput out = layer.forward(x, w, {.weight_version = 1});
           const MoeGradients grads = layer.backward(dy);
           EXPECT_EQ(out.y.dim(0), t1 - t0);
         };

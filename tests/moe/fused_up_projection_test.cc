@@ -126,13 +126,13 @@ TEST(FusedUpProjectionLayerVersions, CallerVersionReusedThenNewVersionFollowsNew
   testing::SingleRankLayer unfused({.hidden = 15, .ffn = 32, .router = router, .fuse_up_projection = false});
   const MoeWeights fw{fused_problem.gate, fused_problem.wi0, fused_problem.wi1, fused_problem.wo, {}};
   const MoeWeights uw{unfused_problem.gate, unfused_problem.wi0, unfused_problem.wi1, unfused_problem.wo, {}};
-  const Tensor y1 = fused.forward(fused_problem.x, fw, 1).y.clone();
-  EXPECT_TRUE(same_bits(y1, fused.forward(fused_problem.x, fw, 1).y));
-  EXPECT_TRUE(same_bits(y1, unfused.forward(unfused_problem.x, uw, 1).y));
+  const Tensor y1 = fused.forward(fused_problem.x, fw, {.weight_version = 1}).y.clone();
+  EXPECT_TRUE(same_bits(y1, fused.forward(fused_problem.x, fw, {.weight_version = 1}).y));
+  EXPECT_TRUE(same_bits(y1, unfused.forward(unfused_problem.x, uw, {.weight_version = 1}).y));
   for (MoeProblem* p : {&fused_problem, &unfused_problem})
     for (float& v : p->wi1.span<float>()) v = -v;
-  const Tensor y2 = fused.forward(fused_problem.x, fw, 2).y.clone();
-  EXPECT_TRUE(same_bits(y2, unfused.forward(unfused_problem.x, uw, 2).y));
+  const Tensor y2 = fused.forward(fused_problem.x, fw, {.weight_version = 2}).y.clone();
+  EXPECT_TRUE(same_bits(y2, unfused.forward(unfused_problem.x, uw, {.weight_version = 2}).y));
   EXPECT_FALSE(same_bits(y1, y2));
 }
 

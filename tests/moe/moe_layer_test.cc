@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <epmoe/moe_layer.h>
 #include "core/memory_ledger.h"
@@ -157,6 +158,27 @@ TEST(RandomRouter, MatchesReferenceAndGateGradientIsExactlyZero) {
   EXPECT_TRUE(varied);
 }
 
+// The step context's stream decides the draws, whatever the layer drew
+// before: a resumed run (a fresh layer) draws what an uninterrupted one did.
+TEST(RandomRouter, AStreamInTheStepContextDrawsTheSameIdsOnAnyLayer) {
+  RouterConfig router{.kind = RouterKind::random, .num_experts = 7, .top_k = 3, .seed = 5};
+  const MoeProblem p = testing::make_problem(40, 12, 10, router, 77);
+  const MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, {}};
+  const auto ids = [&](testing::SingleRankLayer& layer, std::optional<std::uint64_t> stream) {
+    const Tensor out = layer.forward(p.x, w, {.random_router_stream = stream}).topk_ids;
+    return std::vector<std::int32_t>(out.span<std::int32_t>().begin(), out.span<std::int32_t>().end());
+  };
+  testing::SingleRankLayer used({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
+  testing::SingleRankLayer fresh({.hidden = p.hidden, .ffn = p.ffn, .router = p.router});
+  ids(used, std::nullopt);
+  ids(used, 3);
+  const std::vector<std::int32_t> seven = ids(used, 7);
+  EXPECT_EQ(ids(fresh, 7), seven);
+  EXPECT_NE(ids(fresh, std::nullopt), seven);  // no stream: the generator goes on
+  EXPECT_NE(ids(fresh, 8), seven);
+  EXPECT_EQ(ids(fresh, 7), seven);
+}
+
 TEST(MoeLayer, SameInputsSameBits) {
   RouterConfig router{.kind = RouterKind::softmax_topk, .num_experts = 8, .top_k = 2};
   const MoeProblem p = testing::make_problem(100, 24, 40, router, 9);
@@ -216,7 +238,7 @@ TEST(MoeLayer, PreparedWeightsChargedAndRebuiltOnlyForANewVersion) {
   testing::SingleRankLayer layer({.hidden = p.hidden, .ffn = p.ffn, .router = p.router}, &ledger);
   const MoeWeights w{p.gate, p.wi0, p.wi1, p.wo, p.bias};
   auto step = [&](std::optional<std::uint64_t> version) {
-    MoeForwardOutput out = layer.forward(p.x, w, version);
+    MoeForwardOutput out = layer.forward(p.x, w, {.weight_version = version});
     layer.backward(p.dy);
     return out;
   };

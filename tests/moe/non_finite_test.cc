@@ -149,7 +149,7 @@ TEST(NonFiniteInputs, ExpertWeightsRecheckedOnANewVersion) {
   testing::SingleRankLayer layer(layer_config(p));
   auto forward_error = [&](std::optional<std::uint64_t> version) -> std::string {
     try {
-      layer.forward(p.x, weights_of(p), version);
+      layer.forward(p.x, weights_of(p), {.weight_version = version});
     } catch (const NumericError& e) {
       return e.what();
     }

@@ -65,7 +65,7 @@ TEST_P(MoeLayerNullView, IsRefusedNamingTheArgumentAndLeavesTheLayerUsable) {
   const bool forward_side = c.name == "x" || c.name == "gate" || c.name == "wi0" || c.name == "wi1" || c.name == "wo" ||
                             c.name == "bias" || c.name == "y" || c.name == "topk_ids" || c.name == "topk_weights";
   if (forward_side) {
-    refused([&] { layer.forward(x, weights, std::nullopt, forward_buffers); });
+    refused([&] { layer.forward(x, weights, {}, forward_buffers); });
     if (forward_buffers.y.rank() == 0 && forward_buffers.topk_ids.rank() == 0 &&
         forward_buffers.topk_weights.rank() == 0) {
       refused([&] { MoeStep step = layer.begin_forward(x, weights); });  // the split-phase entry too

@@ -155,9 +155,8 @@ TEST(SplitPhase, OutputsGoIntoTheCallersBuffers) {
   Tensor dx(DType::f32, grads.dx.shape()), dgate(DType::f32, grads.dgate.shape()), dwi0(DType::f32, grads.dwi0.shape()),
       dwi1(DType::f32, grads.dwi1.shape()), dwo(DType::f32, grads.dwo.shape());
   Tensor wrong(DType::f32, {1, 2});
-  EXPECT_THROW(in_place.forward(f.p.x, f.w, std::nullopt, {.y = wrong}), UsageError);
-  const MoeForwardOutput none =
-      in_place.forward(f.p.x, f.w, std::nullopt, {.y = y, .topk_ids = ids, .topk_weights = weights});
+  EXPECT_THROW(in_place.forward(f.p.x, f.w, {}, {.y = wrong}), UsageError);
+  const MoeForwardOutput none = in_place.forward(f.p.x, f.w, {}, {.y = y, .topk_ids = ids, .topk_weights = weights});
   EXPECT_TRUE(none.y.empty() && none.topk_ids.empty() && none.topk_weights.empty());
   const MoeGradients no_grads =
       in_place.backward(f.p.dy, {}, {.dx = dx, .dgate = dgate, .dwi0 = dwi0, .dwi1 = dwi1, .dwo = dwo});

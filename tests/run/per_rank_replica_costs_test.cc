@@ -109,7 +109,7 @@ ForwardResult per_rank(const Problem& p, const std::map<std::string, std::string
                        .wi1 = TensorView(p.wi1.data() + e0 * hf, {el, kHidden, kFfn}),
                        .wo = TensorView(p.wo.data() + e0 * hf, {el, kFfn, kHidden}),
                        .bias = TensorView(p.bias.data(), {kExperts})},
-                      std::nullopt,
+                      {},
                       {.y = MutableTensorView(out.y.data() + t0 * kHidden, {n, kHidden}),
                        .topk_ids = MutableTensorView(out.topk_ids.data() + t0 * kTopK, {n, kTopK}),
                        .topk_weights = MutableTensorView(out.topk_weights.data() + t0 * kTopK, {n, kTopK})});
