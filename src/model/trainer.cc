@@ -6,13 +6,10 @@
 #include <cstring>
 
 #include "comm/all_gather.h"
-#include "comm/all_gather_texts.h"
 #include "comm/all_reduce.h"
 #include "core/error.h"
 #include "core/modelled_report.h"
 #include "core/timer.h"
-#include "core/trace_recorder.h"
-#include "ep/replica_verdict.h"
 #include "model/checkpoint.h"
 #include "model/gradient_reduction.h"
 #include "moe/load_balance.h"
@@ -56,32 +53,6 @@ std::map<std::string, double> moe_phase_totals(const MoeLm& model) {
   return totals;
 }
 
-// What one rank measured in a step, gathered to rank 0 for the record.
-nlohmann::json rank_report(const MoeLm& model, std::int64_t grad_bytes,
-                           const std::optional<ModelledRankTime>& modelled) {
-  std::map<std::string, std::int64_t> bytes;
-  std::int64_t saved_peak = 0, dropped = 0;
-  nlohmann::json after = nlohmann::json::array(), replicas = nlohmann::json::array(),
-                 verdicts = nlohmann::json::array();
-  for (int l = 0; l < model.config().num_layers; ++l) {
-    const MoeLayer& layer = model.layer(l);
-    const MoeStepStats& step = layer.last_step_stats();
-    for (const auto& [name, count] : step.dispatch.bytes_sent) bytes["moe/" + name] += count;
-    saved_peak = std::max(saved_peak, layer.stats().saved_activation_peak_bytes);
-    dropped += step.dispatch.dropped_pairs;
-    // The replica plan's per-rank loads after balancing (null without replicas).
-    const ReplicaStats& plan = step.replicas;
-    after.push_back(plan.rank_loads_after.empty() ? nlohmann::json() : nlohmann::json(plan.max_over_mean_after));
-    replicas.push_back(plan.num_replicas);
-    verdicts.push_back(ep::replica_verdict_json(plan));
-  }
-  bytes["gradients/all_reduce"] = grad_bytes;
-  nlohmann::json report = {{"bytes_sent", bytes}, {"saved_peak", saved_peak}, {"dropped", dropped},
-                           {"after", after},      {"replicas", replicas},     {"replica_verdicts", verdicts}};
-  if (modelled) report["modelled"] = *modelled;
-  return report;
-}
-
 // "step N: ..." for some N.
 bool names_a_step(const std::string& what) {
   if (what.rfind("step ", 0) != 0) return false;
@@ -108,30 +79,6 @@ bool names_a_step(const std::string& what) {
 }
 
 }  // namespace
-
-void to_json(nlohmann::json& out, const StepRecord& r) {
-  out = {{"step", r.step},
-         {"loss", r.loss},
-         {"cross_entropy", r.cross_entropy},
-         {"aux_loss", r.aux_loss},
-         {"grad_norm", r.grad_norm},
-         {"learning_rate", r.learning_rate},
-         {"step_seconds", r.step_seconds},
-         {"tokens_per_second", r.tokens_per_second},
-         {"phase_seconds", r.phase_seconds},
-         {"bytes_sent", r.bytes_sent},
-         {"expert_load_max_over_mean", r.expert_load_max_over_mean},
-         {"rank_load_max_over_mean_before", r.rank_load_max_over_mean_before},
-         {"rank_load_max_over_mean_after", r.rank_load_max_over_mean_after},
-         {"replicas", r.replicas},
-         {"replica_verdicts", r.replica_verdicts},
-         {"expert_counts", r.expert_counts},
-         {"saved_activation_peak_bytes", r.saved_activation_peak_bytes},
-         {"dropped_pairs", r.dropped_pairs},
-         {"routed_pairs", r.routed_pairs}};
-  if (r.checkpoint_step) out["checkpoint_step"] = *r.checkpoint_step;
-  if (!r.modelled.is_null()) out["modelled"] = r.modelled;
-}
 
 void TrainerConfig::validate(int num_ranks) const {
   const auto fail = [](const std::string& message) { throw ConfigError(message); };
@@ -493,14 +440,10 @@ class TrainingRun {
   }
 
   // A step's record in the making: the global values and (rank 0) its own
-  // measurements, waiting for every rank's report (bytes, drops, peaks,
-  // modelled times).
+  // measurements, waiting for every rank's report.
   struct PendingMetrics {
-    std::int64_t step = 0;  // 1-based
-    StepRecord record;
-    std::string own;                   // this rank's report
-    std::vector<std::string> reports;  // every rank's, rank order
-    comm::CollectiveHandle exchange;   // declared last: ends before the buffers go
+    StepRecord record;  // its step names the pending step
+    std::unique_ptr<StepReportExchange> exchange;
   };
 
   // The record of the step, and the exchange of every rank's report. When
@@ -511,7 +454,6 @@ class TrainingRun {
   // checkpoint is committed.
   void exchange_metrics(Step& s) {
     auto pending = std::make_unique<PendingMetrics>();
-    pending->step = s.index + 1;
     StepRecord& record = pending->record;
     record.step = s.index + 1;
     record.loss = s.loss;
@@ -535,32 +477,13 @@ class TrainingRun {
                                            : 2 * static_cast<std::int64_t>(num_ranks_ - 1) * replicated_;
     const std::int64_t moved_bytes = 4 * moved;
     const std::int64_t grad_bytes = moved_bytes / num_ranks_ + (rank_ == 0 ? moved_bytes % num_ranks_ : 0);
-    pending->own = rank_report(model_, grad_bytes, modelled).dump();
     const bool deferred = !s.checkpoint_now && !last;
     {
       ScopedPhase phase(s.times, "metrics_exchange");
-      PendingMetrics* const p = pending.get();
-      const std::uint32_t tag = tags_ + kRankReports;
-      // clock=modelled: the reports are this tool's bookkeeping, not
-      // training - off the modelled timeline and untraced, so that running
-      // under the next step's forward they neither take link time from it
-      // nor show in its trace, and the steps are each rank's whole modelled
-      // timeline (issue 30). Wall time keeps them traced, as they cost.
-      std::optional<OffTimelineScope> off_timeline;
-      std::optional<UntracedScope> untraced;
-      if (s.clock != nullptr) {
-        off_timeline.emplace();
-        untraced.emplace();
-      }
-      pending->exchange = comm::launch_collective(
-          comm_, "metrics exchange of step " + std::to_string(pending->step), timeout_,
-          [&comm = comm_, p, tag](transport::Deadline deadline) {
-            const auto remaining =
-                std::max(std::chrono::milliseconds(1),
-                         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transport::Clock::now()));
-            p->reports = comm::all_gather_texts(comm, p->own, tag, remaining);
-          });
-      if (!deferred) pending->exchange.wait();
+      pending->exchange = std::make_unique<StepReportExchange>(
+          comm_, record.step, rank_step_report(model_, grad_bytes, std::move(modelled)), tags_ + kRankReports,
+          timeout_);
+      if (!deferred) pending->exchange->reports();
     }
     if (rank_ == 0) own_measurements(s, record);
     pending_metrics_ = std::move(pending);
@@ -593,8 +516,7 @@ class TrainingRun {
 
   // Completes the pending record from every rank's report: drops on every
   // rank (so that every rank's summary holds the run's total); rank 0 adds
-  // bytes, peaks, the modelled step and the replica loads, and hands the
-  // record to the observer. The metrics line of step N goes out (flushed,
+  // the rest (add_rank_reports) and hands the record to the observer. The metrics line of step N goes out (flushed,
   // and fsynced when a checkpoint follows) before checkpoint N is
   // committed: a run killed right after the commit must not leave a
   // checkpoint whose step has no line, which a resume could not regenerate.
@@ -603,47 +525,16 @@ class TrainingRun {
     if (!pending_metrics_) return;
     const std::unique_ptr<PendingMetrics> pending = std::move(pending_metrics_);
     try {
-      pending->exchange.wait();
       StepRecord& record = pending->record;
-      const std::vector<std::string>& reports = pending->reports;
-      for (const std::string& text : reports) {
-        record.dropped_pairs += nlohmann::json::parse(text)["dropped"].get<std::int64_t>();
-      }
+      const std::vector<RankStepReport>& reports = pending->exchange->reports();
+      for (const RankStepReport& report : reports) record.dropped_pairs += report.dropped_pairs;
       summary_.dropped_pairs += record.dropped_pairs;
       summary_.routed_pairs += record.routed_pairs;
       if (rank_ != 0) return;
-      for (const std::string& text : reports) {
-        const nlohmann::json report = nlohmann::json::parse(text);
-        for (const auto& [name, bytes] : report["bytes_sent"].items())
-          record.bytes_sent[name] += bytes.get<std::int64_t>();
-        record.saved_activation_peak_bytes =
-            std::max(record.saved_activation_peak_bytes, report["saved_peak"].get<std::int64_t>());
-      }
-      const nlohmann::json own = nlohmann::json::parse(reports[0]);
-      if (own.contains("modelled")) {
-        std::vector<ModelledRankTime> ranks;
-        for (const std::string& text : reports)
-          ranks.push_back(nlohmann::json::parse(text)["modelled"].get<ModelledRankTime>());
-        const ModelledStep step_time = modelled_step(ranks);
-        record.modelled = step_time.json;
-        record.modelled["tokens_per_second"] =
-            step_time.step_seconds > 0 ? static_cast<double>(global_tokens_) / step_time.step_seconds : 0.0;
-        // The line's own step time and rate are the modelled ones too: a
-        // modelled run's metrics hold no wall time, so identical runs write
-        // identical lines whatever the host's load (issue 30).
-        record.step_seconds = step_time.step_seconds;
-        record.tokens_per_second = record.modelled["tokens_per_second"].get<double>();
-      }
-      // With replicas the plan's per-rank loads after balancing (the same on
-      // every rank) replace the at-home ones.
-      for (int l = 0; l < num_layers_; ++l) {
-        if (!own["after"][l].is_null()) record.rank_load_max_over_mean_after[l] = own["after"][l].get<double>();
-      }
-      record.replicas = own["replicas"].get<std::vector<int>>();
-      record.replica_verdicts = own["replica_verdicts"];
+      add_rank_reports(record, reports, global_tokens_);
       if (observer_.on_step) observer_.on_step(record);
     } catch (const Error&) {
-      rethrow_naming_step(pending->step);
+      rethrow_naming_step(pending->record.step);
     }
   }
 

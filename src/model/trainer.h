@@ -34,6 +34,7 @@
 #include "model/adamw.h"
 #include "model/lr_schedule.h"
 #include "model/moe_lm.h"
+#include "model/step_metrics.h"
 #include "transport/communicator.h"
 
 namespace epmoe {
@@ -65,55 +66,6 @@ struct TrainerConfig {
   // ConfigError naming the key.
   void validate(int num_ranks) const;
 };
-
-// One step, as rank 0 reports it (metrics.jsonl line, progress line).
-struct StepRecord {
-  std::int64_t step = 0;  // 1-based: steps completed
-  double loss = 0;        // cross-entropy mean + load-balance loss
-  double cross_entropy = 0;
-  double aux_loss = 0;
-  double grad_norm = 0;  // before clipping
-  double learning_rate = 0;
-  // clock=wall: rank 0's wall time of the step: through its metrics
-  // exchange when that completes in the step (a checkpoint follows, or the
-  // last step), else up to starting it - it completes under the next step's
-  // forward, whose phase_seconds["metrics_exchange"] holds what was left of
-  // it. clock=modelled: the modelled step (modelled.step_seconds) and
-  // global tokens / that, so the line holds no wall time.
-  double step_seconds = 0;
-  double tokens_per_second = 0;
-  std::map<std::string, double> phase_seconds;         // rank 0: trainer and MoE phases
-  std::map<std::string, std::int64_t> bytes_sent;      // summed over ranks and layers
-  std::vector<double> expert_load_max_over_mean;       // [L] over experts, from the counts
-  std::vector<double> rank_load_max_over_mean_before;  // [L] rows per rank, every expert at home
-  std::vector<double> rank_load_max_over_mean_after;   // [L] after replica balancing
-  std::vector<int> replicas;                           // [L] replicas the step's plan placed (0 without)
-  // [L] the cost model's verdict on each layer's plan: predicted saving and
-  // cost of what it placed and of what it refused, the rates it priced at
-  // (all 0 without replicas or unpriced; docs/TRAINING.md).
-  nlohmann::json replica_verdicts = nlohmann::json::array();
-  // [L][E] global (token, k) pairs routed to each expert (summed over ranks,
-  // before any capacity cut): what `epmoe balance --loads metrics.jsonl`
-  // replays.
-  std::vector<std::vector<std::int64_t>> expert_counts;
-  std::int64_t saved_activation_peak_bytes = 0;  // max over ranks, all layers
-  // (token, expert) pairs lost to capacity_factor, summed over ranks and
-  // layers; always 0 with capacity_factor=0 (exact buffers).
-  std::int64_t dropped_pairs = 0;
-  std::int64_t routed_pairs = 0;  // N * K * L: what dropped_pairs is out of
-  // When a checkpoint of this step follows: it is written after this record
-  // is reported (the run stops with an error if it fails); its time is in
-  // the next record's phase_seconds["checkpoint"].
-  std::optional<std::int64_t> checkpoint_step;
-  // clock=modelled (null otherwise): the step over all ranks on their modelled
-  // clocks (core/modelled_report.h: step_seconds, critical_path_rank,
-  // per_rank, collectives) plus tokens_per_second; then phase_seconds are
-  // modelled seconds too. The step ends before the metrics exchange, which
-  // is this tool's bookkeeping, not training.
-  nlohmann::json modelled;
-};
-
-void to_json(nlohmann::json& out, const StepRecord& record);
 
 struct TrainSummary {
   std::int64_t steps_run = 0;
