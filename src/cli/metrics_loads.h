@@ -1,5 +1,5 @@
 // Per-step expert loads from a training run's metrics file (`epmoe train`'s
-// metrics.jsonl, one JSON object per step, model/trainer.h StepRecord): the
+// metrics.jsonl, one JSON object per step, model/step_metrics.h StepRecord): the
 // field "expert_counts" [L][E] holds each MoE layer's global (token, k) pairs
 // per expert. `epmoe balance --loads run/metrics.jsonl` replays them.
 //

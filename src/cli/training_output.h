@@ -1,5 +1,5 @@
 // What `epmoe train` shows and records while it runs (rank 0 only):
-//  * MetricsFile: JSON lines, one object per step (model/trainer.h
+//  * MetricsFile: JSON lines, one object per step (model/step_metrics.h
 //    StepRecord), flushed as each step ends so a killed run keeps every
 //    finished step, and fsynced before a checkpoint of that step is
 //    committed, so a checkpoint never outlives its step's line. A resumed run first drops the lines after the step it
