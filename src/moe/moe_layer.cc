@@ -506,13 +506,13 @@ ExpertWeightGradients expert_gradient_targets(const MoeLayerConfig& config, ep::
   return dw;
 }
 
-// The router's part of the backward: d(topk_weights) -> d(logits) (plus a
-// caller's extra logit gradient), then dgate = x^T d_logits and dx +=
-// d_logits gate^T, in fp32 like the router's forward.
+// The router's part of the backward (moe/router.h): d(topk_weights) ->
+// d(logits), plus a caller's extra logit gradient, then dgate and dx's part,
+// each checked where it is produced.
 void router_backward(const MoeLayerConfig& config, const Router& router, const RouterOutput& routing, TensorView x,
                      TensorView gate, TensorView extra_d_logits, const Tensor& d_topk_weights,
                      const MutableTensorView& dgate, const MutableTensorView& dx) {
-  const std::int64_t num_tokens = x.dim(0), hidden = config.hidden;
+  const std::int64_t hidden = config.hidden;
   const int num_experts = config.router.num_experts;
   if (config.router.kind == RouterKind::random) {
     // The random router never reads the gate: its gradient is exactly zero.
@@ -528,21 +528,7 @@ void router_backward(const MoeLayerConfig& config, const Router& router, const R
     const float* extra = extra_d_logits.data<float>();
     for (std::int64_t i = 0; i < d_logits.numel(); ++i) d[i] += extra[i];
   }
-  gemm({.a = x.data<float>(),
-        .b = d_logits.data<float>(),
-        .c = dgate.data<float>(),
-        .m = hidden,
-        .n = num_experts,
-        .k = num_tokens,
-        .transpose_a = true});
-  gemm({.a = d_logits.data<float>(),
-        .b = gate.data<float>(),
-        .c = dx.data<float>(),
-        .m = num_tokens,
-        .n = hidden,
-        .k = num_experts,
-        .transpose_b = true,
-        .accumulate = true});
+  Router::backward_products(x, gate, d_logits.view(), dgate, dx);
   check_produced(config, "gate gradient dgate", "backward/router", dgate.span<float>(),
                  [&dgate](std::int64_t i) { return index_to_string(dgate.shape(), i); });
   check_produced(config, "input gradient dx", "backward/router", dx.span<float>(), at_row(hidden));

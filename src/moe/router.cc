@@ -193,6 +193,29 @@ RouterOutput Router::forward(TensorView x, TensorView gate, TensorView bias) {
   return out;
 }
 
+void Router::backward_products(TensorView x, TensorView gate, TensorView d_logits, const MutableTensorView& dgate,
+                               const MutableTensorView& dx) {
+  const std::int64_t num_tokens = x.dim(0), hidden = x.dim(1), num_experts = gate.dim(1);
+  EPMOE_CHECK(d_logits.has_shape({num_tokens, num_experts}));
+  EPMOE_CHECK(dgate.has_shape({hidden, num_experts}));
+  EPMOE_CHECK(dx.has_shape({num_tokens, hidden}));
+  gemm({.a = x.data<float>(),
+        .b = d_logits.data<float>(),
+        .c = dgate.data<float>(),
+        .m = hidden,
+        .n = num_experts,
+        .k = num_tokens,
+        .transpose_a = true});
+  gemm({.a = d_logits.data<float>(),
+        .b = gate.data<float>(),
+        .c = dx.data<float>(),
+        .m = num_tokens,
+        .n = hidden,
+        .k = num_experts,
+        .transpose_b = true,
+        .accumulate = true});
+}
+
 Tensor Router::backward(const RouterOutput& forward_output, const Tensor& d_topk_weights) const {
   const std::int64_t num_tokens = forward_output.logits.dim(0);
   const int num_experts = config_.num_experts;

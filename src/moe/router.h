@@ -71,6 +71,12 @@ class Router {
   // d(topk_weights) [N, K] -> d(logits) [N, E], given the forward's output.
   Tensor backward(const RouterOutput& forward_output, const Tensor& d_topk_weights) const;
 
+  // The forward's product x gate, backwards, in fp32 like it: from
+  // d(logits) [N, E], dgate [H, E] = x^T d_logits and dx [N, H] +=
+  // d_logits gate^T (dx holds the experts' part).
+  static void backward_products(TensorView x, TensorView gate, TensorView d_logits, const MutableTensorView& dgate,
+                                const MutableTensorView& dx);
+
  private:
   RouterConfig config_;
   Rng rng_;  // random router only; advanced by every forward
