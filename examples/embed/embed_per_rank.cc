@@ -87,7 +87,7 @@ void run_rank(epmoe::Communicator& comm, const std::map<std::string, std::string
                                   .wi0 = TensorView(p.wi0.data() + e0 * hf, {el, kHidden, kFfn}),
                                   .wi1 = TensorView(p.wi1.data() + e0 * hf, {el, kHidden, kFfn}),
                                   .wo = TensorView(p.wo.data() + e0 * hf, {el, kFfn, kHidden})};
-  layer.forward(TensorView(p.x.data() + t0 * kHidden, {n, kHidden}), weights, std::nullopt,
+  layer.forward(TensorView(p.x.data() + t0 * kHidden, {n, kHidden}), weights, {},
                 {.y = MutableTensorView(out.y.data() + t0 * kHidden, {n, kHidden}),
                  .topk_ids = MutableTensorView(out.topk_ids.data() + t0 * k, {n, k}),
                  .topk_weights = MutableTensorView(out.topk_weights.data() + t0 * k, {n, k})});
