@@ -39,13 +39,9 @@ namespace {
 
 // The wire form of a report (between ranks of one run, never stored).
 nlohmann::json encode(const RankStepReport& report) {
-  nlohmann::json after = nlohmann::json::array();
-  for (const std::optional<double>& value : report.rank_load_after) {
-    after.push_back(value ? nlohmann::json(*value) : nlohmann::json());
-  }
-  nlohmann::json out = {{"bytes_sent", report.bytes_sent}, {"saved_peak", report.saved_activation_peak_bytes},
-                        {"dropped", report.dropped_pairs}, {"after", std::move(after)},
-                        {"replicas", report.replicas},     {"replica_verdicts", report.replica_verdicts}};
+  nlohmann::json out = {{"bytes_sent", report.bytes_sent},
+                        {"saved_peak", report.saved_activation_peak_bytes},
+                        {"dropped", report.dropped_pairs}};
   if (report.modelled) out["modelled"] = *report.modelled;
   return out;
 }
@@ -56,11 +52,6 @@ RankStepReport decode(const std::string& text) {
   report.bytes_sent = in.at("bytes_sent").get<std::map<std::string, std::int64_t>>();
   report.saved_activation_peak_bytes = in.at("saved_peak").get<std::int64_t>();
   report.dropped_pairs = in.at("dropped").get<std::int64_t>();
-  for (const nlohmann::json& value : in.at("after")) {
-    report.rank_load_after.push_back(value.is_null() ? std::nullopt : std::optional<double>(value.get<double>()));
-  }
-  report.replicas = in.at("replicas").get<std::vector<int>>();
-  report.replica_verdicts = in.at("replica_verdicts");
   if (in.contains("modelled")) report.modelled = in.at("modelled").get<ModelledRankTime>();
   return report;
 }
@@ -77,11 +68,6 @@ RankStepReport rank_step_report(const MoeLm& model, std::int64_t gradient_bytes,
     report.saved_activation_peak_bytes =
         std::max(report.saved_activation_peak_bytes, layer.stats().saved_activation_peak_bytes);
     report.dropped_pairs += step.dispatch.dropped_pairs;
-    const ReplicaStats& plan = step.replicas;
-    report.rank_load_after.push_back(plan.rank_loads_after.empty() ? std::nullopt
-                                                                   : std::optional<double>(plan.max_over_mean_after));
-    report.replicas.push_back(plan.num_replicas);
-    report.replica_verdicts.push_back(ep::replica_verdict_json(plan));
   }
   report.bytes_sent["gradients/all_reduce"] = gradient_bytes;
   report.modelled = std::move(modelled);
@@ -139,14 +125,17 @@ void add_rank_reports(StepRecord& record, std::span<const RankStepReport> report
     record.step_seconds = step_time.step_seconds;
     record.tokens_per_second = record.modelled["tokens_per_second"].get<double>();
   }
-  // With replicas the plan's per-rank loads after balancing (the same on
-  // every rank) replace the at-home ones.
-  EPMOE_CHECK_EQ(own.rank_load_after.size(), record.rank_load_max_over_mean_after.size());
-  for (std::size_t l = 0; l < own.rank_load_after.size(); ++l) {
-    if (own.rank_load_after[l]) record.rank_load_max_over_mean_after[l] = *own.rank_load_after[l];
+}
+
+void add_replica_plans(StepRecord& record, const MoeLm& model) {
+  const int num_layers = model.config().num_layers;
+  EPMOE_CHECK_EQ(record.rank_load_max_over_mean_after.size(), static_cast<std::size_t>(num_layers));
+  for (int l = 0; l < num_layers; ++l) {
+    const ReplicaStats& plan = model.layer(l).last_step_stats().replicas;
+    if (!plan.rank_loads_after.empty()) record.rank_load_max_over_mean_after[l] = plan.max_over_mean_after;
+    record.replicas.push_back(plan.num_replicas);
+    record.replica_verdicts.push_back(ep::replica_verdict_json(plan));
   }
-  record.replicas = own.replicas;
-  record.replica_verdicts = own.replica_verdicts;
 }
 
 }  // namespace epmoe

@@ -80,12 +80,7 @@ struct RankStepReport {
   std::map<std::string, std::int64_t> bytes_sent;  // "moe/<layer stream>" over layers, "gradients/all_reduce"
   std::int64_t saved_activation_peak_bytes = 0;    // max over layers
   std::int64_t dropped_pairs = 0;                  // over layers
-  // [L] max/mean rows per rank after the replica plan's balancing, the same
-  // on every rank; nullopt for a layer without replicas.
-  std::vector<std::optional<double>> rank_load_after;
-  std::vector<int> replicas;                                  // [L]
-  nlohmann::json replica_verdicts = nlohmann::json::array();  // [L] ep/replica_verdict.h
-  std::optional<ModelledRankTime> modelled;                   // clock=modelled
+  std::optional<ModelledRankTime> modelled;        // clock=modelled
 };
 
 // The model's layers' last step; `gradient_bytes`: this rank's share of the
@@ -117,10 +112,15 @@ class StepReportExchange {
 };
 
 // Rank 0: the record completed from every rank's report (rank order): the
-// bytes summed, the peak's maximum, the replica loads, counts and verdicts
-// of the plan (every rank's is the same), and under clock=modelled the
-// modelled step, its rate and time in place of the wall clock's. The
-// dropped pairs are summed by every rank (its run summary holds them).
+// bytes summed, the peak's maximum, and under clock=modelled the modelled
+// step, its rate and time in place of the wall clock's. The dropped pairs
+// are summed by every rank (its run summary holds them).
 void add_rank_reports(StepRecord& record, std::span<const RankStepReport> reports, std::int64_t global_tokens);
+
+// The replica plans of the model's layers' last step, the same on every rank
+// (so rank 0's own, not exchanged): replicas, verdicts, and the per-rank
+// loads after balancing in place of the at-home ones where a layer had a
+// plan. rank_load_max_over_mean_after holds the at-home loads before.
+void add_replica_plans(StepRecord& record, const MoeLm& model);
 
 }  // namespace epmoe

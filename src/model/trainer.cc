@@ -512,6 +512,7 @@ class TrainingRun {
       record.rank_load_max_over_mean_after.push_back(max_over_mean(rank_loads));
       record.expert_counts.push_back(layer_counts);
     }
+    add_replica_plans(record, model_);
   }
 
   // Completes the pending record from every rank's report: drops on every

@@ -121,6 +121,27 @@ TEST_F(TrainBalance, AForecastThatPlacesReplicasLooksOnTheNextStep) {
     const bool moved = line.at("bytes_sent").value("moe/forward/replica weights", std::int64_t{0}) > 0;
     EXPECT_EQ(replicas_of(line) > 0, moved) << line.at("step");
   }
+  // The per-rank loads after balancing are the plan's where a layer placed
+  // replicas (the balance plan, replica_costs=off, lowers them), and the
+  // at-home loads where it placed none.
+  int lowered = 0;
+  for (const std::vector<nlohmann::json>* run : {&off, &balanced}) {
+    for (const nlohmann::json& line : *run) {
+      const auto& before = line.at("rank_load_max_over_mean_before");
+      const auto& after = line.at("rank_load_max_over_mean_after");
+      ASSERT_EQ(after.size(), before.size());
+      for (std::size_t l = 0; l < after.size(); ++l) {
+        if (line.at("replicas")[l].get<int>() == 0) {
+          EXPECT_EQ(after[l], before[l]) << line.at("step") << " layer " << l;
+        } else {
+          EXPECT_GE(after[l].get<double>(), 1.0);
+          EXPECT_LE(after[l].get<double>(), before[l].get<double>()) << line.at("step") << " layer " << l;
+          lowered += after[l].get<double>() < before[l].get<double>() ? 1 : 0;
+        }
+      }
+    }
+  }
+  EXPECT_GT(lowered, 10) << "(step, layer) pairs whose plan lowered the busiest rank's load";
 }
 
 // replica_costs=measured on the wall clock: step 0 has no forecast and goes
