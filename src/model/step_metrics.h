@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -90,7 +89,7 @@ RankStepReport rank_step_report(const MoeLm& model, std::int64_t gradient_bytes,
 
 // Every rank's report of one step, moving in the background from the
 // constructor (collective over comm: every rank starts the exchanges of the
-// same steps in the same order) to wait(). clock=modelled: off the modelled
+// same steps in the same order) to reports(). clock=modelled: off the modelled
 // timeline and untraced (this tool's bookkeeping, not training), so that
 // under the next step's forward it takes no link time from it nor shows in
 // its trace; wall time keeps it traced, as it costs.
