@@ -100,6 +100,7 @@ const std::vector<RankStepReport>& StepReportExchange::reports() {
     decoded.reserve(texts_.size());
     for (const std::string& text : texts_) decoded.push_back(decode(text));
     reports_ = std::move(decoded);
+    texts_ = {};  // decoded: the texts are not read again
   }
   return *reports_;
 }
@@ -116,14 +117,14 @@ void add_rank_reports(StepRecord& record, std::span<const RankStepReport> report
     std::vector<ModelledRankTime> ranks;
     for (const RankStepReport& report : reports) ranks.push_back(report.modelled.value());
     const ModelledStep step_time = modelled_step(ranks);
-    record.modelled = step_time.json;
-    record.modelled["tokens_per_second"] =
-        step_time.step_seconds > 0 ? static_cast<double>(global_tokens) / step_time.step_seconds : 0.0;
     // The line's own step time and rate are the modelled ones too: a
     // modelled run's metrics hold no wall time, so identical runs write
     // identical lines whatever the host's load (issue 30).
     record.step_seconds = step_time.step_seconds;
-    record.tokens_per_second = record.modelled["tokens_per_second"].get<double>();
+    record.tokens_per_second =
+        step_time.step_seconds > 0 ? static_cast<double>(global_tokens) / step_time.step_seconds : 0.0;
+    record.modelled = step_time.json;
+    record.modelled["tokens_per_second"] = record.tokens_per_second;
   }
 }
 
